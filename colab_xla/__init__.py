@@ -1,0 +1,23 @@
+"""colab_xla: run a notebook cell on every PyTorch/XLA replica with ``%%xla_spawn``.
+
+Load it in a notebook with ``%load_ext colab_xla``. The IPython glue is imported only
+then, so the core (``colab_xla.run``) imports without IPython.
+"""
+
+__version__ = "0.1.0"
+
+
+def load_ipython_extension(ipython):
+    """Register ``%%xla_spawn`` (called by ``%load_ext colab_xla``)."""
+    from .magics import XlaMagics
+
+    ipython.register_magics(XlaMagics)
+
+
+def unload_ipython_extension(ipython):
+    """Remove ``%%xla_spawn`` and stop the lock manager (``%unload_ext colab_xla``)."""
+    from . import run
+
+    ipython.magics_manager.magics["cell"].pop("xla_spawn", None)
+    ipython.magics_manager.registry.pop("XlaMagics", None)
+    run.shutdown()

@@ -1,0 +1,93 @@
+"""Frames on a pipe from replicas to the notebook.
+
+All replica processes of a run share the write end of one pipe; the notebook reads the
+other end while the run goes on. Each frame is written with one ``write(2)`` of at most
+``PIPE_BUF`` bytes, which Linux keeps atomic on a pipe, so frames from different
+processes and threads never interleave. Longer payloads are split into several frames;
+the reader joins output per replica, so a line is never mixed with another replica's.
+
+A frame is ``kind, ordinal, pid, length`` then ``length`` payload bytes. ``ordinal`` is
+-1 for output that cannot be tied to one replica (a thread the cell started, say).
+
+Example::
+
+    >>> r, w = os.pipe()
+    >>> ChannelWriter(w).send(STDOUT, 3, b"hello\\n")
+    >>> [(f.kind, f.ordinal, f.payload) for f in FrameDecoder().feed(os.read(r, 4096))]
+    [(1, 3, b'hello\\n')]
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import struct
+from typing import List, NamedTuple
+
+STDOUT, STDERR, START, END = 1, 2, 3, 4
+STREAMS = {STDOUT: "stdout", STDERR: "stderr"}
+
+_HEADER = struct.Struct("<BhiI")
+PIPE_BUF = select.PIPE_BUF
+MAX_PAYLOAD = PIPE_BUF - _HEADER.size
+# A roomy pipe lets replicas print bursts without waiting for the notebook to read.
+_PIPE_SIZE = 1 << 20
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+
+class Frame(NamedTuple):
+    kind: int
+    ordinal: int
+    pid: int
+    payload: bytes
+
+
+def make_pipe():
+    """A pipe (read_fd, write_fd) enlarged where the OS allows it."""
+    r, w = os.pipe()
+    try:
+        fcntl.fcntl(w, _F_SETPIPE_SZ, _PIPE_SIZE)
+    except OSError:  # over /proc/sys/fs/pipe-max-size, or not Linux: default size
+        pass
+    return r, w
+
+
+class ChannelWriter:
+    """The replica side: ``send`` never interleaves with another writer's frames."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def send(self, kind: int, ordinal: int, payload: bytes) -> None:
+        pid = os.getpid()
+        view = memoryview(payload)
+        for start in range(0, max(len(view), 1), MAX_PAYLOAD):
+            chunk = view[start:start + MAX_PAYLOAD]
+            # A blocking write of <= PIPE_BUF bytes is all-or-nothing: no partial frames.
+            os.write(self.fd, _HEADER.pack(kind, ordinal, pid, len(chunk)) + chunk)
+
+
+class FrameDecoder:
+    """The notebook side: turns bytes read from the pipe into :class:`Frame` objects."""
+
+    def __init__(self):
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> List[Frame]:
+        self._buf += data
+        frames, pos = [], 0
+        while len(self._buf) - pos >= _HEADER.size:
+            kind, ordinal, pid, length = _HEADER.unpack_from(self._buf, pos)
+            end = pos + _HEADER.size + length
+            if end > len(self._buf):
+                break
+            frames.append(Frame(kind, ordinal, pid, bytes(self._buf[pos + _HEADER.size:end])))
+            pos = end
+        del self._buf[:pos]
+        return frames
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an incomplete frame still waiting for the rest."""
+        return len(self._buf)

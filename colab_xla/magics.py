@@ -1,0 +1,72 @@
+"""IPython glue: ``%%xla_spawn`` parses its line, calls :func:`colab_xla.run.run_cell`,
+and hands the outcome to a view. All the work is in the IPython-free core."""
+
+from __future__ import annotations
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from . import text_view
+from .cell import EmptyCellError
+from .hardware import ReplicaCountError, TorchXlaMissing
+from .outcome import XlaSpawnError
+from .run import RuntimeInitializedError, run_cell
+
+
+@magics_class
+class XlaMagics(Magics):
+    """The ``%%xla_spawn`` cell magic."""
+
+    @magic_arguments()
+    @argument("-n", "--nprocs", type=int, metavar="N", default=None,
+              help="number of replicas. On CPU: N simulated replicas, the CPU devices of one "
+                   "process (default: $CPU_NUM_DEVICES, else 8). On a TPU host: every TPU "
+                   "core, the only count xmp.spawn accepts (leave -n out).")
+    @argument("-o", "--output", metavar="NAME", default=None,
+              help="store {ordinal: value} of the cell's last expression in the notebook "
+                   "variable NAME (XLA tensors arrive as CPU tensors).")
+    @cell_magic
+    def xla_spawn(self, line, cell):
+        """Run the cell on every XLA replica, with xmp.spawn and fork.
+
+        The cell runs in each replica with the notebook's names and three of its own:
+        ``index`` (the replica's ordinal), ``device`` (its XLA device, created on first
+        use) and ``lock`` (shared by all replicas: ``with lock: print(...)``). The
+        notebook's own process never initializes the XLA runtime. Each replica's output,
+        the value of the cell's last expression, any error and the time taken are shown
+        per replica when the run ends. If a replica raises, the cell raises one
+        XlaSpawnError showing each distinct traceback once with the replicas that hit it.
+
+        Example::
+
+            %load_ext colab_xla
+
+            %%xla_spawn -n 4 -o sums
+            import torch
+            t = torch.ones(2, device=device) * index
+            (t + 1).cpu()
+        """
+        args = parse_argstring(self.xla_spawn, line)
+        if args.output is not None and not args.output.isidentifier():
+            raise UsageError(f"-o {args.output}: NAME must be a Python identifier.")
+        try:
+            outcome = run_cell(
+                self.shell.transform_cell(cell),
+                nprocs=args.nprocs,
+                user_ns=self.shell.user_ns,
+                label=f"Cell In[{self.shell.execution_count}]",
+                header=f"# %%xla_spawn {line}".rstrip(),
+            )
+        except EmptyCellError:
+            raise UsageError("The %%xla_spawn cell is empty: write the code every replica "
+                             "runs below the %%xla_spawn line.") from None
+        except (ReplicaCountError, TorchXlaMissing, RuntimeInitializedError) as exc:
+            raise UsageError(str(exc)) from None
+        if args.output is not None:
+            self.shell.user_ns[args.output] = outcome.results()
+        print(text_view.render(outcome))
+        if outcome.interrupted:
+            raise KeyboardInterrupt
+        if outcome.failed:
+            raise XlaSpawnError(outcome)

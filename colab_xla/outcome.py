@@ -1,0 +1,173 @@
+"""What a run produced, as plain data: per-replica outcomes, errors, and their grouping.
+
+Everything here crosses process boundaries or is rendered by a view, so it is made of
+plain values (strings, numbers, bytes) and imports neither IPython nor torch.
+
+Example::
+
+    >>> err = ReplicaError("exception", "ValueError", "boom", "Traceback ...\\nValueError: boom\\n")
+    >>> outcome = RunOutcome(device_type="CPU", replicas={
+    ...     0: ReplicaOutcome(0, state="done"),
+    ...     1: ReplicaOutcome(1, state="failed", error=err)})
+    >>> [ordinals for _, ordinals in outcome.error_groups()]
+    [[1]]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+# A replica's life: running until its report arrives, then exactly one of the others.
+RUNNING, DONE, FAILED, KILLED = "running", "done", "failed", "killed"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaError:
+    """One replica's failure, as data that pickles across processes.
+
+    ``kind`` says what went wrong: ``"exception"`` (the cell raised), ``"exit"``
+    (``sys.exit`` with a non-zero status), ``"result"`` (the cell's value could not be
+    sent back or loaded), ``"died"`` (the replica's process ended without a report),
+    ``"interrupted"`` (the run was stopped). ``traceback`` is the text to show, with
+    frames of the cell shown as ``Cell In[N], line L``.
+    """
+
+    kind: str
+    ename: str
+    evalue: str
+    traceback: str = ""
+
+    def render(self) -> str:
+        """The text a person reads: the traceback, or ``ename: evalue`` without one."""
+        if self.traceback:
+            return self.traceback.rstrip("\n")
+        return f"{self.ename}: {self.evalue}" if self.evalue else self.ename
+
+
+@dataclasses.dataclass
+class ReplicaReport:
+    """What a replica sends back when its cell ends (written by the replica)."""
+
+    ordinal: int
+    pid: int
+    elapsed: float
+    value: Optional[bytes] = None  # the cell's last expression, pickled (None: no value)
+    value_repr: Optional[str] = None  # its repr, made in the replica
+    error: Optional[ReplicaError] = None
+
+
+@dataclasses.dataclass
+class ReplicaOutcome:
+    """One replica as the notebook sees it: state, output, result, error, time."""
+
+    ordinal: int
+    state: str = RUNNING
+    pid: Optional[int] = None
+    elapsed: Optional[float] = None
+    output: List[Tuple[str, str]] = dataclasses.field(default_factory=list)  # (stream, text)
+    has_value: bool = False
+    value: Any = None
+    value_repr: Optional[str] = None
+    error: Optional[ReplicaError] = None
+
+    @property
+    def text(self) -> str:
+        """Everything the replica printed, stdout and stderr in arrival order."""
+        return "".join(text for _, text in self.output)
+
+
+@dataclasses.dataclass
+class RunOutcome:
+    """A whole ``%%xla_spawn`` run: one :class:`ReplicaOutcome` per replica ordinal."""
+
+    device_type: str
+    replicas: Dict[int, ReplicaOutcome] = dataclasses.field(default_factory=dict)
+    elapsed: Optional[float] = None
+    interrupted: bool = False
+    process_output: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
+
+    def replica(self, ordinal: int) -> ReplicaOutcome:
+        if ordinal not in self.replicas:
+            self.replicas[ordinal] = ReplicaOutcome(ordinal)
+        return self.replicas[ordinal]
+
+    @property
+    def failed(self) -> List[int]:
+        return sorted(o for o, r in self.replicas.items() if r.error is not None)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.replicas) and not self.failed and not self.interrupted
+
+    def results(self) -> Dict[int, Any]:
+        """``{ordinal: value}`` of the replicas whose value arrived, sorted by ordinal."""
+        return {o: r.value for o, r in sorted(self.replicas.items()) if r.has_value}
+
+    def error_groups(self) -> List[Tuple[ReplicaError, List[int]]]:
+        """Each distinct error once, with the sorted ordinals of the replicas that hit it."""
+        groups: Dict[Tuple[str, str], Tuple[ReplicaError, List[int]]] = {}
+        for ordinal in self.failed:
+            error = self.replicas[ordinal].error
+            key = (error.kind, error.render())
+            groups.setdefault(key, (error, []))[1].append(ordinal)
+        return list(groups.values())
+
+
+def format_ordinals(ordinals: Iterable[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``: compact replica lists for headings."""
+    ordinals = sorted(set(ordinals))
+    spans: List[str] = []
+    start = prev = None
+    for o in ordinals + [None]:
+        if start is not None and (o is None or o != prev + 1):
+            spans.append(str(start) if start == prev else f"{start}-{prev}")
+            start = None
+        if o is not None and start is None:
+            start = o
+        prev = o
+    return ", ".join(spans)
+
+
+class XlaSpawnError(Exception):
+    """Raised in the notebook when replicas of a run failed.
+
+    The message shows each distinct traceback once, headed by the replicas that hit it,
+    so Run All stops at this cell. ``outcome`` holds the whole :class:`RunOutcome`
+    (results of the replicas that succeeded included).
+    """
+
+    # IPython draws at most this many distinct tracebacks; the rest are counted.
+    max_tracebacks = 4
+
+    def __init__(self, outcome: RunOutcome):
+        self.outcome = outcome
+        super().__init__(self.summary())
+
+    def summary(self) -> str:
+        failed, total = len(self.outcome.failed), len(self.outcome.replicas)
+        kinds = sorted({e.ename for e, _ in self.outcome.error_groups()})
+        return f"{failed} of {total} replicas failed ({', '.join(kinds)})"
+
+    def render(self) -> str:
+        lines = [f"XlaSpawnError: {self.summary()}"]
+        groups = self.outcome.error_groups()
+        for error, ordinals in groups[: self.max_tracebacks]:
+            noun = "replica" if len(ordinals) == 1 else "replicas"
+            lines.append("")
+            lines.append(f"[{noun} {format_ordinals(ordinals)}]")
+            lines.append(error.render())
+        if len(groups) > self.max_tracebacks:
+            rest = groups[self.max_tracebacks:]
+            lines.append("")
+            lines.append(f"... and {len(rest)} more distinct errors on replicas "
+                         f"{format_ordinals(o for _, os_ in rest for o in os_)}; "
+                         "see `.outcome` of this exception.")
+        return "\n".join(lines)
+
+    def _render_traceback_(self) -> List[str]:
+        # IPython calls this instead of printing our own (uninteresting) kernel-side frames.
+        return self.render().splitlines()
+
+    def __str__(self) -> str:
+        return self.render()

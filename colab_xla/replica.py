@@ -1,0 +1,314 @@
+"""What runs inside each replica: the cell's namespace, output capture, and the report.
+
+:func:`main` is the function xmp.spawn calls as ``main(index, job)``; it is module-level
+in an importable module, so it pickles. On CPU, and on TPU v2/v3, several replicas are
+threads of one process, so output is routed by the replica of the calling thread, not by
+process.
+
+In each replica the cell sees every name of the notebook (inherited through fork) and:
+
+* ``index``: the replica's ordinal (what xmp.spawn passes to its function);
+* ``device``: this replica's XLA device, created on first use (``torch_xla.device()``);
+* ``lock``: a lock shared by all replicas, for ``with lock: print(...)``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import json
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+import types
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+import cloudpickle
+
+from .cell import CellModule
+from .channel import END, START, STDERR, STDOUT, ChannelWriter
+from .outcome import ReplicaError, ReplicaReport
+
+# Names a replica gets from colab_xla; they shadow notebook names of the same name.
+REPLICA_NAMES = ("index", "device", "lock")
+_VALUE_REPR_LIMIT = 2000
+
+# Set in the notebook just before the fork, read by the replicas: run id -> state.
+_FORKED: Dict[str, "ForkedState"] = {}
+
+
+@dataclass(frozen=True)
+class ForkedState:
+    """What a forked replica inherits instead of receiving it pickled."""
+
+    user_ns: Dict[str, Any]
+    cell: CellModule
+
+
+@dataclass(frozen=True)
+class ReplicaJob:
+    """What xmp.spawn passes (pickled) to every replica."""
+
+    run_id: str
+    channel_fd: int
+    run_dir: str
+    parent_pid: int
+    lock: Any  # a multiprocessing Manager lock proxy (pickles, works across processes)
+
+
+def report_path(run_dir: str, ordinal: int) -> str:
+    return os.path.join(run_dir, f"report-{ordinal}.pkl")
+
+
+def main(index: int, job: ReplicaJob) -> None:
+    """Run the cell as replica ``index`` and send its report; never raises."""
+    started = time.perf_counter()
+    proc = _ProcessState.get(job)
+    _local.ordinal = index
+    proc.enter(index)
+    try:
+        proc.writer.send(START, index, json.dumps({"pid": os.getpid()}).encode())
+        report = _run_cell(index, job, proc)
+        report.elapsed = time.perf_counter() - started
+        _write_report(job, report)
+        proc.writer.send(END, index, b"")
+    finally:
+        proc.leave(index)
+        _local.ordinal = None
+
+
+# --- the cell -----------------------------------------------------------------------------
+
+
+class ReplicaGlobals(dict):
+    """The cell's globals: ``device`` is resolved on first use, in the replica's thread."""
+
+    def __missing__(self, key):
+        if key == "device":
+            import torch_xla
+
+            value = self["device"] = torch_xla.device()
+            return value
+        raise KeyError(key)
+
+
+class _ReplicaModule(types.ModuleType):
+    """The replica's ``sys.modules`` entry for the cell: attributes are its globals.
+
+    Each replica has its own module name (``<cell>_r<ordinal>``), because replicas that
+    are threads of one process share ``sys.modules``, and pickling by reference must
+    find each replica's own definitions from any thread (a Pool's feeder thread, say).
+    """
+
+    def __init__(self, name: str, path: str, namespace: dict):
+        super().__init__(name)
+        self.__dict__.update(__file__=path, _replica_globals=namespace)
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__["_replica_globals"][name]
+        except KeyError:
+            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}") from None
+
+
+def module_name(cell: CellModule, ordinal: int) -> str:
+    return f"{cell.name}_r{ordinal}"
+
+
+def _replica_module(cell: CellModule, ordinal: int, run_dir: str, ns: dict) -> types.ModuleType:
+    """Register the replica's module; its file (a link to the cell's) imports by name."""
+    name = module_name(cell, ordinal)
+    path = os.path.join(run_dir, name + ".py")
+    if not os.path.exists(path):
+        os.link(cell.path, path)
+    module = sys.modules[name] = _ReplicaModule(name, path, ns)
+    cloudpickle.register_pickle_by_value(module)  # the notebook gets the cell's classes
+    return module
+
+
+def _run_cell(index: int, job: ReplicaJob, proc: "_ProcessState") -> ReplicaReport:
+    cell = proc.cell
+    ns = ReplicaGlobals({k: v for k, v in proc.user_ns.items() if k not in REPLICA_NAMES})
+    name = module_name(cell, index)
+    ns.update(__name__=name, __file__=cell.path, __builtins__=__builtins__,
+              __doc__=None, __package__=None, __spec__=None, __loader__=None,
+              index=index, lock=job.lock)
+    _replica_module(cell, index, job.run_dir, ns)
+    report = ReplicaReport(ordinal=index, pid=os.getpid(), elapsed=0.0)
+    try:
+        exec(cell.body, ns)
+        value = eval(cell.last_expr, ns) if cell.last_expr is not None else None
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            report.error = ReplicaError("exit", "SystemExit", str(exc.code),
+                                        f"the cell called sys.exit({exc.code!r})")
+        return report
+    except KeyboardInterrupt:
+        report.error = ReplicaError("interrupted", "KeyboardInterrupt", "the run was interrupted")
+        return report
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes data
+        report.error = error_from_exception(exc, cell)
+        return report
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    if value is not None:
+        report.value_repr = _safe_repr(value)
+        try:
+            report.value = pack_value(value)
+        except Exception as exc:  # noqa: BLE001
+            report.error = ReplicaError(
+                "result", type(exc).__name__,
+                f"the cell's value ({type(value).__name__}) could not be sent back to the "
+                f"notebook: {exc}. Return plain data (numbers, strings, lists, dicts, CPU "
+                "tensors, state_dict()) instead.")
+    return report
+
+
+def error_from_exception(exc: BaseException, cell: CellModule) -> ReplicaError:
+    """The exception as data; the traceback starts at the cell and names its lines."""
+    te = traceback.TracebackException.from_exception(exc)
+    frames = list(te.stack)
+    first = next((i for i, f in enumerate(frames) if f.filename == cell.path), 0)
+    te.stack = traceback.StackSummary.from_list(frames[first:])
+    text = "".join(te.format())
+    text = text.replace(f'File "{cell.path}", line ', f"{cell.label}, line ")
+    return ReplicaError("exception", type(exc).__qualname__, str(exc), text)
+
+
+class _ResultPickler(cloudpickle.Pickler):
+    """cloudpickle, with XLA tensors moved to CPU wherever they sit in the value.
+
+    An XLA tensor pickled as is would be rebuilt on an XLA device when the notebook loads
+    it, initializing the runtime in the notebook's process.
+    """
+
+    def reducer_override(self, obj):
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type == "xla":
+            return obj.cpu().__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        return super().reducer_override(obj)
+
+
+def pack_value(value: Any) -> bytes:
+    """Pickle a replica's value for the notebook (classes of the cell go by value)."""
+    buf = io.BytesIO()
+    _ResultPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return buf.getvalue()
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception as exc:  # noqa: BLE001
+        text = f"<{type(value).__name__}: repr failed: {exc}>"
+    if len(text) > _VALUE_REPR_LIMIT:
+        text = text[:_VALUE_REPR_LIMIT] + f"... [{len(text) - _VALUE_REPR_LIMIT} more characters]"
+    return text
+
+
+def _write_report(job: ReplicaJob, report: ReplicaReport) -> None:
+    path = report_path(job.run_dir, report.ordinal)
+    with open(path + ".tmp", "wb") as f:
+        pickle.dump(report, f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(path + ".tmp", path)  # the notebook never reads half a report
+
+
+# --- the replica's process ------------------------------------------------------------------
+
+_local = threading.local()
+_PR_SET_PDEATHSIG = 1
+
+
+class _ProcessState:
+    """Set up once per process and run: streams, parent-death signal, the cell module."""
+
+    _lock = threading.Lock()
+    _current: Optional["_ProcessState"] = None
+
+    @classmethod
+    def get(cls, job: ReplicaJob) -> "_ProcessState":
+        with cls._lock:
+            if cls._current is None or cls._current.run_id != job.run_id:
+                cls._current = cls(job)
+            return cls._current
+
+    def __init__(self, job: ReplicaJob):
+        self.run_id = job.run_id
+        self.writer = ChannelWriter(job.channel_fd)
+        self.active: set = set()
+        die_with_parent(job.parent_pid)
+        forked = _FORKED[job.run_id]
+        self.user_ns, self.cell = forked.user_ns, forked.cell
+        if job.run_dir not in sys.path:
+            sys.path.insert(0, job.run_dir)  # the cell's module imports by name
+        self._capture_streams()
+
+    def enter(self, ordinal: int) -> None:
+        with self._lock:
+            self.active.add(ordinal)
+
+    def leave(self, ordinal: int) -> None:
+        with self._lock:
+            self.active.discard(ordinal)
+
+    def default_ordinal(self) -> int:
+        """Where output of a thread that is not a replica goes: its process's replica."""
+        active = self.active
+        return next(iter(active)) if len(active) == 1 else -1
+
+    def _capture_streams(self) -> None:
+        inherited = (sys.stdout, sys.stderr)
+        sys.stdout = ReplicaStream(self, STDOUT, "<replica stdout>")
+        sys.stderr = ReplicaStream(self, STDERR, "<replica stderr>")
+        # Objects made before the fork (logging handlers) still hold the notebook's
+        # ipykernel streams; a forked child writing through them loses and mixes text.
+        for old, new in zip(inherited, (sys.stdout, sys.stderr)):
+            if type(old).__module__.startswith("ipykernel"):
+                old.write, old.flush = new.write, new.flush
+
+
+class ReplicaStream(io.TextIOBase):
+    """``sys.stdout``/``sys.stderr`` of a replica: every write is a frame to the notebook.
+
+    Writes go straight through (no buffer), so nothing is lost when a replica raises,
+    exits or is killed right after printing.
+    """
+
+    encoding = "utf-8"
+    errors = "replace"
+
+    def __init__(self, proc: _ProcessState, kind: int, name: str):
+        super().__init__()
+        self._proc, self._kind, self.name = proc, kind, name
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        if text:
+            ordinal = getattr(_local, "ordinal", None)
+            if ordinal is None:
+                ordinal = self._proc.default_ordinal()
+            self._proc.writer.send(self._kind, ordinal, text.encode("utf-8", "replace"))
+        return len(text)
+
+    def isatty(self) -> bool:
+        return False
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when the notebook's process dies (Linux), so no replica
+    outlives a kernel restart holding a TPU."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)
