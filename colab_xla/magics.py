@@ -55,7 +55,7 @@ class XlaMagics(Magics):
                 self.shell.transform_cell(cell),
                 nprocs=args.nprocs,
                 user_ns=self.shell.user_ns,
-                label=f"Cell In[{self.shell.execution_count}]",
+                label=f"Cell In[{self._cell_number()}]",
                 header=f"# %%xla_spawn {line}".rstrip(),
             )
         except EmptyCellError:
@@ -70,3 +70,10 @@ class XlaMagics(Magics):
             raise KeyboardInterrupt
         if outcome.failed:
             raise XlaSpawnError(outcome)
+
+    def _cell_number(self) -> int:
+        """The running cell's In[N]. IPython stores the input under N before running it,
+        but increments ``execution_count`` before the cell on IPython 8+ and after it on
+        IPython 7 (Colab), so the history is the one that tells."""
+        history = getattr(self.shell.history_manager, "input_hist_raw", None)
+        return len(history) - 1 if history else self.shell.execution_count

@@ -191,6 +191,8 @@ class _ResultPickler(cloudpickle.Pickler):
     def reducer_override(self, obj):
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type == "xla":
+            if isinstance(obj, torch.nn.Parameter):  # .cpu() would drop the Parameter type
+                return torch.nn.Parameter, (obj.detach().cpu(), obj.requires_grad)
             return obj.cpu().__reduce_ex__(pickle.HIGHEST_PROTOCOL)
         return super().reducer_override(obj)
 

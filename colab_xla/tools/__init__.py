@@ -1,0 +1,1 @@
+"""Developer tools of colab_xla (not needed in a notebook)."""

@@ -1,0 +1,179 @@
+"""Execute notebooks headless, as a reader's Run All would, and keep what they showed.
+
+Usage::
+
+    python -m colab_xla.tools.run_notebooks [NOTEBOOK ...] [--out DIR] [--timeout S]
+
+Without NOTEBOOK, every ``notebooks/*.ipynb`` of the repository runs, in name order.
+Each notebook runs in a fresh ``python3`` kernel (this interpreter's ipykernel) with the
+notebook's directory as working directory. The executed copy goes to ``DIR/NAME.ipynb``
+and an HTML rendering to ``DIR/NAME.html`` (default DIR: ``build/notebooks``), also when a
+cell fails; one line per notebook says how it went. The exit status is non-zero if any
+notebook failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+DEFAULT_OUT = REPO_ROOT / "build" / "notebooks"
+DEFAULT_TIMEOUT = 300  # seconds per cell
+
+# PJRT_DEVICE as the user set it before anything here ran. Importing torch_xla (in a test
+# session, say) writes a default PJRT_DEVICE into os.environ; the kernel must not inherit
+# that, so colab_xla in the notebook finds the hardware itself.
+_USER_PJRT_DEVICE = os.environ.get("PJRT_DEVICE")
+
+
+class NotebookError(Exception):
+    """A notebook did not run to the end. Its executed copy and HTML were still written.
+
+    ``nb`` is the notebook as far as it ran; ``cell_index`` the failing cell (or None).
+    """
+
+    def __init__(self, message: str, nb, html_path: Path, ipynb_path: Path,
+                 cell_index: Optional[int]):
+        super().__init__(message)
+        self.nb, self.html_path, self.ipynb_path = nb, html_path, ipynb_path
+        self.cell_index = cell_index
+
+
+def kernel_env(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The kernel's environment: ours, without PYTEST_CURRENT_TEST (ipykernel turns its
+    capture of C-level output off when it sees it) and without a PJRT_DEVICE the user did
+    not set."""
+    env = dict(os.environ if environ is None else environ)
+    env.pop("PYTEST_CURRENT_TEST", None)
+    if _USER_PJRT_DEVICE is None:
+        env.pop("PJRT_DEVICE", None)
+    else:
+        env["PJRT_DEVICE"] = _USER_PJRT_DEVICE
+    return env
+
+
+def execute_notebook(path, out_dir, timeout: float = DEFAULT_TIMEOUT, *,
+                     env: Optional[Mapping[str, str]] = None) -> Tuple[object, Path, Path]:
+    """Run the notebook at ``path``; write ``out_dir/NAME.ipynb`` and ``out_dir/NAME.html``.
+
+    Returns ``(executed_nb, html_path, ipynb_path)``. If a cell fails (or times out, or the
+    kernel dies), both files are written with what ran and :class:`NotebookError` is raised.
+    ``timeout`` is per cell, in seconds; ``env`` defaults to :func:`kernel_env`.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = Path(path).resolve()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ipynb_path = out_dir / path.name
+    html_path = out_dir / (path.stem + ".html")
+
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, kernel_name="python3", timeout=timeout,
+                            store_widget_state=True,
+                            resources={"metadata": {"path": str(path.parent)}})
+    failure: Optional[BaseException] = None
+    try:
+        client.execute(env=kernel_env() if env is None else dict(env))
+    except Exception as exc:  # CellExecutionError, CellTimeoutError, DeadKernelError, ...
+        failure = exc
+
+    nbformat.write(nb, ipynb_path)
+    html_path.write_text(_html(nb), encoding="utf-8")
+    if failure is not None:
+        index = _failing_cell(nb)
+        where = f"cell {index}" if index is not None else "kernel"
+        raise NotebookError(f"{where}: {_first_line(failure)}", nb, html_path, ipynb_path,
+                            index) from failure
+    return nb, html_path, ipynb_path
+
+
+def _html(nb) -> str:
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_notebook_node(nb)
+    return body
+
+
+def _failing_cell(nb) -> Optional[int]:
+    """Index of the first code cell with an error output, else of the last one that began."""
+    started = None
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        if any(out.get("output_type") == "error" for out in cell.get("outputs", [])):
+            return i
+        if cell.get("execution_count") is not None or cell.get("metadata", {}).get("execution"):
+            started = i
+    return started
+
+
+def _first_line(exc: BaseException) -> str:
+    ename = getattr(exc, "ename", None)
+    if ename:  # CellExecutionError: the kernel-side exception
+        evalue = (getattr(exc, "evalue", "") or "").strip().splitlines()
+        return f"{ename}: {evalue[0]}" if evalue else ename
+    text = str(exc).strip().splitlines()
+    # nbclient's messages start with a blank line or a rule; keep the first meaningful one
+    text = [line for line in text if line.strip() and set(line.strip()) - set("-")]
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def default_notebooks() -> List[Path]:
+    return sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
+
+
+def _show(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m colab_xla.tools.run_notebooks",
+        description="Execute notebooks headless; write executed copies and HTML.")
+    parser.add_argument("notebooks", nargs="*", type=Path, metavar="NOTEBOOK",
+                        help="notebooks to run (default: notebooks/*.ipynb of the repository)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
+                        help=f"where executed copies and HTML go (default: {_show(DEFAULT_OUT)})")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
+                        help=f"seconds a cell may run (default: {DEFAULT_TIMEOUT})")
+    args = parser.parse_args(argv)
+
+    notebooks = args.notebooks or default_notebooks()
+    if not notebooks:
+        print(f"no notebooks found in {_show(NOTEBOOKS_DIR)}", file=sys.stderr)
+        return 2
+    failed = 0
+    for path in notebooks:
+        started = time.perf_counter()
+        try:
+            _, html_path, ipynb_path = execute_notebook(path, args.out, args.timeout)
+            status, detail = "ok", ""
+        except NotebookError as exc:
+            html_path, ipynb_path = exc.html_path, exc.ipynb_path
+            status, detail = "FAILED", f"  ({exc})"
+            failed += 1
+        except Exception as exc:  # could not even read or write it
+            print(f"{'ERROR':6} {path.name}: {type(exc).__name__}: {exc}", flush=True)
+            failed += 1
+            continue
+        took = time.perf_counter() - started
+        print(f"{status:6} {path.name}  {took:6.1f} s  {_show(ipynb_path)}  {_show(html_path)}"
+              f"{detail}", flush=True)
+    if failed:
+        print(f"{failed} of {len(notebooks)} notebooks failed", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

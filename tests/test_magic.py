@@ -1,0 +1,104 @@
+"""``%%xla_spawn`` through a real IPython InteractiveShell."""
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.testing import globalipapp
+
+from colab_xla.outcome import XlaSpawnError
+
+
+def get_ipython():
+    """The test-friendly TerminalInteractiveShell (a singleton, started once)."""
+    globalipapp.start_ipython()
+    return globalipapp.get_ipython()
+
+
+@pytest.fixture(scope="module")
+def ip():
+    shell = get_ipython()
+    shell.run_line_magic("load_ext", "colab_xla")
+    yield shell
+    shell.run_line_magic("unload_ext", "colab_xla")
+
+
+def cell(ip, line, body):
+    """Run a %%xla_spawn cell as a notebook would; return IPython's ExecutionResult."""
+    return ip.run_cell(f"%%xla_spawn {line}\n{body}", store_history=True)
+
+
+def test_load_registers_and_unload_removes_the_magic():
+    shell = get_ipython()
+    shell.run_line_magic("load_ext", "colab_xla")
+    assert "xla_spawn" in shell.magics_manager.magics["cell"]
+    shell.run_line_magic("unload_ext", "colab_xla")
+    assert "xla_spawn" not in shell.magics_manager.magics["cell"]
+    assert shell.run_cell("%%xla_spawn\n1").error_in_exec is not None  # really gone
+    shell.run_line_magic("load_ext", "colab_xla")
+    assert "xla_spawn" in shell.magics_manager.magics["cell"]
+
+
+def test_help_is_generated_from_the_arguments(ip, capsys):
+    ip.run_cell("%%xla_spawn?")
+    out = capsys.readouterr().out
+    assert "%xla_spawn [-n N] [-o NAME]" in out
+    assert "-n N, --nprocs N" in out and "-o NAME, --output NAME" in out
+    assert "index" in out and "device" in out and "lock" in out
+
+
+@pytest.mark.parametrize("line, message", [
+    ("--bogus", "unrecognized arguments: --bogus"),
+    ("-n many", "invalid int value: 'many'"),
+    ("-o 2fast", "NAME must be a Python identifier"),
+])
+def test_bad_arguments_are_usage_errors(ip, capsys, line, message):
+    result = cell(ip, line, "index")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert message in str(result.error_in_exec) + capsys.readouterr().err
+
+
+def test_empty_cell_is_a_usage_error_that_says_what_to_do(ip):
+    result = cell(ip, "-n 2", "\n   \n")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "write the code every replica runs" in str(result.error_in_exec)
+
+
+def test_syntax_error_is_reported_with_the_cells_line_before_anything_runs(ip, capsys):
+    result = cell(ip, "-n 2", "x = 1\nif x\n    pass")
+    assert isinstance(result.error_in_exec, SyntaxError)
+    assert result.error_in_exec.lineno == 3  # the notebook's line 3: "if x"
+    assert "replica" not in capsys.readouterr().out  # nothing was spawned
+
+
+@pytest.mark.xla
+def test_replica_count_the_hardware_cannot_honour_is_a_usage_error(ip):
+    result = cell(ip, "-n 0", "index")
+    assert isinstance(result.error_in_exec, UsageError) and "1 or more" in str(result.error_in_exec)
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(120)
+def test_results_and_output_come_back_to_the_notebook(ip, capsys):
+    ip.run_cell("SCALE = 3\ndef scaled(i):\n    return i * SCALE")
+    result = cell(ip, "-n 4 -o res", "print('hello from', index)\nscaled(index)")
+    assert result.success, result.error_in_exec
+    assert ip.user_ns["res"] == {0: 0, 1: 3, 2: 6, 3: 9}
+    assert list(ip.user_ns["res"]) == [0, 1, 2, 3]
+    out = capsys.readouterr().out
+    assert "4 replicas on CPU: 4 done" in out
+    for o in range(4):
+        assert f"── replica {o} · done" in out and f"hello from {o}\nOut: {3 * o}" in out
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(120)
+def test_a_failing_replica_raises_one_grouped_error_and_keeps_the_other_results(ip, capsys):
+    number = ip.execution_count  # this cell's In[number]
+    result = cell(ip, "-n 4 -o partial", "if index in (1, 3):\n    raise KeyError(index % 2)\nindex")
+    error = result.error_in_exec
+    assert isinstance(error, XlaSpawnError)
+    assert error.outcome.failed == [1, 3]
+    rendered = "\n".join(error._render_traceback_())
+    assert "[replicas 1, 3]" in rendered and rendered.count("Traceback") == 1
+    assert f"Cell In[{number}], line 3, in <module>" in rendered
+    assert ip.user_ns["partial"] == {0: 0, 2: 2}  # nothing lost
+    assert "[replicas 1, 3]" in capsys.readouterr().out  # IPython drew our traceback

@@ -1,0 +1,223 @@
+"""Real torch_xla CPU replicas forked from this process through xmp.spawn."""
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from colab_xla import hardware
+from colab_xla.outcome import DONE, FAILED, XlaSpawnError
+from colab_xla.run import RuntimeInitializedError, run_cell
+
+pytestmark = [pytest.mark.xla, pytest.mark.timeout(180)]
+
+
+def run(source, n, **kw):
+    kw.setdefault("announce", None)
+    return run_cell(textwrap.dedent(source).lstrip("\n"), nprocs=n, label="Cell In[5]", **kw)
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_every_replica_runs_and_reports(n):
+    outcome = run("""
+        import torch_xla.runtime as xr
+        print(f"replica {index} of {xr.world_size()}")
+        index * 10
+        """, n)
+    assert sorted(outcome.replicas) == list(range(n))
+    for o, rep in outcome.replicas.items():
+        assert rep.state == DONE and rep.error is None
+        assert rep.output == [("stdout", f"replica {o} of {n}"), ("stdout", "\n")]
+        assert rep.pid != os.getpid() and rep.elapsed > 0
+    assert outcome.results() == {o: o * 10 for o in range(n)} and outcome.ok
+
+
+def test_the_notebook_process_never_initializes_xla_nor_changes_its_environment():
+    env_before = {k: os.environ.get(k) for k in ("PJRT_DEVICE", "CPU_NUM_DEVICES")}
+    outcome = run("import torch\n(torch.ones(2, device=device) + index).cpu()", 2)
+    assert outcome.ok
+    assert hardware.runtime_initialized() is False
+    assert {k: os.environ.get(k) for k in env_before} == env_before
+
+
+def test_notebook_names_are_visible_and_replica_names_shadow_them():
+    def double(x):
+        return 2 * x
+
+    user_ns = {"K": 21, "double": double, "index": "notebook's", "device": "notebook's"}
+    outcome = run("(double(K), index, str(device))", 2, user_ns=user_ns)
+    assert {o: v[:2] for o, v in outcome.results().items()} == {0: (42, 0), 1: (42, 1)}
+    assert all(v[2].startswith("xla:") for v in outcome.results().values())
+
+
+def test_device_is_created_on_first_use_only():
+    outcome = run("""
+        before = 'device' in globals()
+        d = device
+        (before, 'device' in globals(), str(d))
+        """, 2)
+    assert {o: v for o, v in outcome.results().items()} == {0: (False, True, "xla:0"),
+                                                             1: (False, True, "xla:1")}
+
+
+def test_cell_definitions_pickle_by_reference_in_replicas_and_by_value_to_the_notebook():
+    outcome = run("""
+        import pickle, multiprocessing as mp
+        def square(x):
+            return x * x
+        class Point:
+            def __init__(self, x):
+                self.x = x
+        assert pickle.loads(pickle.dumps(square)) is square
+        assert type(pickle.loads(pickle.dumps(Point(1)))) is Point
+        with mp.get_context("fork").Pool(2) as pool:   # pickles `square` from another thread
+            squares = pool.map(square, range(4))
+        (squares, Point(index))
+        """, 2)
+    assert outcome.ok, outcome.failed and outcome.replicas[outcome.failed[0]].error.render()
+    for o, (squares, point) in outcome.results().items():
+        assert squares == [0, 1, 4, 9]
+        assert type(point).__name__ == "Point" and point.x == o
+
+
+def test_an_edited_cell_runs_the_new_code():
+    first = run("def f():\n    return 'old'\nf()", 1)
+    second = run("def f():\n    return 'new'\nf()", 1)
+    assert first.results() == {0: "old"} and second.results() == {0: "new"}
+
+
+def test_xla_tensors_in_results_arrive_on_cpu():
+    import torch
+
+    outcome = run("""
+        import torch
+        t = torch.full((2,), float(index), device=device)
+        {"t": t, "nested": [t * 2], "param": torch.nn.Parameter(t + 1)}
+        """, 2)
+    for o, value in outcome.results().items():
+        assert value["t"].device.type == "cpu" and torch.equal(value["t"], torch.full((2,), float(o)))
+        assert torch.equal(value["nested"][0], torch.full((2,), 2.0 * o))
+        assert isinstance(value["param"], torch.nn.Parameter) and value["param"].device.type == "cpu"
+    assert hardware.runtime_initialized() is False
+
+
+def test_one_replica_raising_fails_only_that_replica_with_the_cells_line():
+    outcome = run("""
+        print("before", index)
+        if index == 2:
+            raise ValueError(f"bad replica {index}")
+        index
+        """, 4)
+    assert outcome.failed == [2]
+    bad = outcome.replicas[2]
+    assert bad.state == FAILED and bad.text == "before 2\n"
+    assert bad.error.ename == "ValueError" and "bad replica 2" in bad.error.evalue
+    assert "Cell In[5], line 4, in <module>" in bad.error.traceback
+    assert outcome.results() == {0: 0, 1: 1, 3: 3}
+    text = XlaSpawnError(outcome).render()
+    assert "[replica 2]" in text and text.count("Traceback") == 1
+
+
+def test_same_error_on_every_replica_is_shown_once():
+    outcome = run("raise RuntimeError('everywhere')", 4)
+    groups = outcome.error_groups()
+    assert len(groups) == 1 and groups[0][1] == [0, 1, 2, 3]
+
+
+def test_exit_status_zero_is_a_normal_end_and_nonzero_a_failure():
+    outcome = run("import sys\nprint('leaving')\nsys.exit(3 if index else 0)", 2)
+    assert outcome.replicas[0].state == DONE and outcome.replicas[0].text == "leaving\n"
+    assert outcome.replicas[1].error.kind == "exit" and "sys.exit(3)" in outcome.replicas[1].error.render()
+
+
+def test_a_dying_replica_process_is_reported_with_its_exit_code():
+    outcome = run("import os\nprint('last words', flush=True)\nos._exit(7)", 1)
+    rep = outcome.replicas[0]
+    assert rep.state == FAILED and rep.error.kind == "died"
+    assert "exit code 7" in rep.error.evalue and rep.text == "last words\n"
+
+
+def test_a_value_that_cannot_be_pickled_fails_only_its_replica():
+    outcome = run("import threading\nthreading.Lock() if index == 1 else index", 3)
+    assert outcome.failed == [1]
+    error = outcome.replicas[1].error
+    assert error.kind == "result" and "lock" in error.evalue and "could not be sent back" in error.evalue
+    assert outcome.results() == {0: 0, 2: 2}
+
+
+def test_the_shared_lock_and_a_private_run_directory():
+    outcome = run("""
+        import os, stat
+        with lock:
+            print("holding the lock", index)
+        run_dir = os.path.dirname(__file__)
+        (run_dir, stat.S_IMODE(os.stat(run_dir).st_mode))
+        """, 2)
+    assert outcome.ok
+    run_dir, mode = outcome.results()[0]
+    assert mode == 0o700 and not os.path.exists(run_dir)  # private while running, gone after
+    assert outcome.replicas[1].text == "holding the lock 1\n"
+
+
+def test_no_process_of_a_run_outlives_it():
+    outcome = run("import os\nos.getpid()", 2)
+    pid = outcome.results()[0]
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+# --- in a separate process ------------------------------------------------------------------
+
+_PY = [sys.executable, "-u", "-c"]
+
+
+def test_refuses_before_forking_when_the_runtime_is_already_initialized():
+    script = textwrap.dedent("""
+        import torch_xla, multiprocessing
+        torch_xla.device()   # initializes the runtime in this (the "notebook's") process
+        from colab_xla.run import run_cell, RuntimeInitializedError
+        try:
+            run_cell("index", nprocs=2, announce=None)
+        except RuntimeInitializedError as exc:
+            print("REFUSED", exc)
+        print("children:", len(multiprocessing.active_children()))
+        """)
+    env = dict(os.environ, PJRT_DEVICE="CPU")
+    done = subprocess.run(_PY + [script], capture_output=True, text=True, timeout=120, env=env)
+    assert "REFUSED" in done.stdout, done.stdout + done.stderr
+    assert "torch_xla.device()" in done.stdout and "restart the runtime" in done.stdout
+    assert "children: 0" in done.stdout
+
+
+def test_interrupt_kills_every_replica_process_and_returns_promptly(tmp_path):
+    marker = tmp_path / "pids"
+    script = textwrap.dedent(f"""
+        from colab_xla.run import run_cell
+        cell = '''
+        import os, time
+        with open({str(marker)!r} + str(index), "w") as f:
+            f.write(str(os.getpid()))
+        while True:
+            time.sleep(0.1)
+        '''
+        outcome = run_cell(cell, nprocs=2, announce=None)
+        print("interrupted:", outcome.interrupted,
+              sorted((o, r.state) for o, r in outcome.replicas.items()))
+        """)
+    proc = subprocess.Popen(_PY + [script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 120
+    files = [tmp_path / f"pids{o}" for o in range(2)]
+    while not all(f.exists() and f.read_text() for f in files):  # replicas are running
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    replica_pids = {int(f.read_text()) for f in files}
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=15)  # answered within seconds, not hung
+    assert "interrupted: True [(0, 'killed'), (1, 'killed')]" in out, out + err
+    assert not any(psutil.pid_exists(p) for p in replica_pids)

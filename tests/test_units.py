@@ -1,0 +1,292 @@
+"""Units of the IPython-free core: no kernel, no XLA runtime, no replicas."""
+
+import multiprocessing
+import os
+import pickle
+import stat
+import sys
+import threading
+
+import pytest
+
+from colab_xla import channel, hardware, replica, text_view
+from colab_xla.cell import CellModule, EmptyCellError
+from colab_xla.outcome import (DONE, FAILED, ReplicaError, ReplicaOutcome, RunOutcome,
+                               XlaSpawnError, format_ordinals)
+
+# --- cell to module ----------------------------------------------------------------------
+
+
+def test_cell_is_written_as_a_private_module_with_a_unique_name(tmp_path):
+    a = CellModule.create("x = 1\n", str(tmp_path), label="Cell In[1]")
+    b = CellModule.create("x = 1\n", str(tmp_path), label="Cell In[1]")
+    assert a.name != b.name and a.name.isidentifier()
+    assert os.path.dirname(a.path) == str(tmp_path)
+    assert stat.S_IMODE(os.stat(a.path).st_mode) == 0o600
+    assert open(a.path).read() == "# %%xla_spawn\nx = 1\n"
+
+
+def test_cell_line_numbers_are_the_notebook_lines(tmp_path):
+    # Line 1 of the notebook cell is the magic line, so the body starts at line 2.
+    cell = CellModule.create("a = 1\nb = 2\nc = 1 / 0\n", str(tmp_path))
+    with pytest.raises(ZeroDivisionError) as info:
+        exec(cell.body, {})
+    assert info.tb.tb_next.tb_lineno == 4 and info.tb.tb_next.tb_frame.f_code.co_filename == cell.path
+
+
+def test_last_expression_is_the_result_and_semicolon_hides_it(tmp_path):
+    cell = CellModule.create("x = 6\nx * 7\n", str(tmp_path))
+    ns = {}
+    exec(cell.body, ns)
+    assert eval(cell.last_expr, ns) == 42
+    hidden = CellModule.create("x = 6\nx * 7;  # no result\n", str(tmp_path))
+    assert hidden.last_expr is None
+    assert CellModule.create("x = 6\n", str(tmp_path)).last_expr is None
+
+
+@pytest.mark.parametrize("source", ["", "   \n\n", "# just a comment\n"])
+def test_empty_cell_is_refused(tmp_path, source):
+    with pytest.raises(EmptyCellError):
+        CellModule.create(source, str(tmp_path))
+    assert os.listdir(tmp_path) == []
+
+
+def test_syntax_error_names_the_cell_and_its_line(tmp_path):
+    with pytest.raises(SyntaxError) as info:
+        CellModule.create("x = 1\ny = (\n", str(tmp_path), label="Cell In[3]")
+    assert info.value.filename == "Cell In[3]"
+    assert info.value.lineno == 3
+
+
+def test_a_file_planted_at_the_module_path_is_never_written_through(tmp_path, monkeypatch):
+    import itertools
+
+    monkeypatch.setattr("colab_xla.cell._counter", itertools.count(1))
+    monkeypatch.setattr("colab_xla.cell.secrets.token_hex", lambda n: "feed")
+    target = tmp_path / "victim"
+    target.write_text("untouched")
+    (tmp_path / "xla_cell_1_feed.py").symlink_to(target)
+    with pytest.raises(FileExistsError):
+        CellModule.create("x = 1\n", str(tmp_path))
+    assert target.read_text() == "untouched"
+
+
+# --- the channel -------------------------------------------------------------------------
+
+
+def test_frames_round_trip_even_when_fed_byte_by_byte():
+    r, w = os.pipe()
+    writer = channel.ChannelWriter(w)
+    writer.send(channel.STDOUT, 2, "héllo\n".encode())
+    writer.send(channel.END, 5, b"")
+    data = os.read(r, 65536)
+    decoder = channel.FrameDecoder()
+    frames = [f for byte in data for f in decoder.feed(bytes([byte]))]
+    assert [(f.kind, f.ordinal, f.payload) for f in frames] == [
+        (channel.STDOUT, 2, "héllo\n".encode()), (channel.END, 5, b"")]
+    assert frames[0].pid == os.getpid() and decoder.pending == 0
+    os.close(r), os.close(w)
+
+
+def test_long_payload_is_split_into_atomic_frames():
+    r, w = channel.make_pipe()
+    payload = bytes(range(256)) * 100  # 25,600 bytes
+    channel.ChannelWriter(w).send(channel.STDERR, 0, payload)
+    os.close(w)
+    data = b"".join(iter(lambda: os.read(r, 65536), b""))
+    frames = channel.FrameDecoder().feed(data)
+    assert len(frames) == -(-len(payload) // channel.MAX_PAYLOAD)
+    assert b"".join(f.payload for f in frames) == payload
+    os.close(r)
+
+
+def _hammer(fd, ordinal, count):
+    writer = channel.ChannelWriter(fd)
+    for i in range(count):
+        writer.send(channel.STDOUT, ordinal, f"{ordinal}:{i}:".encode() + b"x" * (i % 3000) + b"\n")
+
+
+def test_concurrent_writers_never_interleave_frames():
+    """Processes and threads writing at once: every frame intact, each writer in order."""
+    r, w = channel.make_pipe()
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_hammer, args=(w, o, 400)) for o in range(3)]
+    threads = [threading.Thread(target=_hammer, args=(w, o, 400)) for o in range(3, 5)]
+    for t in procs + threads:
+        t.start()
+    decoder, frames = channel.FrameDecoder(), []
+    expected = 5 * 400
+    while len(frames) < expected:
+        frames += decoder.feed(os.read(r, 65536))
+    for t in procs + threads:
+        t.join()
+    seen = {}
+    for f in frames:
+        o, i, rest = f.payload.split(b":", 2)
+        assert int(o) == f.ordinal and rest == b"x" * (int(i) % 3000) + b"\n"
+        assert int(i) == seen.get(f.ordinal, -1) + 1  # in order per writer
+        seen[f.ordinal] = int(i)
+    assert seen == {o: 399 for o in range(5)}
+    os.close(r), os.close(w)
+
+
+# --- replica plan ------------------------------------------------------------------------
+
+
+def test_cpu_plan_defaults_to_a_simulated_tpu_host_and_says_so():
+    plan = hardware.plan_replicas(None, hardware.Hardware(pjrt_device=None))
+    assert (plan.device_type, plan.replicas) == ("CPU", hardware.DEFAULT_CPU_REPLICAS)
+    assert plan.env == {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8"}
+    assert "no TPU found" in plan.note and "8 replicas on CPU" in plan.note
+
+
+def test_cpu_plan_honours_n_and_cpu_num_devices_and_explicit_device():
+    hw = hardware.Hardware(pjrt_device="CPU", cpu_num_devices=3)
+    assert hardware.plan_replicas(None, hw).replicas == 3
+    plan = hardware.plan_replicas(5, hw)
+    assert plan.replicas == 5 and plan.env["CPU_NUM_DEVICES"] == "5"
+    assert plan.note is None  # the user chose CPU: nothing to announce
+
+
+@pytest.mark.parametrize("n", [0, -2])
+def test_replica_count_below_one_is_refused(n):
+    with pytest.raises(hardware.ReplicaCountError, match="1 or more"):
+        hardware.plan_replicas(n, hardware.Hardware(pjrt_device=None))
+
+
+def test_tpu_plan_takes_every_core_and_explains_other_counts():
+    hw = hardware.Hardware(pjrt_device=None, tpu_chips=4, tpu_cores_per_chip=2)
+    plan = hardware.plan_replicas(None, hw)
+    assert (plan.device_type, plan.replicas, plan.env) == ("TPU", 8, {"PJRT_DEVICE": "TPU"})
+    assert hardware.plan_replicas(8, hw).replicas == 8
+    with pytest.raises(hardware.ReplicaCountError) as info:
+        hardware.plan_replicas(4, hw)
+    message = str(info.value)
+    assert "-n 4" in message and "4 chips x 2 cores" in message and "Use -n 8" in message
+
+
+def test_tpu_plan_with_unknown_core_count_accepts_only_the_default():
+    hw = hardware.Hardware(pjrt_device="TPU", tpu_chips=4, tpu_cores_per_chip=None)
+    assert hardware.plan_replicas(None, hw).replicas is None
+    with pytest.raises(hardware.ReplicaCountError, match="could not be read"):
+        hardware.plan_replicas(8, hw)
+
+
+def test_other_devices_refuse_n():
+    hw = hardware.Hardware(pjrt_device="CUDA")
+    assert hardware.plan_replicas(None, hw).env == {"PJRT_DEVICE": "CUDA"}
+    with pytest.raises(hardware.ReplicaCountError, match="CUDA_NUM_DEVICES"):
+        hardware.plan_replicas(2, hw)
+
+
+def test_detect_reads_the_environment_only():
+    hw = hardware.detect({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "6"})
+    assert hw == hardware.Hardware(pjrt_device="CPU", tpu_chips=0, cpu_num_devices=6)
+
+
+def test_runtime_initialized_is_false_without_torch_xla(monkeypatch):
+    monkeypatch.delitem(sys.modules, "torch_xla", raising=False)
+    assert hardware.runtime_initialized() is False
+
+
+def test_missing_torch_xla_gives_an_install_hint(monkeypatch):
+    for name in list(sys.modules):
+        if name == "torch_xla" or name.startswith("torch_xla."):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "torch_xla", None)  # import fails as if not installed
+    with pytest.raises(hardware.TorchXlaMissing, match="pip install torch torch_xla"):
+        hardware.import_torch_xla()
+    assert "PJRT_SELECT_DEFAULT_DEVICE" not in os.environ
+
+
+# --- outcome, errors, text view ----------------------------------------------------------
+
+
+def _outcome_with_errors():
+    boom = ReplicaError("exception", "ValueError", "boom", "Traceback...\nValueError: boom\n")
+    other = ReplicaError("exception", "KeyError", "'k'", "Traceback...\nKeyError: 'k'\n")
+    reps = {0: ReplicaOutcome(0, DONE, elapsed=0.1, has_value=True, value=0, value_repr="0",
+                              output=[("stdout", "hello 0\n")]),
+            1: ReplicaOutcome(1, FAILED, elapsed=0.1, error=boom),
+            2: ReplicaOutcome(2, FAILED, elapsed=0.1, error=other),
+            3: ReplicaOutcome(3, FAILED, elapsed=0.1, error=boom)}
+    return RunOutcome("CPU", reps, elapsed=0.5)
+
+
+def test_errors_are_grouped_by_traceback_with_their_replicas():
+    outcome = _outcome_with_errors()
+    groups = outcome.error_groups()
+    assert [(e.ename, ordinals) for e, ordinals in groups] == [("ValueError", [1, 3]),
+                                                             ("KeyError", [2])]
+    assert outcome.failed == [1, 2, 3] and not outcome.ok
+    assert outcome.results() == {0: 0}
+
+
+def test_spawn_error_shows_each_traceback_once():
+    text = XlaSpawnError(_outcome_with_errors()).render()
+    assert text.startswith("XlaSpawnError: 3 of 4 replicas failed (KeyError, ValueError)")
+    assert text.count("ValueError: boom") == 1 and "[replicas 1, 3]" in text
+    assert "[replica 2]" in text
+    assert pickle.loads(pickle.dumps(_outcome_with_errors())).failed == [1, 2, 3]
+
+
+def test_spawn_error_limits_the_tracebacks_it_draws():
+    reps = {o: ReplicaOutcome(o, FAILED, error=ReplicaError("exception", "E", str(o), f"E: {o}"))
+            for o in range(6)}
+    text = XlaSpawnError(RunOutcome("CPU", reps)).render()
+    assert text.count("E: ") == XlaSpawnError.max_tracebacks
+    assert "2 more distinct errors on replicas 4-5" in text
+
+
+@pytest.mark.parametrize("ordinals, text", [([], ""), ([3], "3"), ([0, 1, 2, 5, 7, 8], "0-2, 5, 7-8"),
+                                            ([2, 1, 1], "1-2")])
+def test_format_ordinals(ordinals, text):
+    assert format_ordinals(ordinals) == text
+
+
+def test_text_view_shows_every_replica_its_output_result_and_error():
+    text = text_view.render(_outcome_with_errors())
+    assert text.splitlines()[0] == "4 replicas on CPU: 1 done, 3 failed in 0.50 s"
+    for ordinal in range(4):
+        assert f"── replica {ordinal} · " in text
+    assert "hello 0\nOut: 0" in text
+    assert text.count("ValueError: boom") == 2  # one line per failed replica
+
+
+# --- replica pieces that run without XLA --------------------------------------------------
+
+
+def test_traceback_starts_at_the_cell_and_names_its_lines(tmp_path):
+    cell = CellModule.create("def f():\n    raise KeyError('k')\nr = f()\n", str(tmp_path),
+                             label="Cell In[9]")
+    try:
+        exec(cell.body, {})
+    except KeyError as exc:
+        error = replica.error_from_exception(exc, cell)
+    assert (error.kind, error.ename, error.evalue) == ("exception", "KeyError", "'k'")
+    assert "Cell In[9], line 4, in <module>" in error.traceback
+    assert "Cell In[9], line 3, in f" in error.traceback
+    assert cell.path not in error.traceback and "test_units.py" not in error.traceback
+
+
+def test_pack_value_keeps_nested_cpu_tensors():
+    import torch
+
+    value = {"w": [torch.arange(3.0)], "n": 2}
+    back = pickle.loads(replica.pack_value(value))
+    assert back["n"] == 2 and torch.equal(back["w"][0], torch.arange(3.0))
+
+
+def test_replica_globals_resolve_device_only_when_used(monkeypatch):
+    import types
+
+    calls = []
+    fake = types.SimpleNamespace(device=lambda: calls.append(1) or "xla:7")
+    monkeypatch.setitem(sys.modules, "torch_xla", fake)
+    ns = replica.ReplicaGlobals(x=1)
+    exec("y = x + 1", ns)
+    assert calls == [] and "device" not in ns
+    exec("d = device\nd2 = device", ns)
+    assert ns["d"] == ns["d2"] == "xla:7" and calls == [1]
+    with pytest.raises(NameError):
+        exec("undefined_name", ns)
