@@ -54,6 +54,7 @@ class ReplicaPlan:
     replicas: Optional[int]  # None: xmp.spawn's own count (unknown here)
     env: Dict[str, str] = field(default_factory=dict)
     note: Optional[str] = None  # one line to tell the user, or None
+    processes: int = 1  # replica processes xmp.spawn starts (one per TPU chip)
 
 
 def plan_replicas(requested: Optional[int], hw: Hardware) -> ReplicaPlan:
@@ -86,7 +87,8 @@ def plan_replicas(requested: Optional[int], hw: Hardware) -> ReplicaPlan:
                 + (f"Use -n {total} or leave -n out." if total else "Leave -n out.")
                 + " To simulate another count, run on CPU replicas: "
                 "os.environ['PJRT_DEVICE'] = 'CPU' before the cell.")
-        return ReplicaPlan("TPU", total, {"PJRT_DEVICE": hw.pjrt_device or "TPU"})
+        return ReplicaPlan("TPU", total, {"PJRT_DEVICE": hw.pjrt_device or "TPU"},
+                           processes=hw.tpu_chips)
 
     if requested is not None:
         raise ReplicaCountError(

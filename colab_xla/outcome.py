@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from .output_log import OutputLog
+
 # A replica's life: running until its report arrives, then exactly one of the others.
 RUNNING, DONE, FAILED, KILLED = "running", "done", "failed", "killed"
 
@@ -65,7 +67,7 @@ class ReplicaOutcome:
     state: str = RUNNING
     pid: Optional[int] = None
     elapsed: Optional[float] = None
-    output: List[Tuple[str, str]] = dataclasses.field(default_factory=list)  # (stream, text)
+    log: OutputLog = dataclasses.field(default_factory=lambda: OutputLog(None))
     has_value: bool = False
     value: Any = None
     value_repr: Optional[str] = None
@@ -73,8 +75,8 @@ class ReplicaOutcome:
 
     @property
     def text(self) -> str:
-        """Everything the replica printed, stdout and stderr in arrival order."""
-        return "".join(text for _, text in self.output)
+        """The replica's output lines (the last ones kept), stdout and stderr in order."""
+        return self.log.tail_text()
 
 
 @dataclasses.dataclass
@@ -85,12 +87,23 @@ class RunOutcome:
     replicas: Dict[int, ReplicaOutcome] = dataclasses.field(default_factory=dict)
     elapsed: Optional[float] = None
     interrupted: bool = False
-    process_output: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
+    # Output no single replica owns (C-level writes of a process running several replicas,
+    # threads the cell started), by process label such as "process 0".
+    processes: Dict[str, OutputLog] = dataclasses.field(default_factory=dict)
+    log_dir: Optional[str] = None  # where the full logs are
 
     def replica(self, ordinal: int) -> ReplicaOutcome:
         if ordinal not in self.replicas:
-            self.replicas[ordinal] = ReplicaOutcome(ordinal)
+            self.replicas[ordinal] = ReplicaOutcome(ordinal, log=self._new_log(f"replica-{ordinal}"))
         return self.replicas[ordinal]
+
+    def process(self, label: str) -> OutputLog:
+        if label not in self.processes:
+            self.processes[label] = self._new_log(label.replace(" ", "-"))
+        return self.processes[label]
+
+    def _new_log(self, name: str) -> OutputLog:
+        return OutputLog(f"{self.log_dir}/{name}.log" if self.log_dir else None)
 
     @property
     def failed(self) -> List[int]:

@@ -15,6 +15,8 @@ In each replica the cell sees every name of the notebook (inherited through fork
 from __future__ import annotations
 
 import ctypes
+import functools
+import importlib.util
 import io
 import json
 import os
@@ -26,12 +28,12 @@ import time
 import traceback
 import types
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import cloudpickle
 
 from .cell import CellModule
-from .channel import END, START, STDERR, STDOUT, ChannelWriter
+from .channel import END, MAX_PAYLOAD, START, STDERR, STDOUT, ChannelWriter
 from .outcome import ReplicaError, ReplicaReport
 
 # Names a replica gets from colab_xla; they shadow notebook names of the same name.
@@ -59,6 +61,9 @@ class ReplicaJob:
     run_dir: str
     parent_pid: int
     lock: Any  # a multiprocessing Manager lock proxy (pickles, works across processes)
+    # Write ends of (stdout, stderr) pipes, one pair per replica process (by local rank):
+    # C-level output (XLA, absl, libtpu logs, printf) goes there, read by the notebook.
+    fd_pipes: Tuple[Tuple[int, int], ...] = ()
 
 
 def report_path(run_dir: str, ordinal: int) -> str:
@@ -72,7 +77,7 @@ def main(index: int, job: ReplicaJob) -> None:
     _local.ordinal = index
     proc.enter(index)
     try:
-        proc.writer.send(START, index, json.dumps({"pid": os.getpid()}).encode())
+        proc.writer.send(START, index, json.dumps({"pid": os.getpid(), "rank": proc.rank}).encode())
         report = _run_cell(index, job, proc)
         report.elapsed = time.perf_counter() - started
         _write_report(job, report)
@@ -155,8 +160,7 @@ def _run_cell(index: int, job: ReplicaJob, proc: "_ProcessState") -> ReplicaRepo
         report.error = error_from_exception(exc, cell)
         return report
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        _flush_all()
     if value is not None:
         report.value_repr = _safe_repr(value)
         try:
@@ -244,12 +248,16 @@ class _ProcessState:
         self.run_id = job.run_id
         self.writer = ChannelWriter(job.channel_fd)
         self.active: set = set()
+        self.rank = int(os.environ.get("PJRT_LOCAL_PROCESS_RANK", "0"))
         die_with_parent(job.parent_pid)
         forked = _FORKED[job.run_id]
         self.user_ns, self.cell = forked.user_ns, forked.cell
         if job.run_dir not in sys.path:
             sys.path.insert(0, job.run_dir)  # the cell's module imports by name
         self._capture_streams()
+        if job.fd_pipes:
+            _capture_fds(job.fd_pipes[self.rank % len(job.fd_pipes)])
+        _text_progress_bars()
 
     def enter(self, ordinal: int) -> None:
         with self._lock:
@@ -276,10 +284,11 @@ class _ProcessState:
 
 
 class ReplicaStream(io.TextIOBase):
-    """``sys.stdout``/``sys.stderr`` of a replica: every write is a frame to the notebook.
+    """``sys.stdout``/``sys.stderr`` of a replica: each line is a frame to the notebook.
 
-    Writes go straight through (no buffer), so nothing is lost when a replica raises,
-    exits or is killed right after printing.
+    Text is buffered per thread up to a newline (one ``print`` is one frame) and sent on
+    ``flush()``, so ``\\r`` progress bars update live. The replica flushes when the cell
+    ends, raises or exits, so nothing printed before is lost.
     """
 
     encoding = "utf-8"
@@ -288,6 +297,7 @@ class ReplicaStream(io.TextIOBase):
     def __init__(self, proc: _ProcessState, kind: int, name: str):
         super().__init__()
         self._proc, self._kind, self.name = proc, kind, name
+        self._pending = threading.local()
 
     def writable(self) -> bool:
         return True
@@ -295,22 +305,78 @@ class ReplicaStream(io.TextIOBase):
     def write(self, text: str) -> int:
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        if text:
-            ordinal = getattr(_local, "ordinal", None)
-            if ordinal is None:
-                ordinal = self._proc.default_ordinal()
-            self._proc.writer.send(self._kind, ordinal, text.encode("utf-8", "replace"))
+        pending = getattr(self._pending, "text", "") + text
+        cut = pending.rfind("\n") + 1
+        if len(pending) > MAX_PAYLOAD:
+            cut = len(pending)
+        if cut:
+            self._send(pending[:cut])
+        self._pending.text = pending[cut:]
         return len(text)
+
+    def flush(self) -> None:
+        pending = getattr(self._pending, "text", "")
+        if pending:
+            self._pending.text = ""
+            self._send(pending)
+
+    def _send(self, text: str) -> None:
+        ordinal = getattr(_local, "ordinal", None)
+        if ordinal is None:
+            ordinal = self._proc.default_ordinal()
+        self._proc.writer.send(self._kind, ordinal, text.encode("utf-8", "replace"))
 
     def isatty(self) -> bool:
         return False
+
+
+def _flush_all() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a stream the cell replaced may be closed
+            pass
+    _libc().fflush(None)
+
+
+@functools.lru_cache(maxsize=None)
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _capture_fds(pipes: Tuple[int, int]) -> None:
+    """Point fd 1 and 2 of this process at the notebook's pipes for it (C-level output)."""
+    _libc().fflush(None)  # what C printed before belongs to the old destination
+    os.dup2(pipes[0], 1)
+    os.dup2(pipes[1], 2)
+    try:  # a pipe makes C stdout fully buffered: make it line-buffered, as on a terminal
+        libc = _libc()
+        libc.setvbuf(ctypes.c_void_p.in_dll(libc, "stdout"), None, 1, 0)  # _IOLBF
+    except (ValueError, AttributeError):  # no such symbol on this libc: flushed at exit
+        pass
+
+
+def _text_progress_bars() -> None:
+    """Make ``tqdm.auto`` the text bar in replicas: the notebook bar is a widget, and a
+    forked replica cannot draw widgets (it has no connection to the browser)."""
+    if importlib.util.find_spec("tqdm") is None:
+        return
+    import tqdm.std
+
+    for name in ("tqdm.auto", "tqdm.autonotebook"):
+        module = types.ModuleType(name)
+        module.tqdm, module.trange = tqdm.std.tqdm, tqdm.std.trange
+        sys.modules[name] = module
+    tqdm_pkg = sys.modules.get("tqdm")
+    for attr in ("auto", "autonotebook"):
+        if tqdm_pkg is not None:
+            setattr(tqdm_pkg, attr, sys.modules[f"tqdm.{attr}"])
 
 
 def die_with_parent(parent_pid: int) -> None:
     """SIGKILL this process when the notebook's process dies (Linux), so no replica
     outlives a kernel restart holding a TPU."""
     if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before the signal was armed
         os._exit(1)

@@ -16,8 +16,11 @@ Example (in a plain Python process with torch_xla installed)::
 
 from __future__ import annotations
 
+import atexit
 import codecs
 import contextlib
+import itertools
+import json
 import multiprocessing
 import multiprocessing.managers
 import os
@@ -48,15 +51,22 @@ class RuntimeInitializedError(RuntimeError):
 
 
 class RunObserver:
-    """Hooks a live view implements; each is called in the thread that called run_cell."""
+    """Hooks a live view implements, all called in the thread that called run_cell.
+
+    ``source`` of output is a replica ordinal, or a process label ("process 0") for output
+    no single replica owns; ``lines`` are the lines it completed (``\\r`` collapsed).
+    ``tick`` comes about every :data:`TICK_SECONDS` while the run goes on.
+    """
 
     def started(self, outcome: RunOutcome, ordinal: int) -> None: ...
 
-    def output(self, outcome: RunOutcome, ordinal: int, stream: str, text: str) -> None: ...
+    def output(self, outcome: RunOutcome, source, lines: List[str]) -> None: ...
 
     def finished(self, outcome: RunOutcome, ordinal: int) -> None: ...
 
     def tick(self, outcome: RunOutcome) -> None: ...
+
+    def closed(self, outcome: RunOutcome) -> None: ...
 
 
 def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Mapping] = None,
@@ -90,8 +100,10 @@ class _Run:
         self.cell, self.plan, self.run_dir, self.observer = cell, plan, run_dir, observer
         self.user_ns = user_ns
         self.run_id = secrets.token_hex(8)
-        self.outcome = RunOutcome(device_type=plan.device_type)
+        self.outcome = RunOutcome(device_type=plan.device_type, log_dir=_new_log_dir())
         self._decoders: Dict[tuple, Any] = {}
+        self._ranks: Dict[int, set] = {}  # local process rank -> ordinals it runs
+        self._pid_rank: Dict[int, int] = {}
         self._processes: Dict[int, psutil.Process] = {}
         self._children_before: set = set()
         self._children: Dict[int, multiprocessing.process.BaseProcess] = {}
@@ -103,11 +115,16 @@ class _Run:
         started = time.perf_counter()
         read_fd, write_fd = channel.make_pipe()
         done_r, done_w = os.pipe()
+        fd_pipes = [(channel.make_pipe(), channel.make_pipe()) for _ in range(self.plan.processes)]
+        self._fd_sources = {pipe[0]: (rank, kind)
+                            for rank, pair in enumerate(fd_pipes)
+                            for kind, pipe in zip((channel.STDOUT, channel.STDERR), pair)}
         lock = _lock_manager().Lock()
         # Taken after the manager exists: every child that appears from now on is ours.
         self._children_before = set(multiprocessing.active_children())
         job = replica.ReplicaJob(run_id=self.run_id, channel_fd=write_fd, run_dir=self.run_dir,
-                                 parent_pid=os.getpid(), lock=lock)
+                                 parent_pid=os.getpid(), lock=lock,
+                                 fd_pipes=tuple((o[1], e[1]) for o, e in fd_pipes))
         replica._FORKED[self.run_id] = replica.ForkedState(self.user_ns, self.cell)
         driver = threading.Thread(target=self._drive, args=(xmp, job, done_w),
                                   name="colab_xla-driver", daemon=True)
@@ -128,9 +145,12 @@ class _Run:
             with _sigint_ignored():
                 self._kill_processes()  # nothing of the run outlives it, whatever happened
             replica._FORKED.pop(self.run_id, None)
-            for fd in (read_fd, write_fd, done_r, done_w):
+            for fd in (read_fd, write_fd, done_r, done_w,
+                       *(fd for pair in fd_pipes for pipe in pair for fd in pipe)):
                 os.close(fd)
             self.outcome.elapsed = time.perf_counter() - started
+            self._finish_logs()
+        self.observer.closed(self.outcome)
         return self.outcome
 
     def _drive(self, xmp, job: replica.ReplicaJob, done_w: int) -> None:
@@ -143,46 +163,62 @@ class _Run:
             os.write(done_w, b"x")
 
     def _read_until_done(self, read_fd: int, done_r: int) -> None:
-        decoder = channel.FrameDecoder()
-        self._decoder = decoder
+        self._decoder = channel.FrameDecoder()
+        fds = [read_fd, done_r, *self._fd_sources]
         next_tick = time.monotonic() + TICK_SECONDS
         while True:
             timeout = max(0.0, next_tick - time.monotonic())
-            readable, _, _ = select.select([read_fd, done_r], [], [], timeout)
-            if read_fd in readable:
-                for frame in decoder.feed(os.read(read_fd, 1 << 16)):
-                    self._handle(frame)
+            readable, _, _ = select.select(fds, [], [], timeout)
+            for fd in readable:
+                if fd != done_r:
+                    self._read(fd, read_fd)
             if time.monotonic() >= next_tick:
                 self._new_children()  # remember the pool's processes while they live
                 self.observer.tick(self.outcome)
                 next_tick = time.monotonic() + TICK_SECONDS
-            if done_r in readable and read_fd not in readable:
-                return  # the driver ended and the pipe holds nothing more right now
+            if readable == [done_r]:
+                return  # the driver ended and the pipes hold nothing more right now
+
+    def _read(self, fd: int, read_fd: int) -> bool:
+        data = os.read(fd, 1 << 16)
+        if fd == read_fd:
+            for frame in self._decoder.feed(data):
+                self._handle(frame)
+        elif data:
+            rank, kind = self._fd_sources[fd]
+            self._text(self._fd_owner(rank), kind, data)
+        return bool(data)
 
     def _drain(self, read_fd: int) -> None:
-        # Every replica process has exited: what they wrote is in the pipe already.
-        decoder = getattr(self, "_decoder", channel.FrameDecoder())
-        while select.select([read_fd], [], [], 0)[0]:
-            data = os.read(read_fd, 1 << 16)
-            if not data:
-                break
-            for frame in decoder.feed(data):
-                self._handle(frame)
-        for (ordinal, kind), dec in self._decoders.items():
-            self._emit(ordinal, kind, dec.decode(b"", final=True))
+        # Every replica process has exited: what they wrote is in the pipes already.
+        for fd in [read_fd, *self._fd_sources]:
+            while select.select([fd], [], [], 0)[0] and self._read(fd, read_fd):
+                pass
+        for (source, kind), dec in self._decoders.items():
+            self._emit(source, kind, dec.decode(b"", final=True))
+
+    def _fd_owner(self, rank: int):
+        """C-level output of a process belongs to its replica if it runs only one."""
+        ordinals = self._ranks.get(rank, ())
+        per_process = (self.plan.replicas or 0) // max(1, self.plan.processes)
+        if len(ordinals) == 1 and per_process == 1:
+            return next(iter(ordinals))
+        return f"process {rank}"
 
     # -- frames -----------------------------------------------------------------------------
 
     def _handle(self, frame: channel.Frame) -> None:
         if frame.kind in channel.STREAMS:
-            key = (frame.ordinal, frame.kind)
-            dec = self._decoders.get(key)
-            if dec is None:
-                dec = self._decoders[key] = codecs.getincrementaldecoder("utf-8")("replace")
-            self._emit(frame.ordinal, frame.kind, dec.decode(frame.payload))
+            source = frame.ordinal
+            if source < 0:  # a thread of the process that is not a replica
+                source = f"process {self._pid_rank.get(frame.pid, '?')}"
+            self._text(source, frame.kind, frame.payload)
         elif frame.kind == channel.START:
+            info = json.loads(frame.payload)
             rep = self.outcome.replica(frame.ordinal)
             rep.pid = frame.pid
+            self._pid_rank[frame.pid] = info["rank"]
+            self._ranks.setdefault(info["rank"], set()).add(frame.ordinal)
             self._track(frame.pid)
             self._new_children()
             self.observer.started(self.outcome, frame.ordinal)
@@ -190,15 +226,27 @@ class _Run:
             self._load_report(frame.ordinal)
             self.observer.finished(self.outcome, frame.ordinal)
 
-    def _emit(self, ordinal: int, kind: int, text: str) -> None:
-        if not text:
-            return
-        stream = channel.STREAMS[kind]
-        if ordinal < 0:
-            self.outcome.process_output.append((stream, text))
-        else:
-            self.outcome.replica(ordinal).output.append((stream, text))
-        self.observer.output(self.outcome, ordinal, stream, text)
+    def _text(self, source, kind: int, data: bytes) -> None:
+        key = (source, kind)
+        dec = self._decoders.get(key)
+        if dec is None:
+            dec = self._decoders[key] = codecs.getincrementaldecoder("utf-8")("replace")
+        self._emit(source, kind, dec.decode(data))
+
+    def _log(self, source):
+        return (self.outcome.replica(source).log if isinstance(source, int)
+                else self.outcome.process(source))
+
+    def _emit(self, source, kind: int, text: str) -> None:
+        if text:
+            lines = self._log(source).write(channel.STREAMS[kind], text)
+            self.observer.output(self.outcome, source, lines)
+
+    def _finish_logs(self) -> None:
+        for source in [*self.outcome.replicas, *self.outcome.processes]:
+            lines = self._log(source).finish()
+            if lines:
+                self.observer.output(self.outcome, source, lines)
 
     def _load_report(self, ordinal: int) -> None:
         rep = self.outcome.replica(ordinal)
@@ -303,6 +351,28 @@ def _sigint_ignored():
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+# --- full logs -------------------------------------------------------------------------------
+
+# Full logs of the last runs stay readable after them; older ones are removed.
+KEEP_LOGS_OF_RUNS = 10
+_log_root: Optional[str] = None
+_run_numbers = itertools.count(1)
+
+
+def _new_log_dir() -> str:
+    """A directory for this run's full logs, inside a private one for this kernel."""
+    global _log_root
+    if _log_root is None or not os.path.isdir(_log_root):
+        _log_root = tempfile.mkdtemp(prefix="colab_xla-logs-")  # 0700, unpredictable
+        atexit.register(shutil.rmtree, _log_root, True)
+    path = os.path.join(_log_root, f"run-{next(_run_numbers):05d}")
+    os.mkdir(path, 0o700)
+    runs = sorted(os.listdir(_log_root))
+    for old in runs[:-KEEP_LOGS_OF_RUNS]:
+        shutil.rmtree(os.path.join(_log_root, old), ignore_errors=True)
+    return path
 
 
 # --- the lock shared by replicas -------------------------------------------------------------

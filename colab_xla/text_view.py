@@ -6,7 +6,8 @@ same :class:`~colab_xla.outcome.RunOutcome`.
 Example::
 
     >>> from colab_xla.outcome import RunOutcome, ReplicaOutcome
-    >>> o = RunOutcome("CPU", {0: ReplicaOutcome(0, "done", elapsed=0.5, output=[("stdout", "hi\\n")])})
+    >>> o = RunOutcome("CPU", {0: ReplicaOutcome(0, "done", elapsed=0.5)})
+    >>> _ = o.replicas[0].log.write("stdout", "hi\\n")
     >>> print(render(o))
     1 replica on CPU: 1 done
     ── replica 0 · done · 0.50 s
@@ -23,9 +24,9 @@ from .outcome import RunOutcome, ReplicaOutcome
 def render(outcome: RunOutcome) -> str:
     """The whole run: a headline, then each replica's output, result and state."""
     lines = [headline(outcome)]
-    if outcome.process_output:
-        lines.append("── output not tied to one replica")
-        lines.extend(_block("".join(t for _, t in outcome.process_output)))
+    for label, log in sorted(outcome.processes.items()):
+        lines.append(f"── {label} (output not tied to one replica)")
+        lines.extend(_block(log.tail_text()))
     for ordinal in sorted(outcome.replicas):
         lines.extend(_replica(outcome.replicas[ordinal]))
     return "\n".join(lines)

@@ -33,7 +33,7 @@ def test_every_replica_runs_and_reports(n):
     assert sorted(outcome.replicas) == list(range(n))
     for o, rep in outcome.replicas.items():
         assert rep.state == DONE and rep.error is None
-        assert rep.output == [("stdout", f"replica {o} of {n}"), ("stdout", "\n")]
+        assert list(rep.log.tail) == [("stdout", f"replica {o} of {n}")]
         assert rep.pid != os.getpid() and rep.elapsed > 0
     assert outcome.results() == {o: o * 10 for o in range(n)} and outcome.ok
 
@@ -116,7 +116,7 @@ def test_one_replica_raising_fails_only_that_replica_with_the_cells_line():
         """, 4)
     assert outcome.failed == [2]
     bad = outcome.replicas[2]
-    assert bad.state == FAILED and bad.text == "before 2\n"
+    assert bad.state == FAILED and bad.text == "before 2"
     assert bad.error.ename == "ValueError" and "bad replica 2" in bad.error.evalue
     assert "Cell In[5], line 4, in <module>" in bad.error.traceback
     assert outcome.results() == {0: 0, 1: 1, 3: 3}
@@ -132,7 +132,7 @@ def test_same_error_on_every_replica_is_shown_once():
 
 def test_exit_status_zero_is_a_normal_end_and_nonzero_a_failure():
     outcome = run("import sys\nprint('leaving')\nsys.exit(3 if index else 0)", 2)
-    assert outcome.replicas[0].state == DONE and outcome.replicas[0].text == "leaving\n"
+    assert outcome.replicas[0].state == DONE and outcome.replicas[0].text == "leaving"
     assert outcome.replicas[1].error.kind == "exit" and "sys.exit(3)" in outcome.replicas[1].error.render()
 
 
@@ -140,7 +140,7 @@ def test_a_dying_replica_process_is_reported_with_its_exit_code():
     outcome = run("import os\nprint('last words', flush=True)\nos._exit(7)", 1)
     rep = outcome.replicas[0]
     assert rep.state == FAILED and rep.error.kind == "died"
-    assert "exit code 7" in rep.error.evalue and rep.text == "last words\n"
+    assert "exit code 7" in rep.error.evalue and rep.text == "last words"
 
 
 def test_a_value_that_cannot_be_pickled_fails_only_its_replica():
@@ -162,13 +162,89 @@ def test_the_shared_lock_and_a_private_run_directory():
     assert outcome.ok
     run_dir, mode = outcome.results()[0]
     assert mode == 0o700 and not os.path.exists(run_dir)  # private while running, gone after
-    assert outcome.replicas[1].text == "holding the lock 1\n"
+    assert outcome.replicas[1].text == "holding the lock 1"
 
 
 def test_no_process_of_a_run_outlives_it():
     outcome = run("import os\nos.getpid()", 2)
     pid = outcome.results()[0]
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+# --- output capture ---------------------------------------------------------------------------
+
+
+def test_c_level_writes_are_captured_for_the_process_not_lost():
+    outcome = run("""
+        import ctypes, os
+        libc = ctypes.CDLL(None)
+        libc.write(2, f"C stderr from {index}\\n".encode(), len(f"C stderr from {index}\\n"))
+        libc.printf(b"C printf %d\\n", index)
+        print("python", index)
+        """, 2)
+    assert outcome.ok
+    process = outcome.processes["process 0"].tail_text()  # 2 replicas are threads of 1 process
+    assert sorted(process.splitlines()) == ["C printf 0", "C printf 1",
+                                            "C stderr from 0", "C stderr from 1"]
+    assert [outcome.replicas[o].text for o in range(2)] == ["python 0", "python 1"]
+
+
+def test_c_level_writes_of_a_one_replica_process_go_to_that_replica():
+    outcome = run("""
+        import ctypes
+        ctypes.CDLL(None).printf(b"from C\\n")
+        print("from Python")
+        """, 1)
+    assert sorted(outcome.replicas[0].text.splitlines()) == ["from C", "from Python"]
+    assert outcome.processes == {}
+
+
+def test_output_is_ordered_complete_and_unmixed_per_replica():
+    outcome = run("""
+        import sys
+        for i in range(3000):
+            print(f"r{index}-line{i}", "x" * (i % 50))
+            if i % 700 == 0:
+                sys.stdout.write(f"r{index}-partial-"); sys.stdout.flush(); print("end")
+        """, 4)
+    for o, rep in outcome.replicas.items():
+        lines = [t for _, t in rep.log.tail]
+        full = open(rep.log.path).read().splitlines()
+        assert rep.log.lines_total == len(full) == 3000 + 5
+        expected = []
+        for i in range(3000):
+            expected.append(f"r{o}-line{i} " + "x" * (i % 50))
+            if i % 700 == 0:
+                expected.append(f"r{o}-partial-end")
+        assert full == expected and lines == expected[-len(lines):]
+
+
+def test_carriage_returns_update_a_line_in_place_and_tqdm_auto_is_text():
+    outcome = run("""
+        from tqdm.auto import tqdm
+        for _ in tqdm(range(50), mininterval=0, ascii=True):
+            pass
+        tqdm.__module__
+        """, 1)
+    rep = outcome.replicas[0]
+    assert outcome.results() == {0: "tqdm.std"}
+    assert rep.log.lines_total == 1, rep.log.tail  # one bar line, updated in place
+    assert "50/50" in rep.text and "\r" not in rep.text
+
+
+def test_a_replica_printing_then_raising_keeps_every_line():
+    outcome = run("""
+        import sys
+        for i in range(500):
+            print(index, i)
+        sys.stdout.write("no newline before the error")
+        raise RuntimeError("after printing")
+        """, 2)
+    for o, rep in outcome.replicas.items():
+        lines = open(rep.log.path).read().splitlines()
+        assert lines[:500] == [f"{o} {i}" for i in range(500)]
+        assert lines[-1] == "no newline before the error"
+        assert rep.error.ename == "RuntimeError"
 
 
 # --- in a separate process ------------------------------------------------------------------

@@ -35,7 +35,8 @@ _USER_PJRT_DEVICE = os.environ.get("PJRT_DEVICE")
 class NotebookError(Exception):
     """A notebook did not run to the end. Its executed copy and HTML were still written.
 
-    ``nb`` is the notebook as far as it ran; ``cell_index`` the failing cell (or None).
+    ``nb`` is the notebook as far as it ran; ``cell_index`` the failing cell's index in
+    ``nb.cells`` (or None); the message counts cells from 1, as a reader does.
     """
 
     def __init__(self, message: str, nb, html_path: Path, ipynb_path: Path,
@@ -89,7 +90,7 @@ def execute_notebook(path, out_dir, timeout: float = DEFAULT_TIMEOUT, *,
     html_path.write_text(_html(nb), encoding="utf-8")
     if failure is not None:
         index = _failing_cell(nb)
-        where = f"cell {index}" if index is not None else "kernel"
+        where = f"cell {index + 1} of {len(nb.cells)}" if index is not None else "kernel"
         raise NotebookError(f"{where}: {_first_line(failure)}", nb, html_path, ipynb_path,
                             index) from failure
     return nb, html_path, ipynb_path
@@ -119,7 +120,10 @@ def _first_line(exc: BaseException) -> str:
     ename = getattr(exc, "ename", None)
     if ename:  # CellExecutionError: the kernel-side exception
         evalue = (getattr(exc, "evalue", "") or "").strip().splitlines()
-        return f"{ename}: {evalue[0]}" if evalue else ename
+        first = evalue[0] if evalue else ""
+        if first.startswith(ename + ": "):  # a str(exc) that names its own class
+            first = first[len(ename) + 2:]
+        return f"{ename}: {first}" if first else ename
     text = str(exc).strip().splitlines()
     # nbclient's messages start with a blank line or a rule; keep the first meaningful one
     text = [line for line in text if line.strip() and set(line.strip()) - set("-")]

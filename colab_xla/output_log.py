@@ -1,0 +1,92 @@
+"""A replica's output as the notebook keeps it: a bounded tail in memory, all of it in a file.
+
+Text arrives in chunks that may split lines anywhere. :class:`OutputLog` joins them into
+lines per stream, collapses carriage returns the way a terminal shows them (a tqdm bar
+updated in place becomes one line), keeps the last ``tail_lines`` lines for views, and
+appends everything to a log file, so a replica printing millions of lines cannot exhaust
+the kernel's memory or the browser.
+
+Example::
+
+    >>> log = OutputLog(path=None, tail_lines=2)
+    >>> log.write("stdout", "a\\nb\\n 10%\\r 50%\\r100%\\nc")
+    >>> log.tail_text(), log.lines_total
+    ('100%\\nc', 4)
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+from typing import Deque, Dict, List, Optional, Tuple
+
+TAIL_LINES = 400
+
+
+def collapse_cr(line: str) -> str:
+    """What a terminal shows for a line rewritten with ``\\r``: its last non-empty part."""
+    if "\r" not in line:
+        return line
+    parts = [p for p in line.split("\r") if p]
+    return parts[-1] if parts else ""
+
+
+class OutputLog:
+    """Lines of one replica (or one process), in arrival order, stdout and stderr."""
+
+    def __init__(self, path: Optional[str], tail_lines: int = TAIL_LINES):
+        self.path = path
+        self.tail: Deque[Tuple[str, str]] = collections.deque(maxlen=tail_lines)
+        self.lines_total = 0
+        self._partial: Dict[str, str] = {}
+        self._file: Optional[io.TextIOBase] = None
+        self.version = 0  # bumps on every change; views redraw only what changed
+
+    def write(self, stream: str, text: str) -> List[str]:
+        """Add a chunk; return the lines it completed (``\\r`` collapsed)."""
+        if not text:
+            return []
+        self.version += 1
+        self._append_file(text)
+        pieces = (self._partial.pop(stream, "") + text).split("\n")
+        if pieces[-1]:
+            self._partial[stream] = pieces[-1]
+        done = [collapse_cr(p) for p in pieces[:-1]]
+        for line in done:
+            self.tail.append((stream, line))
+        self.lines_total += len(done)
+        return done
+
+    def partial(self) -> List[Tuple[str, str]]:
+        """Lines not yet ended by a newline (a progress bar, say), as shown now."""
+        return [(s, collapse_cr(t)) for s, t in self._partial.items() if collapse_cr(t)]
+
+    def finish(self) -> List[str]:
+        """End the log: a last line without newline counts as a line. Returns those lines."""
+        done = []
+        for stream, text in list(self._partial.items()):
+            line = collapse_cr(text)
+            self.tail.append((stream, line))
+            done.append(line)
+        self.lines_total += len(done)
+        self._partial.clear()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        return done
+
+    @property
+    def truncated(self) -> int:
+        """How many lines are in the log file but no longer in the tail."""
+        return max(0, self.lines_total - len(self.tail))
+
+    def tail_text(self) -> str:
+        lines = [t for _, t in self.tail] + [t for _, t in self.partial()]
+        return "\n".join(lines)
+
+    def _append_file(self, text: str) -> None:
+        if self.path is None:
+            return
+        if self._file is None:
+            self._file = open(self.path, "a", encoding="utf-8", errors="replace")
+        self._file.write(text)
