@@ -205,11 +205,11 @@ def test_missing_torch_xla_gives_an_install_hint(monkeypatch):
 def _outcome_with_errors():
     boom = ReplicaError("exception", "ValueError", "boom", "Traceback...\nValueError: boom\n")
     other = ReplicaError("exception", "KeyError", "'k'", "Traceback...\nKeyError: 'k'\n")
-    reps = {0: ReplicaOutcome(0, DONE, elapsed=0.1, has_value=True, value=0, value_repr="0",
-                              output=[("stdout", "hello 0\n")]),
+    reps = {0: ReplicaOutcome(0, DONE, elapsed=0.1, has_value=True, value=0, value_repr="0"),
             1: ReplicaOutcome(1, FAILED, elapsed=0.1, error=boom),
             2: ReplicaOutcome(2, FAILED, elapsed=0.1, error=other),
             3: ReplicaOutcome(3, FAILED, elapsed=0.1, error=boom)}
+    reps[0].log.write("stdout", "hello 0\n")
     return RunOutcome("CPU", reps, elapsed=0.5)
 
 
@@ -290,3 +290,32 @@ def test_replica_globals_resolve_device_only_when_used(monkeypatch):
     assert ns["d"] == ns["d2"] == "xla:7" and calls == [1]
     with pytest.raises(NameError):
         exec("undefined_name", ns)
+
+
+# --- output log ------------------------------------------------------------------------------
+
+from colab_xla.output_log import OutputLog, collapse_cr  # noqa: E402
+
+
+@pytest.mark.parametrize("line, shown", [("plain", "plain"), (" 10%\r 50%\r100%", "100%"),
+                                         ("done\r", "done"), ("\r", "")])
+def test_carriage_return_shows_the_last_rewrite(line, shown):
+    assert collapse_cr(line) == shown
+
+
+def test_log_joins_chunks_into_lines_per_stream_and_keeps_a_bounded_tail(tmp_path):
+    log = OutputLog(str(tmp_path / "r.log"), tail_lines=3)
+    assert log.write("stdout", "par") == []
+    assert log.write("stderr", "warn\n") == ["warn"]
+    assert log.write("stdout", "tial\nx\ny\nz") == ["partial", "x", "y"]
+    assert log.partial() == [("stdout", "z")] and log.tail_text() == "x\ny\nz"
+    assert log.finish() == ["z"]
+    assert list(log.tail) == [("stdout", "x"), ("stdout", "y"), ("stdout", "z")]
+    assert (log.lines_total, log.truncated) == (5, 2)
+    assert (tmp_path / "r.log").read_text() == "parwarn\ntial\nx\ny\nz"  # everything, as written
+
+
+def test_log_without_output_writes_no_file(tmp_path):
+    log = OutputLog(str(tmp_path / "r.log"))
+    log.finish()
+    assert not (tmp_path / "r.log").exists() and log.tail_text() == ""
