@@ -308,7 +308,7 @@ def test_log_joins_chunks_into_lines_per_stream_and_keeps_a_bounded_tail(tmp_pat
     assert log.write("stdout", "par") == []
     assert log.write("stderr", "warn\n") == ["warn"]
     assert log.write("stdout", "tial\nx\ny\nz") == ["partial", "x", "y"]
-    assert log.partial() == [("stdout", "z")] and log.tail_text() == "x\ny\nz"
+    assert log.partial() == [("stdout", "z")] and log.tail_text() == "partial\nx\ny\nz"
     assert log.finish() == ["z"]
     assert list(log.tail) == [("stdout", "x"), ("stdout", "y"), ("stdout", "z")]
     assert (log.lines_total, log.truncated) == (5, 2)
