@@ -3,6 +3,8 @@ and hands the outcome to a view. All the work is in the IPython-free core."""
 
 from __future__ import annotations
 
+import os
+
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
@@ -26,6 +28,9 @@ class XlaMagics(Magics):
     @argument("-o", "--output", metavar="NAME", default=None,
               help="store {ordinal: value} of the cell's last expression in the notebook "
                    "variable NAME (XLA tensors arrive as CPU tensors).")
+    @argument("--no-widget", action="store_true",
+              help="show live output as text lines ([replica 3] ...) instead of the widget "
+                   "(also: COLAB_XLA_VIEW=text in the environment).")
     @cell_magic
     def xla_spawn(self, line, cell):
         """Run the cell on every XLA replica, with xmp.spawn and fork.
@@ -33,10 +38,16 @@ class XlaMagics(Magics):
         The cell runs in each replica with the notebook's names and three of its own:
         ``index`` (the replica's ordinal), ``device`` (its XLA device, created on first
         use) and ``lock`` (shared by all replicas: ``with lock: print(...)``). The
-        notebook's own process never initializes the XLA runtime. Each replica's output,
-        the value of the cell's last expression, any error and the time taken are shown
-        per replica when the run ends. If a replica raises, the cell raises one
-        XlaSpawnError showing each distinct traceback once with the replicas that hit it.
+        notebook's own process never initializes the XLA runtime.
+
+        While the cell runs, a widget shows every replica's output live (one tab per
+        replica, and all of them in arrival order); where widgets cannot show, the same
+        lines stream as text (``[replica 3] ...``). When it ends, each replica's output,
+        the value of the cell's last expression, any error and the time taken stay in the
+        cell's output as text and HTML, so a saved notebook shows them. Long output is cut
+        to its last lines; the full logs' path is shown. If a replica raises, the cell
+        raises one XlaSpawnError showing each distinct traceback once with the replicas
+        that hit it.
 
         Example::
 
@@ -50,6 +61,7 @@ class XlaMagics(Magics):
         args = parse_argstring(self.xla_spawn, line)
         if args.output is not None and not args.output.isidentifier():
             raise UsageError(f"-o {args.output}: NAME must be a Python identifier.")
+        view = self._view(args.no_widget)
         try:
             outcome = run_cell(
                 self.shell.transform_cell(cell),
@@ -57,6 +69,7 @@ class XlaMagics(Magics):
                 user_ns=self.shell.user_ns,
                 label=f"Cell In[{self._cell_number()}]",
                 header=f"# %%xla_spawn {line}".rstrip(),
+                observer=view,
             )
         except EmptyCellError:
             raise UsageError("The %%xla_spawn cell is empty: write the code every replica "
@@ -65,11 +78,22 @@ class XlaMagics(Magics):
             raise UsageError(str(exc)) from None
         if args.output is not None:
             self.shell.user_ns[args.output] = outcome.results()
-        print(text_view.render(outcome))
         if outcome.interrupted:
             raise KeyboardInterrupt
         if outcome.failed:
             raise XlaSpawnError(outcome)
+
+    def _view(self, no_widget: bool):
+        """The one place that chooses between the widget and text views."""
+        wanted = "text" if no_widget else os.environ.get("COLAB_XLA_VIEW", "auto").lower()
+        if wanted != "text" and getattr(self.shell, "kernel", None) is not None:
+            try:
+                from .widget_view import WidgetView
+            except ImportError:  # ipywidgets missing: text still shows everything
+                pass
+            else:
+                return WidgetView()
+        return text_view.TextView()
 
     def _cell_number(self) -> int:
         """The running cell's In[N]. IPython stores the input under N before running it,

@@ -58,6 +58,8 @@ class RunObserver:
     ``tick`` comes about every :data:`TICK_SECONDS` while the run goes on.
     """
 
+    def opened(self, outcome: RunOutcome) -> None: ...
+
     def started(self, outcome: RunOutcome, ordinal: int) -> None: ...
 
     def output(self, outcome: RunOutcome, source, lines: List[str]) -> None: ...
@@ -129,6 +131,7 @@ class _Run:
         driver = threading.Thread(target=self._drive, args=(xmp, job, done_w),
                                   name="colab_xla-driver", daemon=True)
         try:
+            self.observer.opened(self.outcome)
             driver.start()
             try:
                 self._read_until_done(read_fd, done_r)

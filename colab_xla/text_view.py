@@ -1,6 +1,6 @@
-"""The outcome of a run as plain text, grouped by replica.
+"""The outcome of a run as plain text, grouped by replica, and a live text view.
 
-This is what terminals, logs, saved notebooks and tests read; a widget view renders the
+This is what terminals, logs, saved notebooks and tests read; the widget view renders the
 same :class:`~colab_xla.outcome.RunOutcome`.
 
 Example::
@@ -16,25 +16,38 @@ Example::
 
 from __future__ import annotations
 
-from typing import List
+import sys
+from typing import Dict, List, Optional
 
-from .outcome import RunOutcome, ReplicaOutcome
+from .outcome import ReplicaError, RunOutcome, ReplicaOutcome
+from .output_log import OutputLog
+
+# Output lines per replica in a summary (the full log is on disk).
+SUMMARY_TAIL = 20
+# Lines per replica the live text view prints before it only points at the log.
+LIVE_LINES = 200
 
 
-def render(outcome: RunOutcome) -> str:
-    """The whole run: a headline, then each replica's output, result and state."""
+def render(outcome: RunOutcome, tail: Optional[int] = SUMMARY_TAIL) -> str:
+    """The whole run: a headline, then each replica's last output lines, result, state.
+
+    ``tail`` bounds the output lines per replica (None: all that are kept, 0: none).
+    """
     lines = [headline(outcome)]
     for label, log in sorted(outcome.processes.items()):
-        lines.append(f"── {label} (output not tied to one replica)")
-        lines.extend(_block(log.tail_text()))
+        if tail != 0:
+            lines.append(f"── {label} (output not tied to one replica)")
+            lines.extend(tail_lines(log, tail))
     for ordinal in sorted(outcome.replicas):
-        lines.extend(_replica(outcome.replicas[ordinal]))
+        lines.extend(_replica(outcome.replicas[ordinal], tail))
+    if outcome.log_dir and any(r.log.truncated for r in outcome.replicas.values()):
+        lines.append(f"full logs: {outcome.log_dir}")
     return "\n".join(lines)
 
 
 def headline(outcome: RunOutcome) -> str:
     n = len(outcome.replicas)
-    counts = {}
+    counts: Dict[str, int] = {}
     for rep in outcome.replicas.values():
         counts[rep.state] = counts.get(rep.state, 0) + 1
     states = ", ".join(f"{c} {s}" for s, c in sorted(counts.items()))
@@ -44,17 +57,74 @@ def headline(outcome: RunOutcome) -> str:
     return f"{n} {noun} on {outcome.device_type}: {states}{took}{stopped}"
 
 
-def _replica(rep: ReplicaOutcome) -> List[str]:
-    took = f" · {rep.elapsed:.2f} s" if rep.elapsed is not None else ""
-    lines = [f"── replica {rep.ordinal} · {rep.state}{took}"]
-    lines.extend(_block(rep.text))
-    if rep.value_repr is not None and rep.error is None:
-        lines.append(f"Out: {rep.value_repr}")
-    if rep.error is not None:
-        lines.append(f"{rep.error.ename}: {rep.error.evalue}" if rep.error.kind != "exception"
-                     else rep.error.render().splitlines()[-1])
+def error_line(error: ReplicaError) -> str:
+    """The one line that says what went wrong (the traceback's last line)."""
+    if error.kind == "exception" and error.traceback:
+        return error.traceback.rstrip("\n").splitlines()[-1]
+    return f"{error.ename}: {error.evalue}"
+
+
+def tail_lines(log: OutputLog, tail: Optional[int]) -> List[str]:
+    lines = log.tail_text().split("\n") if log.tail_text() else []
+    if tail is not None and len(lines) > tail:
+        skipped = log.truncated + len(lines) - tail
+        lines = [f"... {skipped} earlier lines in {log.path}"] + lines[-tail:] if tail else []
+    elif log.truncated:
+        lines = [f"... {log.truncated} earlier lines in {log.path}"] + lines
     return lines
 
 
-def _block(text: str) -> List[str]:
-    return text.rstrip("\n").split("\n") if text.strip() else []
+def _replica(rep: ReplicaOutcome, tail: Optional[int]) -> List[str]:
+    took = f" · {rep.elapsed:.2f} s" if rep.elapsed is not None else ""
+    lines = [f"── replica {rep.ordinal} · {rep.state}{took}"]
+    lines.extend(tail_lines(rep.log, tail))
+    if rep.value_repr is not None and rep.error is None:
+        lines.append(f"Out: {rep.value_repr}")
+    if rep.error is not None:
+        lines.append(error_line(rep.error))
+    return lines
+
+
+class TextView:
+    """Live text: each completed line as ``[replica 3] ...``, then a compact summary.
+
+    Lines are printed in batches, once per tick, so a chatty run sends a few messages a
+    second to the notebook rather than one per line; after :data:`LIVE_LINES` lines of a
+    replica, the rest is only in its log file (the summary says where).
+    """
+
+    def __init__(self, out=None):
+        self._out = out or sys.stdout
+        self._batch: List[str] = []
+        self._printed: Dict[object, int] = {}
+
+    def opened(self, outcome: RunOutcome) -> None:
+        pass
+
+    def started(self, outcome: RunOutcome, ordinal: int) -> None:
+        pass
+
+    def output(self, outcome: RunOutcome, source, lines: List[str]) -> None:
+        label = f"[replica {source}]" if isinstance(source, int) else f"[{source}]"
+        count = self._printed.get(source, 0)
+        for line in lines:
+            count += 1
+            if count <= LIVE_LINES:
+                self._batch.append(f"{label} {line}")
+            elif count == LIVE_LINES + 1:
+                self._batch.append(f"{label} ... (more output: only in the full log)")
+        self._printed[source] = count
+
+    def finished(self, outcome: RunOutcome, ordinal: int) -> None:
+        pass
+
+    def tick(self, outcome: RunOutcome) -> None:
+        if self._batch:
+            print("\n".join(self._batch), file=self._out, flush=True)
+            self._batch = []
+
+    def closed(self, outcome: RunOutcome) -> None:
+        self.tick(outcome)
+        print(render(outcome, tail=0), file=self._out, flush=True)
+        if outcome.log_dir and self._printed:
+            print(f"full logs: {outcome.log_dir}", file=self._out, flush=True)

@@ -1,0 +1,43 @@
+"""The outcome of a run as static HTML: what a saved notebook, nbconvert or GitHub shows
+where the widget cannot render. Same content as :mod:`colab_xla.text_view`."""
+
+from __future__ import annotations
+
+import html
+
+from . import text_view
+from .outcome import DONE, FAILED, KILLED, RunOutcome, format_ordinals
+
+MARKS = {DONE: "✓", FAILED: "✗", KILLED: "■"}
+_COLORS = {DONE: "#1a7f37", FAILED: "#cf222e", KILLED: "#9a6700"}
+
+
+def state_mark(state: str) -> str:
+    """One glyph per replica state (running: ▶), shared by the widget's tab titles."""
+    return MARKS.get(state, "▶")
+
+
+def render(outcome: RunOutcome, tail: int = text_view.SUMMARY_TAIL) -> str:
+    esc = html.escape
+    rows = []
+    for ordinal in sorted(outcome.replicas):
+        rep = outcome.replicas[ordinal]
+        color = _COLORS.get(rep.state, "inherit")
+        took = f"{rep.elapsed:.2f} s" if rep.elapsed is not None else ""
+        if rep.error is not None:
+            result = f'<span style="color:{_COLORS[FAILED]}">{esc(text_view.error_line(rep.error))}</span>'
+        else:
+            result = f"<code>{esc(rep.value_repr)}</code>" if rep.value_repr is not None else ""
+        lines = text_view.tail_lines(rep.log, tail)
+        output = f"<pre style='margin:0'>{esc(chr(10).join(lines))}</pre>" if lines else ""
+        rows.append(f"<tr><td>{ordinal}</td><td style='color:{color}'>{state_mark(rep.state)} "
+                    f"{esc(rep.state)}</td><td>{took}</td><td>{result}</td><td>{output}</td></tr>")
+    details = "".join(
+        f"<details open><summary>{esc(error.ename)} on replica{'s' if len(o) > 1 else ''} "
+        f"{format_ordinals(o)}</summary><pre>{esc(error.render())}</pre></details>"
+        for error, o in outcome.error_groups())
+    logs = f"<p style='font-size:smaller'>full logs: <code>{esc(outcome.log_dir)}</code></p>" \
+        if outcome.log_dir else ""
+    return (f"<div class='colab-xla-summary'><p><b>{esc(text_view.headline(outcome))}</b></p>"
+            "<table><tr><th>replica</th><th>state</th><th>time</th><th>result</th>"
+            f"<th>output (last lines)</th></tr>{''.join(rows)}</table>{details}{logs}</div>")
