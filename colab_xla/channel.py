@@ -75,16 +75,22 @@ class FrameDecoder:
         self._buf = bytearray()
 
     def feed(self, data: bytes) -> List[Frame]:
-        self._buf += data
-        frames, pos = [], 0
-        while len(self._buf) - pos >= _HEADER.size:
-            kind, ordinal, pid, length = _HEADER.unpack_from(self._buf, pos)
-            end = pos + _HEADER.size + length
-            if end > len(self._buf):
-                break
-            frames.append(Frame(kind, ordinal, pid, bytes(self._buf[pos + _HEADER.size:end])))
-            pos = end
-        del self._buf[:pos]
+        buf = self._buf
+        buf += data
+        frames, pos, end_of_data = [], 0, len(buf)
+        size, unpack = _HEADER.size, _HEADER.unpack_from
+        view = memoryview(buf)
+        try:
+            while end_of_data - pos >= size:
+                kind, ordinal, pid, length = unpack(buf, pos)
+                end = pos + size + length
+                if end > end_of_data:
+                    break
+                frames.append(Frame(kind, ordinal, pid, view[pos + size:end].tobytes()))
+                pos = end
+        finally:
+            view.release()  # a bytearray with a live view cannot be resized
+        del buf[:pos]
         return frames
 
     @property

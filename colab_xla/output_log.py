@@ -51,9 +51,10 @@ class OutputLog:
         pieces = (self._partial.pop(stream, "") + text).split("\n")
         if pieces[-1]:
             self._partial[stream] = pieces[-1]
-        done = [collapse_cr(p) for p in pieces[:-1]]
-        for line in done:
-            self.tail.append((stream, line))
+        done = pieces[:-1]
+        if "\r" in text:
+            done = [collapse_cr(p) for p in done]
+        self.tail.extend((stream, line) for line in done[-self.tail.maxlen:])
         self.lines_total += len(done)
         return done
 

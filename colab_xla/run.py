@@ -185,8 +185,7 @@ class _Run:
     def _read(self, fd: int, read_fd: int) -> bool:
         data = os.read(fd, 1 << 16)
         if fd == read_fd:
-            for frame in self._decoder.feed(data):
-                self._handle(frame)
+            self._handle_all(self._decoder.feed(data))
         elif data:
             rank, kind = self._fd_sources[fd]
             self._text(self._fd_owner(rank), kind, data)
@@ -209,6 +208,21 @@ class _Run:
         return f"process {rank}"
 
     # -- frames -----------------------------------------------------------------------------
+
+    def _handle_all(self, frames: List[channel.Frame]) -> None:
+        # Consecutive output of one replica is handled as one chunk: a chatty replica
+        # sends a frame per line, and per-frame work would cap throughput.
+        run: List[channel.Frame] = []
+        for frame in frames:
+            if run and (frame.kind, frame.ordinal, frame.pid) != (run[0].kind, run[0].ordinal, run[0].pid):
+                self._handle(run[0]._replace(payload=b"".join(f.payload for f in run)))
+                run = []
+            if frame.kind in channel.STREAMS:
+                run.append(frame)
+            else:
+                self._handle(frame)
+        if run:
+            self._handle(run[0]._replace(payload=b"".join(f.payload for f in run)))
 
     def _handle(self, frame: channel.Frame) -> None:
         if frame.kind in channel.STREAMS:

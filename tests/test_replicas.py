@@ -297,3 +297,17 @@ def test_interrupt_kills_every_replica_process_and_returns_promptly(tmp_path):
     out, err = proc.communicate(timeout=15)  # answered within seconds, not hung
     assert "interrupted: True [(0, 'killed'), (1, 'killed')]" in out, out + err
     assert not any(psutil.pid_exists(p) for p in replica_pids)
+
+
+@pytest.mark.timeout(300)
+def test_eight_replicas_times_100k_lines_arrive_complete_in_order_with_bounded_memory():
+    run("1", 8)  # warm: imports and the lock manager are not what is measured
+    rss_before = psutil.Process().memory_info().rss
+    outcome = run("for i in range(100_000):\n    print(f'r{index} line {i}')", 8)
+    growth = psutil.Process().memory_info().rss - rss_before
+    assert outcome.ok
+    for o, rep in outcome.replicas.items():
+        with open(rep.log.path) as f:
+            assert f.read().splitlines() == [f"r{o} line {i}" for i in range(100_000)]
+        assert rep.log.lines_total == 100_000 and len(rep.log.tail) <= 400
+    assert growth < 64 * 2**20, f"the notebook's process grew by {growth / 2**20:.0f} MiB"

@@ -3,6 +3,7 @@
 Usage::
 
     python -m colab_xla.tools.run_notebooks [NOTEBOOK ...] [--out DIR] [--timeout S]
+                                            [--html-widgets]
 
 Without NOTEBOOK, every ``notebooks/*.ipynb`` of the repository runs, in name order.
 Each notebook runs in a fresh ``python3`` kernel (this interpreter's ipykernel) with the
@@ -60,12 +61,18 @@ def kernel_env(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
 
 
 def execute_notebook(path, out_dir, timeout: float = DEFAULT_TIMEOUT, *,
-                     env: Optional[Mapping[str, str]] = None) -> Tuple[object, Path, Path]:
+                     env: Optional[Mapping[str, str]] = None,
+                     html_widgets: bool = False) -> Tuple[object, Path, Path]:
     """Run the notebook at ``path``; write ``out_dir/NAME.ipynb`` and ``out_dir/NAME.html``.
 
     Returns ``(executed_nb, html_path, ipynb_path)``. If a cell fails (or times out, or the
     kernel dies), both files are written with what ran and :class:`NotebookError` is raised.
     ``timeout`` is per cell, in seconds; ``env`` defaults to :func:`kernel_env`.
+
+    The executed copy keeps the widgets' state (JupyterLab draws them again). The HTML,
+    unless ``html_widgets``, shows what each widget output carries besides the widget
+    (colab_xla's static per-replica summary): with the state embedded, nbconvert shows
+    only the widget, which JavaScript draws from a CDN when the page is opened.
     """
     import nbformat
     from nbclient import NotebookClient
@@ -87,7 +94,7 @@ def execute_notebook(path, out_dir, timeout: float = DEFAULT_TIMEOUT, *,
         failure = exc
 
     nbformat.write(nb, ipynb_path)
-    html_path.write_text(_html(nb), encoding="utf-8")
+    html_path.write_text(_html(nb, html_widgets), encoding="utf-8")
     if failure is not None:
         index = _failing_cell(nb)
         where = f"cell {index + 1} of {len(nb.cells)}" if index is not None else "kernel"
@@ -96,9 +103,14 @@ def execute_notebook(path, out_dir, timeout: float = DEFAULT_TIMEOUT, *,
     return nb, html_path, ipynb_path
 
 
-def _html(nb) -> str:
+def _html(nb, widgets: bool) -> str:
+    import copy
+
     from nbconvert import HTMLExporter
 
+    if not widgets and "widgets" in nb.metadata:
+        nb = copy.deepcopy(nb)
+        del nb.metadata["widgets"]
     body, _ = HTMLExporter().from_notebook_node(nb)
     return body
 
@@ -151,6 +163,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help=f"where executed copies and HTML go (default: {_show(DEFAULT_OUT)})")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                         help=f"seconds a cell may run (default: {DEFAULT_TIMEOUT})")
+    parser.add_argument("--html-widgets", action="store_true",
+                        help="embed widget state in the HTML: widgets drawn by JavaScript "
+                             "(from a CDN) instead of their static text/HTML summaries")
     args = parser.parse_args(argv)
 
     notebooks = args.notebooks or default_notebooks()
@@ -161,7 +176,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for path in notebooks:
         started = time.perf_counter()
         try:
-            _, html_path, ipynb_path = execute_notebook(path, args.out, args.timeout)
+            _, html_path, ipynb_path = execute_notebook(path, args.out, args.timeout,
+                                                        html_widgets=args.html_widgets)
             status, detail = "ok", ""
         except NotebookError as exc:
             html_path, ipynb_path = exc.html_path, exc.ipynb_path

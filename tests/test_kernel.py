@@ -1,0 +1,86 @@
+"""``%%xla_spawn`` in a real ipykernel driven by nbclient: what a saved notebook holds."""
+
+import os
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+pytestmark = [pytest.mark.notebook, pytest.mark.timeout(300)]
+
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def execute(*sources, env=None):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in ("%load_ext colab_xla",) + sources]
+    # ipykernel turns its fd capture off when it sees PYTEST_CURRENT_TEST.
+    kernel_env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    kernel_env.update(env or {})
+    NotebookClient(nb, kernel_name="python3", timeout=240, allow_errors=True,
+                   store_widget_state=True).execute(env=kernel_env)
+    return nb
+
+
+def widget_models(nb):
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    return {model_id: m for model_id, m in state.items()}
+
+
+def stream_text(cell):
+    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+
+
+CELL = """%%xla_spawn -n 3 -o r
+import ctypes
+print("hello", index)
+ctypes.CDLL(None).printf(b"from C\\n")
+if index == 2:
+    raise ValueError("replica two fails")
+index * 2"""
+
+
+def test_widget_state_and_static_summary_are_saved_in_the_cell():
+    nb = execute(CELL, "print('next cell', r)")
+    magic, after = nb.cells[1], nb.cells[2]
+    displays = [o for o in magic.outputs if o.output_type == "display_data"]
+    assert len(displays) == 1  # one display, updated in place to its final form
+    data = displays[0]["data"]
+    # The saved summary: readable without any widget state.
+    assert "3 replicas on CPU: 2 done, 1 failed" in data["text/plain"]
+    for o in range(3):
+        assert f"── replica {o} · " in data["text/plain"] and f"hello {o}" in data["text/plain"]
+    assert "Out: 2" in data["text/plain"] and "ValueError: replica two fails" in data["text/plain"]
+    assert "<table>" in data["text/html"] and "replica two fails" in data["text/html"]
+    # The live widget's final model state.
+    models = widget_models(nb)
+    assert data[WIDGET_VIEW]["model_id"] in models
+    tabs = [m["state"] for m in models.values() if m["model_name"] == "TabModel"]
+    assert tabs and tabs[0]["titles"] == ["all", "0 ✓", "1 ✓", "2 ✗"]
+    outputs = {tuple(o["text"] for o in m["state"]["outputs"]) for m in models.values()
+               if m["model_name"] == "OutputModel" and m["state"]["outputs"]}
+    for o in range(3):
+        assert (f"hello {o}\n",) in outputs  # each replica's own tab
+    combined = [t for texts in outputs for t in texts if "[replica 0] hello 0" in t]
+    assert combined and all(f"[replica {o}] hello {o}" in combined[0] for o in range(3))
+    assert "[process 0] from C" in combined[0]
+    htmls = " ".join(m["state"].get("value", "") for m in models.values()
+                     if m["model_name"] == "HTMLModel")
+    assert "failed: replica 2" in htmls and "Cell In[2], line 6" in htmls
+    # The error stops Run All, and nothing leaks into the next cell.
+    assert [o.ename for o in magic.outputs if o.output_type == "error"] == ["XlaSpawnError"]
+    assert stream_text(after) == "next cell {0: 0, 1: 2}\n"
+
+
+def test_text_view_streams_lines_labelled_by_replica():
+    nb = execute("%%xla_spawn -n 2 --no-widget\nprint('line from', index)\nindex")
+    text = stream_text(nb.cells[1])
+    assert "[replica 0] line from 0" in text and "[replica 1] line from 1" in text
+    assert "2 replicas on CPU: 2 done" in text and "Out: 1" in text
+    assert not [o for o in nb.cells[1].outputs if o.output_type == "display_data"]
+
+
+def test_environment_selects_the_text_view():
+    nb = execute("%%xla_spawn -n 1\nprint('plain')", env={"COLAB_XLA_VIEW": "text"})
+    assert "[replica 0] plain" in stream_text(nb.cells[1])
