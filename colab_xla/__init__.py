@@ -8,16 +8,17 @@ __version__ = "0.1.0"
 
 
 def load_ipython_extension(ipython):
-    """Register ``%%xla_spawn`` (called by ``%load_ext colab_xla``)."""
+    """Register ``%%xla_spawn`` and ``%xla_doctor`` (called by ``%load_ext colab_xla``)."""
     from .magics import XlaMagics
 
     ipython.register_magics(XlaMagics)
 
 
 def unload_ipython_extension(ipython):
-    """Remove ``%%xla_spawn`` and stop the lock manager (``%unload_ext colab_xla``)."""
+    """Remove the magics and stop the lock manager (``%unload_ext colab_xla``)."""
     from . import run
 
     ipython.magics_manager.magics["cell"].pop("xla_spawn", None)
+    ipython.magics_manager.magics["line"].pop("xla_doctor", None)
     ipython.magics_manager.registry.pop("XlaMagics", None)
     run.shutdown()

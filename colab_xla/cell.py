@@ -52,6 +52,7 @@ class CellModule:
     label: str
     body: CodeType
     last_expr: Optional[CodeType]
+    source: str = ""
 
     @classmethod
     def create(cls, source: str, directory: str, label: str = "cell",
@@ -75,7 +76,8 @@ class CellModule:
         except SyntaxError as exc:
             exc.filename = label
             raise
-        return cls(name=name, path=path, label=label, body=body, last_expr=last_expr)
+        return cls(name=name, path=path, label=label, body=body, last_expr=last_expr,
+                   source=source)
 
 
 def _has_code(source: str) -> bool:

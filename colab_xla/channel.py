@@ -25,7 +25,7 @@ import select
 import struct
 from typing import List, NamedTuple
 
-STDOUT, STDERR, START, END = 1, 2, 3, 4
+STDOUT, STDERR, START, END, NOTE = 1, 2, 3, 4, 5
 STREAMS = {STDOUT: "stdout", STDERR: "stderr"}
 
 _HEADER = struct.Struct("<BhiI")

@@ -23,13 +23,14 @@ from typing import Dict, Mapping, Optional
 # Colab's TPU run unchanged on a laptop.
 DEFAULT_CPU_REPLICAS = 8
 
-RUNTIME_INITIALIZED = """\
-The XLA runtime is already initialized in this notebook's own process, so replicas cannot
-be started: xmp.spawn refuses, and a replica forked from this process would hang.
-An earlier cell called one of torch_xla.device(), xm.xla_device(), xr.world_size(),
-xr.global_ordinal(), xr.addressable_device_count(), or moved a tensor to an XLA device.
-To fix it: restart the runtime (Runtime > Restart session, or Kernel > Restart), then use
-the XLA device only inside %%xla_spawn cells, where `device` is each replica's device."""
+RUNTIME_INITIALIZED = (
+    "The XLA runtime is already initialized in this notebook's own process, so replicas cannot "
+    "be started: xmp.spawn refuses, and a replica forked from this process would hang. An "
+    "earlier cell called one of torch_xla.device(), xm.xla_device(), xr.world_size(), "
+    "xr.global_ordinal(), xr.addressable_device_count(), or moved a tensor to an XLA device.")
+RUNTIME_INITIALIZED_FIX = (
+    "restart the runtime (Runtime > Restart session, or Kernel > Restart), then use the XLA "
+    "device only inside %%xla_spawn cells, where `device` is each replica's device.")
 
 
 class ReplicaCountError(ValueError):
@@ -52,7 +53,7 @@ class ReplicaPlan:
 
     device_type: str
     replicas: Optional[int]  # None: xmp.spawn's own count (unknown here)
-    env: Dict[str, str] = field(default_factory=dict)
+    env: Dict[str, Optional[str]] = field(default_factory=dict)  # None: unset it
     note: Optional[str] = None  # one line to tell the user, or None
     processes: int = 1  # replica processes xmp.spawn starts (one per TPU chip)
 
@@ -108,11 +109,12 @@ def detect(environ: Mapping[str, str] = os.environ) -> Hardware:
                     cpu_num_devices=int(cpu_num) if cpu_num and cpu_num.isdigit() else None)
 
 
-TORCH_XLA_MISSING = """\
-torch_xla is not installed in this kernel's environment, and %%xla_spawn runs on it.
-On a Colab or Kaggle TPU runtime it comes preinstalled: check that the runtime type is TPU.
-Elsewhere: pip install torch torch_xla  (the two versions must match, e.g. both 2.9.0),
-then restart the kernel."""
+TORCH_XLA_INSTALL_HINT = (
+    "On a Colab or Kaggle TPU runtime it comes preinstalled: check that the runtime type is "
+    "TPU. Elsewhere: pip install torch torch_xla (the two versions must match, e.g. both "
+    "2.9.0), then restart the kernel.")
+TORCH_XLA_MISSING = ("torch_xla is not installed in this kernel's environment, and "
+                     "%%xla_spawn runs on it. " + TORCH_XLA_INSTALL_HINT)
 
 
 class TorchXlaMissing(ImportError):

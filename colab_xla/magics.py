@@ -6,19 +6,22 @@ from __future__ import annotations
 import os
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from . import text_view
+from . import doctor, registry, text_view
 from .cell import EmptyCellError
 from .hardware import ReplicaCountError, TorchXlaMissing
 from .outcome import XlaSpawnError
-from .run import RuntimeInitializedError, run_cell
+from .preflight import PreflightError
+from .run import run_cell
 
 
 @magics_class
 class XlaMagics(Magics):
-    """The ``%%xla_spawn`` cell magic."""
+    """The ``%%xla_spawn`` cell magic and the ``%xla_doctor`` line magic."""
+
+    _told_terminal = False
 
     @magic_arguments()
     @argument("-n", "--nprocs", type=int, metavar="N", default=None,
@@ -28,6 +31,9 @@ class XlaMagics(Magics):
     @argument("-o", "--output", metavar="NAME", default=None,
               help="store {ordinal: value} of the cell's last expression in the notebook "
                    "variable NAME (XLA tensors arrive as CPU tensors).")
+    @argument("-t", "--timeout", type=float, metavar="SECONDS", default=None,
+              help="stop the run after SECONDS (default: none, training can take hours); "
+                   "replicas still running are killed and reported with their last output line.")
     @argument("--no-widget", action="store_true",
               help="show live output as text lines ([replica 3] ...) instead of the widget "
                    "(also: COLAB_XLA_VIEW=text in the environment).")
@@ -70,22 +76,56 @@ class XlaMagics(Magics):
                 label=f"Cell In[{self._cell_number()}]",
                 header=f"# %%xla_spawn {line}".rstrip(),
                 observer=view,
+                timeout=args.timeout,
             )
         except EmptyCellError:
             raise UsageError("The %%xla_spawn cell is empty: write the code every replica "
                              "runs below the %%xla_spawn line.") from None
-        except (ReplicaCountError, TorchXlaMissing, RuntimeInitializedError) as exc:
+        except PreflightError as exc:
+            cause = (doctor.likely_cause(self.shell.user_ns.get("In", ()))
+                     if exc.problem.code == "runtime-initialized" else None)
+            raise UsageError(str(exc) + (f"\nLikely: {cause}." if cause else "")) from None
+        except (ReplicaCountError, TorchXlaMissing, ValueError) as exc:
             raise UsageError(str(exc)) from None
         if args.output is not None:
             self.shell.user_ns[args.output] = outcome.results()
         if outcome.interrupted:
             raise KeyboardInterrupt
-        if outcome.failed:
+        if not outcome.ok:
             raise XlaSpawnError(outcome)
+
+    @magic_arguments()
+    @argument("--kill-leftovers", action="store_true",
+              help="kill the processes that earlier runs started in notebook processes that "
+                   "are gone (found by pid and start time; nothing else is touched).")
+    @line_magic
+    def xla_doctor(self, line):
+        """Report where this notebook runs and what would stop %%xla_spawn, with fixes.
+
+        Shows the environment (Colab, Kaggle, TPU VM, local), device type and replica
+        count, torch/torch_xla versions, whether this process already initialized the
+        XLA runtime (and the cell that likely did), conflicting environment variables,
+        and processes left behind by earlier runs. It never initializes the runtime.
+
+        Example::
+
+            %xla_doctor
+            %xla_doctor --kill-leftovers
+        """
+        args = parse_argstring(self.xla_doctor, line)
+        if args.kill_leftovers:
+            killed = registry.kill_leftovers()
+            print(f"killed {len(killed)} leftover process(es)"
+                  + "".join(f"\n  {k.describe()}" for k in killed))
+        print(doctor.diagnose(os.environ, self.shell.user_ns.get("In", ())).render())
 
     def _view(self, no_widget: bool):
         """The one place that chooses between the widget and text views."""
         wanted = "text" if no_widget else os.environ.get("COLAB_XLA_VIEW", "auto").lower()
+        if getattr(self.shell, "kernel", None) is None and not self._told_terminal:
+            self._told_terminal = True
+            print("colab_xla: no Jupyter kernel here (terminal IPython?): output is shown "
+                  "as text. The live widget needs Jupyter, Colab or Kaggle.")
         if wanted != "text" and getattr(self.shell, "kernel", None) is not None:
             try:
                 from .widget_view import WidgetView

@@ -31,8 +31,9 @@ class ReplicaError:
     ``kind`` says what went wrong: ``"exception"`` (the cell raised), ``"exit"``
     (``sys.exit`` with a non-zero status), ``"result"`` (the cell's value could not be
     sent back or loaded), ``"died"`` (the replica's process ended without a report),
-    ``"interrupted"`` (the run was stopped). ``traceback`` is the text to show, with
-    frames of the cell shown as ``Cell In[N], line L``.
+    ``"interrupted"``, ``"timeout"`` or ``"stopped"`` (the run was cut while it ran: by
+    Interrupt, ``--timeout``, or because another replica failed). ``traceback`` is the
+    text to show, with frames of the cell shown as ``Cell In[N], line L``.
     """
 
     kind: str
@@ -72,6 +73,7 @@ class ReplicaOutcome:
     value: Any = None
     value_repr: Optional[str] = None
     error: Optional[ReplicaError] = None
+    last_rendezvous: Optional[str] = None  # tag of the last xm.rendezvous it entered
 
     @property
     def text(self) -> str:
@@ -107,11 +109,18 @@ class RunOutcome:
 
     @property
     def failed(self) -> List[int]:
-        return sorted(o for o, r in self.replicas.items() if r.error is not None)
+        """Replicas that failed by themselves (raised, exited non-zero, died)."""
+        return sorted(o for o, r in self.replicas.items() if r.state == FAILED)
+
+    @property
+    def killed(self) -> List[int]:
+        """Replicas the run stopped: Interrupt, ``--timeout``, or another replica failed."""
+        return sorted(o for o, r in self.replicas.items() if r.state == KILLED)
 
     @property
     def ok(self) -> bool:
-        return bool(self.replicas) and not self.failed and not self.interrupted
+        return (bool(self.replicas) and not self.interrupted
+                and all(r.error is None for r in self.replicas.values()))
 
     def results(self) -> Dict[int, Any]:
         """``{ordinal: value}`` of the replicas whose value arrived, sorted by ordinal."""
@@ -120,7 +129,7 @@ class RunOutcome:
     def error_groups(self) -> List[Tuple[ReplicaError, List[int]]]:
         """Each distinct error once, with the sorted ordinals of the replicas that hit it."""
         groups: Dict[Tuple[str, str], Tuple[ReplicaError, List[int]]] = {}
-        for ordinal in self.failed:
+        for ordinal in self.failed + self.killed:
             error = self.replicas[ordinal].error
             key = (error.kind, error.render())
             groups.setdefault(key, (error, []))[1].append(ordinal)
@@ -158,12 +167,28 @@ class XlaSpawnError(Exception):
         super().__init__(self.summary())
 
     def summary(self) -> str:
-        failed, total = len(self.outcome.failed), len(self.outcome.replicas)
-        kinds = sorted({e.ename for e, _ in self.outcome.error_groups()})
-        return f"{failed} of {total} replicas failed ({', '.join(kinds)})"
+        """e.g. ``1 of 4 replicas failed (ValueError); 3 were stopped (Stopped)``."""
+        out = self.outcome
+        total = f"{len(out.replicas)} replica{'s' if len(out.replicas) != 1 else ''}"
+
+        def kinds(ordinals):
+            return ", ".join(sorted({out.replicas[o].error.ename for o in ordinals}))
+
+        parts = []
+        if out.failed:
+            parts.append(f"{len(out.failed)} of {total} failed ({kinds(out.failed)})")
+        if out.killed:
+            were = "was" if len(out.killed) == 1 else "were"
+            of = "" if out.failed else f" of {total}"
+            parts.append(f"{len(out.killed)}{of} {were} stopped ({kinds(out.killed)})")
+        return "; ".join(parts)
 
     def render(self) -> str:
-        lines = [f"XlaSpawnError: {self.summary()}"]
+        """The error as IPython shows it: the summary, then each distinct traceback."""
+        return f"XlaSpawnError: {self}"
+
+    def __str__(self) -> str:
+        lines = [self.summary()]
         groups = self.outcome.error_groups()
         for error, ordinals in groups[: self.max_tracebacks]:
             noun = "replica" if len(ordinals) == 1 else "replicas"
@@ -181,6 +206,3 @@ class XlaSpawnError(Exception):
     def _render_traceback_(self) -> List[str]:
         # IPython calls this instead of printing our own (uninteresting) kernel-side frames.
         return self.render().splitlines()
-
-    def __str__(self) -> str:
-        return self.render()

@@ -33,7 +33,7 @@ from typing import Any, Dict, Optional, Tuple
 import cloudpickle
 
 from .cell import CellModule
-from .channel import END, MAX_PAYLOAD, START, STDERR, STDOUT, ChannelWriter
+from .channel import END, MAX_PAYLOAD, NOTE, START, STDERR, STDOUT, ChannelWriter
 from .outcome import ReplicaError, ReplicaReport
 
 # Names a replica gets from colab_xla; they shadow notebook names of the same name.
@@ -60,7 +60,7 @@ class ReplicaJob:
     channel_fd: int
     run_dir: str
     parent_pid: int
-    lock: Any  # a multiprocessing Manager lock proxy (pickles, works across processes)
+    lock: Any  # a Manager lock proxy (pickles, works across processes), if the cell uses it
     # Write ends of (stdout, stderr) pipes, one pair per replica process (by local rank):
     # C-level output (XLA, absl, libtpu logs, printf) goes there, read by the notebook.
     fd_pipes: Tuple[Tuple[int, int], ...] = ()
@@ -141,8 +141,9 @@ def _run_cell(index: int, job: ReplicaJob, proc: "_ProcessState") -> ReplicaRepo
     ns = ReplicaGlobals({k: v for k, v in proc.user_ns.items() if k not in REPLICA_NAMES})
     name = module_name(cell, index)
     ns.update(__name__=name, __file__=cell.path, __builtins__=__builtins__,
-              __doc__=None, __package__=None, __spec__=None, __loader__=None,
-              index=index, lock=job.lock)
+              __doc__=None, __package__=None, __spec__=None, __loader__=None, index=index)
+    if job.lock is not None:  # made only for cells that name it
+        ns["lock"] = job.lock
     _replica_module(cell, index, job.run_dir, ns)
     report = ReplicaReport(ordinal=index, pid=os.getpid(), elapsed=0.0)
     try:
@@ -193,12 +194,30 @@ class _ResultPickler(cloudpickle.Pickler):
     """
 
     def reducer_override(self, obj):
+        if _defined_in_notebook(obj):
+            # The notebook has this very object (the replica got it through fork): send a
+            # reference, so results are instances of the notebook's own classes.
+            return _notebook_attribute, (obj.__qualname__,)
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type == "xla":
             if isinstance(obj, torch.nn.Parameter):  # .cpu() would drop the Parameter type
                 return torch.nn.Parameter, (obj.detach().cpu(), obj.requires_grad)
             return obj.cpu().__reduce_ex__(pickle.HIGHEST_PROTOCOL)
         return super().reducer_override(obj)
+
+
+def _defined_in_notebook(obj) -> bool:
+    if not isinstance(obj, (type, types.FunctionType)) or obj.__module__ != "__main__":
+        return False
+    try:
+        return _notebook_attribute(obj.__qualname__) is obj
+    except AttributeError:
+        return False
+
+
+def _notebook_attribute(qualname: str):
+    """``__main__.<qualname>`` (runs in the notebook when a result is loaded)."""
+    return functools.reduce(getattr, qualname.split("."), sys.modules["__main__"])
 
 
 def pack_value(value: Any) -> bytes:
@@ -258,6 +277,29 @@ class _ProcessState:
         if job.fd_pipes:
             _capture_fds(job.fd_pipes[self.rank % len(job.fd_pipes)])
         _text_progress_bars()
+        self._instrument_torch_xla()
+
+    def _instrument_torch_xla(self) -> None:
+        """Record each replica's last ``xm.rendezvous`` tag (told when a run is cut), and
+        refuse a nested ``xmp.spawn`` with the reason."""
+        import torch_xla.core.xla_model as xm
+        import torch_xla.distributed.xla_multiprocessing as xmp
+
+        rendezvous, writer = xm.rendezvous, self.writer
+
+        def recorded_rendezvous(tag, *args, **kwargs):
+            ordinal = getattr(_local, "ordinal", None)
+            if ordinal is not None:
+                writer.send(NOTE, ordinal, json.dumps({"rendezvous": str(tag)}).encode())
+            return rendezvous(tag, *args, **kwargs)
+
+        def nested_spawn(*args, **kwargs):
+            raise RuntimeError("xmp.spawn was called inside a %%xla_spawn replica, which "
+                               "would start replicas from every replica. Put the function's "
+                               "body in the cell instead (`index` is the ordinal).")
+
+        xm.rendezvous = functools.wraps(rendezvous)(recorded_rendezvous)
+        xmp.spawn = functools.wraps(xmp.spawn)(nested_spawn)
 
     def enter(self, ordinal: int) -> None:
         with self._lock:

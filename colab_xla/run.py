@@ -16,10 +16,9 @@ Example (in a plain Python process with torch_xla installed)::
 
 from __future__ import annotations
 
-import atexit
 import codecs
+import dataclasses
 import contextlib
-import itertools
 import json
 import multiprocessing
 import multiprocessing.managers
@@ -36,7 +35,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import psutil
 
-from . import channel, hardware, replica
+from . import channel, hardware, preflight, registry, replica
 from .cell import CellModule
 from .outcome import DONE, FAILED, KILLED, ReplicaError, RunOutcome
 
@@ -44,9 +43,13 @@ from .outcome import DONE, FAILED, KILLED, ReplicaError, RunOutcome
 TICK_SECONDS = 0.25
 # After a kill, how long to wait for the driver thread to see its pool broken.
 _DRIVER_JOIN_SECONDS = 5.0
+# Once a replica has failed, how long the others may go on before the run is stopped:
+# they are usually blocked in a collective waiting for it and would wait forever
+# (pytorch/xla#7974).
+FAIL_FAST_SECONDS = 3.0
 
 
-class RuntimeInitializedError(RuntimeError):
+class RuntimeInitializedError(preflight.PreflightError):
     """The notebook's process already initialized XLA; replicas cannot start."""
 
 
@@ -73,13 +76,20 @@ class RunObserver:
 
 def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Mapping] = None,
              label: str = "cell", header: str = "# %%xla_spawn",
-             observer: Optional[RunObserver] = None, announce=print) -> RunOutcome:
+             observer: Optional[RunObserver] = None, announce=print,
+             timeout: Optional[float] = None) -> RunOutcome:
     """Run ``source`` on every replica and return the :class:`RunOutcome`.
+
+    The run ends when every replica has ended; or :data:`FAIL_FAST_SECONDS` after the
+    first replica failed; or after ``timeout`` seconds; or on ``KeyboardInterrupt``. Then
+    every process it started is killed, and replicas still running are ``killed`` with the
+    reason, their last output line and their last ``xm.rendezvous`` tag.
 
     Raises before anything starts, with a message that says what to do:
     ``EmptyCellError``, ``SyntaxError`` (with the cell's line), ``ReplicaCountError``,
-    ``TorchXlaMissing``, :class:`RuntimeInitializedError`. Failures of replicas are not
-    raised: they are in the outcome (see ``outcome.failed``).
+    ``TorchXlaMissing``, ``PreflightError`` (SPMD on, a cell that spawns replicas itself)
+    and its kind :class:`RuntimeInitializedError`. Failures of replicas are not raised:
+    they are in the outcome (see ``outcome.failed``).
     """
     run_dir = tempfile.mkdtemp(prefix="colab_xla-")  # mode 0700, unpredictable name
     try:
@@ -87,22 +97,54 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
         hw = hardware.detect()
         plan = hardware.plan_replicas(nprocs, hw)
         xmp = hardware.import_torch_xla()
-        if hardware.runtime_initialized():
-            raise RuntimeInitializedError(hardware.RUNTIME_INITIALIZED)
-        if plan.note and announce:
-            announce(plan.note)
-        return _Run(cell, plan, run_dir, dict(user_ns or {}), observer or RunObserver()).run(xmp)
+        problems = preflight.check(source, os.environ)
+        for problem in problems["fatal"]:
+            error = (RuntimeInitializedError if problem.code == "runtime-initialized"
+                     else preflight.PreflightError)
+            raise error(problem)
+        # Where the replicas run is said once per notebook process; problems every time.
+        first_plan_note = plan.note if plan.note not in _said else None
+        _said.add(plan.note)
+        notes = [first_plan_note] + [f"colab_xla: {p.message} {p.fix}" for p in problems["notes"]]
+        notes.append(leftovers_note(registry.leftovers()))
+        for note in filter(None, notes):
+            if announce:
+                announce(note)
+        plan = dataclasses.replace(plan, env={
+            **plan.env, **{v: None for v in preflight.strip_topology(os.environ)}})
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"--timeout {timeout:g}: the timeout must be more than 0 seconds.")
+        return _Run(cell, plan, run_dir, dict(user_ns or {}), observer or RunObserver(),
+                    timeout).run(xmp)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+_said: set = set()
+
+
+def leftovers_note(found) -> Optional[str]:
+    if not found:
+        return None
+    return (f"colab_xla: {len(found)} process(es) started by an earlier run of colab_xla in a "
+            f"notebook process that is gone are still alive and may hold the TPU: "
+            f"{'; '.join(f.describe() for f in found)}. Remove them with "
+            "%xla_doctor --kill-leftovers (it kills only these, by pid and start time).")
+
+
 class _Run:
     def __init__(self, cell: CellModule, plan: hardware.ReplicaPlan, run_dir: str,
-                 user_ns: Dict[str, Any], observer: RunObserver):
+                 user_ns: Dict[str, Any], observer: RunObserver, timeout: Optional[float]):
         self.cell, self.plan, self.run_dir, self.observer = cell, plan, run_dir, observer
+        self.timeout = timeout
+        self._timeout_at = time.monotonic() + timeout if timeout else None
+        self._fail_at: Optional[float] = None
+        self._first_failed: Optional[int] = None
+        self._stop: Optional[str] = None  # why the run was cut: interrupted, timeout, failed
         self.user_ns = user_ns
         self.run_id = secrets.token_hex(8)
-        self.outcome = RunOutcome(device_type=plan.device_type, log_dir=_new_log_dir())
+        self.outcome = RunOutcome(device_type=plan.device_type, log_dir=registry.new_log_dir())
+        self._record = registry.RunRecord(self.run_id)
         self._decoders: Dict[tuple, Any] = {}
         self._ranks: Dict[int, set] = {}  # local process rank -> ordinals it runs
         self._pid_rank: Dict[int, int] = {}
@@ -121,7 +163,8 @@ class _Run:
         self._fd_sources = {pipe[0]: (rank, kind)
                             for rank, pair in enumerate(fd_pipes)
                             for kind, pipe in zip((channel.STDOUT, channel.STDERR), pair)}
-        lock = _lock_manager().Lock()
+        # A Manager lock costs ~5 ms of connections per run: only cells that use it pay.
+        lock = _lock_manager().Lock() if "lock" in self.cell.source else None
         # Taken after the manager exists: every child that appears from now on is ours.
         self._children_before = set(multiprocessing.active_children())
         job = replica.ReplicaJob(run_id=self.run_id, channel_fd=write_fd, run_dir=self.run_dir,
@@ -136,7 +179,8 @@ class _Run:
             try:
                 self._read_until_done(read_fd, done_r)
             except KeyboardInterrupt:
-                self.outcome.interrupted = True
+                self.outcome.interrupted, self._stop = True, "interrupted"
+            if self._stop:
                 with _sigint_ignored():
                     self._kill_processes()
                     driver.join(_DRIVER_JOIN_SECONDS)
@@ -170,13 +214,19 @@ class _Run:
         fds = [read_fd, done_r, *self._fd_sources]
         next_tick = time.monotonic() + TICK_SECONDS
         while True:
-            timeout = max(0.0, next_tick - time.monotonic())
-            readable, _, _ = select.select(fds, [], [], timeout)
+            now = time.monotonic()
+            for reason, at in (("timeout", self._timeout_at), ("failed", self._fail_at)):
+                if at is not None and now >= at:
+                    self._stop = reason
+                    return
+            wake = min(t for t in (next_tick, self._timeout_at, self._fail_at) if t is not None)
+            readable, _, _ = select.select(fds, [], [], max(0.0, wake - now))
             for fd in readable:
                 if fd != done_r:
                     self._read(fd, read_fd)
             if time.monotonic() >= next_tick:
-                self._new_children()  # remember the pool's processes while they live
+                for child in self._new_children():  # remember the pool's processes
+                    self._track(child.pid)
                 self.observer.tick(self.outcome)
                 next_tick = time.monotonic() + TICK_SECONDS
             if readable == [done_r]:
@@ -241,7 +291,14 @@ class _Run:
             self.observer.started(self.outcome, frame.ordinal)
         elif frame.kind == channel.END:
             self._load_report(frame.ordinal)
+            if self.outcome.replicas[frame.ordinal].error and self._fail_at is None:
+                self._first_failed = frame.ordinal
+                self._fail_at = time.monotonic() + FAIL_FAST_SECONDS
             self.observer.finished(self.outcome, frame.ordinal)
+        elif frame.kind == channel.NOTE:
+            note = json.loads(frame.payload)
+            if "rendezvous" in note:
+                self.outcome.replica(frame.ordinal).last_rendezvous = note["rendezvous"]
 
     def _text(self, source, kind: int, data: bytes) -> None:
         key = (source, kind)
@@ -286,10 +343,23 @@ class _Run:
             rep = self.outcome.replica(ordinal)
             if rep.state in (DONE, FAILED):
                 continue
-            if self.outcome.interrupted:
+            where = _whereabouts(rep)
+            if self._stop == "interrupted":
                 rep.state = KILLED
                 rep.error = ReplicaError("interrupted", "KeyboardInterrupt",
-                                         "the run was interrupted before this replica finished")
+                                         f"interrupted while running{where}")
+            elif self._stop == "timeout":
+                rep.state = KILLED
+                rep.error = ReplicaError("timeout", "Timeout",
+                                         f"still running after --timeout {self.timeout:g} s, so "
+                                         f"the run was stopped{where}")
+            elif self._stop == "failed":
+                rep.state = KILLED
+                first = self.outcome.replicas[self._first_failed]
+                rep.error = ReplicaError(
+                    "stopped", "Stopped",
+                    f"stopped {FAIL_FAST_SECONDS:g} s after replica {self._first_failed} "
+                    f"failed ({first.error.ename}){where}")
             else:
                 rep.state = FAILED
                 rep.error = ReplicaError("died", "ReplicaDied", self._death_reason())
@@ -318,12 +388,13 @@ class _Run:
         if pid not in self._processes:
             with contextlib.suppress(psutil.Error):
                 self._processes[pid] = psutil.Process(pid)
+                self._record.add(self._processes[pid])
 
     def _kill_processes(self) -> None:
         """SIGKILL every process this run started (by pid, never by name) and reap them."""
         for child in self._new_children():
             self._track(child.pid)
-        victims = []
+        victims: List[psutil.Process] = []
         for proc in list(self._processes.values()):
             with contextlib.suppress(psutil.Error):
                 victims.extend(proc.children(recursive=True))
@@ -331,8 +402,21 @@ class _Run:
         for proc in victims:
             with contextlib.suppress(psutil.Error):
                 proc.kill()  # psutil refuses if the pid now belongs to another process
-        psutil.wait_procs(victims, timeout=3)
+        gone, alive = psutil.wait_procs(victims, timeout=3)
         self._processes.clear()
+        if not alive:
+            self._record.close()
+
+
+def _whereabouts(rep) -> str:
+    """Where a replica was when the run was cut: its last line, its last rendezvous."""
+    lines = rep.log.tail_text().rsplit("\n", 1)
+    parts = []
+    if lines[-1]:
+        parts.append(f"last output: {lines[-1][:200]!r}")
+    if rep.last_rendezvous is not None:
+        parts.append(f"last xm.rendezvous: {rep.last_rendezvous!r}")
+    return "; " + "; ".join(parts) if parts else "; no output yet"
 
 
 def _describe_exit(code: int) -> str:
@@ -343,10 +427,15 @@ def _describe_exit(code: int) -> str:
 
 
 @contextlib.contextmanager
-def _environ(env: Mapping[str, str]):
-    """Set variables for the replicas, which fork inside; put the notebook's back after."""
+def _environ(env: Mapping[str, Optional[str]]):
+    """Set (or, for None, unset) variables for the replicas, which fork inside; put the
+    notebook's back after."""
     saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+    for key, value in env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     try:
         yield
     finally:
@@ -368,28 +457,6 @@ def _sigint_ignored():
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-# --- full logs -------------------------------------------------------------------------------
-
-# Full logs of the last runs stay readable after them; older ones are removed.
-KEEP_LOGS_OF_RUNS = 10
-_log_root: Optional[str] = None
-_run_numbers = itertools.count(1)
-
-
-def _new_log_dir() -> str:
-    """A directory for this run's full logs, inside a private one for this kernel."""
-    global _log_root
-    if _log_root is None or not os.path.isdir(_log_root):
-        _log_root = tempfile.mkdtemp(prefix="colab_xla-logs-")  # 0700, unpredictable
-        atexit.register(shutil.rmtree, _log_root, True)
-    path = os.path.join(_log_root, f"run-{next(_run_numbers):05d}")
-    os.mkdir(path, 0o700)
-    runs = sorted(os.listdir(_log_root))
-    for old in runs[:-KEEP_LOGS_OF_RUNS]:
-        shutil.rmtree(os.path.join(_log_root, old), ignore_errors=True)
-    return path
 
 
 # --- the lock shared by replicas -------------------------------------------------------------

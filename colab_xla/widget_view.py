@@ -99,9 +99,11 @@ class WidgetView:
         elapsed = outcome.elapsed if outcome.elapsed is not None else time.monotonic() - self._started
         state = ("interrupted" if outcome.interrupted else
                  "running" if outcome.elapsed is None else
-                 "failed" if outcome.failed else "done")
-        failed = (f" · <span style='color:#cf222e'>failed: replica "
-                  f"{format_ordinals(outcome.failed)}</span>" if outcome.failed else "")
+                 "failed" if not outcome.ok else "done")
+        failed = "".join(
+            f" · <span style='color:#cf222e'>{what}: replica {format_ordinals(ordinals)}</span>"
+            for what, ordinals in (("failed", outcome.failed), ("stopped", outcome.killed))
+            if ordinals)
         counts = text_view.headline(outcome).split(": ", 1)[-1].split(" in ")[0]
         logs = (f"<br><span style='font-size:smaller'>full logs: <code>"
                 f"{html.escape(outcome.log_dir)}</code></span>" if outcome.log_dir else "")

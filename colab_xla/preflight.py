@@ -1,0 +1,108 @@
+"""What is checked before any replica starts, each problem with the fix.
+
+``run_cell`` refuses to start on a fatal problem and announces the others;
+``%xla_doctor`` lists them all. Nothing here initializes the XLA runtime.
+
+Example::
+
+    >>> [p.code for p in environment_problems({"XLA_USE_SPMD": "1"})]
+    ['spmd']
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Tuple
+
+from . import hardware
+
+# Set per replica process by torch_xla on a TPU host; stale values from the notebook's
+# environment make every replica believe it is the same process (Kaggle's notebook
+# removes the first two for this reason).
+TPU_TOPOLOGY_VARS = ("TPU_PROCESS_ADDRESSES", "CLOUD_TPU_TASK_ID", "TPU_VISIBLE_CHIPS",
+                     "TPU_PROCESS_BOUNDS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_PORT",
+                     "PJRT_LOCAL_PROCESS_RANK", "PJRT_LOCAL_PROCESS_COUNT")
+
+
+@dataclass(frozen=True)
+class Problem:
+    code: str
+    message: str  # what is wrong
+    fix: str  # what to do
+    fatal: bool = True  # refuse to start (else: handled, and said in one line)
+
+    def render(self) -> str:
+        return f"{self.message}\nFix: {self.fix}"
+
+
+class PreflightError(RuntimeError):
+    """A fatal problem found before starting replicas (the message says what to do)."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        super().__init__(problem.render())
+
+
+def environment_problems(environ: Mapping[str, str]) -> List[Problem]:
+    problems = []
+    if environ.get("XLA_USE_SPMD", "0") not in ("", "0", "false", "False"):
+        problems.append(Problem(
+            "spmd", "XLA_USE_SPMD is set: SPMD runs one process that drives every device, and "
+                    "xmp.spawn's one-replica-per-device model does not mix with it "
+                    "(each replica would see the whole host).",
+            "For %%xla_spawn, unset it (del os.environ['XLA_USE_SPMD']) and restart the "
+            "runtime if torch_xla.runtime.use_spmd() was called. For SPMD, run the cell "
+            "without %%xla_spawn."))
+    stale = [v for v in TPU_TOPOLOGY_VARS if v in environ]
+    if stale:
+        problems.append(Problem(
+            "topology", f"{', '.join(stale)} {'is' if len(stale) == 1 else 'are'} set in the "
+                        "notebook's environment; torch_xla sets these per replica process, and "
+                        "inherited values would make replicas collide.",
+            "colab_xla removes them for the replicas; to silence this, unset them: "
+            + "; ".join(f"os.environ.pop({v!r})" for v in stale), fatal=False))
+    return problems
+
+
+def strip_topology(environ: Mapping[str, str]) -> Tuple[str, ...]:
+    """The stale topology variables that the replicas must not inherit."""
+    return tuple(v for v in TPU_TOPOLOGY_VARS if v in environ)
+
+
+_LAUNCHERS = {("xmp", "spawn"), ("xla_multiprocessing", "spawn"), ("torch_xla", "launch"),
+              ("pjrt", "spawn"), ("pjrt", "run_multiprocess")}
+
+
+def cell_problems(source: str) -> List[Problem]:
+    """A cell that launches replicas itself would launch them from every replica."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []  # reported with its line by the compiler
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", None)
+            if (name, node.func.attr) in _LAUNCHERS:
+                return [Problem(
+                    "nested-spawn", f"line {node.lineno + 1} of the cell calls "
+                                    f"{name}.{node.func.attr}(...): %%xla_spawn already runs the "
+                                    "cell on every replica, so each replica would start replicas.",
+                    "Put the body of your function in the cell instead of spawning it; `index` "
+                    "is the ordinal xmp.spawn would pass. Or run xmp.spawn in a plain cell, "
+                    "without %%xla_spawn.")]
+    return []
+
+
+def runtime_problems() -> List[Problem]:
+    if hardware.runtime_initialized():
+        return [Problem("runtime-initialized", hardware.RUNTIME_INITIALIZED,
+                        hardware.RUNTIME_INITIALIZED_FIX)]
+    return []
+
+
+def check(source: str, environ: Mapping[str, str]) -> Dict[str, List[Problem]]:
+    """Problems of this cell in this environment: ``{"fatal": [...], "notes": [...]}``."""
+    found = cell_problems(source) + environment_problems(environ) + runtime_problems()
+    return {"fatal": [p for p in found if p.fatal], "notes": [p for p in found if not p.fatal]}
