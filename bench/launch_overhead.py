@@ -1,0 +1,258 @@
+"""Launch overhead of ``%%xla_spawn`` against a bare ``xmp.spawn``.
+
+In one process, for each replica count N, three paths run a trivial cell, interleaved
+(the order rotates every iteration, so drift and position effects hit all three alike):
+
+* bare:  ``xmp.spawn(trivial, start_method='fork')`` of a module-level function, with
+         PJRT_DEVICE=CPU and CPU_NUM_DEVICES=N set around the call (then restored);
+* magic: ``shell.run_cell_magic('xla_spawn', '-n N', 'index')`` in a real IPython shell
+         after ``%load_ext colab_xla`` (its printed summary goes to a StringIO);
+* core:  ``colab_xla.run.run_cell('index', nprocs=N, announce=None)``, no IPython.
+
+Warm-up runs (torch_xla import, the lock Manager's start) are excluded. Reported per
+path: median and p10/p90 in ms; against bare: the median of paired differences (each
+iteration's time minus that iteration's bare time, robust to drift) and the ratio of
+medians. Writes the "launch_overhead" section of results.md and results/launch_overhead.json.
+
+    python bench/launch_overhead.py [--repeats 30] [--replicas 1,4,8] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib.metadata
+import io
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH_DIR)
+if BENCH_DIR not in sys.path:
+    sys.path.insert(0, BENCH_DIR)
+
+from _results import write_section  # noqa: E402
+from trivial import trivial  # noqa: E402
+
+NAME = "launch_overhead"
+GOAL_MS = 30.0
+PATHS = ("bare", "magic", "core")
+
+
+def import_xmp():
+    """``import torch_xla`` would write a default PJRT_DEVICE into os.environ, which would
+    change what %%xla_spawn sees; keep the environment as the user left it."""
+    saved = os.environ.get("PJRT_SELECT_DEFAULT_DEVICE")
+    os.environ["PJRT_SELECT_DEFAULT_DEVICE"] = "0"
+    try:
+        import torch_xla.distributed.xla_multiprocessing as xmp
+    finally:
+        if saved is None:
+            os.environ.pop("PJRT_SELECT_DEFAULT_DEVICE", None)
+        else:
+            os.environ["PJRT_SELECT_DEFAULT_DEVICE"] = saved
+    return xmp
+
+
+@contextlib.contextmanager
+def environ(**env: str):
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def make_paths(n: int) -> Dict[str, Callable[[], float]]:
+    """Each path runs once and returns its wall time in seconds (checking the result)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from colab_xla.run import run_cell
+
+    xmp = import_xmp()
+    shell = InteractiveShell.instance()
+    if "xla_spawn" not in shell.magics_manager.magics["cell"]:
+        shell.run_line_magic("load_ext", "colab_xla")
+    expected = {i: i for i in range(n)}
+
+    def bare() -> float:
+        with environ(PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(n)):
+            t0 = time.perf_counter()
+            xmp.spawn(trivial, start_method="fork")
+            return time.perf_counter() - t0
+
+    def magic() -> float:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            t0 = time.perf_counter()
+            shell.run_cell_magic("xla_spawn", f"-n {n}", "index")  # raises if a replica failed
+            elapsed = time.perf_counter() - t0
+        if f": {n} done" not in out.getvalue():  # headline "N replicas on CPU: N done in ..."
+            raise RuntimeError(f"%%xla_spawn -n {n}: unexpected summary:\n{out.getvalue()}")
+        return elapsed
+
+    def core() -> float:
+        t0 = time.perf_counter()
+        outcome = run_cell("index", nprocs=n, announce=None)
+        elapsed = time.perf_counter() - t0
+        if outcome.failed or outcome.results() != expected:
+            raise RuntimeError(f"run_cell nprocs={n}: failed={outcome.failed} "
+                               f"results={outcome.results()}")
+        return elapsed
+
+    return {"bare": bare, "magic": magic, "core": core}
+
+
+def stats(ms: List[float]) -> Dict[str, float]:
+    deciles = statistics.quantiles(ms, n=10, method="inclusive")
+    return {"median": statistics.median(ms), "p10": deciles[0], "p90": deciles[-1],
+            "min": min(ms), "max": max(ms)}
+
+
+def measure(n: int, repeats: int, warmups: int) -> dict:
+    paths = make_paths(n)
+    for _ in range(warmups):
+        for name in PATHS:
+            paths[name]()
+    samples: Dict[str, List[float]] = {name: [] for name in PATHS}
+    for i in range(repeats):
+        order = PATHS[i % 3:] + PATHS[:i % 3]  # A B C, B C A, C A B, ...
+        for name in order:
+            samples[name].append(paths[name]() * 1e3)
+    result = {"replicas": n, "samples_ms": samples,
+              "stats_ms": {name: stats(samples[name]) for name in PATHS}}
+    for name in ("magic", "core"):
+        paired = [a - b for a, b in zip(samples[name], samples["bare"])]
+        result[f"{name}_minus_bare_ms"] = stats(paired)
+        result[f"{name}_ratio_of_medians"] = (result["stats_ms"][name]["median"]
+                                              / result["stats_ms"]["bare"]["median"])
+    return result
+
+
+def machine_info(repeats: int, warmups: int) -> dict:
+    def version(dist: str) -> str:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return "missing"
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", REPO, *args], capture_output=True,
+                                  text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return {
+        "cores": os.cpu_count(), "cores_usable": affinity,
+        "python": platform.python_version(), "platform": platform.platform(),
+        "torch": version("torch"), "torch_xla": version("torch_xla"),
+        "ipython": version("ipython"),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "repeats": repeats, "warmups": warmups,
+        "git_commit": git("rev-parse", "--short", "HEAD"),
+        "colab_xla_dirty": bool(git("status", "--porcelain", "--", "colab_xla")),
+        # What %%xla_spawn sees; unset means it scans the PCI bus for TPUs every run.
+        "notebook_PJRT_DEVICE": os.environ.get("PJRT_DEVICE"),
+        "notebook_CPU_NUM_DEVICES": os.environ.get("CPU_NUM_DEVICES"),
+    }
+
+
+def _cell(s: Dict[str, float]) -> str:
+    return f"{s['median']:.1f} ({s['p10']:.1f}–{s['p90']:.1f})"
+
+
+def _signed(s: Dict[str, float]) -> str:
+    return f"{s['median']:+.1f} ({s['p10']:+.1f}…{s['p90']:+.1f})"
+
+
+def render(results: List[dict], info: dict, seconds: float) -> str:
+    misses = [r for r in results if r["magic_minus_bare_ms"]["median"] > GOAL_MS]
+    goal = ("**met** for every replica count" if not misses else "**not met** for " + ", ".join(
+        f"N={r['replicas']} ({r['magic_minus_bare_ms']['median']:+.1f} ms)" for r in misses))
+    lines = [
+        "## Launch overhead",
+        "",
+        "`%%xla_spawn -n N` of the trivial cell `index` (through a real IPython shell) against "
+        "a bare `xmp.spawn(trivial, start_method='fork')` of a module-level function, and "
+        "the IPython-free core `run_cell('index', nprocs=N)`, interleaved in one process. "
+        "Times in ms: median (p10–p90). Overhead: median of paired differences, each "
+        "iteration's time minus that iteration's bare time (p10…p90). Ratio: median over "
+        "bare median.",
+        "",
+        "| replicas | bare xmp.spawn ms | %%xla_spawn ms | overhead ms | ratio "
+        "| core run_cell ms | core overhead ms |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        s = r["stats_ms"]
+        lines.append(
+            f"| {r['replicas']} | {_cell(s['bare'])} | {_cell(s['magic'])} "
+            f"| {_signed(r['magic_minus_bare_ms'])} | {r['magic_ratio_of_medians']:.2f}× "
+            f"| {_cell(s['core'])} | {_signed(r['core_minus_bare_ms'])} |")
+    pjrt = info["notebook_PJRT_DEVICE"] or "unset"
+    lines += [
+        "",
+        f"Goal (%%xla_spawn at most {GOAL_MS:.0f} ms above bare xmp.spawn at the median): "
+        f"{goal}.",
+        "",
+        f"Machine: {info['cores']} cores ({info['cores_usable']} usable), CPU only; "
+        f"Python {info['python']}, torch {info['torch']}, torch_xla {info['torch_xla']}, "
+        f"IPython {info['ipython']}; {info['date']}; {info['repeats']} repeats after "
+        f"{info['warmups']} warm-ups per path; commit {info['git_commit'] or '?'}"
+        f"{' (colab_xla/ modified)' if info['colab_xla_dirty'] else ''}; "
+        f"notebook PJRT_DEVICE {pjrt}; benchmark took {seconds:.0f} s. "
+        f"Raw samples: [results/{NAME}.json](results/{NAME}.json).",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=30, help="timed runs per path (30)")
+    parser.add_argument("--warmups", type=int, default=2, help="untimed runs per path (2)")
+    parser.add_argument("--replicas", default="1,4,8", help="replica counts (1,4,8)")
+    parser.add_argument("--out", default=BENCH_DIR,
+                        help="directory for results.md and results/ (bench/)")
+    args = parser.parse_args(argv)
+    counts = [int(x) for x in args.replicas.split(",") if x.strip()]
+    if args.repeats < 2 or not counts or min(counts) < 1:
+        parser.error("need --repeats >= 2 and replica counts >= 1")
+
+    started = time.perf_counter()
+    info = machine_info(args.repeats, args.warmups)
+    results = []
+    for n in counts:
+        t0 = time.perf_counter()
+        r = measure(n, args.repeats, args.warmups)
+        results.append(r)
+        s = r["stats_ms"]
+        print(f"launch_overhead: N={n}: bare {s['bare']['median']:.1f} ms, "
+              f"%%xla_spawn {s['magic']['median']:.1f} ms "
+              f"({r['magic_minus_bare_ms']['median']:+.1f}), core {s['core']['median']:.1f} ms "
+              f"({r['core_minus_bare_ms']['median']:+.1f}) [{time.perf_counter() - t0:.0f} s]",
+              file=sys.stderr)
+    seconds = time.perf_counter() - started
+    markdown = render(results, info, seconds)
+    path = write_section(NAME, markdown, {"machine": info, "seconds": seconds,
+                                          "goal_ms": GOAL_MS, "results": results},
+                         out_dir=args.out)
+    print(markdown)
+    print(f"\nwrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
