@@ -225,8 +225,7 @@ class _Run:
                 if fd != done_r:
                     self._read(fd, read_fd)
             if time.monotonic() >= next_tick:
-                for child in self._new_children():  # remember the pool's processes
-                    self._track(child.pid)
+                self._track_descendants()
                 self.observer.tick(self.outcome)
                 next_tick = time.monotonic() + TICK_SECONDS
             if readable == [done_r]:
@@ -389,6 +388,16 @@ class _Run:
             with contextlib.suppress(psutil.Error):
                 self._processes[pid] = psutil.Process(pid)
                 self._record.add(self._processes[pid])
+
+    def _track_descendants(self) -> None:
+        """Record the pool's processes and what they started (a DataLoader's workers, a
+        subprocess in its own session): all killed with the run, all in the registry."""
+        for child in self._new_children():
+            self._track(child.pid)
+        for proc in list(self._processes.values()):
+            with contextlib.suppress(psutil.Error):
+                for descendant in proc.children(recursive=True):
+                    self._track(descendant.pid)
 
     def _kill_processes(self) -> None:
         """SIGKILL every process this run started (by pid, never by name) and reap them."""

@@ -1,0 +1,293 @@
+"""Stopping, failing fast, bad input, leftovers, hygiene, %xla_doctor (issue: lifecycle)."""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+
+from colab_xla import doctor, preflight, registry
+from colab_xla.outcome import DONE, FAILED, KILLED, XlaSpawnError
+from colab_xla.run import FAIL_FAST_SECONDS, run_cell
+
+_PY = [sys.executable, "-u", "-c"]
+
+
+def run(source, n, **kw):
+    kw.setdefault("announce", None)
+    return run_cell(textwrap.dedent(source).lstrip("\n"), nprocs=n, label="Cell In[7]", **kw)
+
+
+def wait_for(predicate, seconds, what):
+    """Poll a condition with a deadline (the thing waited for is real, not a delay)."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+# --- preflight (units) ----------------------------------------------------------------------
+
+
+def test_spmd_is_refused_with_what_to_do():
+    problems = preflight.check("index", {"XLA_USE_SPMD": "1"})
+    assert [p.code for p in problems["fatal"]] == ["spmd"]
+    assert "del os.environ['XLA_USE_SPMD']" in problems["fatal"][0].fix
+    assert preflight.check("index", {"XLA_USE_SPMD": "0"}) == {"fatal": [], "notes": []}
+
+
+def test_stale_tpu_topology_is_stripped_for_replicas_and_said():
+    env = {"TPU_PROCESS_ADDRESSES": "a,b", "CLOUD_TPU_TASK_ID": "0", "HOME": "/root"}
+    problems = preflight.check("index", env)
+    assert problems["fatal"] == [] and [p.code for p in problems["notes"]] == ["topology"]
+    assert "os.environ.pop('TPU_PROCESS_ADDRESSES')" in problems["notes"][0].fix
+    assert preflight.strip_topology(env) == ("TPU_PROCESS_ADDRESSES", "CLOUD_TPU_TASK_ID")
+
+
+@pytest.mark.parametrize("call", ["xmp.spawn(f, args=())", "torch_xla.launch(f)",
+                                  "torch_xla.distributed.xla_multiprocessing.spawn(f)"])
+def test_a_cell_that_spawns_replicas_itself_is_refused_with_its_line(call):
+    problems = preflight.check(f"def f(i):\n    pass\n{call}\n", {})
+    assert [p.code for p in problems["fatal"]] == ["nested-spawn"]
+    assert problems["fatal"][0].message.startswith("line 4 of the cell calls")
+
+
+# --- registry and %xla_doctor (units, with real processes) -----------------------------------
+
+
+@pytest.fixture
+def private_state(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(registry, "_state_dir", None)
+    yield tmp_path
+    monkeypatch.setattr(registry, "_state_dir", None)
+
+
+def test_state_dir_is_private_and_a_foreign_one_is_refused(private_state):
+    path = registry.state_dir()
+    assert oct(os.stat(path).st_mode & 0o777) == "0o700"
+    registry._state_dir = None
+    os.chmod(path, 0o777)  # someone could have pre-created it, writable by all
+    with pytest.raises(registry.UnsafeStateDir, match="not a private directory"):
+        registry.state_dir()
+
+
+def _dead_kernel_key():
+    gone = subprocess.Popen(["true"])
+    created = psutil.Process(gone.pid).create_time()
+    gone.wait()
+    return f"{gone.pid}-{created:.2f}"
+
+
+def test_leftovers_are_found_by_pid_and_start_time_and_only_they_are_killed(private_state):
+    ours = subprocess.Popen(["sleep", "600"])
+    bystander = subprocess.Popen(["sleep", "600"])
+    try:
+        runs = os.path.join(registry.state_dir(), "runs")
+        os.makedirs(runs, exist_ok=True)
+        record = {"kernel": _dead_kernel_key(),
+                  "processes": [[ours.pid, psutil.Process(ours.pid).create_time()],
+                                [bystander.pid, 12345.0]]}  # pid reused: not ours
+        with open(os.path.join(runs, "gone-run.json"), "w") as f:
+            json.dump(record, f)
+        found = registry.leftovers()
+        assert [f.pid for f in found] == [ours.pid] and "sleep 600" in found[0].describe()
+        report = doctor.diagnose(environ={"PJRT_DEVICE": "CPU"}, history=[])
+        assert [p.code for p in report.problems] == ["leftovers"]
+        assert "%xla_doctor --kill-leftovers" in report.problems[0].fix
+        assert [k.pid for k in registry.kill_leftovers()] == [ours.pid]
+        assert not psutil.pid_exists(ours.pid)  # killed (and reaped by kill_leftovers)
+        assert bystander.poll() is None  # untouched
+        assert registry.leftovers() == [] and os.listdir(runs) == []
+    finally:
+        for p in (ours, bystander):
+            p.kill()
+            p.wait()
+
+
+def test_doctor_reports_environment_problems_with_fixes(private_state):
+    report = doctor.diagnose(environ={"PJRT_DEVICE": "CPU", "XLA_USE_SPMD": "1",
+                                      "CLOUD_TPU_TASK_ID": "3"}, history=[])
+    text = report.render()
+    assert [p.code for p in report.problems] == ["spmd", "topology"]
+    assert "running on" in text and "torch_xla 2.9.0" in text and "CPU: 8 replicas" in text
+    assert "not initialized (good)" in text and text.count("Fix:") == 2
+
+
+def test_doctor_points_at_the_cell_that_initialized_the_runtime():
+    history = ["", "import torch_xla", "%%xla_spawn\nd = torch_xla.device()",
+               "dev = xm.xla_device()\nx = 1", "print('later')"]
+    assert doctor.likely_cause(history) == "In[3] calls `xla_device(`"
+    assert doctor.likely_cause(["", "x = 1"]) is None
+
+
+# --- real replicas ---------------------------------------------------------------------------
+
+xla = pytest.mark.xla
+
+
+@xla
+@pytest.mark.timeout(120)
+def test_a_failure_ends_the_run_even_when_the_others_wait_in_a_collective():
+    started = time.monotonic()
+    outcome = run("""
+        import torch_xla.core.xla_model as xm
+        print("step 1 of", index)
+        if index == 2:
+            raise ValueError("replica 2 broke")
+        xm.rendezvous("end-of-epoch")
+        print("never printed")
+        """, 4)
+    took = time.monotonic() - started
+    assert took < FAIL_FAST_SECONDS + 30  # not forever (pytorch/xla#7974)
+    assert outcome.failed == [2] and outcome.killed == [0, 1, 3]
+    for o in (0, 1, 3):
+        error = outcome.replicas[o].error
+        assert error.kind == "stopped" and "replica 2 failed (ValueError)" in error.evalue
+        assert f"last output: 'step 1 of {o}'" in error.evalue
+        assert "last xm.rendezvous: 'end-of-epoch'" in error.evalue
+    summary = XlaSpawnError(outcome).summary()
+    assert summary == "1 of 4 replicas failed (ValueError); 3 were stopped (Stopped)"
+
+
+@xla
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how, expected", [
+    ("os.kill(os.getpid(), signal.SIGKILL)", "killed by SIGKILL"),
+    ("ctypes.string_at(0)", "killed by SIGSEGV"),
+    ("os._exit(5)", "exit code 5"),
+])
+def test_a_replica_process_that_dies_ends_the_run_and_says_how(how, expected):
+    outcome = run(f"""
+        import ctypes, os, signal, time
+        print("about to die", flush=True)
+        if index == 0:
+            {how}
+        time.sleep(600)
+        """, 2)
+    assert 0 in outcome.failed  # (replica 1 shares its process on CPU: it dies too)
+    error = outcome.replicas[0].error
+    assert error.kind == "died" and expected in error.evalue
+    assert outcome.replicas[0].text == "about to die"
+
+
+@xla
+@pytest.mark.timeout(120)
+def test_timeout_kills_the_run_and_reports_the_last_line():
+    outcome = run("""
+        import time
+        print("epoch 1 done")
+        if index == 0:
+            "finished quickly"
+        else:
+            time.sleep(600)
+        """, 2, timeout=3)
+    assert outcome.replicas[0].state == DONE
+    assert outcome.replicas[1].state == KILLED
+    error = outcome.replicas[1].error
+    assert error.kind == "timeout" and "--timeout 3 s" in error.evalue
+    assert "last output: 'epoch 1 done'" in error.evalue
+    assert "1 of 2 replicas was stopped (Timeout)" == XlaSpawnError(outcome).summary()
+
+
+@xla
+def test_the_cell_cannot_start_replicas_from_a_replica_even_dynamically():
+    outcome = run("""
+        import torch_xla.distributed.xla_multiprocessing as x
+        getattr(x, "sp" + "awn")(print)
+        """, 1)
+    assert "called inside a %%xla_spawn replica" in outcome.replicas[0].error.evalue
+
+
+@xla
+def test_spmd_and_nested_spawn_are_refused_before_anything_starts(monkeypatch):
+    before = set(psutil.Process().children())
+    monkeypatch.setenv("XLA_USE_SPMD", "1")
+    with pytest.raises(preflight.PreflightError, match="XLA_USE_SPMD"):
+        run("index", 2)
+    monkeypatch.delenv("XLA_USE_SPMD")
+    with pytest.raises(preflight.PreflightError, match="line 3 of the cell calls xmp.spawn"):
+        run("import torch_xla.distributed.xla_multiprocessing as xmp\nxmp.spawn(print)", 2)
+    assert set(psutil.Process().children()) == before  # nothing was started
+
+
+@xla
+def test_stale_topology_variables_do_not_reach_replicas(monkeypatch):
+    monkeypatch.setenv("CLOUD_TPU_TASK_ID", "3")
+    said = []
+    outcome = run("import os\nrepr(os.environ.get('CLOUD_TPU_TASK_ID'))", 2, announce=said.append)
+    assert outcome.results() == {0: "None", 1: "None"}
+    assert any("CLOUD_TPU_TASK_ID" in s and "removes them for the replicas" in s for s in said)
+    assert os.environ["CLOUD_TPU_TASK_ID"] == "3"  # the notebook's own environment is kept
+
+
+@xla
+@pytest.mark.timeout(180)
+def test_kernel_death_takes_the_replicas_with_it_and_leftovers_are_found(tmp_path, private_state):
+    script = textwrap.dedent(f"""
+        import tempfile; tempfile.tempdir = {str(private_state)!r}
+        from colab_xla.run import run_cell
+        run_cell('''
+        import os, subprocess, time
+        if index == 0:
+            p = subprocess.Popen(["sleep", "600"], start_new_session=True)
+            open({str(tmp_path)!r} + "/grandchild", "w").write(str(p.pid))
+        open({str(tmp_path)!r} + "/replica" + str(index), "w").write(str(os.getpid()))
+        time.sleep(600)
+        ''', nprocs=2, announce=None)
+        """)
+    kernel = subprocess.Popen(_PY + [script])
+    files = [tmp_path / "replica0", tmp_path / "replica1", tmp_path / "grandchild"]
+    wait_for(lambda: all(f.exists() and f.read_text() for f in files), 120, "replicas")
+    replicas = [int(files[0].read_text()), int(files[1].read_text())]
+    grandchild = int(files[2].read_text())
+    wait_for(lambda: _recorded(grandchild), 10, "the run to record the grandchild")
+    kernel.kill()  # like a kernel restart
+    kernel.wait()
+    wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                             for p in replicas), 10, "replicas to die with the kernel")
+    assert [f.pid for f in registry.leftovers()] == [grandchild]  # survived: own session
+    assert [k.pid for k in registry.kill_leftovers()] == [grandchild]
+    wait_for(lambda: not psutil.pid_exists(grandchild)
+             or psutil.Process(grandchild).status() == "zombie", 5, "the leftover to go")
+
+
+def _recorded(pid):
+    runs = os.path.join(registry.state_dir(), "runs")
+    for name in os.listdir(runs):
+        try:
+            with open(os.path.join(runs, name)) as f:
+                if pid in [p for p, _ in json.load(f)["processes"]]:
+                    return True
+        except (OSError, ValueError):
+            pass
+    return False
+
+
+@xla
+@pytest.mark.timeout(400)
+def test_a_thousand_runs_leave_no_files_descriptors_threads_or_processes(private_state):
+    def files():  # everything colab_xla keeps in the (private) temp dir, but the logs
+        return sorted(os.path.relpath(os.path.join(d, f), private_state)
+                      for d, _, fs in os.walk(private_state) if "/logs" not in d for f in fs)
+
+    def snapshot():
+        me = psutil.Process()
+        return {"fds": me.num_fds(), "threads": threading.active_count(),
+                "children": len(me.children(recursive=True)), "files": files()}
+
+    run("index", 1)  # warm: the lock manager and imports exist from here on
+    before = snapshot()
+    for i in range(1000):
+        assert run("index", 1).results() == {0: 0}
+    assert snapshot() == before
+    logs = os.path.dirname(run("1", 1).log_dir)  # this process's log directories
+    assert len(os.listdir(logs)) <= registry.KEEP_LOGS_OF_RUNS
