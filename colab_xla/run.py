@@ -157,6 +157,7 @@ class _Run:
 
     def run(self, xmp) -> RunOutcome:
         started = time.perf_counter()
+        self._started = time.monotonic()
         read_fd, write_fd = channel.make_pipe()
         done_r, done_w = os.pipe()
         fd_pipes = [(channel.make_pipe(), channel.make_pipe()) for _ in range(self.plan.processes)]
@@ -213,6 +214,8 @@ class _Run:
         self._decoder = channel.FrameDecoder()
         fds = [read_fd, done_r, *self._fd_sources]
         next_tick = time.monotonic() + TICK_SECONDS
+        quiet = True  # the last draw had no new output: the next output draws at once
+        fresh = False
         while True:
             now = time.monotonic()
             for reason, at in (("timeout", self._timeout_at), ("failed", self._fail_at)):
@@ -223,10 +226,11 @@ class _Run:
             readable, _, _ = select.select(fds, [], [], max(0.0, wake - now))
             for fd in readable:
                 if fd != done_r:
-                    self._read(fd, read_fd)
-            if time.monotonic() >= next_tick:
+                    fresh = self._read(fd, read_fd) or fresh
+            if time.monotonic() >= next_tick or (fresh and quiet):
                 self._track_descendants()
                 self.observer.tick(self.outcome)
+                quiet, fresh = not fresh, False
                 next_tick = time.monotonic() + TICK_SECONDS
             if readable == [done_r]:
                 return  # the driver ended and the pipes hold nothing more right now
@@ -325,7 +329,10 @@ class _Run:
         rep = self.outcome.replica(ordinal)
         with open(replica.report_path(self.run_dir, ordinal), "rb") as f:
             report = pickle.load(f)
-        rep.elapsed, rep.error, rep.value_repr = report.elapsed, report.error, report.value_repr
+        # Wall time as the person waiting sees it: from the run's start (fork, runtime
+        # start-up included) to this replica's report.
+        rep.elapsed = time.monotonic() - self._started
+        rep.error, rep.value_repr = report.error, report.value_repr
         if report.value is not None:
             try:
                 rep.value, rep.has_value = pickle.loads(report.value), True

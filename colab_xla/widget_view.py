@@ -33,7 +33,7 @@ class WidgetView:
         self.combined = widgets.Output()
         self.tabs = widgets.Tab(children=[self.combined])
         self.box = widgets.VBox([self.header, self.tabs])
-        self._replicas: Dict[int, Tuple[widgets.HTML, widgets.Output]] = {}
+        self._replicas: Dict[int, Tuple[widgets.HTML, widgets.Output, widgets.HTML]] = {}
         self._drawn: Dict[int, tuple] = {}
         self._lines: Deque[list] = collections.deque(maxlen=COMBINED_LINES)  # [text, {sources}]
         self._combined_dirty = False
@@ -88,8 +88,8 @@ class WidgetView:
 
     def _ensure_tab(self, ordinal: int):
         if ordinal not in self._replicas:
-            status, out = widgets.HTML(), widgets.Output()
-            self._replicas[ordinal] = (status, out)
+            # Its state, then its output, then its error: the order things happened.
+            self._replicas[ordinal] = (widgets.HTML(), widgets.Output(), widgets.HTML())
             ordered = sorted(self._replicas)
             self.tabs.children = [self.combined] + [
                 widgets.VBox(list(self._replicas[o])) for o in ordered]
@@ -113,18 +113,18 @@ class WidgetView:
 
     def _draw_replica(self, outcome: RunOutcome, ordinal: int) -> None:
         rep = outcome.replicas[ordinal]
-        status, out = self._ensure_tab(ordinal)
+        status, out, error = self._ensure_tab(ordinal)
         key = (rep.state, rep.log.version, rep.elapsed is not None)
         if self._drawn.get(ordinal) == key and rep.elapsed is not None:
             return
         took = rep.elapsed if rep.elapsed is not None else time.monotonic() - self._started
         result = ""
-        if rep.error is not None:
-            result = (f"<pre style='color:#cf222e;white-space:pre-wrap'>"
-                      f"{html.escape(rep.error.render())}</pre>")
-        elif rep.value_repr is not None:
+        if rep.value_repr is not None and rep.error is None:
             result = f" · Out: <code>{html.escape(rep.value_repr)}</code>"
         status.value = f"replica {ordinal} · <b>{rep.state}</b> · {took:.1f} s{result}"
+        if rep.error is not None:
+            error.value = (f"<pre style='color:#cf222e;white-space:pre-wrap'>"
+                           f"{html.escape(rep.error.render())}</pre>")
         if self._drawn.get(ordinal, (None, None))[1] != rep.log.version:
             out.outputs = _log_outputs(rep.log)
         self._drawn[ordinal] = key

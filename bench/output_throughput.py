@@ -1,0 +1,463 @@
+"""Output throughput of ``%%xla_spawn`` against plain ``print`` from bare ``xmp.spawn``.
+
+Every replica prints ``r{index} line {i}`` for i in range(LINES). Three paths:
+
+* core:   ``colab_xla.run.run_cell(loop, nprocs=R, announce=None)`` in this process
+          (no IPython), after a warm-up run;
+* magic:  ``%%xla_spawn -n R --no-widget`` of the same loop in a real ipykernel started
+          with jupyter_client (the text view prints the first 200 lines of each replica
+          live; all of them are in the log files named by ``full logs: DIR``);
+* plain:  ``xmp.spawn(plain_print.printer, args=(LINES,), start_method='fork')`` in the
+          same kernel: a forked child's ``print`` goes through ipykernel's OutStream,
+          which sends each flush from the child over a fresh zmq connection, and the
+          replicas (threads of one process on CPU) share its buffer.
+
+Completeness is counted line by line, for the core and magic paths from each replica's
+log file, for the plain path from every IOPub ``stream`` message of the execution: a
+line is *mixed* if it does not match ``^r(\\d+) line (\\d+)$`` (or is in another
+replica's log), *out of order* if it comes after a later line of its replica, and *lost*
+lines are those never seen intact. Wall time: the call for core; for the kernel paths
+from ``execute_request`` to the kernel's ``idle`` status. RSS: of the notebook's process
+(this one for core, the kernel for the others), before/after and peak (sampled at 20 Hz).
+
+The plain path is slow (a zmq connection per flush): it runs ``--plain-lines`` lines per
+replica (default 5,000; the table says so), and the magic path runs that size too, for a
+like-for-like row, besides the full ``--lines``.
+
+Writes the "output_throughput" section of results.md and results/output_throughput.json.
+
+    python bench/output_throughput.py [--lines 100000] [--replicas 8] [--plain-lines 5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import re
+import shutil
+import sys
+import threading
+import time
+from typing import Dict, Iterable, List, Optional
+
+import psutil
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+if BENCH_DIR not in sys.path:
+    sys.path.insert(0, BENCH_DIR)
+
+from _results import write_section  # noqa: E402
+from launch_overhead import machine_info  # noqa: E402
+
+NAME = "output_throughput"
+LINE = re.compile(r"^r(\d+) line (\d+)$")
+LOOP = "for i in range({n}):\n    print(f'r{{index}} line {{i}}')"
+
+
+# --- counting -----------------------------------------------------------------------------
+
+
+def tally(lines: Iterable[str], replicas: int, n: int, owner: Optional[int] = None,
+          counts: Optional[dict] = None) -> dict:
+    """Count lines of ``r{index} line {i}`` (``owner``: the only replica expected)."""
+    c = counts if counts is not None else {
+        "seen": [set() for _ in range(replicas)], "last": [-1] * replicas,
+        "mixed": 0, "out_of_order": 0, "duplicates": 0, "mixed_examples": []}
+    for line in lines:
+        m = LINE.match(line)
+        r, i = (int(m.group(1)), int(m.group(2))) if m else (None, None)
+        if m is None or r >= replicas or i >= n or (owner is not None and r != owner):
+            c["mixed"] += 1
+            if len(c["mixed_examples"]) < 5:
+                c["mixed_examples"].append(line[:120])
+            continue
+        if i in c["seen"][r]:
+            c["duplicates"] += 1
+            continue
+        if i < c["last"][r]:
+            c["out_of_order"] += 1
+        c["seen"][r].add(i)
+        c["last"][r] = max(c["last"][r], i)
+    return c
+
+
+def summarize(c: dict, replicas: int, n: int) -> dict:
+    complete = sum(len(s) for s in c["seen"])
+    return {"expected": replicas * n, "complete": complete, "lost": replicas * n - complete,
+            "out_of_order": c["out_of_order"], "mixed": c["mixed"],
+            "duplicates": c["duplicates"], "mixed_examples": c["mixed_examples"],
+            "lost_per_replica": [n - len(s) for s in c["seen"]]}
+
+
+def check_logs(log_dir: str, replicas: int, n: int) -> dict:
+    """Count every replica's log file (replica-N.log) against what it printed."""
+    c = None
+    for o in range(replicas):
+        path = os.path.join(log_dir, f"replica-{o}.log")
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                lines = f.read().split("\n")
+        except FileNotFoundError:
+            lines = []
+        if lines and lines[-1] == "":
+            lines.pop()
+        c = tally(lines, replicas, n, owner=o, counts=c)
+    return summarize(c, replicas, n)
+
+
+class RssSampler:
+    """Peak RSS of a process, sampled in a thread while a path runs."""
+
+    def __init__(self, pid: int, interval: float = 0.05):
+        self.proc, self.interval = psutil.Process(pid), interval
+        self._stop = threading.Event()
+        self.before = self.peak = self.after = self.proc.memory_info().rss
+
+    def __enter__(self):
+        self.before = self.peak = self.proc.memory_info().rss
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            try:
+                self.peak = max(self.peak, self.proc.memory_info().rss)
+            except psutil.Error:
+                return
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.after = self.proc.memory_info().rss
+        self.peak = max(self.peak, self.after)
+
+    def result(self) -> dict:
+        mb = 1 << 20
+        return {"rss_before_mb": self.before / mb, "rss_after_mb": self.after / mb,
+                "rss_peak_mb": self.peak / mb, "rss_growth_mb": (self.after - self.before) / mb,
+                "rss_peak_growth_mb": (self.peak - self.before) / mb}
+
+
+# --- core: run_cell in this process -------------------------------------------------------
+
+
+def measure_core(replicas: int, n: int, warmup_lines: int) -> dict:
+    from colab_xla.run import run_cell
+
+    run_cell(LOOP.format(n=warmup_lines), nprocs=replicas, announce=None)
+    with RssSampler(os.getpid()) as rss:
+        t0 = time.perf_counter()
+        outcome = run_cell(LOOP.format(n=n), nprocs=replicas, announce=None)
+        wall = time.perf_counter() - t0
+    if outcome.failed:
+        raise RuntimeError(f"run_cell failed: {[r.error for r in outcome.replicas.values()]}")
+    counts = check_logs(outcome.log_dir, replicas, n)
+    counts["lines_total"] = [outcome.replicas[o].log.lines_total for o in range(replicas)]
+    shutil.rmtree(outcome.log_dir, ignore_errors=True)  # ~15 bytes a line; checked now
+    return {"path": "core", "replicas": replicas, "lines": n, "wall_s": wall,
+            "lines_per_s": replicas * n / wall, **counts, **rss.result()}
+
+
+# --- the kernel paths ---------------------------------------------------------------------
+
+
+class Kernel:
+    """A real ipykernel (jupyter_client), and executions with every IOPub message kept."""
+
+    def __init__(self, replicas: int):
+        from jupyter_client import KernelManager
+
+        env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+        env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(replicas))
+        self.km = KernelManager(kernel_name="python3")
+        self.km.start_kernel(env=env, cwd=BENCH_DIR)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=120)
+        self.pid = int(self.value("import os; os.getpid()"))
+        self.executable = self.value("import sys; sys.executable").strip("'")
+
+    def value(self, code: str) -> str:
+        r = self.execute(code, deadline=120)
+        if r["status"] != "ok" or r["result"] is None:
+            raise RuntimeError(f"kernel: {code!r} -> {r['status']}: {r['stderr'][-2000:]}"
+                               f"{r['error']}")
+        return r["result"]
+
+    def execute(self, code: str, deadline: float, grace: float = 1.0) -> dict:
+        """Run ``code``; collect its stream messages until reply and idle (or deadline),
+        then for ``grace`` s more (late output of forked children)."""
+        kc = self.kc
+        t0 = time.perf_counter()
+        msg_id = kc.execute(code)
+        out: List[str] = []
+        err: List[str] = []
+        r = {"status": None, "result": None, "error": None, "reply_s": None, "idle_s": None,
+             "last_stream_s": None, "stream_messages": 0, "stream_messages_after_idle": 0,
+             "timed_out": False}
+        stop_at = t0 + deadline
+        while True:
+            now = time.perf_counter()
+            done = r["reply_s"] is not None and r["idle_s"] is not None
+            if done and now >= t0 + r["idle_s"] + grace:
+                break
+            if not done and now >= stop_at:
+                r["timed_out"] = True
+                break
+            if r["reply_s"] is None:
+                try:
+                    reply = kc.get_shell_msg(timeout=0)
+                except queue.Empty:
+                    pass
+                else:
+                    if reply["parent_header"].get("msg_id") == msg_id:
+                        r["reply_s"] = time.perf_counter() - t0
+                        r["status"] = reply["content"]["status"]
+                        if r["status"] == "error":
+                            r["error"] = (f"{reply['content'].get('ename')}: "
+                                          f"{reply['content'].get('evalue')}")
+            try:
+                msg = kc.get_iopub_msg(timeout=0.05)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                (out if content["name"] == "stdout" else err).append(content["text"])
+                r["stream_messages"] += 1
+                r["last_stream_s"] = time.perf_counter() - t0
+                if r["idle_s"] is not None:
+                    r["stream_messages_after_idle"] += 1
+            elif kind == "execute_result":
+                r["result"] = content["data"].get("text/plain")
+            elif kind == "status" and content["execution_state"] == "idle":
+                r["idle_s"] = time.perf_counter() - t0
+        r["stdout"], r["stderr"] = "".join(out), "".join(err)
+        return r
+
+    def recover(self) -> None:
+        """After a deadline: interrupt; if the kernel stays busy, restart it."""
+        self.km.interrupt_kernel()
+        if self.execute("1", deadline=30)["status"] != "ok":
+            self.km.restart_kernel(now=True)
+            self.kc.wait_for_ready(timeout=120)
+            self.pid = int(self.value("import os; os.getpid()"))
+
+    def shutdown(self) -> None:
+        try:
+            self.kc.stop_channels()
+        finally:
+            self.km.shutdown_kernel(now=True)
+
+
+SETUP = f"""\
+import sys
+sys.path.insert(0, {BENCH_DIR!r})
+import plain_print
+import torch_xla.distributed.xla_multiprocessing as xmp
+get_ipython().run_line_magic("load_ext", "colab_xla")
+"""
+
+
+def split_lines(text: str) -> List[str]:
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def run_plain(k: Kernel, replicas: int, n: int, deadline: float) -> dict:
+    code = f"xmp.spawn(plain_print.printer, args=({n},), start_method='fork')"
+    with RssSampler(k.pid) as rss:
+        r = k.execute(code, deadline=deadline, grace=2.0)
+    if r["timed_out"]:
+        k.recover()
+    counts = summarize(tally(split_lines(r["stdout"]), replicas, n), replicas, n)
+    wall = r["idle_s"] if r["idle_s"] is not None else deadline
+    return {"path": "plain", "replicas": replicas, "lines": n, "wall_s": wall,
+            "lines_per_s": replicas * n / wall, **counts, **rss.result(),
+            "stderr_tail": r["stderr"][-500:], **_meta(r)}
+
+
+def run_magic(k: Kernel, replicas: int, n: int, deadline: float) -> dict:
+    code = f"%%xla_spawn -n {replicas} --no-widget\n" + LOOP.format(n=n)
+    with RssSampler(k.pid) as rss:
+        r = k.execute(code, deadline=deadline)
+    if r["timed_out"]:
+        k.recover()
+    found = re.findall(r"^full logs: (.+)$", r["stdout"], re.MULTILINE)
+    if r["status"] != "ok" or not found:
+        raise RuntimeError(f"%%xla_spawn: status {r['status']} {r['error']}; output tail:\n"
+                           f"{r['stdout'][-2000:]}{r['stderr'][-2000:]}")
+    log_dir = found[-1].strip()
+    counts = check_logs(log_dir, replicas, n)
+    shutil.rmtree(log_dir, ignore_errors=True)
+    # The live view: the first LIVE_LINES of each replica, labelled, in order.
+    live = [m.group(1) for m in re.finditer(r"^\[replica \d+\] (r\d+ line \d+)$",
+                                            r["stdout"], re.MULTILINE)]
+    live_counts = summarize(tally(live, replicas, n), replicas, n)
+    headline_ok = f"{replicas} replicas on CPU: {replicas} done" in r["stdout"]
+    wall = r["idle_s"] if r["idle_s"] is not None else deadline
+    return {"path": "magic", "replicas": replicas, "lines": n, "wall_s": wall,
+            "lines_per_s": replicas * n / wall, **counts, **rss.result(),
+            "live_lines_shown": live_counts["complete"],
+            "live_out_of_order": live_counts["out_of_order"],
+            "live_mixed": live_counts["mixed"], "headline_ok": headline_ok, **_meta(r)}
+
+
+def _meta(r: dict) -> dict:
+    keys = ("status", "error", "reply_s", "idle_s", "last_stream_s", "stream_messages",
+            "stream_messages_after_idle", "timed_out")
+    return {"kernel_" + k: r[k] for k in keys}
+
+
+def measure_kernel(replicas: int, n: int, plain_n: int, warmup_lines: int,
+                   deadline: float) -> dict:
+    k = Kernel(replicas)
+    try:
+        setup = k.execute(SETUP, deadline=180)
+        if setup["status"] != "ok":
+            raise RuntimeError(f"kernel setup: {setup['error']}\n{setup['stderr'][-2000:]}")
+        run_plain(k, replicas, 10, deadline=60)  # warm-ups: fork, the lock-free paths
+        run_magic(k, replicas, warmup_lines, deadline=120)
+        plain = run_plain(k, replicas, plain_n, deadline)
+        magic_same = run_magic(k, replicas, plain_n, deadline)
+        magic_full = run_magic(k, replicas, n, deadline) if n != plain_n else magic_same
+        return {"kernel_python": k.executable, "plain": plain, "magic_same": magic_same,
+                "magic_full": magic_full}
+    finally:
+        k.shutdown()
+
+
+# --- report -----------------------------------------------------------------------------
+
+
+def _row(label: str, where: str, r: dict, note: str = "") -> str:
+    return (f"| {label} | {where} | {r['replicas']} × {r['lines']:,}{note} | {r['wall_s']:.2f} "
+            f"| {r['lines_per_s']:,.0f} | {r['complete']:,} | {r['lost']:,} "
+            f"| {r['out_of_order']:,} | {r['mixed']:,} | {r['rss_growth_mb']:+.1f} "
+            f"({r['rss_peak_growth_mb']:+.1f}) |")
+
+
+def render(res: dict, info: dict, seconds: float) -> str:
+    core, k = res["core"], res["kernel"]
+    plain, same, full = k["plain"], k["magic_same"], k["magic_full"]
+    small = " ¹" if plain["lines"] != full["lines"] else ""
+    rows = [_row("`run_cell` (core)", "this process", core),
+            _row("`%%xla_spawn --no-widget`", "ipykernel", full)]
+    if same is not full:
+        rows.append(_row("`%%xla_spawn --no-widget`", "ipykernel", same, small))
+    rows.append(_row("plain `print`, bare `xmp.spawn`", "ipykernel", plain, small))
+    ratio = same["lines_per_s"] / plain["lines_per_s"]
+    lines = [
+        "## Output throughput",
+        "",
+        "Every replica prints `r{index} line {i}` for i < LINES. Lines are counted from each "
+        "replica's full log file (`%%xla_spawn`, `run_cell`) or from every IOPub `stream` "
+        "message of the execution (plain `print` from `xmp.spawn(printer, "
+        "start_method='fork')` children, which goes through ipykernel's OutStream). "
+        "*mixed*: not exactly `r<k> line <i>` (or in another replica's log); *out of "
+        "order*: after a later line of its replica; *lost*: never seen intact. Wall: the "
+        "call (core), or `execute_request` to `idle` (kernel). RSS: the notebook's "
+        "process (the kernel for kernel rows), growth after − before (peak).",
+        "",
+        "| path | notebook | replicas × lines | wall s | lines/s | complete | lost "
+        "| out of order | mixed | RSS MB |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
+        "",
+    ]
+    if small:
+        est = full["lines"] * plain["replicas"] / plain["lines_per_s"]
+        est_text = f"{est / 60:.0f} min" if est >= 120 else f"{est:.0f} s"
+        lines.append(
+            f"¹ Plain `print` runs {plain['lines']:,} lines per replica, not "
+            f"{full['lines']:,}: at its {plain['lines_per_s']:,.0f} lines/s (one zmq "
+            f"connection per flush from a forked child), {full['lines']:,} would take "
+            f"≈{est_text}. `%%xla_spawn` of the same size is the like-for-like row.")
+        lines.append("")
+    lines += [
+        f"Same size, same kernel: `%%xla_spawn` {ratio:,.1f}× the plain path's lines/s, with "
+        f"{same['lost']:,} lost / {same['mixed']:,} mixed / {same['out_of_order']:,} out of "
+        f"order against {plain['lost']:,} / {plain['mixed']:,} / {plain['out_of_order']:,}. "
+        f"The text view showed the first {full['live_lines_shown'] // max(1, full['replicas']):,} "
+        f"lines of each replica live ({full['live_out_of_order']} out of order, "
+        f"{full['live_mixed']} mixed); the rest only in the log files.",
+        "",
+        f"Plain path: {plain['kernel_stream_messages']:,} `stream` messages arrived "
+        f"({plain['kernel_stream_messages_after_idle']} after `idle`; "
+        f"{'timed out' if plain['kernel_timed_out'] else 'no time-out'}), "
+        f"{plain['kernel_stream_messages'] / plain['expected']:.1f} per printed line (a "
+        "`print` writes the text, then the newline, each sent on its own), from "
+        f"{plain['replicas']} replica threads of one process sharing one OutStream: lines "
+        "are lost by being glued to other replicas' text (e.g. "
+        f"`{(plain['mixed_examples'] or [''])[0][:60]}`), leaving empty lines where their "
+        "newlines land.",
+        "",
+        f"Machine: {info['cores']} cores ({info['cores_usable']} usable), CPU only, noisy; "
+        f"Python {info['python']}, torch {info['torch']}, torch_xla {info['torch_xla']}, "
+        f"ipykernel {info['ipykernel']}; {info['date']}; one timed run per row after "
+        f"warm-ups, kernel with PJRT_DEVICE=CPU CPU_NUM_DEVICES={full['replicas']}; commit "
+        f"{info['git_commit'] or '?'}{' (colab_xla/ modified)' if info['colab_xla_dirty'] else ''}; "
+        f"benchmark took {seconds:.0f} s. "
+        f"Raw figures: [results/{NAME}.json](results/{NAME}.json).",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lines", type=int, default=100_000,
+                        help="lines per replica, core and %%%%xla_spawn (100000)")
+    parser.add_argument("--plain-lines", type=int, default=5_000,
+                        help="lines per replica for plain print (5000; 0: --lines)")
+    parser.add_argument("--replicas", default="8",
+                        help="replicas (8; of a list such as bench/run passes, the largest)")
+    parser.add_argument("--warmup-lines", type=int, default=1000,
+                        help="lines per replica of the warm-up runs (1000)")
+    parser.add_argument("--deadline", type=float, default=300.0,
+                        help="seconds a kernel execution may take before it is "
+                             "interrupted and counted as wedged (300)")
+    parser.add_argument("--out", default=BENCH_DIR,
+                        help="directory for results.md and results/ (bench/)")
+    args, _ = parser.parse_known_args(argv)  # bench/run passes every benchmark's options
+    replicas = max(int(x) for x in args.replicas.split(",") if x.strip())
+    plain_lines = args.plain_lines or args.lines
+    if replicas < 1 or args.lines < 1 or plain_lines < 1 or replicas > 10:
+        parser.error("need 1 <= replicas <= 10 (one-digit ordinals) and lines >= 1")
+
+    import importlib.metadata
+
+    started = time.perf_counter()
+    info = machine_info(1, 1)
+    info["ipykernel"] = importlib.metadata.version("ipykernel")
+    t0 = time.perf_counter()
+    core = measure_core(replicas, args.lines, args.warmup_lines)
+    print(f"output_throughput: core {core['lines_per_s']:,.0f} lines/s, lost {core['lost']} "
+          f"[{time.perf_counter() - t0:.0f} s]", file=sys.stderr)
+    t0 = time.perf_counter()
+    kernel = measure_kernel(replicas, args.lines, plain_lines, args.warmup_lines,
+                            args.deadline)
+    for key in ("plain", "magic_same", "magic_full"):
+        r = kernel[key]
+        print(f"output_throughput: {key} {r['lines']} lines: {r['wall_s']:.1f} s, "
+              f"{r['lines_per_s']:,.0f} lines/s, lost {r['lost']}, mixed {r['mixed']}, "
+              f"out of order {r['out_of_order']}", file=sys.stderr)
+    print(f"output_throughput: kernel paths [{time.perf_counter() - t0:.0f} s]",
+          file=sys.stderr)
+    seconds = time.perf_counter() - started
+    res = {"core": core, "kernel": kernel}
+    markdown = render(res, info, seconds)
+    path = write_section(NAME, markdown, {"machine": info, "seconds": seconds,
+                                          "plain_lines": plain_lines, **res},
+                         out_dir=args.out)
+    print(markdown)
+    print(f"\nwrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""The live widget as a person sees it: JupyterLab in headless chromium runs a notebook
+whose ``%%xla_spawn -n 4`` cell has one failing replica, and the rendered widget shows
+the header, the combined "all" tab and one tab per replica with the right marks, output,
+result and traceback; the cell itself ends with an XlaSpawnError.
+
+Needs chromium at /usr/lib/chromium/chromium (``scripts/env --browser`` installs it) and the
+playwright Python package; either missing is a failure, not a skip. A full-page screenshot
+is left in ``test-artifacts/widget.png`` whatever the outcome.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+import _jupyterlab as lab  # tests/ is on sys.path (rootdir-relative import mode)
+
+if importlib.util.find_spec("torch_xla") is None:  # found, not imported: no PJRT_DEVICE side effect
+    pytest.skip("torch_xla is not installed", allow_module_level=True)
+
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPO / "test-artifacts"
+NOTEBOOK = "widget.ipynb"
+REPLICAS = 4
+FAILING = 2
+RUN_TIMEOUT = 180  # s, from Run All to a finished widget
+
+SPAWN_CELL = f"""%%xla_spawn -n {REPLICAS}
+print("hello from", index)
+if index == {FAILING}:
+    raise ValueError("replica two fails")
+index * 10"""
+
+
+def write_notebook(path: Path) -> None:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell("%load_ext colab_xla"),
+                nbformat.v4.new_code_cell(SPAWN_CELL)]
+    nbformat.write(nb, str(path))
+
+
+def require_browser_stack():
+    if not lab.CHROMIUM.exists():
+        pytest.fail(f"chromium is not installed at {lab.CHROMIUM}: the browser tests need it "
+                    "(install it with `scripts/env --browser`, or apt-get install chromium)",
+                    pytrace=False)
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as e:
+        pytest.fail(f"the playwright Python package is missing ({e}): pip install playwright "
+                    "(no `playwright install`: the test uses the system chromium)", pytrace=False)
+    return sync_playwright
+
+
+def tab_labels(widget) -> list:
+    return [t.strip() for t in widget.locator(".lm-TabBar-tabLabel").all_inner_texts()]
+
+
+def show_tab(widget, label: str) -> str:
+    """Click the tab titled ``label``; return the text of the tab's (now visible) page."""
+    widget.locator(".lm-TabBar-tab", has_text=label).first.click()
+    page = widget.locator(".widget-tab-contents > :not(.lm-mod-hidden)").first
+    page.wait_for(state="visible", timeout=10_000)
+    return page.inner_text()
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(300)
+def test_widget_in_jupyterlab(tmp_path):
+    sync_playwright = require_browser_stack()
+    from colab_xla.tools.run_notebooks import kernel_env
+
+    root = tmp_path / "root"
+    root.mkdir()
+    write_notebook(root / NOTEBOOK)
+    ARTIFACTS.mkdir(exist_ok=True)
+    screenshot = ARTIFACTS / "widget.png"
+    screenshot.unlink(missing_ok=True)
+
+    with lab.jupyterlab(root, tmp_path / "state", kernel_env()) as server, \
+            sync_playwright() as pw:
+        browser = lab.launch_chromium(pw)
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        page.set_default_timeout(30_000)
+        try:
+            lab.open_notebook(page, server, NOTEBOOK)
+            tries = lab.run_all_cells(page)
+            print(f"Run All Cells took {tries} tries")  # shown with the failure report
+
+            cells = page.locator(".jp-Notebook .jp-CodeCell")
+            spawn = cells.nth(1)
+            widget = spawn.locator(".widget-tab")
+
+            def finished():
+                if page.locator(lab.KERNEL_IDLE).count() == 0:
+                    return False
+                if widget.count() != 1:
+                    return False
+                labels = tab_labels(widget)
+                return len(labels) == REPLICAS + 1 and not any("▶" in t for t in labels)
+
+            def state():
+                status = page.locator(".jp-Notebook-ExecutionIndicator").get_attribute("data-status")
+                return (f"a finished widget (kernel: {status}; widgets: {widget.count()}; "
+                        f"tabs: {tab_labels(widget) if widget.count() == 1 else None}; "
+                        f"cell text: {spawn.inner_text()[-2000:]!r}; "
+                        f"server log: {server.log_tail(2000)})")
+
+            lab.wait_until(finished, RUN_TIMEOUT, what=state)
+
+            assert tab_labels(widget) == ["all", "0 ✓", "1 ✓", "2 ✗", "3 ✓"]
+
+            header = spawn.locator(".widget-vbox .widget-html-content").first.inner_text()
+            assert f"{REPLICAS} replicas" in header, header
+            assert f"failed: replica {FAILING}" in header, header
+            failed_span = spawn.locator(".widget-html-content span", has_text="failed: replica")
+            assert failed_span.evaluate("e => getComputedStyle(e).color") == "rgb(207, 34, 46)"
+
+            combined = show_tab(widget, "all")
+            for i in range(REPLICAS):
+                assert f"[replica {i}] hello from {i}" in combined, combined
+
+            ok = show_tab(widget, "1 ✓")
+            assert "hello from 1" in ok, ok
+            assert "Out: 10" in ok, ok
+            assert "hello from 2" not in ok, ok
+
+            failed = show_tab(widget, "2 ✗")
+            assert "hello from 2" in failed, failed
+            assert "ValueError: replica two fails" in failed, failed
+            assert "Cell In[" in failed, failed
+            assert "hello from 1" not in failed, failed
+            assert re.search(rf"replica {FAILING} · failed", failed), failed
+
+            errors = spawn.locator(".jp-OutputArea-output[data-mime-type="
+                                   "'application/vnd.jupyter.stderr']").all_inner_texts()
+            assert any("XlaSpawnError" in e for e in errors), (errors, spawn.inner_text())
+            # the first cell ran quietly
+            assert cells.nth(0).locator(".jp-OutputArea-output").count() == 0, \
+                cells.nth(0).inner_text()
+        finally:
+            try:
+                page.screenshot(path=str(screenshot), full_page=True)
+            finally:
+                browser.close()
