@@ -84,3 +84,71 @@ def test_text_view_streams_lines_labelled_by_replica():
 def test_environment_selects_the_text_view():
     nb = execute("%%xla_spawn -n 1\nprint('plain')", env={"COLAB_XLA_VIEW": "text"})
     assert "[replica 0] plain" in stream_text(nb.cells[1])
+
+
+def test_twenty_interrupts_leave_no_process_and_the_kernel_stays_usable(tmp_path):
+    import time
+
+    import psutil
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(env={k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"})
+    kc = km.client()
+    kc.start_channels()
+    kernel = psutil.Process(km.provisioner.process.pid)
+
+    def run(code, timeout=120):
+        msg_id = kc.execute(code)
+        reply = kc.get_shell_msg(timeout=timeout)
+        assert reply["parent_header"]["msg_id"] == msg_id
+        return reply["content"]
+
+    def stream_of(msg_id):
+        text = []
+        while True:
+            msg = kc.get_iopub_msg(timeout=30)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                text.append(msg["content"]["text"])
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return "".join(text)
+
+    try:
+        kc.wait_for_ready(timeout=120)
+        assert run("%load_ext colab_xla")["status"] == "ok"
+        cell = ("%%xla_spawn -n 2 --no-widget\nimport os, time\nprint('started', index)\n"
+                f"open({str(tmp_path)!r} + f'/pid{{index}}', 'w').write(str(os.getpid()))\n"
+                "time.sleep(600)")
+        for cycle in range(20):
+            files = [tmp_path / "pid0", tmp_path / "pid1"]
+            msg_id = kc.execute(cell)
+            deadline = time.monotonic() + 120
+            while not all(f.exists() and f.read_text() for f in files):
+                assert time.monotonic() < deadline, f"cycle {cycle}: replicas did not start"
+                time.sleep(0.05)
+            pids = {int(f.read_text()) for f in files}
+            km.interrupt_kernel()
+            reply = kc.get_shell_msg(timeout=30)  # answered, not hung
+            assert reply["parent_header"]["msg_id"] == msg_id
+            assert reply["content"]["status"] == "error"
+            assert reply["content"]["ename"] == "KeyboardInterrupt"
+            # Every process the run started is gone by the time the cell has ended.
+            assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                           for p in pids), f"cycle {cycle}: replica left behind"
+            if cycle == 0:
+                text = stream_of(msg_id)
+                for o in range(2):
+                    assert f"── replica {o} · killed" in text
+                    assert f"interrupted while running; last output: 'started {o}'" in text
+            for f in files:
+                f.unlink()
+        # No replica, no pool process (these cells use no `lock`: no Manager either).
+        leftovers = [p for p in kernel.children(recursive=True) if p.status() != "zombie"]
+        assert leftovers == [], [(p.pid, p.cmdline()) for p in leftovers]
+        assert run("%%xla_spawn -n 2 -o r\nindex")["status"] == "ok"
+        assert run("assert r == {0: 0, 1: 1}")["status"] == "ok"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
