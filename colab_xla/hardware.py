@@ -45,6 +45,7 @@ class Hardware:
     tpu_chips: int = 0  # TPU chips on the PCI bus
     tpu_cores_per_chip: Optional[int] = None  # 2 on v2/v3, 1 later; None if unknown
     cpu_num_devices: Optional[int] = None  # CPU_NUM_DEVICES as the user set it
+    xla_thread_pool_size: Optional[str] = None  # XLA_THREAD_POOL_SIZE as the user set it
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,12 @@ def plan_replicas(requested: Optional[int], hw: Hardware) -> ReplicaPlan:
         if hw.pjrt_device is None:
             note = (f"colab_xla: no TPU found, running {n} replicas on CPU "
                     f"(PJRT_DEVICE=CPU, CPU_NUM_DEVICES={n}).")
-        return ReplicaPlan("CPU", n, {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(n)}, note)
+        env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(n)}
+        if hw.xla_thread_pool_size is None:
+            # A collective blocks one XLA pool thread per replica until all have arrived:
+            # fewer threads than replicas (the default is the core count) hangs.
+            env["XLA_THREAD_POOL_SIZE"] = str(max(n + 2, 8))
+        return ReplicaPlan("CPU", n, env, note)
 
     if device == "TPU":
         total = hw.tpu_chips * hw.tpu_cores_per_chip if hw.tpu_cores_per_chip else None
@@ -106,7 +112,8 @@ def detect(environ: Mapping[str, str] = os.environ) -> Hardware:
     if pjrt is None or pjrt.upper().startswith("TPU"):
         chips, per_chip = _tpu_chips()
     return Hardware(pjrt_device=pjrt, tpu_chips=chips, tpu_cores_per_chip=per_chip,
-                    cpu_num_devices=int(cpu_num) if cpu_num and cpu_num.isdigit() else None)
+                    cpu_num_devices=int(cpu_num) if cpu_num and cpu_num.isdigit() else None,
+                    xla_thread_pool_size=environ.get("XLA_THREAD_POOL_SIZE"))
 
 
 TORCH_XLA_INSTALL_HINT = (
