@@ -311,3 +311,15 @@ def test_eight_replicas_times_100k_lines_arrive_complete_in_order_with_bounded_m
             assert f.read().splitlines() == [f"r{o} line {i}" for i in range(100_000)]
         assert rep.log.lines_total == 100_000 and len(rep.log.tail) <= 400
     assert growth < 64 * 2**20, f"the notebook's process grew by {growth / 2**20:.0f} MiB"
+
+
+def test_instances_of_notebook_classes_come_back_as_those_classes(monkeypatch):
+    import __main__
+
+    Counter = type("Counter", (), {"__module__": "__main__", "__init__":
+                                   lambda self, n: setattr(self, "n", n)})
+    monkeypatch.setattr(__main__, "Counter", Counter, raising=False)  # "defined in the notebook"
+    outcome = run("Counter(index)", 2, user_ns={"Counter": Counter})
+    assert outcome.ok
+    for o, value in outcome.results().items():
+        assert type(value) is Counter and value.n == o

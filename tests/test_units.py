@@ -322,3 +322,17 @@ def test_log_without_output_writes_no_file(tmp_path):
     log = OutputLog(str(tmp_path / "r.log"))
     log.finish()
     assert not (tmp_path / "r.log").exists() and log.tail_text() == ""
+
+
+def test_combined_view_labels_lines_and_merges_identical_ones_across_replicas():
+    from colab_xla.widget_view import WidgetView
+
+    outcome = RunOutcome("CPU", {o: ReplicaOutcome(o) for o in range(3)})
+    view = WidgetView()  # never displayed: only its bookkeeping is exercised
+    for o in range(3):
+        view.output(outcome, o, ["epoch 1 done"])
+    view.output(outcome, 1, ["only me"])
+    view.output(outcome, "process 0", ["from C"])
+    view.output(outcome, 0, ["epoch 1 done"])  # a second time from replica 0: a new row
+    assert view._combined_rows(outcome) == ["[all 3] epoch 1 done", "[replica 1] only me",
+                                            "[process 0] from C", "[replica 0] epoch 1 done"]
