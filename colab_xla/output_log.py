@@ -51,9 +51,7 @@ class OutputLog:
         pieces = (self._partial.pop(stream, "") + text).split("\n")
         if pieces[-1]:
             self._partial[stream] = pieces[-1]
-        done = pieces[:-1]
-        if "\r" in text:
-            done = [collapse_cr(p) for p in done]
+        done = [collapse_cr(p) for p in pieces[:-1]]  # a \r may have come in an earlier chunk
         self.tail.extend((stream, line) for line in done[-self.tail.maxlen:])
         self.lines_total += len(done)
         return done

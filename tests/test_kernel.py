@@ -127,6 +127,10 @@ def test_twenty_interrupts_leave_no_process_and_the_kernel_stays_usable(tmp_path
             deadline = time.monotonic() + 120
             while not all(f.exists() and f.read_text() for f in files):
                 assert time.monotonic() < deadline, f"cycle {cycle}: replicas did not start"
+                if kc.shell_channel.msg_ready():  # the cell ended before its replicas ran
+                    reply = kc.get_shell_msg(timeout=1)["content"]
+                    pytest.fail(f"cycle {cycle}: {reply.get('ename')}: {reply.get('evalue')}\n"
+                                + "\n".join(reply.get("traceback", [])) + stream_of(msg_id))
                 time.sleep(0.05)
             pids = {int(f.read_text()) for f in files}
             km.interrupt_kernel()
