@@ -36,6 +36,10 @@ def render(outcome: RunOutcome, tail: int = text_view.SUMMARY_TAIL) -> str:
         f"<details open><summary>{esc(error.ename)} on replica{'s' if len(o) > 1 else ''} "
         f"{format_ordinals(o)}</summary><pre>{esc(error.render())}</pre></details>"
         for error, o in outcome.error_groups())
+    for label, log in sorted(outcome.processes.items()):
+        lines = text_view.tail_lines(log, tail)
+        rows.append(f"<tr><td colspan='4'>{esc(label)} (not tied to one replica)</td>"
+                    f"<td><pre style='margin:0'>{esc(chr(10).join(lines))}</pre></td></tr>")
     logs = f"<p style='font-size:smaller'>full logs: <code>{esc(outcome.log_dir)}</code></p>" \
         if outcome.log_dir else ""
     return (f"<div class='colab-xla-summary'><p><b>{esc(text_view.headline(outcome))}</b></p>"

@@ -40,12 +40,14 @@ class ReplicaError:
     ename: str
     evalue: str
     traceback: str = ""
+    where: str = ""  # where this replica was when the run was cut (its last line...)
 
     def render(self) -> str:
         """The text a person reads: the traceback, or ``ename: evalue`` without one."""
         if self.traceback:
             return self.traceback.rstrip("\n")
-        return f"{self.ename}: {self.evalue}" if self.evalue else self.ename
+        text = f"{self.ename}: {self.evalue}" if self.evalue else self.ename
+        return f"{text}; {self.where}" if self.where else text
 
 
 @dataclasses.dataclass
@@ -131,8 +133,9 @@ class RunOutcome:
         groups: Dict[Tuple[str, str], Tuple[ReplicaError, List[int]]] = {}
         for ordinal in self.failed + self.killed:
             error = self.replicas[ordinal].error
-            key = (error.kind, error.render())
-            groups.setdefault(key, (error, []))[1].append(ordinal)
+            shared = dataclasses.replace(error, where="")  # whereabouts differ per replica
+            key = (shared.kind, shared.render())
+            groups.setdefault(key, (shared, []))[1].append(ordinal)
         return list(groups.values())
 
 
@@ -195,6 +198,10 @@ class XlaSpawnError(Exception):
             lines.append("")
             lines.append(f"[{noun} {format_ordinals(ordinals)}]")
             lines.append(error.render())
+            for o in ordinals:
+                where = self.outcome.replicas[o].error.where
+                if where:
+                    lines.append(f"  replica {o}: {where}")
         if len(groups) > self.max_tracebacks:
             rest = groups[self.max_tracebacks:]
             lines.append("")

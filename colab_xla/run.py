@@ -350,22 +350,21 @@ class _Run:
             if rep.state in (DONE, FAILED):
                 continue
             where = _whereabouts(rep)
+            if self._stop:
+                rep.state, rep.elapsed = KILLED, time.monotonic() - self._started
             if self._stop == "interrupted":
-                rep.state = KILLED
                 rep.error = ReplicaError("interrupted", "KeyboardInterrupt",
-                                         f"interrupted while running{where}")
+                                         "interrupted while running", where=where)
             elif self._stop == "timeout":
-                rep.state = KILLED
                 rep.error = ReplicaError("timeout", "Timeout",
                                          f"still running after --timeout {self.timeout:g} s, so "
-                                         f"the run was stopped{where}")
+                                         "the run was stopped", where=where)
             elif self._stop == "failed":
-                rep.state = KILLED
                 first = self.outcome.replicas[self._first_failed]
                 rep.error = ReplicaError(
                     "stopped", "Stopped",
                     f"stopped {FAIL_FAST_SECONDS:g} s after replica {self._first_failed} "
-                    f"failed ({first.error.ename}){where}")
+                    f"failed ({first.error.ename})", where=where)
             else:
                 rep.state = FAILED
                 rep.error = ReplicaError("died", "ReplicaDied", self._death_reason())
@@ -432,7 +431,7 @@ def _whereabouts(rep) -> str:
         parts.append(f"last output: {lines[-1][:200]!r}")
     if rep.last_rendezvous is not None:
         parts.append(f"last xm.rendezvous: {rep.last_rendezvous!r}")
-    return "; " + "; ".join(parts) if parts else "; no output yet"
+    return "; ".join(parts) if parts else "no output yet"
 
 
 def _describe_exit(code: int) -> str:

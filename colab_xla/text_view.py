@@ -61,7 +61,7 @@ def error_line(error: ReplicaError) -> str:
     """The one line that says what went wrong (the traceback's last line)."""
     if error.kind == "exception" and error.traceback:
         return error.traceback.rstrip("\n").splitlines()[-1]
-    return f"{error.ename}: {error.evalue}"
+    return error.render()
 
 
 def tail_lines(log: OutputLog, tail: Optional[int]) -> List[str]:

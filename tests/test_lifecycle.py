@@ -153,10 +153,12 @@ def test_a_failure_ends_the_run_even_when_the_others_wait_in_a_collective():
     for o in (0, 1, 3):
         error = outcome.replicas[o].error
         assert error.kind == "stopped" and "replica 2 failed (ValueError)" in error.evalue
-        assert f"last output: 'step 1 of {o}'" in error.evalue
-        assert "last xm.rendezvous: 'end-of-epoch'" in error.evalue
+        assert error.where == f"last output: 'step 1 of {o}'; last xm.rendezvous: 'end-of-epoch'"
     summary = XlaSpawnError(outcome).summary()
     assert summary == "1 of 4 replicas failed (ValueError); 3 were stopped (Stopped)"
+    text = XlaSpawnError(outcome).render()
+    assert text.count("Stopped: stopped 3 s after replica 2 failed") == 1  # grouped once
+    assert "[replicas 0-1, 3]" in text and "  replica 3: last output: 'step 1 of 3'" in text
 
 
 @xla
@@ -195,7 +197,7 @@ def test_timeout_kills_the_run_and_reports_the_last_line():
     assert outcome.replicas[1].state == KILLED
     error = outcome.replicas[1].error
     assert error.kind == "timeout" and "--timeout 3 s" in error.evalue
-    assert "last output: 'epoch 1 done'" in error.evalue
+    assert error.where == "last output: 'epoch 1 done'"
     assert "1 of 2 replicas was stopped (Timeout)" == XlaSpawnError(outcome).summary()
 
 

@@ -116,12 +116,14 @@ def _html(nb, widgets: bool) -> str:
 
 
 def _failing_cell(nb) -> Optional[int]:
-    """Index of the first code cell with an error output, else of the last one that began."""
+    """Index of the first code cell with an unexpected error output (not tagged
+    ``raises-exception``), else of the last one that began."""
     started = None
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
-        if any(out.get("output_type") == "error" for out in cell.get("outputs", [])):
+        expected = "raises-exception" in cell.get("metadata", {}).get("tags", [])
+        if not expected and any(o.get("output_type") == "error" for o in cell.get("outputs", [])):
             return i
         if cell.get("execution_count") is not None or cell.get("metadata", {}).get("execution"):
             started = i
