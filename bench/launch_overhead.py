@@ -38,6 +38,8 @@ if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
 from _results import write_section  # noqa: E402
+from colab_xla import hardware  # noqa: E402
+from colab_xla.run import _environ  # noqa: E402
 from trivial import trivial  # noqa: E402
 
 NAME = "launch_overhead"
@@ -45,33 +47,9 @@ GOAL_MS = 30.0
 PATHS = ("bare", "magic", "core")
 
 
-def import_xmp():
-    """``import torch_xla`` would write a default PJRT_DEVICE into os.environ, which would
-    change what %%xla_spawn sees; keep the environment as the user left it."""
-    saved = os.environ.get("PJRT_SELECT_DEFAULT_DEVICE")
-    os.environ["PJRT_SELECT_DEFAULT_DEVICE"] = "0"
-    try:
-        import torch_xla.distributed.xla_multiprocessing as xmp
-    finally:
-        if saved is None:
-            os.environ.pop("PJRT_SELECT_DEFAULT_DEVICE", None)
-        else:
-            os.environ["PJRT_SELECT_DEFAULT_DEVICE"] = saved
-    return xmp
-
-
-@contextlib.contextmanager
-def environ(**env: str):
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+# The bare path gets what %%xla_spawn itself uses: torch_xla imported without writing a
+# default PJRT_DEVICE, and variables set for the forked replicas only.
+import_xmp = hardware.import_torch_xla
 
 
 def make_paths(n: int) -> Dict[str, Callable[[], float]]:
@@ -87,7 +65,7 @@ def make_paths(n: int) -> Dict[str, Callable[[], float]]:
     expected = {i: i for i in range(n)}
 
     def bare() -> float:
-        with environ(PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(n)):
+        with _environ({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(n)}):
             t0 = time.perf_counter()
             xmp.spawn(trivial, start_method="fork")
             return time.perf_counter() - t0
