@@ -39,8 +39,10 @@ from . import channel, hardware, preflight, registry, replica
 from .cell import CellModule
 from .outcome import DONE, FAILED, KILLED, ReplicaError, RunOutcome
 
-# How long the main loop sleeps at most between two looks at the clock (live views tick).
+# Live views draw every TICK_SECONDS while output flows (a few updates a second keep the
+# browser responsive), and FIRST_DRAW_SECONDS after the first output of a quiet spell.
 TICK_SECONDS = 0.25
+FIRST_DRAW_SECONDS = 0.05
 # After a kill, how long to wait for the driver thread to see its pool broken.
 _DRIVER_JOIN_SECONDS = 5.0
 # Once a replica has failed, how long the others may go on before the run is stopped:
@@ -152,6 +154,7 @@ class _Run:
         self._children_before: set = set()
         self._children: Dict[int, multiprocessing.process.BaseProcess] = {}
         self._driver_error: Optional[BaseException] = None
+        self._output_since_draw = False
 
     # -- the run --------------------------------------------------------------------------
 
@@ -214,8 +217,7 @@ class _Run:
         self._decoder = channel.FrameDecoder()
         fds = [read_fd, done_r, *self._fd_sources]
         next_tick = time.monotonic() + TICK_SECONDS
-        quiet = True  # the last draw had no new output: the next output draws at once
-        fresh = False
+        quiet = True  # the last draw showed no new output: new output is drawn soon
         while True:
             now = time.monotonic()
             for reason, at in (("timeout", self._timeout_at), ("failed", self._fail_at)):
@@ -226,16 +228,21 @@ class _Run:
             readable, _, _ = select.select(fds, [], [], max(0.0, wake - now))
             for fd in readable:
                 if fd != done_r:
-                    fresh = self._read(fd, read_fd) or fresh
-            if time.monotonic() >= next_tick or (fresh and quiet):
+                    self._read(fd, read_fd)
+            if self._output_since_draw and quiet:
+                # First output after a quiet spell: draw it soon (with what the other
+                # replicas print in the same moment), not a whole tick later.
+                next_tick, quiet = min(next_tick, time.monotonic() + FIRST_DRAW_SECONDS), False
+            if time.monotonic() >= next_tick:
                 self._track_descendants()
                 self.observer.tick(self.outcome)
-                quiet, fresh = not fresh, False
+                quiet, self._output_since_draw = not self._output_since_draw, False
                 next_tick = time.monotonic() + TICK_SECONDS
             if readable == [done_r]:
                 return  # the driver ended and the pipes hold nothing more right now
 
     def _read(self, fd: int, read_fd: int) -> bool:
+        """Read what ``fd`` has; False at end of file."""
         data = os.read(fd, 1 << 16)
         if fd == read_fd:
             self._handle_all(self._decoder.feed(data))
@@ -316,6 +323,7 @@ class _Run:
 
     def _emit(self, source, kind: int, text: str) -> None:
         if text:
+            self._output_since_draw = True
             lines = self._log(source).write(channel.STREAMS[kind], text)
             self.observer.output(self.outcome, source, lines)
 
