@@ -49,3 +49,13 @@ def _write(path: str, text: str) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)  # a reader never sees half a file
+
+
+def machine_line(info: dict, name: str, seconds: float, how: str, packages: str = "") -> str:
+    """The closing line of a section: machine, versions, date, how it ran, commit, raw file."""
+    dirty = " (colab_xla/ modified)" if info["colab_xla_dirty"] else ""
+    return (f"Machine: {info['cores']} cores ({info['cores_usable']} usable), CPU only; "
+            f"Python {info['python']}, torch {info['torch']}, torch_xla {info['torch_xla']}"
+            f"{', ' + packages if packages else ''}; {info['date']}; {how}; commit "
+            f"{info['git_commit'] or '?'}{dirty}; benchmark took {seconds:.0f} s. "
+            f"Raw figures: [results/{name}.json](results/{name}.json).")

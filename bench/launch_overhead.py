@@ -37,7 +37,7 @@ REPO = os.path.dirname(BENCH_DIR)
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import write_section  # noqa: E402
+from _results import machine_line, write_section  # noqa: E402
 from colab_xla import hardware  # noqa: E402
 from colab_xla.run import _environ  # noqa: E402
 from trivial import trivial  # noqa: E402
@@ -186,13 +186,9 @@ def render(results: List[dict], info: dict, seconds: float) -> str:
         f"Goal (%%xla_spawn at most {GOAL_MS:.0f} ms above bare xmp.spawn at the median): "
         f"{goal}.",
         "",
-        f"Machine: {info['cores']} cores ({info['cores_usable']} usable), CPU only; "
-        f"Python {info['python']}, torch {info['torch']}, torch_xla {info['torch_xla']}, "
-        f"IPython {info['ipython']}; {info['date']}; {info['repeats']} repeats after "
-        f"{info['warmups']} warm-ups per path; commit {info['git_commit'] or '?'}"
-        f"{' (colab_xla/ modified)' if info['colab_xla_dirty'] else ''}; "
-        f"notebook PJRT_DEVICE {pjrt}; benchmark took {seconds:.0f} s. "
-        f"Raw samples: [results/{NAME}.json](results/{NAME}.json).",
+        machine_line(info, NAME, seconds,
+                     f"{info['repeats']} repeats after {info['warmups']} warm-ups per path; "
+                     f"notebook PJRT_DEVICE {pjrt}", packages=f"IPython {info['ipython']}"),
     ]
     return "\n".join(lines)
 

@@ -33,7 +33,7 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import write_section  # noqa: E402
+from _results import machine_line, write_section  # noqa: E402
 from launch_overhead import machine_info, stats  # noqa: E402
 
 NAME = "output_latency"
@@ -124,13 +124,9 @@ def render(result: dict, info: dict, seconds: float) -> str:
         "output keeps flowing (a few updates a second keep the browser responsive). The "
         f"replicas printed {opened['median']:.0f} ms (median) after the run opened.",
         "",
-        f"Machine: {info['cores']} cores ({info['cores_usable']} usable), CPU only; "
-        f"Python {info['python']}, torch {info['torch']}, torch_xla {info['torch_xla']}; "
-        f"{info['date']}; {info['repeats']} runs of {result['replicas']} replicas after "
-        f"{info['warmups']} warm-up, sleep {result['sleep']:g} s; commit "
-        f"{info['git_commit'] or '?'}{' (colab_xla/ modified)' if info['colab_xla_dirty'] else ''}; "
-        f"benchmark took {seconds:.0f} s. "
-        f"Raw samples: [results/{NAME}.json](results/{NAME}.json).",
+        machine_line(info, NAME, seconds,
+                     f"{info['repeats']} runs of {result['replicas']} replicas after "
+                     f"{info['warmups']} warm-up, sleep {result['sleep']:g} s"),
     ]
     return "\n".join(lines)
 

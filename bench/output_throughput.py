@@ -47,7 +47,7 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import write_section  # noqa: E402
+from _results import machine_line, write_section  # noqa: E402
 from launch_overhead import machine_info  # noqa: E402
 
 NAME = "output_throughput"
@@ -397,13 +397,9 @@ def render(res: dict, info: dict, seconds: float) -> str:
         f"`{(plain['mixed_examples'] or [''])[0][:60]}`), leaving empty lines where their "
         "newlines land.",
         "",
-        f"Machine: {info['cores']} cores ({info['cores_usable']} usable), CPU only, noisy; "
-        f"Python {info['python']}, torch {info['torch']}, torch_xla {info['torch_xla']}, "
-        f"ipykernel {info['ipykernel']}; {info['date']}; one timed run per row after "
-        f"warm-ups, kernel with PJRT_DEVICE=CPU CPU_NUM_DEVICES={full['replicas']}; commit "
-        f"{info['git_commit'] or '?'}{' (colab_xla/ modified)' if info['colab_xla_dirty'] else ''}; "
-        f"benchmark took {seconds:.0f} s. "
-        f"Raw figures: [results/{NAME}.json](results/{NAME}.json).",
+        machine_line(info, NAME, seconds,
+                     "noisy; one timed run per row after warm-ups, kernel with PJRT_DEVICE=CPU "
+                     f"CPU_NUM_DEVICES={full['replicas']}", packages=f"ipykernel {info['ipykernel']}"),
     ]
     return "\n".join(lines)
 

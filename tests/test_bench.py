@@ -1,0 +1,28 @@
+"""The benchmarks still run (tiny sizes, results to a temp dir): figures are not checked here,
+only that each writes its section and raw JSON. Performance is shown by bench/run."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+pytestmark = [pytest.mark.xla, pytest.mark.timeout(300)]
+
+
+@pytest.mark.parametrize("script, args", [
+    ("launch_overhead.py", ["--repeats", "2", "--warmups", "1", "--replicas", "1,2"]),
+    ("output_latency.py", ["--repeats", "2", "--replicas", "2"]),
+    ("output_throughput.py", ["--lines", "300", "--plain-lines", "20", "--replicas", "2"]),
+])
+def test_benchmark_runs_and_writes_its_section(tmp_path, script, args):
+    done = subprocess.run([sys.executable, str(BENCH / script), *args, "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    name = script[:-3]
+    results = (tmp_path / "results.md").read_text()
+    assert f"<!-- section:{name} -->" in results and "Machine:" in results
+    assert json.loads((tmp_path / "results" / f"{name}.json").read_text())
