@@ -10,6 +10,9 @@ from .outcome import DONE, FAILED, KILLED, RunOutcome, format_ordinals
 
 MARKS = {DONE: "✓", FAILED: "✗", KILLED: "■"}
 _COLORS = {DONE: "#1a7f37", FAILED: "#cf222e", KILLED: "#9a6700"}
+# Inline styles: notebook renderers (nbconvert, GitHub) bring their own table CSS.
+_PRE = "margin:0;font-family:monospace;text-align:left;white-space:pre-wrap"
+_TD = "text-align:left;vertical-align:top"
 
 
 def state_mark(state: str) -> str:
@@ -29,19 +32,22 @@ def render(outcome: RunOutcome, tail: int = text_view.SUMMARY_TAIL) -> str:
         else:
             result = f"<code>{esc(rep.value_repr)}</code>" if rep.value_repr is not None else ""
         lines = text_view.tail_lines(rep.log, tail)
-        output = f"<pre style='margin:0'>{esc(chr(10).join(lines))}</pre>" if lines else ""
-        rows.append(f"<tr><td>{ordinal}</td><td style='color:{color}'>{state_mark(rep.state)} "
-                    f"{esc(rep.state)}</td><td>{took}</td><td>{result}</td><td>{output}</td></tr>")
+        output = f"<pre style='{_PRE}'>{esc(chr(10).join(lines))}</pre>" if lines else ""
+        rows.append(f"<tr><td style='{_TD}'>{ordinal}</td><td style='{_TD};color:{color}'>"
+                    f"{state_mark(rep.state)} {esc(rep.state)}</td><td style='{_TD}'>{took}</td>"
+                    f"<td style='{_TD}'>{result}</td><td style='{_TD}'>{output}</td></tr>")
     details = "".join(
         f"<details open><summary>{esc(error.ename)} on replica{'s' if len(o) > 1 else ''} "
-        f"{format_ordinals(o)}</summary><pre>{esc(error.render())}</pre></details>"
+        f"{format_ordinals(o)}</summary><pre style='{_PRE}'>{esc(error.render())}</pre></details>"
         for error, o in outcome.error_groups())
     for label, log in sorted(outcome.processes.items()):
         lines = text_view.tail_lines(log, tail)
-        rows.append(f"<tr><td colspan='4'>{esc(label)} (not tied to one replica)</td>"
-                    f"<td><pre style='margin:0'>{esc(chr(10).join(lines))}</pre></td></tr>")
+        rows.append(f"<tr><td colspan='4' style='{_TD}'>{esc(label)} (not tied to one replica)"
+                    f"</td><td style='{_TD}'><pre style='{_PRE}'>{esc(chr(10).join(lines))}</pre>"
+                    "</td></tr>")
     logs = f"<p style='font-size:smaller'>full logs: <code>{esc(outcome.log_dir)}</code></p>" \
         if outcome.log_dir else ""
     return (f"<div class='colab-xla-summary'><p><b>{esc(text_view.headline(outcome))}</b></p>"
-            "<table><tr><th>replica</th><th>state</th><th>time</th><th>result</th>"
-            f"<th>output (last lines)</th></tr>{''.join(rows)}</table>{details}{logs}</div>")
+            "<table><tr>" + "".join(f"<th style='{_TD}'>{h}</th>" for h in (
+                "replica", "state", "time", "result", "output (last lines)")) + "</tr>"
+            f"{''.join(rows)}</table>{details}{logs}</div>")
