@@ -39,7 +39,7 @@ import shutil
 import sys
 import threading
 import time
-from typing import Dict, Iterable, List, Optional
+from typing import Iterable, List, Optional
 
 import psutil
 

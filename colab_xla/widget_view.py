@@ -20,7 +20,7 @@ import ipywidgets as widgets
 from IPython.display import display
 
 from . import html_view, text_view
-from .outcome import FAILED, RunOutcome, format_ordinals
+from .outcome import RunOutcome, format_ordinals
 
 COMBINED_LINES = 400
 # Look back this far for the same line from other replicas (merged into one row).

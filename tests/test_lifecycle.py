@@ -1,10 +1,8 @@
 """Stopping, failing fast, bad input, leftovers, hygiene, %xla_doctor (issue: lifecycle)."""
 
 import gc
-import glob
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -16,7 +14,7 @@ import psutil
 import pytest
 
 from colab_xla import doctor, preflight, registry
-from colab_xla.outcome import DONE, FAILED, KILLED, XlaSpawnError
+from colab_xla.outcome import DONE, KILLED, XlaSpawnError
 from colab_xla.run import FAIL_FAST_SECONDS, run_cell
 
 _PY = [sys.executable, "-u", "-c"]

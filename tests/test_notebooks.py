@@ -9,7 +9,6 @@ raise through ``run_notebooks.main`` and checks that it fails loudly but keeps t
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 

@@ -1,7 +1,6 @@
 """Real torch_xla CPU replicas forked from this process through xmp.spawn."""
 
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import pytest
 
 from colab_xla import hardware
 from colab_xla.outcome import DONE, FAILED, XlaSpawnError
-from colab_xla.run import RuntimeInitializedError, run_cell
+from colab_xla.run import run_cell
 
 pytestmark = [pytest.mark.xla, pytest.mark.timeout(180)]
 
