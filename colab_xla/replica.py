@@ -341,9 +341,10 @@ def _serialize_cpu_compiles(xm) -> None:
     compilation happens under one lock; the first replica compiles the step and the
     others find it in the compilation cache, with the same id. Executions stay
     concurrent (they must: a collective needs every replica in it), and so does waiting
-    for results. A collective's graph is compiled right where it is called (instead of at
-    the next implicit ``.cpu()``/``.item()``, which Python cannot intercept): one more graph
-    per step, the price of a simulation that works every time.
+    for results. A collective is compiled right where it is called, as a program of its own
+    (instead of inside the next implicit ``.cpu()``/``.item()``, which Python cannot
+    intercept): two more graphs per collective, the price of a simulation that works
+    every time.
     """
     import torch_xla
 
@@ -379,6 +380,10 @@ def _serialize_cpu_compiles(xm) -> None:
     def compiled_where_called(collective):
         @functools.wraps(collective)
         def call(*args, **kwargs):
+            # The collective runs as a program of its own: its inputs are computed first,
+            # apart. (A collective inside a whole training step hangs between CPU replica
+            # threads at the second step; alone, it meets its peers every time.)
+            locked_step_marker(xlac._xla_get_default_device(), [])
             result = collective(*args, **kwargs)
             locked_step_marker(xlac._xla_get_default_device(), [])
             return result

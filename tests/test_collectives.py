@@ -29,3 +29,51 @@ def test_eight_cpu_replicas_on_two_cores_communicate_every_time():
         assert outcome.ok, (attempt, {o: r.error.render() for o, r in outcome.replicas.items()
                                       if r.error})
         assert outcome.results() == {o: expected for o in range(n)}, attempt
+
+
+TRAIN = textwrap.dedent('''
+    import copy, torch, torch.nn.functional as F
+    import torch_xla.core.xla_model as xm, torch_xla.distributed.parallel_loader as pl
+    from torch_xla.utils.utils import SampleGenerator
+    model = copy.deepcopy(BASE).to(device)      # the same start on every replica
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
+    data = SampleGenerator(data=(torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))),
+                           sample_count=6)
+    for step, (x, y) in enumerate(pl.MpDeviceLoader(data, device)):
+        opt.zero_grad()
+        loss = F.nll_loss(model(x), y)
+        loss.backward()
+        xm.optimizer_step(opt)                    # all_reduce of the gradients
+        print(f"step {step} loss {loss.item():.4f}")
+    {name: p.detach() for name, p in model.named_parameters()}
+    ''')
+
+
+def test_a_training_loop_with_optimizer_step_keeps_eight_replicas_identical():
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(1, 4, 5), nn.BatchNorm2d(4)
+            self.fc = nn.Linear(4 * 12 * 12, 10)
+
+        def forward(self, x):
+            x = F.max_pool2d(F.relu(self.bn(self.conv(x))), 2)
+            return F.log_softmax(self.fc(torch.flatten(x, 1)), dim=1)
+
+    torch.manual_seed(0)
+    base = Net()
+    for attempt in range(3):
+        outcome = run_cell(TRAIN, nprocs=8, announce=None, timeout=240, user_ns={"BASE": base})
+        assert outcome.ok, (attempt, {o: r.error.render() for o, r in outcome.replicas.items()
+                                      if r.error})
+        params = outcome.results()
+        for o in range(8):
+            assert [line.split(" loss")[0] for line in outcome.replicas[o].text.splitlines()] \
+                == [f"step {s}" for s in range(6)]
+            for name, value in params[o].items():  # gradients were averaged: same weights
+                assert torch.equal(value, params[0][name]), (attempt, o, name)
+        assert not torch.equal(params[0]["fc.weight"], base.fc.weight.detach())  # it trained
