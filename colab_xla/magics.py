@@ -51,18 +51,22 @@ class XlaMagics(Magics):
         lines stream as text (``[replica 3] ...``). When it ends, each replica's output,
         the value of the cell's last expression, any error and the time taken stay in the
         cell's output as text and HTML, so a saved notebook shows them. Long output is cut
-        to its last lines; the full logs' path is shown. If a replica raises, the cell
-        raises one XlaSpawnError showing each distinct traceback once with the replicas
-        that hit it.
+        to its last lines; the full logs' path is shown.
+
+        If a replica raises or dies, the others get 3 s to finish, then the run is stopped
+        (also when they wait in a collective for the failed one), and the cell raises one
+        XlaSpawnError showing each distinct traceback once with the replicas that hit it,
+        and where the stopped ones were. Interrupt or --timeout kill every process the run
+        started. With no TPU, N replicas are simulated on CPU and their collectives work.
 
         Example::
 
             %load_ext colab_xla
 
             %%xla_spawn -n 4 -o sums
-            import torch
+            import torch, torch_xla.core.xla_model as xm
             t = torch.ones(2, device=device) * index
-            (t + 1).cpu()
+            xm.all_reduce(xm.REDUCE_SUM, t).cpu()     # tensor([6., 6.]) on every replica
         """
         args = parse_argstring(self.xla_spawn, line)
         if args.output is not None and not args.output.isidentifier():
