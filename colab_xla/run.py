@@ -17,8 +17,8 @@ Example (in a plain Python process with torch_xla installed)::
 from __future__ import annotations
 
 import codecs
-import dataclasses
 import contextlib
+import dataclasses
 import json
 import multiprocessing
 import multiprocessing.managers
@@ -93,6 +93,8 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
     and its kind :class:`RuntimeInitializedError`. Failures of replicas are not raised:
     they are in the outcome (see ``outcome.failed``).
     """
+    if timeout is not None and timeout <= 0:
+        raise ValueError(f"--timeout {timeout:g}: the timeout must be more than 0 seconds.")
     run_dir = tempfile.mkdtemp(prefix="colab_xla-")  # mode 0700, unpredictable name
     try:
         cell = CellModule.create(source, run_dir, label=label, header=header)
@@ -114,8 +116,6 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
                 announce(note)
         plan = dataclasses.replace(plan, env={
             **plan.env, **{v: None for v in preflight.strip_topology(os.environ)}})
-        if timeout is not None and timeout <= 0:
-            raise ValueError(f"--timeout {timeout:g}: the timeout must be more than 0 seconds.")
         return _Run(cell, plan, run_dir, dict(user_ns or {}), observer or RunObserver(),
                     timeout).run(xmp)
     finally:
@@ -159,7 +159,6 @@ class _Run:
     # -- the run --------------------------------------------------------------------------
 
     def run(self, xmp) -> RunOutcome:
-        started = time.perf_counter()
         self._started = time.monotonic()
         read_fd, write_fd = channel.make_pipe()
         done_r, done_w = os.pipe()
@@ -199,7 +198,7 @@ class _Run:
             for fd in (read_fd, write_fd, done_r, done_w,
                        *(fd for pair in fd_pipes for pipe in pair for fd in pipe)):
                 os.close(fd)
-            self.outcome.elapsed = time.perf_counter() - started
+            self.outcome.elapsed = time.monotonic() - self._started
             self._finish_logs()
         self.observer.closed(self.outcome)
         return self.outcome
