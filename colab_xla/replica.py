@@ -40,7 +40,7 @@ from .outcome import ReplicaError, ReplicaReport
 
 # Names a replica gets from colab_xla; they shadow notebook names of the same name.
 REPLICA_NAMES = ("index", "device", "lock")
-_VALUE_REPR_LIMIT = 2000
+_VALUE_REPR_LIMIT = 500  # for the views; the value itself comes whole through -o
 
 # Set in the notebook just before the fork, read by the replicas: run id -> state.
 _FORKED: Dict[str, "ForkedState"] = {}
