@@ -191,6 +191,8 @@ class _Run:
                 driver.join()
             self._drain(read_fd)
             self._settle_unreported()
+            # Replicas arrive in any order; the outcome a person reads is by ordinal.
+            self.outcome.replicas = dict(sorted(self.outcome.replicas.items()))
         finally:
             with _sigint_ignored():
                 self._kill_processes()  # nothing of the run outlives it, whatever happened

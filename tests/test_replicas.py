@@ -322,3 +322,8 @@ def test_instances_of_notebook_classes_come_back_as_those_classes(monkeypatch):
     assert outcome.ok
     for o, value in outcome.results().items():
         assert type(value) is Counter and value.n == o
+
+
+def test_the_outcome_lists_replicas_by_ordinal_whatever_order_they_finished_in():
+    outcome = run("import time\ntime.sleep(0.05 * (3 - index))\nindex", 4)  # 3 finishes first
+    assert list(outcome.replicas) == [0, 1, 2, 3]
