@@ -21,6 +21,7 @@ from typing import Dict, List, Optional
 
 from .outcome import ReplicaError, RunOutcome, ReplicaOutcome
 from .output_log import OutputLog
+from .run import RunObserver
 
 # Output lines per replica in a summary (the full log is on disk).
 SUMMARY_TAIL = 20
@@ -85,7 +86,7 @@ def _replica(rep: ReplicaOutcome, tail: Optional[int]) -> List[str]:
     return lines
 
 
-class TextView:
+class TextView(RunObserver):
     """Live text: each completed line as ``[replica 3] ...``, then a compact summary.
 
     Lines are printed in batches, once per tick, so a chatty run sends a few messages a
@@ -98,12 +99,6 @@ class TextView:
         self._batch: List[str] = []
         self._printed: Dict[object, int] = {}
 
-    def opened(self, outcome: RunOutcome) -> None:
-        pass
-
-    def started(self, outcome: RunOutcome, ordinal: int) -> None:
-        pass
-
     def output(self, outcome: RunOutcome, source, lines: List[str]) -> None:
         label = f"[replica {source}]" if isinstance(source, int) else f"[{source}]"
         count = self._printed.get(source, 0)
@@ -114,9 +109,6 @@ class TextView:
             elif count == LIVE_LINES + 1:
                 self._batch.append(f"{label} ... (more output: only in the full log)")
         self._printed[source] = count
-
-    def finished(self, outcome: RunOutcome, ordinal: int) -> None:
-        pass
 
     def tick(self, outcome: RunOutcome) -> None:
         if self._batch:

@@ -21,13 +21,14 @@ from IPython.display import display
 
 from . import html_view, text_view
 from .outcome import RunOutcome, format_ordinals
+from .run import RunObserver
 
 COMBINED_LINES = 400
 # Look back this far for the same line from other replicas (merged into one row).
 _MERGE_WINDOW = 64
 
 
-class WidgetView:
+class WidgetView(RunObserver):
     def __init__(self):
         self.header = widgets.HTML()
         self.combined = widgets.Output()
@@ -62,9 +63,6 @@ class WidgetView:
                 self._lines.append(entry)
                 recent.append(entry)
         self._combined_dirty = True
-
-    def finished(self, outcome: RunOutcome, ordinal: int) -> None:
-        pass  # drawn at the next tick with everything else
 
     def tick(self, outcome: RunOutcome) -> None:
         self._draw_header(outcome)
