@@ -14,6 +14,7 @@ from .cell import EmptyCellError
 from .hardware import ReplicaCountError, TorchXlaMissing
 from .outcome import XlaSpawnError
 from .preflight import PreflightError
+from .registry import UnsafeStateDir
 from .run import run_cell
 
 
@@ -89,7 +90,7 @@ class XlaMagics(Magics):
             cause = (doctor.likely_cause(self.shell.user_ns.get("In", ()))
                      if exc.problem.code == "runtime-initialized" else None)
             raise UsageError(str(exc) + (f"\nLikely: {cause}." if cause else "")) from None
-        except (ReplicaCountError, TorchXlaMissing, ValueError) as exc:
+        except (ReplicaCountError, TorchXlaMissing, UnsafeStateDir, ValueError) as exc:
             raise UsageError(str(exc)) from None
         if args.output is not None:
             self.shell.user_ns[args.output] = outcome.results()

@@ -20,6 +20,10 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from .output_log import OutputLog
 
+# What to do when a replica's value cannot travel to the notebook.
+RETURN_PLAIN_DATA = ("Return plain data instead (numbers, strings, lists, dicts, CPU tensors, "
+                     "a state_dict()).")
+
 # A replica's life: running until its report arrives, then exactly one of the others.
 RUNNING, DONE, FAILED, KILLED = "running", "done", "failed", "killed"
 

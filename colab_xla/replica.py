@@ -36,7 +36,7 @@ import cloudpickle
 
 from .cell import CellModule
 from .channel import END, MAX_PAYLOAD, NOTE, START, STDERR, STDOUT, ChannelWriter
-from .outcome import ReplicaError, ReplicaReport
+from .outcome import RETURN_PLAIN_DATA, ReplicaError, ReplicaReport
 
 # Names a replica gets from colab_xla; they shadow notebook names of the same name.
 REPLICA_NAMES = ("index", "device", "lock")
@@ -172,8 +172,7 @@ def _run_cell(index: int, job: ReplicaJob, proc: "_ProcessState") -> ReplicaRepo
             report.error = ReplicaError(
                 "result", type(exc).__name__,
                 f"the cell's value ({type(value).__name__}) could not be sent back to the "
-                f"notebook: {exc}. Return plain data (numbers, strings, lists, dicts, CPU "
-                "tensors, state_dict()) instead.")
+                f"notebook: {exc}. {RETURN_PLAIN_DATA}")
     return report
 
 

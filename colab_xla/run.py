@@ -37,7 +37,7 @@ import psutil
 
 from . import channel, hardware, preflight, registry, replica
 from .cell import CellModule
-from .outcome import DONE, FAILED, KILLED, ReplicaError, RunOutcome
+from .outcome import DONE, FAILED, KILLED, RETURN_PLAIN_DATA, ReplicaError, RunOutcome
 
 # Live views draw every TICK_SECONDS while output flows (a few updates a second keep the
 # browser responsive), and FIRST_DRAW_SECONDS after the first output of a quiet spell.
@@ -348,7 +348,8 @@ class _Run:
             except Exception as exc:  # noqa: BLE001
                 rep.error = ReplicaError(
                     "result", type(exc).__name__,
-                    f"the cell's value arrived but could not be loaded in the notebook: {exc}")
+                    f"the cell's value arrived but could not be loaded in the notebook: {exc}. "
+                    + RETURN_PLAIN_DATA)
         rep.state = FAILED if rep.error else DONE
 
     def _settle_unreported(self) -> None:
@@ -386,7 +387,9 @@ class _Run:
         how = ", ".join(_describe_exit(c) for c in codes) or "without an exit code"
         cause = f" ({type(self._driver_error).__name__}: {self._driver_error})" \
             if self._driver_error else ""
-        return f"the replica's process ended before the cell finished: {how}{cause}"
+        return (f"the replica's process ended before the cell finished: {how}{cause}. Its "
+                "last output is above; a crash in native code (SIGSEGV, SIGABRT) usually "
+                "leaves XLA's own message in the process output or the full logs.")
 
     # -- processes ---------------------------------------------------------------------------
 
