@@ -14,6 +14,7 @@ testable without hardware::
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from dataclasses import dataclass, field
@@ -151,6 +152,7 @@ def import_torch_xla():
     return xmp
 
 
+@functools.lru_cache(maxsize=None)  # the hardware does not change while the kernel lives
 def _tpu_chips():
     import_torch_xla()
     from torch_xla._internal import tpu
