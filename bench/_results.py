@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from typing import Any
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -49,6 +50,14 @@ def _write(path: str, text: str) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)  # a reader never sees half a file
+
+
+def publish(name: str, markdown: str, raw: Any, out_dir: str = BENCH_DIR) -> int:
+    """A benchmark's last step: write its section and raw figures, show the section."""
+    path = write_section(name, markdown, raw, out_dir=out_dir)
+    print(markdown)
+    print(f"\nwrote {path}", file=sys.stderr)
+    return 0
 
 
 def machine_line(info: dict, name: str, seconds: float, how: str, packages: str = "") -> str:

@@ -37,7 +37,7 @@ REPO = os.path.dirname(BENCH_DIR)
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import machine_line, write_section  # noqa: E402
+from _results import machine_line, publish  # noqa: E402
 from colab_xla import hardware  # noqa: E402
 from colab_xla.run import _environ  # noqa: E402
 from trivial import trivial  # noqa: E402
@@ -220,12 +220,9 @@ def main(argv=None) -> int:
               file=sys.stderr)
     seconds = time.perf_counter() - started
     markdown = render(results, info, seconds)
-    path = write_section(NAME, markdown, {"machine": info, "seconds": seconds,
+    return publish(NAME, markdown, {"machine": info, "seconds": seconds,
                                           "goal_ms": GOAL_MS, "results": results},
                          out_dir=args.out)
-    print(markdown)
-    print(f"\nwrote {path}", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

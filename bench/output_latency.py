@@ -33,7 +33,7 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import machine_line, write_section  # noqa: E402
+from _results import machine_line, publish  # noqa: E402
 from launch_overhead import machine_info, stats  # noqa: E402
 
 NAME = "output_latency"
@@ -168,11 +168,8 @@ def main(argv=None) -> int:
               "samples": samples}
     seconds = time.perf_counter() - started
     markdown = render(result, info, seconds)
-    path = write_section(NAME, markdown, {"machine": info, "seconds": seconds, **result},
+    return publish(NAME, markdown, {"machine": info, "seconds": seconds, **result},
                          out_dir=args.out)
-    print(markdown)
-    print(f"\nwrote {path}", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

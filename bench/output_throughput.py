@@ -47,7 +47,7 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import machine_line, write_section  # noqa: E402
+from _results import machine_line, publish  # noqa: E402
 from launch_overhead import machine_info  # noqa: E402
 
 NAME = "output_throughput"
@@ -447,12 +447,9 @@ def main(argv=None) -> int:
     seconds = time.perf_counter() - started
     res = {"core": core, "kernel": kernel}
     markdown = render(res, info, seconds)
-    path = write_section(NAME, markdown, {"machine": info, "seconds": seconds,
+    return publish(NAME, markdown, {"machine": info, "seconds": seconds,
                                           "plain_lines": plain_lines, **res},
                          out_dir=args.out)
-    print(markdown)
-    print(f"\nwrote {path}", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":
