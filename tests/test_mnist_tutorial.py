@@ -15,7 +15,7 @@ import nbformat  # the test command installs every layer's tools: a missing one 
 
 from colab_xla.tools import run_notebooks  # noqa: E402
 # tests/ is on sys.path (rootdir-relative import mode): the notebook readers of test_notebooks
-from test_notebooks import cell, errors_of, replica_blocks, text_of  # noqa: E402
+from test_notebooks import assert_every_cell_ran, cell, replica_blocks, text_of  # noqa: E402
 
 pytestmark = [pytest.mark.notebook, pytest.mark.timeout(600)]
 
@@ -59,10 +59,7 @@ def test_sizes_are_parameters():  # saved clean with stable ids: see test_tutori
 def test_runs_without_errors(mnist):
     nb, _, ipynb_path = mnist
     assert ipynb_path.exists()
-    for c in nb.cells:
-        if c.cell_type == "code":
-            assert c.execution_count is not None, c.id
-            assert not errors_of(c), (c.id, errors_of(c))
+    assert_every_cell_ran(nb)
 
 
 def test_single_device_trains(mnist):
