@@ -79,6 +79,21 @@ class CellModule:
         return cls(name=name, path=path, label=label, body=body, last_expr=last_expr,
                    source=source)
 
+    @classmethod
+    def load(cls, path: str, label: str = "cell") -> "CellModule":
+        """The module written by :meth:`create`, compiled again from its file."""
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        body, last_expr = _compile(text, path)
+        name = os.path.splitext(os.path.basename(path))[0]
+        return cls(name=name, path=path, label=label, body=body, last_expr=last_expr,
+                   source=text.split("\n", 1)[1])
+
+    def __reduce__(self):
+        # Code objects do not pickle: a replica started by spawn or a forkserver gets the
+        # file's path and compiles it again.
+        return CellModule.load, (self.path, self.label)
+
 
 def _has_code(source: str) -> bool:
     try:

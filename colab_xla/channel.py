@@ -1,7 +1,8 @@
 """Frames on a pipe from replicas to the notebook.
 
-All replica processes of a run share the write end of one pipe; the notebook reads the
-other end while the run goes on. Each frame is written with one ``write(2)`` of at most
+All replica processes of a run write to one named pipe (a FIFO in the run's private
+directory, opened by path, so replicas started by spawn or a forkserver reach it too); the
+notebook reads it while the run goes on. Each frame is written with one ``write(2)`` of at most
 ``PIPE_BUF`` bytes, which Linux keeps atomic on a pipe, so frames from different
 processes and threads never interleave. Longer payloads are split into several frames;
 the reader joins output per replica, so a line is never mixed with another replica's.
@@ -46,10 +47,28 @@ class Frame(NamedTuple):
 def make_pipe():
     """A pipe (read_fd, write_fd) enlarged where the OS allows it."""
     r, w = os.pipe()
+    _enlarge(w)
+    return r, w
+
+
+def _enlarge(fd: int) -> None:
     try:
-        fcntl.fcntl(w, _F_SETPIPE_SZ, _PIPE_SIZE)
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_SIZE)
     except OSError:  # over /proc/sys/fs/pipe-max-size, or not Linux: default size
         pass
+
+
+def make_fifo(path: str):
+    """A named pipe at ``path``: the notebook's ``(read_fd, write_fd)``.
+
+    The notebook keeps a write end open for the whole run, so its reads never see end of
+    file while no replica has the pipe open (before they start, between processes).
+    """
+    os.mkfifo(path, 0o600)
+    r = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a blocking open would wait for a writer
+    w = os.open(path, os.O_WRONLY)
+    os.set_blocking(r, True)
+    _enlarge(w)
     return r, w
 
 

@@ -12,8 +12,10 @@ Example::
 from __future__ import annotations
 
 import ast
+import sys
+import threading
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from . import hardware
 
@@ -102,7 +104,45 @@ def runtime_problems() -> List[Problem]:
     return []
 
 
-def check(source: str, environ: Mapping[str, str]) -> Dict[str, List[Problem]]:
+def launch_problems(launch, environ: Mapping[str, str], *, python=sys.version_info,
+                    threads: Optional[int] = None,
+                    cuda_initialized: Optional[bool] = None) -> List[Problem]:
+    """When the chosen way to start replicas is unsafe here, with the way that is safe.
+
+    ``threads`` and ``cuda_initialized`` default to this process's.
+    """
+    problems = []
+    if launch.launcher == "launch" and not launch.debug_single and "TORCHELASTIC_RUN_ID" in environ:
+        problems.append(Problem(
+            "torchelastic", "this notebook runs under torchrun (TORCHELASTIC_RUN_ID is set), "
+                            "where torch_xla.launch calls the function in the calling process: "
+                            "the replica would run in the notebook's own process.",
+            "Use --launcher xmp (the default)."))
+    if launch.start_method != "fork":
+        return problems
+    if cuda_initialized is None:
+        torch = sys.modules.get("torch")
+        cuda_initialized = bool(torch is not None and torch.cuda.is_initialized())
+    if cuda_initialized:
+        problems.append(Problem(
+            "fork-cuda", "CUDA is initialized in this notebook's process, and a forked "
+                         "replica cannot use CUDA (it fails or hangs on its first CUDA call).",
+            "Use --start-method forkserver (warm after its first run, about as fast as fork) "
+            "or --start-method spawn.", fatal=False))
+    threads = threading.active_count() if threads is None else threads
+    if python >= (3, 12) and threads > 1:
+        problems.append(Problem(
+            "fork-threads", f"this process runs {threads} threads, and Python 3.12+ warns "
+                            "that fork of a multi-threaded process may deadlock the child (a "
+                            "lock another thread held at the fork stays locked in it).",
+            "colab_xla forks holding none of its own locks; if replicas hang before their "
+            "first line, use --start-method forkserver.", fatal=False))
+    return problems
+
+
+def check(source: str, environ: Mapping[str, str], launch=None) -> Dict[str, List[Problem]]:
     """Problems of this cell in this environment: ``{"fatal": [...], "notes": [...]}``."""
     found = cell_problems(source) + environment_problems(environ) + runtime_problems()
+    if launch is not None:
+        found += launch_problems(launch, environ)
     return {"fatal": [p for p in found if p.fatal], "notes": [p for p in found if not p.fatal]}

@@ -1,0 +1,156 @@
+"""How replica processes start: start method, launcher, one-replica debugging, forkserver.
+
+* ``fork`` (the default) copies the notebook's process: the replicas inherit every name
+  and start in about 40 ms.
+* ``spawn`` starts fresh interpreters: safe whatever the notebook did (threads, CUDA),
+  but each imports torch and torch_xla again, seconds per run.
+* ``forkserver`` forks replicas from a server process that colab_xla starts once per
+  notebook process with torch and torch_xla already imported (:func:`warm_forkserver`):
+  spawn's safety at fork's speed once it is warm.
+
+The launcher is ``xmp.spawn`` (``"xmp"``) or ``torch_xla.launch`` (``"launch"``), which
+calls it. With ``debug_single``, one replica runs through
+``torch_xla.launch(..., debug_single_process=True)``, which runs it in the calling
+process: here that is a child process of its own, so the notebook's process still never
+touches the XLA runtime.
+
+Example::
+
+    >>> Launch("forkserver").describe()
+    'forkserver'
+    >>> Launch("spawn", launcher="launch", debug_single=True).describe()
+    'spawn, torch_xla.launch, one replica (debug_single_process)'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple
+
+START_METHODS = ("fork", "spawn", "forkserver")
+LAUNCHERS = ("xmp", "launch")
+
+# What the forkserver imports once, so that the replicas it forks start warm.
+FORKSERVER_PRELOAD = ("colab_xla.replica", "torch", "torch_xla", "torch_xla.runtime",
+                      "torch_xla.core.xla_model", "torch_xla.distributed.xla_multiprocessing")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to start the replicas of a run."""
+
+    start_method: str = "fork"
+    launcher: str = "xmp"
+    debug_single: bool = False
+
+    def __post_init__(self):
+        if self.start_method not in START_METHODS:
+            raise ValueError(f"--start-method {self.start_method}: use one of "
+                             f"{', '.join(START_METHODS)}.")
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"--launcher {self.launcher}: use xmp (xmp.spawn) or launch "
+                             "(torch_xla.launch).")
+
+    def describe(self) -> str:
+        parts = [self.start_method]
+        if self.launcher == "launch" or self.debug_single:
+            parts.append("torch_xla.launch")
+        if self.debug_single:
+            parts.append("one replica (debug_single_process)")
+        return ", ".join(parts)
+
+    def parent_pid(self) -> int:
+        """The pid a replica process will have as its parent (checked by the replica)."""
+        if self.start_method == "forkserver":
+            return warm_forkserver()[0]
+        return os.getpid()
+
+
+def start(how: Launch, entry: Callable, job) -> None:
+    """Run ``entry(index, job)`` on every replica; return when all of them have ended."""
+    if how.debug_single:
+        process = multiprocessing.get_context(how.start_method).Process(
+            target=_single_replica, args=(entry, job), name="colab_xla-debug-single")
+        process.start()
+        process.join()
+        return
+    if how.launcher == "launch":
+        import torch_xla
+
+        torch_xla.launch(entry, args=(job,), start_method=how.start_method)
+    else:
+        import torch_xla.distributed.xla_multiprocessing as xmp
+
+        xmp.spawn(entry, args=(job,), nprocs=None, start_method=how.start_method)
+
+
+def _single_replica(entry: Callable, job) -> None:
+    """The process of ``--debug-single``: torch_xla runs the replica right here."""
+    job.apply_environ()  # a forked Process gets its arguments without pickling
+    import torch_xla
+
+    torch_xla.launch(entry, args=(job,), debug_single_process=True)
+
+
+def warm_forkserver() -> Tuple[int, bool]:
+    """Start the forkserver once per notebook process, importing torch and torch_xla in
+    it (in the background: the first run waits for it). Return its pid, and whether this
+    call started it.
+
+    Its environment is the notebook's at that moment; each run's own variables are set in
+    its replicas when they arrive (see ``colab_xla.replica.ReplicaJob``). If something
+    else started the forkserver first, it is used as it is, without the preloaded modules.
+    """
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    before = getattr(server, "_forkserver_pid", None)
+    if before is None:
+        multiprocessing.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    with environ({"PJRT_SELECT_DEFAULT_DEVICE": "0"}):  # see hardware.import_torch_xla
+        forkserver.ensure_running()  # (starts it again if it died)
+    return server._forkserver_pid, server._forkserver_pid != before
+
+
+def parse_env(assignments) -> Dict[str, str]:
+    """``["XLA_IR_DEBUG=1", "A=b=c"]`` -> ``{"XLA_IR_DEBUG": "1", "A": "b=c"}``."""
+    env = {}
+    for item in assignments:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--env {item}: write KEY=VALUE, e.g. --env XLA_IR_DEBUG=1.")
+        env[key] = value
+    return env
+
+
+def replica_environ(changes: Mapping[str, Optional[str]],
+                    base: Mapping[str, str] = os.environ) -> Dict[str, str]:
+    """The replicas' whole environment: ``base`` with ``changes`` (None: unset)."""
+    env = dict(base)
+    for key, value in changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+@contextlib.contextmanager
+def environ(changes: Mapping[str, Optional[str]]) -> Iterator[None]:
+    """Set (or, for None, unset) variables in this process for a while; put them back
+    after. (xmp.spawn reads PJRT_DEVICE in the launching process.)"""
+    saved = {k: os.environ.get(k) for k in changes}
+    os.environ.update(replica_environ(changes, {}))
+    for key in (k for k, v in changes.items() if v is None):
+        os.environ.pop(key, None)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
