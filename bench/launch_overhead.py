@@ -39,7 +39,7 @@ if BENCH_DIR not in sys.path:
 
 from _results import machine_line, publish  # noqa: E402
 from colab_xla import hardware  # noqa: E402
-from colab_xla.run import _environ  # noqa: E402
+from colab_xla.launch import environ  # noqa: E402
 from trivial import trivial  # noqa: E402
 
 NAME = "launch_overhead"
@@ -65,7 +65,7 @@ def make_paths(n: int) -> Dict[str, Callable[[], float]]:
     expected = {i: i for i in range(n)}
 
     def bare() -> float:
-        with _environ({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(n)}):
+        with environ({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(n)}):
             t0 = time.perf_counter()
             xmp.spawn(trivial, start_method="fork")
             return time.perf_counter() - t0

@@ -9,9 +9,15 @@ __version__ = "0.1.0"
 
 def load_ipython_extension(ipython):
     """Register ``%%xla_spawn`` and ``%xla_doctor`` (called by ``%load_ext colab_xla``)."""
+    import os
+
     from .magics import XlaMagics
 
     ipython.register_magics(XlaMagics)
+    if os.environ.get("COLAB_XLA_START_METHOD") == "forkserver":
+        from .launch import warm_forkserver
+
+        warm_forkserver()  # it imports torch and torch_xla in the background meanwhile
 
 
 def unload_ipython_extension(ipython):

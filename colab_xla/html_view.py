@@ -31,6 +31,8 @@ def render(outcome: RunOutcome, tail: int = text_view.SUMMARY_TAIL) -> str:
             result = f'<span style="color:{_COLORS[FAILED]}">{esc(text_view.error_line(rep.error))}</span>'
         else:
             result = f"<code>{esc(rep.value_repr)}</code>" if rep.value_repr is not None else ""
+            if rep.pulled:
+                result += f" Pulled: <code>{esc(rep.pulled_summary())}</code>"
         lines = text_view.tail_lines(rep.log, tail)
         output = f"<pre style='{_PRE}'>{esc(chr(10).join(lines))}</pre>" if lines else ""
         rows.append(f"<tr><td style='{_TD}'>{ordinal}</td><td style='{_TD};color:{color}'>"

@@ -12,6 +12,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from . import doctor, registry, text_view
 from .cell import EmptyCellError
 from .hardware import ReplicaCountError, TorchXlaMissing
+from .launch import LAUNCHERS, START_METHODS, Launch, parse_env
 from .outcome import XlaSpawnError
 from .preflight import PreflightError
 from .registry import UnsafeStateDir
@@ -38,6 +39,33 @@ class XlaMagics(Magics):
     @argument("--no-widget", action="store_true",
               help="show live output as text lines ([replica 3] ...) instead of the widget "
                    "(also: COLAB_XLA_VIEW=text in the environment).")
+    @argument("--pull", metavar="NAME[,NAME...]", action="append", default=[],
+              help="after the run, bring these names of the replicas' namespaces back into "
+                   "the notebook, each as {ordinal: value} (XLA tensors, also inside models "
+                   "and state dicts, arrive on CPU; large tensors through shared memory). "
+                   "Repeatable.")
+    @argument("--pull-from", type=int, metavar="ORDINAL", default=None,
+              help="with --pull: take the names from this replica only, as plain values "
+                   "(--pull model --pull-from 0: `model` is replica 0's trained model).")
+    @argument("--start-method", choices=START_METHODS, default=None,
+              help="fork (default; also $COLAB_XLA_START_METHOD): replicas inherit every "
+                   "notebook name. spawn: fresh interpreters, safe after CUDA or threads, "
+                   "seconds per run. forkserver: as safe, forked from a server that keeps "
+                   "torch and torch_xla imported (first run waits for it, then fast). "
+                   "Without fork, replicas get the notebook names the cell mentions, sent "
+                   "with cloudpickle.")
+    @argument("--launcher", choices=LAUNCHERS, default="xmp",
+              help="xmp (default): xmp.spawn. launch: torch_xla.launch (same results).")
+    @argument("--debug-single", action="store_true",
+              help="run one replica (index 0) in a process of its own, through "
+                   "torch_xla.launch(debug_single_process=True), for debugging.")
+    @argument("--env", metavar="KEY=VALUE", action="append", default=[],
+              help="set an environment variable for the replicas only (XLA_FLAGS, "
+                   "XLA_IR_DEBUG...). Repeatable.")
+    @argument("--cache", metavar="DIR", default=None,
+              help="torch_xla's persistent compilation cache in DIR, one sub-directory per "
+                   "replica process: a rerun on a TPU loads compiled programs instead of "
+                   "compiling. (On CPU, XLA cannot load them back: it compiles again.)")
     @cell_magic
     def xla_spawn(self, line, cell):
         """Run the cell on every XLA replica, with xmp.spawn and fork.
@@ -53,6 +81,9 @@ class XlaMagics(Magics):
         the value of the cell's last expression, any error and the time taken stay in the
         cell's output as text and HTML, so a saved notebook shows them. Long output is cut
         to its last lines; the full logs' path is shown.
+
+        ``--pull NAME`` brings names back from the replicas (``--pull-from 0``: from replica 0
+        only), so a model trained in the replicas is in the notebook after the cell.
 
         If a replica raises or dies, the others get 3 s to finish, then the run is stopped
         (also when they wait in a collective for the failed one), and the cell raises one
@@ -72,6 +103,13 @@ class XlaMagics(Magics):
         args = parse_argstring(self.xla_spawn, line)
         if args.output is not None and not args.output.isidentifier():
             raise UsageError(f"-o {args.output}: NAME must be a Python identifier.")
+        pull = [name.strip() for item in args.pull for name in item.split(",") if name.strip()]
+        try:
+            how = Launch(args.start_method or os.environ.get("COLAB_XLA_START_METHOD", "fork"),
+                         launcher=args.launcher, debug_single=args.debug_single)
+            env = parse_env(args.env)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         view = self._view(args.no_widget)
         try:
             outcome = run_cell(
@@ -82,6 +120,11 @@ class XlaMagics(Magics):
                 header=f"# %%xla_spawn {line}".rstrip(),
                 observer=view,
                 timeout=args.timeout,
+                launch=how,
+                env=env,
+                cache_dir=args.cache,
+                pull=pull,
+                pull_from=args.pull_from,
             )
         except EmptyCellError:
             raise UsageError("The %%xla_spawn cell is empty: write the code every replica "
@@ -94,6 +137,12 @@ class XlaMagics(Magics):
             raise UsageError(str(exc)) from None
         if args.output is not None:
             self.shell.user_ns[args.output] = outcome.results()
+        for name in pull:
+            values = outcome.pulled(name)
+            if args.pull_from is None and values:
+                self.shell.user_ns[name] = values
+            elif args.pull_from in values:
+                self.shell.user_ns[name] = values[args.pull_from]
         if outcome.interrupted:
             raise KeyboardInterrupt
         if not outcome.ok:

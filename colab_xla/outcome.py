@@ -33,8 +33,9 @@ class ReplicaError:
     """One replica's failure, as data that pickles across processes.
 
     ``kind`` says what went wrong: ``"exception"`` (the cell raised), ``"exit"``
-    (``sys.exit`` with a non-zero status), ``"result"`` (the cell's value could not be
-    sent back or loaded), ``"died"`` (the replica's process ended without a report),
+    (``sys.exit`` with a non-zero status), ``"result"`` (the cell's value or a ``--pull``
+    name could not be sent back or loaded), ``"names"`` (the notebook names sent to a
+    replica that does not fork could not be loaded there), ``"died"`` (the replica's process ended without a report),
     ``"interrupted"``, ``"timeout"`` or ``"stopped"`` (the run was cut while it ran: by
     Interrupt, ``--timeout``, or because another replica failed). ``traceback`` is the
     text to show, with frames of the cell shown as ``Cell In[N], line L``.
@@ -64,6 +65,7 @@ class ReplicaReport:
     value: Optional[bytes] = None  # the cell's last expression, pickled (None: no value)
     value_repr: Optional[str] = None  # its repr, made in the replica
     error: Optional[ReplicaError] = None
+    pulled: Dict[str, bytes] = dataclasses.field(default_factory=dict)  # --pull, pickled
 
 
 @dataclasses.dataclass
@@ -80,11 +82,18 @@ class ReplicaOutcome:
     value_repr: Optional[str] = None
     error: Optional[ReplicaError] = None
     last_rendezvous: Optional[str] = None  # tag of the last xm.rendezvous it entered
+    pulled: Dict[str, Any] = dataclasses.field(default_factory=dict)  # --pull: name -> value
 
     @property
     def text(self) -> str:
         """The replica's output lines (the last ones kept), stdout and stderr in order."""
         return self.log.tail_text()
+
+    def pulled_summary(self) -> Optional[str]:
+        """``"model (Net), step (int)"``: the ``--pull`` names that arrived, or None."""
+        if not self.pulled:
+            return None
+        return ", ".join(f"{n} ({type(v).__name__})" for n, v in self.pulled.items())
 
 
 @dataclasses.dataclass
@@ -131,6 +140,10 @@ class RunOutcome:
     def results(self) -> Dict[int, Any]:
         """``{ordinal: value}`` of the replicas whose value arrived, sorted by ordinal."""
         return {o: r.value for o, r in sorted(self.replicas.items()) if r.has_value}
+
+    def pulled(self, name: str) -> Dict[int, Any]:
+        """``{ordinal: value}`` of ``--pull`` name ``name``, from the replicas it came from."""
+        return {o: r.pulled[name] for o, r in sorted(self.replicas.items()) if name in r.pulled}
 
     def error_groups(self) -> List[Tuple[ReplicaError, List[int]]]:
         """Each distinct error once, with the sorted ordinals of the replicas that hit it."""

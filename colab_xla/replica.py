@@ -5,7 +5,8 @@ in an importable module, so it pickles. On CPU, and on TPU v2/v3, several replic
 threads of one process, so output is routed by the replica of the calling thread, not by
 process.
 
-In each replica the cell sees every name of the notebook (inherited through fork) and:
+In each replica the cell sees the notebook's names (every one, inherited through fork; with
+``spawn`` or a forkserver, those the cell mentions, sent with cloudpickle) and:
 
 * ``index``: the replica's ordinal (what xmp.spawn passes to its function);
 * ``device``: this replica's XLA device, created on first use (``torch_xla.device()``);
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import ctypes
 import functools
 import importlib.util
@@ -30,16 +32,16 @@ import time
 import traceback
 import types
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import cloudpickle
 
+from . import namespace, shared_tensors
 from .cell import CellModule
 from .channel import END, MAX_PAYLOAD, NOTE, START, STDERR, STDOUT, ChannelWriter
+from .namespace import REPLICA_NAMES  # noqa: F401 - they shadow notebook names
 from .outcome import RETURN_PLAIN_DATA, ReplicaError, ReplicaReport
 
-# Names a replica gets from colab_xla; they shadow notebook names of the same name.
-REPLICA_NAMES = ("index", "device", "lock")
 _VALUE_REPR_LIMIT = 500  # for the views; the value itself comes whole through -o
 
 # Set in the notebook just before the fork, read by the replicas: run id -> state.
@@ -56,16 +58,47 @@ class ForkedState:
 
 @dataclass(frozen=True)
 class ReplicaJob:
-    """What xmp.spawn passes (pickled) to every replica."""
+    """What xmp.spawn passes (pickled) to every replica process."""
 
     run_id: str
-    channel_fd: int
     run_dir: str
-    parent_pid: int
-    lock: Any  # a Manager lock proxy (pickles, works across processes), if the cell uses it
-    # Write ends of (stdout, stderr) pipes, one pair per replica process (by local rank):
-    # C-level output (XLA, absl, libtpu logs, printf) goes there, read by the notebook.
-    fd_pipes: Tuple[Tuple[int, int], ...] = ()
+    channel_path: str  # the named pipe of frames (see colab_xla.channel)
+    parent_pid: int  # the replica process's parent: the notebook, or the forkserver
+    lock: Any = None  # a Manager lock proxy (pickles, works across processes), if used
+    # Named pipes (stdout, stderr), one pair per replica process (by local rank): C-level
+    # output (XLA, absl, libtpu logs, printf) goes there, read by the notebook.
+    fd_paths: Tuple[Tuple[str, str], ...] = ()
+    # The replicas' whole environment: the notebook's, with the run's variables.
+    environ: Optional[Dict[str, str]] = None
+    # Without fork (spawn, forkserver): the cell and the notebook names it uses.
+    cell: Optional[CellModule] = None
+    names: Optional[bytes] = None
+    cache_dir: Optional[str] = None  # --cache: torch_xla's persistent compilation cache
+    pull: Tuple[str, ...] = ()  # --pull: names sent back after the cell
+    pull_from: Optional[int] = None  # --pull-from: only this replica sends them
+    shm_dir: Optional[str] = None  # where large CPU tensors go (colab_xla.shared_tensors)
+
+    def __reduce__(self):
+        return _arrive, (dict(self.__dict__),)
+
+    def apply_environ(self) -> None:
+        """Make this process's environment the one the notebook chose for the replicas."""
+        if self.environ is not None and dict(os.environ) != self.environ:
+            os.environ.clear()
+            os.environ.update(self.environ)
+
+
+def _arrive(fields: Dict[str, Any]) -> ReplicaJob:
+    """Unpickle the job in a replica process, and set its environment there and then.
+
+    Unpickling is the first code of colab_xla that runs in a replica process, before
+    torch_xla starts the runtime (which reads PJRT_DEVICE, CPU_NUM_DEVICES, XLA_FLAGS...).
+    A forkserver's children inherit the server's environment, not the notebook's, so
+    waiting for ``main`` would be too late.
+    """
+    job = ReplicaJob(**fields)
+    job.apply_environ()
+    return job
 
 
 def report_path(run_dir: str, ordinal: int) -> str:
@@ -139,6 +172,10 @@ def _replica_module(cell: CellModule, ordinal: int, run_dir: str, ns: dict) -> t
 
 
 def _run_cell(index: int, job: ReplicaJob, proc: "_ProcessState") -> ReplicaReport:
+    report = ReplicaReport(ordinal=index, pid=os.getpid(), elapsed=0.0)
+    if proc.names_error is not None:
+        report.error = proc.names_error
+        return report
     cell = proc.cell
     ns = ReplicaGlobals({k: v for k, v in proc.user_ns.items() if k not in REPLICA_NAMES})
     name = module_name(cell, index)
@@ -147,7 +184,7 @@ def _run_cell(index: int, job: ReplicaJob, proc: "_ProcessState") -> ReplicaRepo
     if job.lock is not None:  # made only for cells that name it
         ns["lock"] = job.lock
     _replica_module(cell, index, job.run_dir, ns)
-    report = ReplicaReport(ordinal=index, pid=os.getpid(), elapsed=0.0)
+    value = None
     try:
         exec(cell.body, ns)
         value = eval(cell.last_expr, ns) if cell.last_expr is not None else None
@@ -155,7 +192,7 @@ def _run_cell(index: int, job: ReplicaJob, proc: "_ProcessState") -> ReplicaRepo
         if exc.code not in (None, 0):
             report.error = ReplicaError("exit", "SystemExit", str(exc.code),
                                         f"the cell called sys.exit({exc.code!r})")
-        return report
+            return report
     except KeyboardInterrupt:
         report.error = ReplicaError("interrupted", "KeyboardInterrupt", "the run was interrupted")
         return report
@@ -164,16 +201,40 @@ def _run_cell(index: int, job: ReplicaJob, proc: "_ProcessState") -> ReplicaRepo
         return report
     finally:
         _flush_all()
+    problems = []
     if value is not None:
         report.value_repr = _safe_repr(value)
         try:
-            report.value = pack_value(value)
+            report.value = pack_value(value, job.shm_dir, proc.user_ns)
         except Exception as exc:  # noqa: BLE001
-            report.error = ReplicaError(
-                "result", type(exc).__name__,
-                f"the cell's value ({type(value).__name__}) could not be sent back to the "
-                f"notebook: {exc}. {RETURN_PLAIN_DATA}")
+            problems.append(f"the cell's value ({type(value).__name__}) could not be sent "
+                            f"back to the notebook: {type(exc).__name__}: {exc}")
+    if job.pull and job.pull_from in (None, index):
+        report.pulled, failed = pull_names(ns, job.pull, job.shm_dir, proc.user_ns)
+        problems.extend(failed)
+    if problems:
+        report.error = ReplicaError("result", "ResultError",
+                                    "; ".join(problems) + ". " + RETURN_PLAIN_DATA)
     return report
+
+
+def pull_names(ns: Mapping[str, Any], names, shm_dir: Optional[str] = None,
+               notebook_ns: Mapping[str, Any] = types.MappingProxyType({})):
+    """``--pull``: ``({name: pickled value}, [problem, ...])`` for the names of ``ns``; a
+    name that is missing or cannot be pickled is a problem, the others are sent."""
+    pulled, problems = {}, []
+    for name in names:
+        try:
+            value = ns[name]
+        except KeyError:
+            problems.append(f"--pull {name}: no such name in the replica")
+            continue
+        try:
+            pulled[name] = pack_value(value, shm_dir, notebook_ns)
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"--pull {name} ({type(value).__name__}) could not be sent back "
+                            f"to the notebook: {type(exc).__name__}: {exc}")
+    return pulled, problems
 
 
 def error_from_exception(exc: BaseException, cell: CellModule) -> ReplicaError:
@@ -188,44 +249,81 @@ def error_from_exception(exc: BaseException, cell: CellModule) -> ReplicaError:
 
 
 class _ResultPickler(cloudpickle.Pickler):
-    """cloudpickle, with XLA tensors moved to CPU wherever they sit in the value.
+    """cloudpickle, with XLA tensors moved to CPU wherever they sit in the value (a model,
+    a state dict, a list), and large CPU tensors sent through shared memory.
 
     An XLA tensor pickled as is would be rebuilt on an XLA device when the notebook loads
     it, initializing the runtime in the notebook's process.
     """
 
+    def __init__(self, file, shm_dir: Optional[str], notebook_ns: Mapping[str, Any]):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._shm_dir, self._notebook_ns = shm_dir, notebook_ns
+
     def reducer_override(self, obj):
-        if _defined_in_notebook(obj):
-            # The notebook has this very object (the replica got it through fork): send a
-            # reference, so results are instances of the notebook's own classes.
+        if _defined_in_notebook(obj, self._notebook_ns):
+            # The notebook has this object (the replica got it through fork, or by value
+            # under that name): send a reference, so results are instances of the
+            # notebook's own classes.
             return _notebook_attribute, (obj.__qualname__,)
         torch = sys.modules.get("torch")
-        if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type == "xla":
-            if isinstance(obj, torch.nn.Parameter):  # .cpu() would drop the Parameter type
-                return torch.nn.Parameter, (obj.detach().cpu(), obj.requires_grad)
-            return obj.cpu().__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        if torch is not None and isinstance(obj, torch.Tensor):
+            if obj.device.type == "xla":
+                if isinstance(obj, torch.nn.Parameter):  # .cpu() would drop the Parameter type
+                    return torch.nn.Parameter, (obj.detach().cpu(), obj.requires_grad)
+                obj = obj.cpu()
+                return (shared_tensors.reduce_tensor(obj, self._shm_dir)
+                        or obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL))
+            shared = shared_tensors.reduce_tensor(obj, self._shm_dir)
+            if shared is not None:
+                return shared
         return super().reducer_override(obj)
 
 
-def _defined_in_notebook(obj) -> bool:
+def _defined_in_notebook(obj, notebook_ns: Mapping[str, Any]) -> bool:
     if not isinstance(obj, (type, types.FunctionType)) or obj.__module__ != "__main__":
         return False
     try:
-        return _notebook_attribute(obj.__qualname__) is obj
-    except AttributeError:
+        return _lookup(obj.__qualname__, notebook_ns) is obj
+    except (AttributeError, KeyError):
         return False
 
 
+def _lookup(qualname: str, ns: Mapping[str, Any]):
+    head, *rest = qualname.split(".")
+    return functools.reduce(getattr, rest, ns[head])
+
+
+# The notebook's names while a value is loaded (see load_value).
+_loading_ns = contextvars.ContextVar("colab_xla_loading_ns", default=None)
+
+
 def _notebook_attribute(qualname: str):
-    """``__main__.<qualname>`` (runs in the notebook when a result is loaded)."""
-    return functools.reduce(getattr, qualname.split("."), sys.modules["__main__"])
+    """The notebook's ``<qualname>`` (runs in the notebook when a result is loaded)."""
+    ns = _loading_ns.get()
+    if ns is None:
+        ns = vars(sys.modules["__main__"])
+    return _lookup(qualname, ns)
 
 
-def pack_value(value: Any) -> bytes:
-    """Pickle a replica's value for the notebook (classes of the cell go by value)."""
+def pack_value(value: Any, shm_dir: Optional[str] = None,
+               notebook_ns: Mapping[str, Any] = types.MappingProxyType({})) -> bytes:
+    """Pickle a replica's value for the notebook (classes of the cell go by value; CPU
+    tensors of 1 MiB or more through files in ``shm_dir``, when given; classes and
+    functions of ``notebook_ns`` by name)."""
     buf = io.BytesIO()
-    _ResultPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    _ResultPickler(buf, shm_dir, notebook_ns).dump(value)
     return buf.getvalue()
+
+
+def load_value(data: bytes, notebook_ns: Optional[Mapping[str, Any]] = None) -> Any:
+    """In the notebook: a value packed by :func:`pack_value`, with references to the
+    notebook's classes and functions resolved in ``notebook_ns``."""
+    token = _loading_ns.set(notebook_ns)
+    try:
+        return pickle.loads(data)
+    finally:
+        _loading_ns.reset(token)
 
 
 def _safe_repr(value: Any) -> str:
@@ -266,19 +364,47 @@ class _ProcessState:
 
     def __init__(self, job: ReplicaJob):
         self.run_id = job.run_id
-        self.writer = ChannelWriter(job.channel_fd)
+        die_with_parent(job.parent_pid)
+        # Named pipes, opened by path: a process started by spawn or a forkserver inherits
+        # no descriptors from the notebook.
+        self.writer = ChannelWriter(os.open(job.channel_path, os.O_WRONLY))
         self.active: set = set()
         self.rank = int(os.environ.get("PJRT_LOCAL_PROCESS_RANK", "0"))
-        die_with_parent(job.parent_pid)
-        forked = _FORKED[job.run_id]
-        self.user_ns, self.cell = forked.user_ns, forked.cell
         if job.run_dir not in sys.path:
             sys.path.insert(0, job.run_dir)  # the cell's module imports by name
         self._capture_streams()
-        if job.fd_pipes:
-            _capture_fds(job.fd_pipes[self.rank % len(job.fd_pipes)])
+        if job.fd_paths:
+            _capture_fds(job.fd_paths[self.rank % len(job.fd_paths)])
+        self.names_error: Optional[ReplicaError] = None
+        if job.cell is None:  # forked: the notebook's names and cell are inherited
+            forked = _FORKED[job.run_id]
+            self.user_ns, self.cell = forked.user_ns, forked.cell
+        else:
+            self.user_ns, self.cell = self._load_names(job), job.cell
         _text_progress_bars()
+        if job.cache_dir:
+            self._initialize_cache(job.cache_dir)
         self._instrument_torch_xla()
+
+    def _load_names(self, job: ReplicaJob) -> Dict[str, Any]:
+        try:
+            return namespace.unpack(job.names) if job.names else {}
+        except Exception as exc:  # noqa: BLE001 - every replica of the process says it
+            self.names_error = ReplicaError(
+                "names", type(exc).__name__,
+                f"the notebook names the cell uses could not be loaded in the replica: {exc}",
+                "".join(traceback.format_exception(exc)))
+            return {}
+
+    def _initialize_cache(self, cache_dir: str) -> None:
+        """``--cache``: torch_xla's persistent compilation cache, one directory per replica
+        process (its files are written without atomic renames), set before the process
+        compiles anything, so a rerun loads the executables instead of compiling."""
+        import torch_xla.runtime as xr
+
+        path = os.path.join(cache_dir, f"process-{self.rank}")
+        os.makedirs(path, exist_ok=True)
+        xr.initialize_cache(path, readonly=False)
 
     def _instrument_torch_xla(self) -> None:
         """Record each replica's last ``xm.rendezvous`` tag (told when a run is cut), and
@@ -506,11 +632,13 @@ def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
 
-def _capture_fds(pipes: Tuple[int, int]) -> None:
+def _capture_fds(paths: Tuple[str, str]) -> None:
     """Point fd 1 and 2 of this process at the notebook's pipes for it (C-level output)."""
     _libc().fflush(None)  # what C printed before belongs to the old destination
-    os.dup2(pipes[0], 1)
-    os.dup2(pipes[1], 2)
+    for target, path in zip((1, 2), paths):
+        fd = os.open(path, os.O_WRONLY)
+        os.dup2(fd, target)
+        os.close(fd)
     try:  # a pipe makes C stdout fully buffered: make it line-buffered, as on a terminal
         libc = _libc()
         libc.setvbuf(ctypes.c_void_p.in_dll(libc, "stdout"), None, 1, 0)  # _IOLBF

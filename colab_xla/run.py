@@ -1,8 +1,8 @@
 """Run a cell on every XLA replica: the notebook side, IPython-free.
 
 :func:`run_cell` writes the cell to a module, starts ``xmp.spawn(..., start_method='fork')``
-in a driver thread, and reads the replicas' frames in the calling thread until the run
-ends, so the caller (the kernel's main thread) stays interruptible: on
+(or another way, see :mod:`colab_xla.launch`) in a driver thread, and reads the replicas'
+frames in the calling thread until the run ends, so the caller (the kernel's main thread) stays interruptible: on
 ``KeyboardInterrupt`` every process the run started is killed by pid, and the outcome
 says which replicas were interrupted. The notebook's process never initializes the XLA
 runtime and never runs a replica.
@@ -24,6 +24,7 @@ import multiprocessing
 import multiprocessing.managers
 import os
 import pickle
+import re
 import secrets
 import select
 import shutil
@@ -31,12 +32,13 @@ import signal
 import tempfile
 import threading
 import time
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import psutil
 
-from . import channel, hardware, preflight, registry, replica
+from . import channel, hardware, namespace, preflight, registry, replica, shared_tensors
 from .cell import CellModule
+from .launch import Launch, environ, replica_environ, start, warm_forkserver
 from .outcome import DONE, FAILED, KILLED, RETURN_PLAIN_DATA, ReplicaError, RunOutcome
 
 # Live views draw every TICK_SECONDS while output flows (a few updates a second keep the
@@ -79,8 +81,16 @@ class RunObserver:
 def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Mapping] = None,
              label: str = "cell", header: str = "# %%xla_spawn",
              observer: Optional[RunObserver] = None, announce=print,
-             timeout: Optional[float] = None) -> RunOutcome:
+             timeout: Optional[float] = None, launch: Launch = Launch(),
+             env: Optional[Mapping[str, str]] = None, cache_dir: Optional[str] = None,
+             pull: Sequence[str] = (), pull_from: Optional[int] = None) -> RunOutcome:
     """Run ``source`` on every replica and return the :class:`RunOutcome`.
+
+    ``launch`` says how replicas start (start method, launcher, one-replica debugging);
+    ``env`` adds variables for the replicas only (the replica count and device are
+    planned with them); ``cache_dir`` turns on torch_xla's persistent compilation cache,
+    a sub-directory per replica process; ``pull`` names are sent back from every replica
+    (or only from replica ``pull_from``) into ``outcome.pulled(name)``.
 
     The run ends when every replica has ended; or :data:`FAIL_FAST_SECONDS` after the
     first replica failed; or after ``timeout`` seconds; or on ``KeyboardInterrupt``. Then
@@ -89,40 +99,116 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
 
     Raises before anything starts, with a message that says what to do:
     ``EmptyCellError``, ``SyntaxError`` (with the cell's line), ``ReplicaCountError``,
-    ``TorchXlaMissing``, ``PreflightError`` (SPMD on, a cell that spawns replicas itself)
-    and its kind :class:`RuntimeInitializedError`. Failures of replicas are not raised:
+    ``TorchXlaMissing``, ``ValueError`` (a bad option), ``PreflightError`` (SPMD on, a
+    cell that spawns replicas itself, names that cannot be sent to a replica that does not
+    fork) and its kind :class:`RuntimeInitializedError`. Failures of replicas are not raised:
     they are in the outcome (see ``outcome.failed``).
     """
     if timeout is not None and timeout <= 0:
         raise ValueError(f"--timeout {timeout:g}: the timeout must be more than 0 seconds.")
+    env = dict(env or {})
+    check_options(env, pull, pull_from)
+    if launch.debug_single and nprocs not in (None, 1):
+        raise ValueError(f"-n {nprocs} with --debug-single: it runs one replica; leave -n out.")
+    user_ns = dict(user_ns or {})
     run_dir = tempfile.mkdtemp(prefix="colab_xla-")  # mode 0700, unpredictable name
     try:
         cell = CellModule.create(source, run_dir, label=label, header=header)
-        hw = hardware.detect()
+        replica_env = replica_environ(env)  # what the replicas will see, --env included
+        hw = hardware.detect(replica_env)
         plan = hardware.plan_replicas(nprocs, hw)
-        xmp = hardware.import_torch_xla()
-        problems = preflight.check(source, os.environ)
+        if launch.debug_single:  # one replica, one process, whatever the host has
+            if plan.device_type == "CPU":
+                plan = hardware.plan_replicas(1, hw)
+            plan = dataclasses.replace(plan, replicas=1, processes=1)
+        if pull_from is not None and plan.replicas is not None and pull_from >= plan.replicas:
+            raise ValueError(f"--pull-from {pull_from}: this run has {plan.replicas} "
+                             f"replica{'s' if plan.replicas != 1 else ''} (0-{plan.replicas - 1}).")
+        hardware.import_torch_xla()
+        problems = preflight.check(source, replica_env, launch)
         for problem in problems["fatal"]:
             error = (RuntimeInitializedError if problem.code == "runtime-initialized"
                      else preflight.PreflightError)
             raise error(problem)
+        names = None
+        if launch.start_method != "fork":
+            names = namespace.pack(namespace.used_names(source, user_ns), user_ns,
+                                   launch.start_method)
         # Where the replicas run is said once per notebook process; problems every time.
-        first_plan_note = plan.note if plan.note not in _said else None
-        _said.add(plan.note)
-        notes = [first_plan_note] + [f"colab_xla: {p.message} {p.fix}" for p in problems["notes"]]
+        notes = [_once(plan.note), _once(_start_note(launch))]
+        if launch.start_method == "forkserver" and warm_forkserver()[1]:
+            notes.append(FORKSERVER_STARTING)
+        notes += [_once(f"colab_xla: {p.message} {p.fix}") for p in problems["notes"]]
         notes.append(leftovers_note(registry.leftovers()))
         for note in filter(None, notes):
             if announce:
                 announce(note)
-        plan = dataclasses.replace(plan, env={
-            **plan.env, **{v: None for v in preflight.strip_topology(os.environ)}})
-        return _Run(cell, plan, run_dir, dict(user_ns or {}), observer or RunObserver(),
-                    timeout).run(xmp)
+        changes = {**env, **plan.env,
+                   **{v: None for v in preflight.strip_topology(replica_env)}}
+        plan = dataclasses.replace(plan, env=changes)
+        options = _Options(launch, cell, names, cache_dir and os.path.abspath(cache_dir),
+                           tuple(pull), pull_from)
+        return _Run(options, plan, run_dir, user_ns, observer or RunObserver(),
+                    timeout).run()
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-_said: set = set()
+def check_options(env: Mapping[str, str], pull: Sequence[str],
+                  pull_from: Optional[int]) -> None:
+    """Bad ``env``, ``pull`` or ``pull_from`` values, as a ValueError that says why."""
+    for key, value in env.items():
+        if not _ENV_NAME.fullmatch(key) or not isinstance(value, str):
+            raise ValueError(f"--env {key}={value}: KEY must be letters, digits and '_' "
+                             "(not starting with a digit), VALUE a string.")
+    for name in pull:
+        if not name.isidentifier():
+            raise ValueError(f"--pull {name}: each NAME must be a Python identifier.")
+    if pull_from is not None and (pull_from < 0 or not pull):
+        raise ValueError(f"--pull-from {pull_from}: give a replica ordinal (0 or more) "
+                         "together with --pull NAME.")
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """What a run does besides running the cell (see :func:`run_cell`)."""
+
+    launch: Launch
+    cell: CellModule
+    names: Optional[bytes]  # without fork: the notebook names the cell uses, pickled
+    cache_dir: Optional[str]
+    pull: Tuple[str, ...]
+    pull_from: Optional[int]
+
+
+def _start_note(launch: Launch) -> Optional[str]:
+    if launch.debug_single:
+        return ("colab_xla: --debug-single runs one replica (index 0) in a process of its "
+                "own, through torch_xla.launch(debug_single_process=True).")
+    if launch.start_method == "spawn":
+        return ("colab_xla: --start-method spawn starts fresh interpreters, which import "
+                "torch and torch_xla on every run (seconds); --start-method forkserver "
+                "imports them once and then starts replicas about as fast as fork.")
+    return None
+
+
+FORKSERVER_STARTING = ("colab_xla: starting the forkserver: it imports torch and torch_xla "
+                       "once (a few seconds; this run waits for it), then replicas fork from "
+                       "it warm.")
+
+
+def _once(note: Optional[str]) -> Optional[str]:
+    """``note`` the first time this notebook process sees it, else None."""
+    if note is None or note in _said:
+        return None
+    _said.add(note)
+    return note
+
+
+_said: set = set()  # notes said once per notebook process
 
 
 def leftovers_note(found) -> Optional[str]:
@@ -135,9 +221,10 @@ def leftovers_note(found) -> Optional[str]:
 
 
 class _Run:
-    def __init__(self, cell: CellModule, plan: hardware.ReplicaPlan, run_dir: str,
+    def __init__(self, options: _Options, plan: hardware.ReplicaPlan, run_dir: str,
                  user_ns: Dict[str, Any], observer: RunObserver, timeout: Optional[float]):
-        self.cell, self.plan, self.run_dir, self.observer = cell, plan, run_dir, observer
+        self.options, self.cell = options, options.cell
+        self.plan, self.run_dir, self.observer = plan, run_dir, observer
         self.timeout = timeout
         self._timeout_at = time.monotonic() + timeout if timeout else None
         self._fail_at: Optional[float] = None
@@ -158,23 +245,35 @@ class _Run:
 
     # -- the run --------------------------------------------------------------------------
 
-    def run(self, xmp) -> RunOutcome:
+    def run(self) -> RunOutcome:
         self._started = time.monotonic()
-        read_fd, write_fd = channel.make_pipe()
+        opts = self.options
+        channel_path = os.path.join(self.run_dir, "channel")
+        read_fd, write_fd = channel.make_fifo(channel_path)
         done_r, done_w = os.pipe()
-        fd_pipes = [(channel.make_pipe(), channel.make_pipe()) for _ in range(self.plan.processes)]
+        fd_paths = [tuple(os.path.join(self.run_dir, f"process-{rank}.{kind}")
+                          for kind in ("stdout", "stderr"))
+                    for rank in range(self.plan.processes)]
+        fd_pipes = [tuple(channel.make_fifo(path) for path in pair) for pair in fd_paths]
         self._fd_sources = {pipe[0]: (rank, kind)
                             for rank, pair in enumerate(fd_pipes)
                             for kind, pipe in zip((channel.STDOUT, channel.STDERR), pair)}
+        self._shm_dir = shared_tensors.make_dir(self.run_id)
         # A Manager lock costs ~5 ms of connections per run: only cells that use it pay.
         lock = _lock_manager().Lock() if "lock" in self.cell.source else None
         # Taken after the manager exists: every child that appears from now on is ours.
         self._children_before = set(multiprocessing.active_children())
-        job = replica.ReplicaJob(run_id=self.run_id, channel_fd=write_fd, run_dir=self.run_dir,
-                                 parent_pid=os.getpid(), lock=lock,
-                                 fd_pipes=tuple((o[1], e[1]) for o, e in fd_pipes))
-        replica._FORKED[self.run_id] = replica.ForkedState(self.user_ns, self.cell)
-        driver = threading.Thread(target=self._drive, args=(xmp, job, done_w),
+        forked = opts.launch.start_method == "fork"
+        job = replica.ReplicaJob(
+            run_id=self.run_id, run_dir=self.run_dir, channel_path=channel_path,
+            parent_pid=opts.launch.parent_pid(), lock=lock, fd_paths=tuple(fd_paths),
+            environ=replica_environ(self.plan.env),
+            cell=None if forked else self.cell, names=None if forked else opts.names,
+            cache_dir=opts.cache_dir, pull=opts.pull, pull_from=opts.pull_from,
+            shm_dir=self._shm_dir)
+        if forked:
+            replica._FORKED[self.run_id] = replica.ForkedState(self.user_ns, self.cell)
+        driver = threading.Thread(target=self._drive, args=(job, done_w),
                                   name="colab_xla-driver", daemon=True)
         try:
             self.observer.opened(self.outcome)
@@ -197,6 +296,7 @@ class _Run:
             with _sigint_ignored():
                 self._kill_processes()  # nothing of the run outlives it, whatever happened
             replica._FORKED.pop(self.run_id, None)
+            shared_tensors.remove_dir(self._shm_dir)  # tensors already mapped stay valid
             for fd in (read_fd, write_fd, done_r, done_w,
                        *(fd for pair in fd_pipes for pipe in pair for fd in pipe)):
                 os.close(fd)
@@ -205,10 +305,10 @@ class _Run:
         self.observer.closed(self.outcome)
         return self.outcome
 
-    def _drive(self, xmp, job: replica.ReplicaJob, done_w: int) -> None:
+    def _drive(self, job: replica.ReplicaJob, done_w: int) -> None:
         try:
-            with _environ(self.plan.env):
-                xmp.spawn(replica.main, args=(job,), nprocs=None, start_method="fork")
+            with environ(self.plan.env):
+                start(self.options.launch, replica.main, job)
         except BaseException as exc:  # noqa: BLE001 - reported through the outcome
             self._driver_error = exc
         finally:
@@ -342,14 +442,22 @@ class _Run:
         # start-up included) to this replica's report.
         rep.elapsed = time.monotonic() - self._started
         rep.error, rep.value_repr = report.error, report.value_repr
+        problems = []
         if report.value is not None:
             try:
-                rep.value, rep.has_value = pickle.loads(report.value), True
+                rep.value, rep.has_value = replica.load_value(report.value, self.user_ns), True
             except Exception as exc:  # noqa: BLE001
-                rep.error = ReplicaError(
-                    "result", type(exc).__name__,
-                    f"the cell's value arrived but could not be loaded in the notebook: {exc}. "
-                    + RETURN_PLAIN_DATA)
+                problems.append(f"the cell's value arrived but could not be loaded in the "
+                                f"notebook: {type(exc).__name__}: {exc}")
+        for name, data in report.pulled.items():
+            try:
+                rep.pulled[name] = replica.load_value(data, self.user_ns)
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"--pull {name} arrived but could not be loaded in the "
+                                f"notebook: {type(exc).__name__}: {exc}")
+        if problems and rep.error is None:
+            rep.error = ReplicaError("result", "ResultError",
+                                     "; ".join(problems) + ". " + RETURN_PLAIN_DATA)
         rep.state = FAILED if rep.error else DONE
 
     def _settle_unreported(self) -> None:
@@ -451,26 +559,6 @@ def _describe_exit(code: int) -> str:
         with contextlib.suppress(ValueError):
             return f"killed by {signal.Signals(-code).name}"
     return f"exit code {code}"
-
-
-@contextlib.contextmanager
-def _environ(env: Mapping[str, Optional[str]]):
-    """Set (or, for None, unset) variables for the replicas, which fork inside; put the
-    notebook's back after."""
-    saved = {k: os.environ.get(k) for k in env}
-    for key, value in env.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @contextlib.contextmanager

@@ -81,6 +81,8 @@ def _replica(rep: ReplicaOutcome, tail: Optional[int]) -> List[str]:
     lines.extend(tail_lines(rep.log, tail))
     if rep.value_repr is not None and rep.error is None:
         lines.append(f"Out: {rep.value_repr}")
+    if rep.pulled:
+        lines.append(f"Pulled: {rep.pulled_summary()}")
     if rep.error is not None:
         lines.append(error_line(rep.error))
     return lines

@@ -119,6 +119,8 @@ class WidgetView(RunObserver):
         result = ""
         if rep.value_repr is not None and rep.error is None:
             result = f" · Out: <code>{html.escape(rep.value_repr)}</code>"
+        if rep.pulled:
+            result += f" · Pulled: <code>{html.escape(rep.pulled_summary())}</code>"
         status.value = f"replica {ordinal} · <b>{rep.state}</b> · {took:.1f} s{result}"
         if rep.error is not None:
             error.value = (f"<pre style='color:#cf222e;white-space:pre-wrap'>"

@@ -45,12 +45,20 @@ def test_help_is_generated_from_the_arguments(ip, capsys):
     assert "%xla_spawn [-n N] [-o NAME]" in out
     assert "-n N, --nprocs N" in out and "-o NAME, --output NAME" in out
     assert "index" in out and "device" in out and "lock" in out
+    for option in ("--pull NAME[,NAME...]", "--pull-from ORDINAL", "--start-method",
+                   "--launcher", "--debug-single", "--env KEY=VALUE", "--cache DIR"):
+        assert option in out
 
 
 @pytest.mark.parametrize("line, message", [
     ("--bogus", "unrecognized arguments: --bogus"),
     ("-n many", "invalid int value: 'many'"),
     ("-o 2fast", "NAME must be a Python identifier"),
+    ("--start-method thread", "argument --start-method: invalid choice: 'thread'"),
+    ("--launcher torchrun", "argument --launcher: invalid choice: 'torchrun'"),
+    ("--env NOVALUE", "--env NOVALUE: write KEY=VALUE"),
+    ("--pull a-b", "--pull a-b: each NAME must be a Python identifier"),
+    ("--pull-from 0", "together with --pull NAME"),
 ])
 def test_bad_arguments_are_usage_errors(ip, capsys, line, message):
     result = cell(ip, line, "index")
@@ -113,3 +121,56 @@ def test_a_timeout_that_is_not_positive_is_refused_before_anything_runs(ip, caps
     assert isinstance(result.error_in_exec, UsageError)
     assert "must be more than 0 seconds" in str(result.error_in_exec)
     assert "replica" not in capsys.readouterr().out  # nothing announced, nothing started
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(180)
+def test_a_model_trained_in_the_replicas_is_in_the_notebook_in_one_line(ip):
+    ip.run_cell("import torch\nclass Net(torch.nn.Module):\n"
+                "    def __init__(self):\n        super().__init__()\n"
+                "        self.fc = torch.nn.Linear(2, 1)\n")
+    body = ("import torch\nmodel = Net().to(device)\n"
+            "with torch.no_grad():\n    model.fc.bias.fill_(index + 0.5)\n"
+            "losses = [1.0, 0.5]")
+    result = cell(ip, "-n 3 --pull model --pull-from 2 --pull losses", body)
+    assert result.success, result.error_in_exec
+    model = ip.user_ns["model"]
+    assert type(model) is ip.user_ns["Net"]  # the notebook's own class
+    assert model.fc.bias.device.type == "cpu" and model.fc.bias.item() == 2.5
+    assert ip.user_ns["losses"] == [1.0, 0.5]  # --pull-from: plain values, not a dict
+    result = cell(ip, "-n 2 --pull model,losses --start-method forkserver", body)
+    assert result.success, result.error_in_exec
+    assert sorted(ip.user_ns["model"]) == [0, 1] and ip.user_ns["losses"] == {0: [1.0, 0.5], 1: [1.0, 0.5]}
+    assert type(ip.user_ns["model"][1]) is ip.user_ns["Net"]  # sent by value, back as itself
+    assert ip.user_ns["model"][1].fc.bias.item() == 1.5
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(120)
+def test_pull_from_a_replica_that_does_not_exist_is_refused_before_anything_runs(ip, capsys):
+    result = cell(ip, "-n 2 --pull x --pull-from 5", "x = 1")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "--pull-from 5: this run has 2 replicas (0-1)" in str(result.error_in_exec)
+    assert "[replica" not in capsys.readouterr().out
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(120)
+def test_an_unsendable_name_is_a_usage_error_naming_it(ip):
+    ip.run_cell("import threading\nguard = threading.Lock()")
+    result = cell(ip, "-n 2 --start-method forkserver", "with guard:\n    index")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "guard (lock)" in str(result.error_in_exec)
+    assert "--start-method fork" in str(result.error_in_exec)
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(120)
+def test_default_start_method_comes_from_the_environment(ip, monkeypatch):
+    ip.run_cell("import threading\nguard = threading.Lock()")
+    monkeypatch.setenv("COLAB_XLA_START_METHOD", "forkserver")
+    result = cell(ip, "-n 2", "with guard:\n    index")
+    assert isinstance(result.error_in_exec, UsageError) and "forkserver" in str(result.error_in_exec)
+    monkeypatch.setenv("COLAB_XLA_START_METHOD", "spoon")
+    result = cell(ip, "-n 2", "index")
+    assert isinstance(result.error_in_exec, UsageError) and "--start-method spoon" in str(result.error_in_exec)

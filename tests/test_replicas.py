@@ -312,12 +312,11 @@ def test_eight_replicas_times_100k_lines_arrive_complete_in_order_with_bounded_m
     assert growth < 64 * 2**20, f"the notebook's process grew by {growth / 2**20:.0f} MiB"
 
 
-def test_instances_of_notebook_classes_come_back_as_those_classes(monkeypatch):
-    import __main__
-
+def test_instances_of_notebook_classes_come_back_as_those_classes():
+    # "Defined in the notebook": module __main__, found in the notebook's namespace (the
+    # shell's user module need not be sys.modules["__main__"]).
     Counter = type("Counter", (), {"__module__": "__main__", "__init__":
                                    lambda self, n: setattr(self, "n", n)})
-    monkeypatch.setattr(__main__, "Counter", Counter, raising=False)  # "defined in the notebook"
     outcome = run("Counter(index)", 2, user_ns={"Counter": Counter})
     assert outcome.ok
     for o, value in outcome.results().items():

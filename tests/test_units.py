@@ -336,3 +336,181 @@ def test_combined_view_labels_lines_and_merges_identical_ones_across_replicas():
     view.output(outcome, 0, ["epoch 1 done"])  # a second time from replica 0: a new row
     assert view._combined_rows(outcome) == ["[all 3] epoch 1 done", "[replica 1] only me",
                                             "[process 0] from C", "[replica 0] epoch 1 done"]
+
+
+# --- start methods, names sent to replicas, options (issue #6) ------------------------------
+
+from colab_xla import launch, namespace, preflight, shared_tensors  # noqa: E402
+from colab_xla.run import check_options  # noqa: E402
+
+
+def test_a_cell_module_pickles_as_its_file_and_compiles_again(tmp_path):
+    cell = CellModule.create("y = 6\ny * 7\n", str(tmp_path), label="Cell In[3]")
+    again = pickle.loads(pickle.dumps(cell))
+    assert (again.name, again.path, again.label, again.source) == \
+        (cell.name, cell.path, cell.label, cell.source)
+    ns = {}
+    exec(again.body, ns)
+    assert eval(again.last_expr, ns) == 42
+
+
+def test_used_names_are_the_notebook_names_the_cell_mentions_but_not_replica_names():
+    ns = {"model": 1, "lr": 2, "index": 3, "device": 4, "unused": 5}
+    source = "def step():\n    return model(lr)\nprint(index, device, undefined_here)"
+    assert namespace.used_names(source, ns) == ["lr", "model"]
+
+
+def test_names_that_cannot_be_sent_are_each_named_with_type_and_reason():
+    ns = {"lk": threading.Lock(), "fine": [1, 2], "gen": (x for x in [])}
+    with pytest.raises(namespace.UnsendableNames) as info:
+        namespace.pack(["fine", "gen", "lk"], ns, "forkserver")
+    failures = info.value.failures
+    assert [(name, kind) for name, kind, _ in failures] == [("gen", "generator"), ("lk", "lock")]
+    assert all(reason for _, _, reason in failures)
+    assert "--start-method forkserver" in str(info.value) and "Fix:" in str(info.value)
+
+
+def test_names_sent_together_keep_the_objects_they_share():
+    shared = [1, 2]
+    loaded = namespace.unpack(namespace.pack(["a", "b"], {"a": shared, "b": {"x": shared}}))
+    assert loaded["a"] is loaded["b"]["x"]
+
+
+@pytest.mark.parametrize("items, expected", [
+    (["XLA_IR_DEBUG=1"], {"XLA_IR_DEBUG": "1"}),
+    (["XLA_FLAGS=--a=1 --b=2", "EMPTY="], {"XLA_FLAGS": "--a=1 --b=2", "EMPTY": ""}),
+])
+def test_env_assignments_are_parsed_at_the_first_equals_sign(items, expected):
+    assert launch.parse_env(items) == expected
+
+
+@pytest.mark.parametrize("bad", ["NOEQUALS", "=value"])
+def test_env_assignments_without_a_key_are_refused(bad):
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        launch.parse_env([bad])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"env": {"1ABC": "x"}}, "--env 1ABC=x"),
+    ({"pull": ["not a name"]}, "--pull not a name"),
+    ({"pull": ["x"], "pull_from": -1}, "--pull-from -1"),
+    ({"pull_from": 0}, "together with --pull"),
+])
+def test_bad_options_are_refused_with_the_option_named(kwargs, match):
+    args = {"env": {}, "pull": (), "pull_from": None, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        check_options(**args)
+
+
+def test_unknown_start_methods_and_launchers_are_refused():
+    with pytest.raises(ValueError, match="fork, spawn, forkserver"):
+        launch.Launch("thread")
+    with pytest.raises(ValueError, match="--launcher torchrun"):
+        launch.Launch(launcher="torchrun")
+
+
+def test_replica_environment_is_the_base_with_changes_and_removals():
+    env = launch.replica_environ({"A": "1", "B": None}, base={"B": "x", "C": "y"})
+    assert env == {"A": "1", "C": "y"}
+
+
+def test_environ_sets_and_restores_variables(monkeypatch):
+    monkeypatch.setenv("COLAB_XLA_T1", "before")
+    monkeypatch.delenv("COLAB_XLA_T2", raising=False)
+    with launch.environ({"COLAB_XLA_T1": None, "COLAB_XLA_T2": "during"}):
+        assert "COLAB_XLA_T1" not in os.environ and os.environ["COLAB_XLA_T2"] == "during"
+    assert os.environ["COLAB_XLA_T1"] == "before" and "COLAB_XLA_T2" not in os.environ
+
+
+def test_a_replica_job_sets_its_environment_where_it_is_unpickled(tmp_path):
+    job = replica.ReplicaJob(run_id="r", run_dir=str(tmp_path), channel_path="c", parent_pid=1,
+                             environ={"PATH": os.environ["PATH"], "ONLY_IN_JOB": "yes"})
+    (tmp_path / "job.pkl").write_bytes(pickle.dumps(job))
+    script = ("import os, pickle, sys; os.environ['DROPPED'] = '1'; "
+              f"job = pickle.load(open({str(tmp_path / 'job.pkl')!r}, 'rb')); "
+              "print(os.environ.get('ONLY_IN_JOB'), os.environ.get('DROPPED'), job.run_id)")
+    import subprocess
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.split() == ["yes", "None", "r"], done.stderr
+
+
+@pytest.mark.parametrize("start_method, python, threads, cuda, codes", [
+    ("fork", (3, 11), 4, False, []),
+    ("fork", (3, 12), 4, False, ["fork-threads"]),
+    ("fork", (3, 12), 1, False, []),
+    ("fork", (3, 11), 1, True, ["fork-cuda"]),
+    ("forkserver", (3, 13), 9, True, []),
+    ("spawn", (3, 12), 9, True, []),
+])
+def test_fork_is_called_unsafe_when_it_is_and_the_safe_methods_named(start_method, python,
+                                                                      threads, cuda, codes):
+    found = preflight.launch_problems(launch.Launch(start_method), {}, python=python,
+                                      threads=threads, cuda_initialized=cuda)
+    assert [p.code for p in found] == codes
+    assert all(not p.fatal and "--start-method forkserver" in p.fix for p in found)
+
+
+def test_torch_xla_launch_under_torchrun_is_refused():
+    found = preflight.launch_problems(launch.Launch(launcher="launch"),
+                                      {"TORCHELASTIC_RUN_ID": "x"}, threads=1,
+                                      cuda_initialized=False)
+    assert [(p.code, p.fatal) for p in found] == [("torchelastic", True)]
+    assert preflight.launch_problems(launch.Launch(), {"TORCHELASTIC_RUN_ID": "x"},
+                                     threads=1, cuda_initialized=False) == []
+
+
+# --- shared-memory tensors ---------------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture
+def shm_dir(tmp_path):
+    return str(tmp_path)  # any directory works; /dev/shm makes it memory
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.arange(1 << 19, dtype=torch.float32).reshape(512, 1024),
+    lambda: torch.ones(1 << 20, dtype=torch.bfloat16),
+    lambda: torch.arange(1 << 21) % 2 == 0,                                    # bool
+    lambda: torch.arange(1 << 18, dtype=torch.int64).reshape(512, 512).t(),    # not contiguous
+])
+def test_large_tensors_round_trip_through_files(shm_dir, make):
+    tensor = make()
+    rebuild, args = shared_tensors.reduce_tensor(tensor, shm_dir)
+    assert os.listdir(shm_dir)  # written...
+    back = rebuild(*args)
+    assert not os.listdir(shm_dir)  # ...and the file removed once mapped
+    assert back.dtype == tensor.dtype and back.shape == tensor.shape and torch.equal(back, tensor)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.ones(10),                                     # small: inline
+    lambda: torch.ones(1 << 20, requires_grad=True),            # needs autograd: inline
+    lambda: torch.nn.Parameter(torch.ones(1 << 20)),            # a subclass: inline
+])
+def test_other_tensors_are_left_to_pickle(shm_dir, make):
+    assert shared_tensors.reduce_tensor(make(), shm_dir) is None
+    assert shared_tensors.reduce_tensor(torch.ones(1 << 20), None) is None
+    assert not os.listdir(shm_dir)
+
+
+def test_a_full_shared_memory_falls_back_to_inline_and_leaves_no_file(shm_dir, monkeypatch):
+    import errno
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shared_tensors.os, "pwrite", full)
+    assert shared_tensors.reduce_tensor(torch.ones(1 << 20), shm_dir) is None
+    assert not os.listdir(shm_dir)
+
+
+def test_pickled_values_use_shared_memory_for_big_tensors_inside_containers(shm_dir):
+    value = {"w": torch.ones(1 << 20), "small": torch.zeros(3), "n": 1}
+    data = replica.pack_value(value, shm_dir)
+    assert len(data) < 10_000 and len(os.listdir(shm_dir)) == 1
+    back = pickle.loads(data)
+    assert torch.equal(back["w"], value["w"]) and torch.equal(back["small"], value["small"])
+    assert len(replica.pack_value(value)) > 4 << 20  # without a directory: inline

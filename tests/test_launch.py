@@ -1,0 +1,299 @@
+"""Real replicas started every way colab_xla offers: start methods, launchers, one-replica
+debugging, --env, --cache, --pull and shared-memory tensors (issue #6)."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+
+from colab_xla import hardware, launch, shared_tensors
+from colab_xla.launch import Launch
+from colab_xla.namespace import UnsendableNames
+from colab_xla.outcome import DONE
+from colab_xla.run import run_cell
+
+pytestmark = [pytest.mark.xla, pytest.mark.timeout(240)]
+
+_PY = [sys.executable, "-c"]
+
+
+def run(source, n=2, **kw):
+    kw.setdefault("announce", None)
+    return run_cell(textwrap.dedent(source).lstrip("\n"), nprocs=n, label="Cell In[5]", **kw)
+
+
+def notebook_namespace():
+    """Names as a notebook defines them: module ``__main__``, so cloudpickle sends the
+    function and the class by value, as it would from a kernel."""
+    ns = {"__name__": "__main__"}
+    exec(textwrap.dedent("""
+        import math
+        class Point:
+            def __init__(self, x):
+                self.x = x
+        def scaled(v):
+            return v * factor
+        factor = 10
+        """), ns)
+    del ns["__builtins__"]
+    return ns
+
+
+CELL_USING_NOTEBOOK_NAMES = """
+import os
+print("replica", index, "pid", os.getpid())
+Point(scaled(index) + math.floor(2.5))
+"""
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_without_fork_the_cell_gets_the_notebook_names_it_mentions(method):
+    ns = notebook_namespace()
+    ns["unrelated"] = threading.Lock()  # not mentioned: not sent, so no error
+    outcome = run(CELL_USING_NOTEBOOK_NAMES, 2, user_ns=ns, launch=Launch(method))
+    assert outcome.ok, [r.error for r in outcome.replicas.values()]
+    for o, value in outcome.results().items():
+        assert type(value) is ns["Point"] and value.x == o * 10 + 2  # the notebook's class
+        assert outcome.replicas[o].text.startswith(f"replica {o} pid ")
+        assert outcome.replicas[o].pid != os.getpid()
+    assert not hardware.runtime_initialized()
+
+
+def test_forkserver_is_reused_and_survives_an_interrupted_run(tmp_path):
+    first = run("index", 2, launch=Launch("forkserver"))
+    server = launch.warm_forkserver()
+    assert first.ok and server[1] is False  # started by the run, not now
+    marker = tmp_path / "pids"
+    script = textwrap.dedent(f"""
+        import os, time
+        from colab_xla.run import run_cell
+        from colab_xla.launch import Launch, warm_forkserver
+        run_cell("index", nprocs=1, announce=None, launch=Launch("forkserver"))
+        print("server", warm_forkserver()[0], flush=True)
+        cell = '''
+        import os, time
+        with open({str(marker)!r} + str(index), "w") as f:
+            f.write(str(os.getpid()))
+        while True:
+            time.sleep(0.1)
+        '''
+        outcome = run_cell(cell, nprocs=2, announce=None, launch=Launch("forkserver"))
+        print("interrupted:", outcome.interrupted, flush=True)
+        again = run_cell("index * 3", nprocs=2, announce=None, launch=Launch("forkserver"))
+        print("again:", again.results(), "server", warm_forkserver()[0], flush=True)
+        """)
+    proc = subprocess.Popen(_PY + [script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    files = [tmp_path / f"pids{o}" for o in range(2)]
+    deadline = time.monotonic() + 120
+    while not all(f.exists() and f.read_text() for f in files):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    replica_pids = {int(f.read_text()) for f in files}
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert "interrupted: True" in out, out + err
+    assert not any(psutil.pid_exists(p) for p in replica_pids)
+    servers = re.findall(r"server (\d+)", out)
+    assert len(servers) == 2 and servers[0] == servers[1], out  # the same warm server
+    assert "again: {0: 0, 1: 3}" in out, out + err
+
+
+def test_forkserver_replicas_get_each_runs_environment_not_the_servers():
+    for n, extra in ((2, "one"), (3, "two")):
+        outcome = run("""
+            import os, torch_xla.runtime as xr
+            (xr.world_size(), os.environ.get("COLAB_XLA_TEST_VAR"))
+            """, n, launch=Launch("forkserver"), env={"COLAB_XLA_TEST_VAR": extra})
+        assert outcome.results() == {o: (n, extra) for o in range(n)}
+    assert "COLAB_XLA_TEST_VAR" not in os.environ
+
+
+def test_a_name_that_cannot_be_sent_is_named_before_anything_starts():
+    before = set(psutil.Process().children(recursive=True))
+    with pytest.raises(UnsendableNames) as info:
+        run("print(lk, ok)", 2, user_ns={"lk": threading.Lock(), "ok": 1},
+            launch=Launch("spawn"))
+    message = str(info.value)
+    assert "lk (lock): TypeError" in message and "ok (int)" not in message
+    assert "--start-method fork" in message
+    assert set(psutil.Process().children(recursive=True)) <= before
+
+
+def test_torch_xla_launch_gives_the_same_results_output_and_errors_as_xmp_spawn():
+    cell = """
+        print("hello from", index)
+        if index == 1:
+            raise ValueError("replica one fails")
+        index * 2
+        """
+    outcomes = {name: run(cell, 3, launch=Launch(launcher=name)) for name in ("xmp", "launch")}
+
+    def seen(o):
+        return (o.results(), {k: r.text for k, r in o.replicas.items()},
+                [(e.ename, e.evalue, tuple(ords)) for e, ords in o.error_groups()],
+                {k: r.state for k, r in o.replicas.items()})
+
+    assert seen(outcomes["launch"]) == seen(outcomes["xmp"])
+    assert outcomes["xmp"].results() == {0: 0, 2: 4}
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_debug_single_runs_one_replica_outside_the_notebook_process(method):
+    outcome = run("""
+        import os, torch_xla.runtime as xr
+        (index, xr.world_size(), os.getpid())
+        """, None, launch=Launch(method, debug_single=True))
+    assert outcome.ok
+    (index, world, pid), = outcome.results().values()
+    assert (index, world) == (0, 1) and pid != os.getpid()
+    assert not hardware.runtime_initialized()
+    with pytest.raises(ValueError, match="--debug-single: it runs one replica"):
+        run("index", 4, launch=Launch(method, debug_single=True))
+
+
+def test_env_reaches_xla_in_the_replicas_only(tmp_path):
+    dump = tmp_path / "dump"
+    outcome = run("""
+        import os, torch
+        print(os.environ["COLAB_XLA_TEST_VAR"])
+        (torch.ones(2, device=device) + index).cpu()
+        """, 2, env={"XLA_FLAGS": f"--xla_dump_to={dump}", "COLAB_XLA_TEST_VAR": "a=b"})
+    assert outcome.ok and all(r.text == "a=b" for r in outcome.replicas.values())
+    assert dump.is_dir() and any(dump.iterdir())  # XLA itself read the flag
+    assert "COLAB_XLA_TEST_VAR" not in os.environ and "--xla_dump_to" not in os.environ.get("XLA_FLAGS", "")
+
+
+def test_env_is_planned_with_so_a_bad_value_is_refused_like_the_environment():
+    with pytest.raises(Exception, match="XLA_USE_SPMD"):
+        run("index", 2, env={"XLA_USE_SPMD": "1"})
+    with pytest.raises(ValueError, match="--env 1X=2"):
+        run("index", 2, env={"1X": "2"})
+
+
+def test_cache_gets_a_directory_per_process_and_a_rerun_tries_to_load_it(tmp_path):
+    cache = tmp_path / "cache"
+    cell = "import torch\n(torch.ones(3, device=device) * 5).cpu()"
+    first = run(cell, 2, cache_dir=str(cache))
+    assert first.ok and sorted(os.listdir(cache)) == ["process-0"]
+    assert os.listdir(cache / "process-0"), "the first run wrote no compiled program"
+    second = run(cell, 2, cache_dir=str(cache))
+    assert second.ok
+    assert {o: v.tolist() for o, v in second.results().items()} == {0: [5.0] * 3, 1: [5.0] * 3}
+    c_output = "\n".join(log.tail_text() for log in second.processes.values())
+    # XLA's CPU client cannot deserialize executables: the attempt is what we can see.
+    assert "Failed to deserialize executable" in c_output
+
+
+def test_pull_brings_names_back_by_ordinal_with_xla_tensors_on_cpu():
+    cell = """
+        import torch
+        model = torch.nn.Linear(3, 2).to(device)
+        with torch.no_grad():
+            model.weight.fill_(index)
+        state = {"step": index, "weights": [model.weight * 2]}
+        """
+    outcome = run(cell, 3, pull=["model", "state"])
+    assert outcome.ok
+    models, states = outcome.pulled("model"), outcome.pulled("state")
+    assert sorted(models) == sorted(states) == [0, 1, 2]
+    for o, model in models.items():
+        assert isinstance(model.weight, __import__("torch").nn.Parameter)
+        assert model.weight.device.type == "cpu" and float(model.weight.detach().sum()) == 6 * o
+        assert states[o]["step"] == o and states[o]["weights"][0].device.type == "cpu"
+    assert "Pulled: model (Linear), state (dict)" in __import__(
+        "colab_xla.text_view", fromlist=["render"]).render(outcome)
+
+
+def test_pull_from_one_replica_sends_only_its_values():
+    outcome = run("import os\npid = os.getpid()\nmine = index", 4, pull=["mine"], pull_from=2)
+    assert outcome.ok and outcome.pulled("mine") == {2: 2}
+    with pytest.raises(ValueError, match="--pull-from 4: this run has 4 replicas"):
+        run("mine = 1", 4, pull=["mine"], pull_from=4)
+
+
+def test_a_name_that_cannot_come_back_is_reported_by_name_and_type_and_the_others_arrive():
+    outcome = run("""
+        import threading
+        good = index + 1
+        bad = threading.Lock()
+        """, 2, pull=["good", "bad", "missing"])
+    assert not outcome.ok and outcome.pulled("good") == {0: 1, 1: 2}
+    for rep in outcome.replicas.values():
+        assert rep.error.kind == "result"
+        assert "--pull bad (lock) could not be sent back" in rep.error.evalue
+        assert "--pull missing: no such name in the replica" in rep.error.evalue
+
+
+def _mapped_from_shm(tensor) -> bool:
+    """Whether the tensor's memory is a mapping of a (removed) file in /dev/shm."""
+    address = tensor.data_ptr()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            span, *rest = line.split()
+            start, end = (int(x, 16) for x in span.split("-"))
+            if start <= address < end:
+                return "/dev/shm/colab_xla-" in line
+    return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm here")
+def test_large_tensors_arrive_through_shared_memory_and_small_ones_inline():
+    outcome = run("""
+        import torch
+        big = torch.arange(1 << 20, dtype=torch.float32) + index   # 4 MiB
+        small = torch.ones(4) * index
+        (big, small)
+        """, 2, pull=["big"])
+    assert outcome.ok
+    for o, (big, small) in outcome.results().items():
+        assert float(big[0]) == o and float(big[-1]) == (1 << 20) - 1 + o
+        assert _mapped_from_shm(big) and not _mapped_from_shm(small)
+        assert _mapped_from_shm(outcome.pulled("big")[o])
+    leftovers = [d for d in os.listdir("/dev/shm")
+                 if d.startswith(f"colab_xla-{os.getuid()}-{os.getpid()}-")]
+    assert leftovers == []  # the run's directory is gone; the mapped tensors live on
+    del big
+    assert float(outcome.results()[1][0].sum()) == sum(range(1 << 20)) + (1 << 20)
+
+
+def test_shared_memory_directory_of_a_dead_notebook_is_removed(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    root = tmp_path / "shm"
+    root.mkdir()
+    stale = root / f"colab_xla-{os.getuid()}-{dead.pid}-abc"
+    mine = root / f"colab_xla-{os.getuid()}-{os.getpid()}-def"
+    other = root / "someone-else"
+    for d in (stale, mine, other):
+        d.mkdir()
+    new = shared_tensors.make_dir("xyz", root=str(root))
+    assert not stale.exists() and mine.exists() and other.exists()
+    assert new and os.stat(new).st_mode & 0o777 == 0o700
+
+
+def test_pull_and_result_outcome_states_are_done_for_plain_values():
+    outcome = run("x = [index] * 3\nx", 2, pull=["x"], launch=Launch("forkserver"))
+    assert {o: r.state for o, r in outcome.replicas.items()} == {0: DONE, 1: DONE}
+    assert outcome.pulled("x") == outcome.results() == {0: [0, 0, 0], 1: [1, 1, 1]}
+
+
+@pytest.mark.parametrize("how", [Launch(), Launch(debug_single=True)])
+def test_replicas_run_parallel_cpu_ops_after_the_notebook_ran_some(how):
+    # GNU OpenMP hangs a forked child's first parallel op when the forking thread had
+    # used its thread pool. The notebook's main thread has; colab_xla forks from a driver
+    # thread that has not, so the replica's own main thread (--debug-single) is safe too.
+    torch = pytest.importorskip("torch")
+    big = torch.ones(16 << 20)
+    torch.empty_like(big).copy_(big)  # a parallel op in this (the "notebook's") thread
+    outcome = run("import torch\nfloat(torch.full((16 << 20,), 2.0).sum())",
+                  None if how.debug_single else 2, launch=how, timeout=60)
+    assert outcome.ok, [r.error for r in outcome.replicas.values()]
+    assert set(outcome.results().values()) == {float(2 * (16 << 20))}
