@@ -40,7 +40,7 @@ if BENCH_DIR not in sys.path:
 from _results import machine_line, publish  # noqa: E402
 from colab_xla import hardware  # noqa: E402
 from colab_xla.launch import environ  # noqa: E402
-from trivial import trivial  # noqa: E402
+from peer_jobs import trivial  # noqa: E402
 
 NAME = "launch_overhead"
 GOAL_MS = 30.0

@@ -7,7 +7,7 @@ Every replica prints ``r{index} line {i}`` for i in range(LINES). Three paths:
 * magic:  ``%%xla_spawn -n R --no-widget`` of the same loop in a real ipykernel started
           with jupyter_client (the text view prints the first 200 lines of each replica
           live; all of them are in the log files named by ``full logs: DIR``);
-* plain:  ``xmp.spawn(plain_print.printer, args=(LINES,), start_method='fork')`` in the
+* plain:  ``xmp.spawn(peer_jobs.printer, args=(LINES,), start_method='fork')`` in the
           same kernel: a forked child's ``print`` goes through ipykernel's OutStream,
           which sends each flush from the child over a fresh zmq connection, and the
           replicas (threads of one process on CPU) share its buffer.
@@ -39,7 +39,7 @@ import shutil
 import sys
 import threading
 import time
-from typing import Iterable, List, Optional
+from typing import Callable, Iterable, List, Optional
 
 import psutil
 
@@ -186,9 +186,12 @@ class Kernel:
                                f"{r['error']}")
         return r["result"]
 
-    def execute(self, code: str, deadline: float, grace: float = 1.0) -> dict:
+    def execute(self, code: str, deadline: float, grace: float = 1.0,
+                on_message: Optional[Callable[[dict, float], None]] = None) -> dict:
         """Run ``code``; collect its stream messages until reply and idle (or deadline),
-        then for ``grace`` s more (late output of forked children)."""
+        then for ``grace`` s more (late output of forked children). ``on_message(msg,
+        arrived)`` sees every IOPub message of the execution, with the ``time.time()`` it
+        was received here."""
         kc = self.kc
         t0 = time.perf_counter()
         msg_id = kc.execute(code)
@@ -199,13 +202,6 @@ class Kernel:
              "timed_out": False}
         stop_at = t0 + deadline
         while True:
-            now = time.perf_counter()
-            done = r["reply_s"] is not None and r["idle_s"] is not None
-            if done and now >= t0 + r["idle_s"] + grace:
-                break
-            if not done and now >= stop_at:
-                r["timed_out"] = True
-                break
             if r["reply_s"] is None:
                 try:
                     reply = kc.get_shell_msg(timeout=0)
@@ -218,12 +214,22 @@ class Kernel:
                         if r["status"] == "error":
                             r["error"] = (f"{reply['content'].get('ename')}: "
                                           f"{reply['content'].get('evalue')}")
+            now = time.perf_counter()
+            done = r["reply_s"] is not None and r["idle_s"] is not None
+            if done and now >= t0 + r["idle_s"] + grace:
+                break
+            if not done and now >= stop_at:
+                r["timed_out"] = True
+                break
+            wait = 0.05 if not done else min(0.05, t0 + r["idle_s"] + grace - now)
             try:
-                msg = kc.get_iopub_msg(timeout=0.05)
+                msg = kc.get_iopub_msg(timeout=wait)
             except queue.Empty:
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
+            if on_message is not None:
+                on_message(msg, time.time())
             kind, content = msg["msg_type"], msg["content"]
             if kind == "stream":
                 (out if content["name"] == "stdout" else err).append(content["text"])
@@ -256,7 +262,7 @@ class Kernel:
 SETUP = f"""\
 import sys
 sys.path.insert(0, {BENCH_DIR!r})
-import plain_print
+import peer_jobs
 import torch_xla.distributed.xla_multiprocessing as xmp
 get_ipython().run_line_magic("load_ext", "colab_xla")
 """
@@ -270,20 +276,32 @@ def split_lines(text: str) -> List[str]:
 
 
 def run_plain(k: Kernel, replicas: int, n: int, deadline: float) -> dict:
-    code = f"xmp.spawn(plain_print.printer, args=({n},), start_method='fork')"
+    code = f"xmp.spawn(peer_jobs.printer, args=({n},), start_method='fork')"
+    return run_streamed(k, code, "plain", replicas, n, deadline)
+
+
+def run_streamed(k: Kernel, code: str, path: str, replicas: int, n: int, deadline: float,
+                 banner: Optional[str] = None) -> dict:
+    """Run ``code`` whose replicas print straight to the kernel's stdout; count the lines
+    of every IOPub ``stream`` message (``banner``: a line the launcher itself prints,
+    not counted)."""
     with RssSampler(k.pid) as rss:
         r = k.execute(code, deadline=deadline, grace=2.0)
     if r["timed_out"]:
         k.recover()
-    counts = summarize(tally(split_lines(r["stdout"]), replicas, n), replicas, n)
+    lines = [line for line in split_lines(r["stdout"]) if banner is None or line != banner]
+    counts = summarize(tally(lines, replicas, n), replicas, n)
     wall = r["idle_s"] if r["idle_s"] is not None else deadline
-    return {"path": "plain", "replicas": replicas, "lines": n, "wall_s": wall,
+    return {"path": path, "replicas": replicas, "lines": n, "wall_s": wall,
             "lines_per_s": replicas * n / wall, **counts, **rss.result(),
             "stderr_tail": r["stderr"][-500:], **_meta(r)}
 
 
-def run_magic(k: Kernel, replicas: int, n: int, deadline: float) -> dict:
-    code = f"%%xla_spawn -n {replicas} --no-widget\n" + LOOP.format(n=n)
+def run_magic(k: Kernel, replicas: int, n: int, deadline: float,
+              body: Optional[str] = None) -> dict:
+    """``%%xla_spawn --no-widget`` of ``body`` (default: the print loop of ``n`` lines),
+    counted from the full logs."""
+    code = f"%%xla_spawn -n {replicas} --no-widget\n" + (body or LOOP.format(n=n))
     with RssSampler(k.pid) as rss:
         r = k.execute(code, deadline=deadline)
     if r["timed_out"]:

@@ -17,6 +17,13 @@ pytestmark = [pytest.mark.xla, pytest.mark.timeout(300)]
     ("launch_overhead.py", ["--repeats", "2", "--warmups", "1", "--replicas", "1,2"]),
     ("output_latency.py", ["--repeats", "2", "--replicas", "2"]),
     ("output_throughput.py", ["--lines", "300", "--plain-lines", "20", "--replicas", "2"]),
+    ("start_methods.py", ["--repeats", "2", "--spawn-repeats", "2", "--replicas", "2"]),
+    ("result_return.py", ["--mib", "2", "--replicas", "2", "--repeats", "2"]),
+    ("peers.py", ["--replicas", "2", "--repeats", "2", "--latency-repeats", "1",
+                  "--throughput-replicas", "2", "--lines", "200", "--slow-lines", "10",
+                  "--throughput-repeats", "1", "--return-replicas", "2", "--return-mib", "1",
+                  "--return-repeats", "2", "--interrupt-replicas", "2", "--interrupts", "1",
+                  "--interrupt-cap", "1"]),
 ])
 def test_benchmark_runs_and_writes_its_section(tmp_path, script, args):
     done = subprocess.run([sys.executable, str(BENCH / script), *args, "--out", str(tmp_path)],
