@@ -47,6 +47,7 @@ class Hardware:
     tpu_cores_per_chip: Optional[int] = None  # 2 on v2/v3, 1 later; None if unknown
     cpu_num_devices: Optional[int] = None  # CPU_NUM_DEVICES as the user set it
     xla_thread_pool_size: Optional[str] = None  # XLA_THREAD_POOL_SIZE as the user set it
+    param_aliasing: Optional[str] = None  # XLA_ENABLE_PARAM_ALIASING as the user set it
 
 
 @dataclass(frozen=True)
@@ -75,13 +76,19 @@ def plan_replicas(requested: Optional[int], hw: Hardware) -> ReplicaPlan:
         n = requested or hw.cpu_num_devices or DEFAULT_CPU_REPLICAS
         note = None
         if hw.pjrt_device is None:
-            note = (f"colab_xla: no TPU found, running {n} replicas on CPU "
+            note = (f"colab_xla: no TPU found, running {n} replica{'s' if n != 1 else ''} on CPU "
                     f"(PJRT_DEVICE=CPU, CPU_NUM_DEVICES={n}).")
         env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(n)}
         if hw.xla_thread_pool_size is None:
             # A collective blocks one XLA pool thread per replica until all have arrived:
             # fewer threads than replicas (the default is the core count) hangs.
             env["XLA_THREAD_POOL_SIZE"] = str(max(n + 2, 8))
+        if n > 1 and hw.param_aliasing is None:
+            # Replica threads run each collective as a program of its own (see
+            # replica._serialize_cpu_compiles); with parameter buffers donated to the step
+            # that updates them, a training loop that never calls torch_xla.sync() after
+            # xm.optimizer_step meets a deleted buffer at its second step.
+            env["XLA_ENABLE_PARAM_ALIASING"] = "0"
         return ReplicaPlan("CPU", n, env, note)
 
     if device == "TPU":
@@ -114,7 +121,8 @@ def detect(environ: Mapping[str, str] = os.environ) -> Hardware:
         chips, per_chip = _tpu_chips()
     return Hardware(pjrt_device=pjrt, tpu_chips=chips, tpu_cores_per_chip=per_chip,
                     cpu_num_devices=int(cpu_num) if cpu_num and cpu_num.isdigit() else None,
-                    xla_thread_pool_size=environ.get("XLA_THREAD_POOL_SIZE"))
+                    xla_thread_pool_size=environ.get("XLA_THREAD_POOL_SIZE"),
+                    param_aliasing=environ.get("XLA_ENABLE_PARAM_ALIASING"))
 
 
 TORCH_XLA_INSTALL_HINT = (

@@ -77,3 +77,35 @@ def test_a_training_loop_with_optimizer_step_keeps_eight_replicas_identical():
             for name, value in params[o].items():  # gradients were averaged: same weights
                 assert torch.equal(value, params[0][name]), (attempt, o, name)
         assert not torch.equal(params[0]["fc.weight"], base.fc.weight.detach())  # it trained
+
+
+PLAIN_LOOP = textwrap.dedent('''
+    import torch, torch_xla.core.xla_model as xm
+    model = torch.nn.Linear(2, 1)
+    with torch.no_grad():                             # the same start on every replica
+        model.weight.fill_(0.5), model.bias.fill_(0.0)
+    model = model.to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(index)          # different data on every replica
+    for step in range(5):
+        x = torch.randn(8, 2, generator=g)
+        loss = torch.nn.functional.mse_loss(model(x.to(device)), x.sum(1, keepdim=True).to(device))
+        opt.zero_grad()
+        loss.backward()
+        xm.optimizer_step(opt)                        # no torch_xla.sync() after it
+        print(f"step {step} loss {loss.item():.4f}")  # .item() runs the step
+    [p.detach() for p in model.parameters()]
+    ''')
+
+
+def test_a_plain_loop_without_a_sync_after_the_step_trains_every_replica_alike():
+    # With XLA's parameter buffer donation on, the second step met a deleted buffer.
+    import torch
+
+    outcome = run_cell(PLAIN_LOOP, nprocs=4, announce=None, timeout=120)
+    assert outcome.ok, {o: r.error.render() for o, r in outcome.replicas.items() if r.error}
+    params = outcome.results()
+    for o in range(4):
+        assert len(outcome.replicas[o].text.splitlines()) == 5
+        assert all(torch.equal(a, b) for a, b in zip(params[o], params[0])), o
+    assert float(params[0][1]) != 0.0  # it trained

@@ -137,7 +137,8 @@ def test_cpu_plan_defaults_to_a_simulated_tpu_host_and_says_so():
     plan = hardware.plan_replicas(None, hardware.Hardware(pjrt_device=None))
     assert (plan.device_type, plan.replicas) == ("CPU", hardware.DEFAULT_CPU_REPLICAS)
     assert plan.env == {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8",
-                        "XLA_THREAD_POOL_SIZE": "10"}  # a collective holds a thread per replica
+                        "XLA_THREAD_POOL_SIZE": "10",  # a collective holds a thread per replica
+                        "XLA_ENABLE_PARAM_ALIASING": "0"}  # see test_collectives
     assert "no TPU found" in plan.note and "8 replicas on CPU" in plan.note
 
 
@@ -147,8 +148,10 @@ def test_cpu_plan_honours_n_and_cpu_num_devices_and_explicit_device():
     plan = hardware.plan_replicas(5, hw)
     assert plan.replicas == 5 and plan.env["CPU_NUM_DEVICES"] == "5"
     assert plan.note is None  # the user chose CPU: nothing to announce
-    mine = hardware.Hardware(pjrt_device="CPU", xla_thread_pool_size="3")
-    assert "XLA_THREAD_POOL_SIZE" not in hardware.plan_replicas(4, mine).env  # the user's stays
+    mine = hardware.Hardware(pjrt_device="CPU", xla_thread_pool_size="3", param_aliasing="1")
+    env = hardware.plan_replicas(4, mine).env
+    assert "XLA_THREAD_POOL_SIZE" not in env and "XLA_ENABLE_PARAM_ALIASING" not in env  # the user's stay
+    assert "XLA_ENABLE_PARAM_ALIASING" not in hardware.plan_replicas(1, hw).env  # nothing to simulate
 
 
 @pytest.mark.parametrize("n", [0, -2])
