@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from . import hardware, preflight, registry
+from . import hardware, launch, preflight, registry
 from .preflight import Problem
 
 # Calls that initialize the XLA runtime in the process that makes them.
@@ -118,6 +118,16 @@ def diagnose(environ: Mapping[str, str] = os.environ, history: Sequence[str] = (
                                        hardware.RUNTIME_INITIALIZED_FIX))
 
     report.problems += preflight.environment_problems(environ)
+
+    method = environ.get("COLAB_XLA_START_METHOD", "fork")
+    server = launch.forkserver_pid()
+    report.facts.append(("start method", f"{method} by default" + (
+        f"; forkserver running (pid {server})" if server else "")))
+    try:
+        report.problems += preflight.launch_problems(launch.Launch(method), environ)
+    except ValueError as exc:
+        report.problems.append(Problem("start-method", f"COLAB_XLA_START_METHOD: {exc}",
+                                       "Set it to fork, spawn or forkserver.", fatal=False))
 
     found = registry.leftovers()
     report.facts.append(("leftover processes", str(len(found))))

@@ -34,7 +34,7 @@ START_METHODS = ("fork", "spawn", "forkserver")
 LAUNCHERS = ("xmp", "launch")
 
 # What the forkserver imports once, so that the replicas it forks start warm.
-FORKSERVER_PRELOAD = ("colab_xla.replica", "torch", "torch_xla", "torch_xla.runtime",
+FORKSERVER_PRELOAD = ("colab_xla.replica", "colab_xla.run", "torch", "torch_xla", "torch_xla.runtime",
                       "torch_xla.core.xla_model", "torch_xla.distributed.xla_multiprocessing")
 
 
@@ -106,13 +106,13 @@ def warm_forkserver() -> Tuple[int, bool]:
     """
     from multiprocessing import forkserver
 
-    server = forkserver._forkserver
-    before = getattr(server, "_forkserver_pid", None)
+    before = forkserver_pid()
     if before is None:
         multiprocessing.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     with environ({"PJRT_SELECT_DEFAULT_DEVICE": "0"}):  # see hardware.import_torch_xla
         forkserver.ensure_running()  # (starts it again if it died)
-    return server._forkserver_pid, server._forkserver_pid != before
+    now = forkserver_pid()
+    return now, now != before
 
 
 def parse_env(assignments) -> Dict[str, str]:
@@ -124,6 +124,13 @@ def parse_env(assignments) -> Dict[str, str]:
             raise ValueError(f"--env {item}: write KEY=VALUE, e.g. --env XLA_IR_DEBUG=1.")
         env[key] = value
     return env
+
+
+def forkserver_pid() -> Optional[int]:
+    """The forkserver's pid if colab_xla (or anything) started it, else None."""
+    from multiprocessing import forkserver
+
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
 
 
 def replica_environ(changes: Mapping[str, Optional[str]],

@@ -121,6 +121,15 @@ def test_doctor_reports_environment_problems_with_fixes(private_state):
     assert "not initialized (good)" in text and text.count("Fix:") == 2
 
 
+def test_doctor_tells_the_default_start_method_and_refuses_a_bad_one(private_state):
+    text = doctor.diagnose(environ={"PJRT_DEVICE": "CPU"}, history=[]).render()
+    assert "start method" in text and "fork by default" in text
+    report = doctor.diagnose(environ={"PJRT_DEVICE": "CPU", "COLAB_XLA_START_METHOD": "vfork"},
+                             history=[])
+    assert [p.code for p in report.problems] == ["start-method"]
+    assert "fork, spawn, forkserver" in report.render()
+
+
 def test_doctor_points_at_the_cell_that_initialized_the_runtime():
     history = ["", "import torch_xla", "%%xla_spawn\nd = torch_xla.device()",
                "dev = xm.xla_device()\nx = 1", "print('later')"]
