@@ -2,9 +2,9 @@
 
 :func:`run_cell` writes the cell to a module, starts ``xmp.spawn(..., start_method='fork')``
 (or another way, see :mod:`colab_xla.launch`) in a driver thread, and reads the replicas'
-frames in the calling thread until the run ends, so the caller (the kernel's main thread) stays interruptible: on
-``KeyboardInterrupt`` every process the run started is killed by pid, and the outcome
-says which replicas were interrupted. The notebook's process never initializes the XLA
+frames in the calling thread until the run ends, so the caller (the kernel's main thread)
+stays interruptible: on ``KeyboardInterrupt`` every process the run started is killed by
+pid, and the outcome says which replicas were interrupted. The notebook's process never initializes the XLA
 runtime and never runs a replica.
 
 Example (in a plain Python process with torch_xla installed)::
@@ -134,7 +134,7 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
         if launch.start_method != "fork":
             names = namespace.pack(namespace.used_names(source, user_ns), user_ns,
                                    launch.start_method)
-        # Where the replicas run is said once per notebook process; problems every time.
+        # Notes are said once per notebook process (leftover processes: every run).
         notes = [_once(plan.note), _once(_start_note(launch))]
         if launch.start_method == "forkserver" and warm_forkserver()[1]:
             notes.append(FORKSERVER_STARTING)
@@ -146,7 +146,7 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
         changes = {**env, **plan.env,
                    **{v: None for v in preflight.strip_topology(replica_env)}}
         plan = dataclasses.replace(plan, env=changes)
-        options = _Options(launch, cell, names, cache_dir and os.path.abspath(cache_dir),
+        options = _Options(launch, cell, names, cache_dir and _cache_dir(cache_dir),
                            tuple(pull), pull_from)
         return _Run(options, plan, run_dir, user_ns, observer or RunObserver(),
                     timeout).run()
@@ -170,6 +170,18 @@ def check_options(env: Mapping[str, str], pull: Sequence[str],
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _cache_dir(path: str) -> str:
+    """``--cache DIR`` made (if new) and checked writable here, before replicas need it."""
+    path = os.path.abspath(os.path.expanduser(path))
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--cache {path}: cannot create it ({exc.strerror}).") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"--cache {path}: not writable by this user; choose another DIR.")
+    return path
 
 
 @dataclasses.dataclass(frozen=True)

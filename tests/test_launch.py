@@ -192,6 +192,13 @@ def test_cache_gets_a_directory_per_process_and_a_rerun_tries_to_load_it(tmp_pat
     assert "Failed to deserialize executable" in c_output
 
 
+def test_a_cache_directory_that_cannot_be_made_is_refused_before_anything_runs(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match=r"--cache .*file/cache: cannot create it"):
+        run("index", 2, cache_dir=str(blocker / "cache"))
+
+
 def test_pull_brings_names_back_by_ordinal_with_xla_tensors_on_cpu():
     cell = """
         import torch
