@@ -307,6 +307,8 @@ class _Run:
         finally:
             with _sigint_ignored():
                 self._kill_processes()  # nothing of the run outlives it, whatever happened
+                if driver.is_alive():  # an error above: let it see its pool end first
+                    driver.join(_DRIVER_JOIN_SECONDS)
             replica._FORKED.pop(self.run_id, None)
             shared_tensors.remove_dir(self._shm_dir)  # tensors already mapped stay valid
             for fd in (read_fd, write_fd, done_r, done_w,

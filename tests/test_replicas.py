@@ -326,3 +326,19 @@ def test_instances_of_notebook_classes_come_back_as_those_classes():
 def test_the_outcome_lists_replicas_by_ordinal_whatever_order_they_finished_in():
     outcome = run("import time\ntime.sleep(0.05 * (3 - index))\nindex", 4)  # 3 finishes first
     assert list(outcome.replicas) == [0, 1, 2, 3]
+
+
+def test_an_error_in_a_view_ends_the_run_cleanly(monkeypatch):
+    from colab_xla.run import RunObserver
+
+    class Broken(RunObserver):
+        def started(self, outcome, ordinal):
+            raise RuntimeError("view broke")
+
+    thread_errors = []
+    monkeypatch.setattr("threading.excepthook", thread_errors.append)
+    before = set(psutil.Process().children(recursive=True))
+    with pytest.raises(RuntimeError, match="view broke"):
+        run("import time\ntime.sleep(30)", 2, observer=Broken())
+    assert thread_errors == []  # the driver thread saw its pool end; it did not crash
+    assert set(psutil.Process().children(recursive=True)) <= before
