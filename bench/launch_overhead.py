@@ -195,7 +195,7 @@ def render(results: List[dict], info: dict, seconds: float) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=30, help="timed runs per path (30)")
+    parser.add_argument("--repeats", type=int, default=20, help="timed runs per path (20)")
     parser.add_argument("--warmups", type=int, default=2, help="untimed runs per path (2)")
     parser.add_argument("--replicas", default="1,4,8", help="replica counts (1,4,8)")
     parser.add_argument("--out", default=BENCH_DIR,
