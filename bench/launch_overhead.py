@@ -14,7 +14,7 @@ path: median and p10/p90 in ms; against bare: the median of paired differences (
 iteration's time minus that iteration's bare time, robust to drift) and the ratio of
 medians. Writes the "launch_overhead" section of results.md and results/launch_overhead.json.
 
-    python bench/launch_overhead.py [--repeats 30] [--replicas 1,4,8] [--out DIR]
+    python bench/launch_overhead.py [--repeats 20] [--replicas 1,4,8] [--out DIR]
 """
 
 from __future__ import annotations
