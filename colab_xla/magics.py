@@ -68,7 +68,7 @@ class XlaMagics(Magics):
                    "compiling. (On CPU, XLA cannot load them back: it compiles again.)")
     @cell_magic
     def xla_spawn(self, line, cell):
-        """Run the cell on every XLA replica, with xmp.spawn and fork.
+        """Run the cell on every XLA replica, with xmp.spawn (fork by default).
 
         The cell runs in each replica with the notebook's names and three of its own:
         ``index`` (the replica's ordinal), ``device`` (its XLA device, created on first
@@ -84,6 +84,9 @@ class XlaMagics(Magics):
 
         ``--pull NAME`` brings names back from the replicas (``--pull-from 0``: from replica 0
         only), so a model trained in the replicas is in the notebook after the cell.
+        Where fork is unsafe (CUDA initialized, threads), ``--start-method forkserver``
+        starts replicas from a warm server instead; they get the notebook names the cell
+        mentions.
 
         If a replica raises or dies, the others get 3 s to finish, then the run is stopped
         (also when they wait in a collective for the failed one), and the cell raises one
