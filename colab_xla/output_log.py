@@ -79,6 +79,11 @@ class OutputLog:
         """How many lines are in the log file but no longer in the tail."""
         return max(0, self.lines_total - len(self.tail))
 
+    def earlier_note(self, skipped: Optional[int] = None) -> str:
+        """``... N earlier lines in <path>``: what a view shows above the lines it keeps
+        (``skipped`` defaults to the lines this log no longer holds)."""
+        return f"... {self.truncated if skipped is None else skipped} earlier lines in {self.path}"
+
     def tail_text(self) -> str:
         lines = [t for _, t in self.tail] + [t for _, t in self.partial()]
         return "\n".join(lines)

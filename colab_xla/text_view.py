@@ -69,9 +69,9 @@ def tail_lines(log: OutputLog, tail: Optional[int]) -> List[str]:
     lines = log.tail_text().split("\n") if log.tail_text() else []
     if tail is not None and len(lines) > tail:
         skipped = log.truncated + len(lines) - tail
-        lines = [f"... {skipped} earlier lines in {log.path}"] + lines[-tail:] if tail else []
+        lines = [log.earlier_note(skipped)] + lines[-tail:] if tail else []
     elif log.truncated:
-        lines = [f"... {log.truncated} earlier lines in {log.path}"] + lines
+        lines = [log.earlier_note()] + lines
     return lines
 
 

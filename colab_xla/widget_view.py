@@ -167,5 +167,5 @@ def _log_outputs(log) -> tuple:
         else:
             runs.append(_stream(line + "\n", stream))
     if log.truncated:
-        runs.insert(0, _stream(f"... {log.truncated} earlier lines in {log.path}\n"))
+        runs.insert(0, _stream(log.earlier_note() + "\n"))
     return tuple(runs)
