@@ -62,12 +62,6 @@ class Launch:
             parts.append("one replica (debug_single_process)")
         return ", ".join(parts)
 
-    def parent_pid(self) -> int:
-        """The pid a replica process will have as its parent (checked by the replica)."""
-        if self.start_method == "forkserver":
-            return warm_forkserver()[0]
-        return os.getpid()
-
 
 def start(how: Launch, entry: Callable, job) -> None:
     """Run ``entry(index, job)`` on every replica; return when all of them have ended."""
@@ -150,14 +144,16 @@ def environ(changes: Mapping[str, Optional[str]]) -> Iterator[None]:
     """Set (or, for None, unset) variables in this process for a while; put them back
     after. (xmp.spawn reads PJRT_DEVICE in the launching process.)"""
     saved = {k: os.environ.get(k) for k in changes}
-    os.environ.update(replica_environ(changes, {}))
-    for key in (k for k, v in changes.items() if v is None):
-        os.environ.pop(key, None)
+    _set_environ(changes)
     try:
         yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _set_environ(saved)
+
+
+def _set_environ(values: Mapping[str, Optional[str]]) -> None:
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

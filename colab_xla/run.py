@@ -136,8 +136,11 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
                                    launch.start_method)
         # Notes are said once per notebook process (leftover processes: every run).
         notes = [_once(plan.note), _once(_start_note(launch))]
-        if launch.start_method == "forkserver" and warm_forkserver()[1]:
-            notes.append(FORKSERVER_STARTING)
+        parent_pid = os.getpid()  # of the replica processes (each checks it)
+        if launch.start_method == "forkserver":
+            parent_pid, started = warm_forkserver()
+            if started:
+                notes.append(FORKSERVER_STARTING)
         notes += [_once(f"colab_xla: {p.message} {p.fix}") for p in problems["notes"]]
         notes.append(leftovers_note(registry.leftovers()))
         for note in filter(None, notes):
@@ -146,8 +149,8 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
         changes = {**env, **plan.env,
                    **{v: None for v in preflight.strip_topology(replica_env)}}
         plan = dataclasses.replace(plan, env=changes)
-        options = _Options(launch, cell, names, cache_dir and _cache_dir(cache_dir),
-                           tuple(pull), pull_from)
+        options = _Options(launch, parent_pid, cell, names,
+                           cache_dir and _cache_dir(cache_dir), tuple(pull), pull_from)
         return _Run(options, plan, run_dir, user_ns, observer or RunObserver(),
                     timeout).run()
     finally:
@@ -189,6 +192,7 @@ class _Options:
     """What a run does besides running the cell (see :func:`run_cell`)."""
 
     launch: Launch
+    parent_pid: int  # the replica processes' parent: this process, or the forkserver
     cell: CellModule
     names: Optional[bytes]  # without fork: the notebook names the cell uses, pickled
     cache_dir: Optional[str]
@@ -278,7 +282,7 @@ class _Run:
         forked = opts.launch.start_method == "fork"
         job = replica.ReplicaJob(
             run_id=self.run_id, run_dir=self.run_dir, channel_path=channel_path,
-            parent_pid=opts.launch.parent_pid(), lock=lock, fd_paths=tuple(fd_paths),
+            parent_pid=opts.parent_pid, lock=lock, fd_paths=tuple(fd_paths),
             environ=replica_environ(self.plan.env),
             cell=None if forked else self.cell, names=None if forked else opts.names,
             cache_dir=opts.cache_dir, pull=opts.pull, pull_from=opts.pull_from,
