@@ -123,7 +123,8 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
             plan = dataclasses.replace(plan, replicas=1, processes=1)
         if pull_from is not None and plan.replicas is not None and pull_from >= plan.replicas:
             raise ValueError(f"--pull-from {pull_from}: this run has {plan.replicas} "
-                             f"replica{'s' if plan.replicas != 1 else ''} (0-{plan.replicas - 1}).")
+                             f"replica{'s' if plan.replicas != 1 else ''} (0-{plan.replicas - 1}); "
+                             "give one of those ordinals.")
         hardware.import_torch_xla()
         problems = preflight.check(source, replica_env, launch)
         for problem in problems["fatal"]:
@@ -181,7 +182,8 @@ def _cache_dir(path: str) -> str:
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
-        raise ValueError(f"--cache {path}: cannot create it ({exc.strerror}).") from None
+        raise ValueError(f"--cache {path}: cannot create it ({exc.strerror}); choose "
+                         "another DIR.") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise ValueError(f"--cache {path}: not writable by this user; choose another DIR.")
     return path

@@ -66,6 +66,29 @@ def test_without_fork_the_cell_gets_the_notebook_names_it_mentions(method):
     assert not hardware.runtime_initialized()
 
 
+def test_names_that_cannot_be_loaded_in_the_replica_fail_every_replica_with_what_to_do():
+    ns = {"__name__": "__main__"}
+    exec(textwrap.dedent("""
+        import os
+        NOTEBOOK = os.getpid()
+        def _load():
+            if os.getpid() != NOTEBOOK:
+                raise ImportError("only loadable in the notebook")
+            return "fine"
+        class Fragile:
+            def __reduce__(self):
+                return (_load, ())
+        """), ns)
+    outcome = run("print(thing)", 2, user_ns={"thing": ns["Fragile"]()},
+                  launch=Launch("forkserver"))
+    assert outcome.failed == [0, 1]
+    for rep in outcome.replicas.values():
+        assert rep.error.kind == "names" and rep.text == ""  # the cell never ran
+        shown = rep.error.render()
+        assert "ImportError: only loadable in the notebook" in shown
+        assert "or use --start-method fork" in shown
+
+
 def test_forkserver_is_reused_and_survives_an_interrupted_run(tmp_path):
     first = run("index", 2, launch=Launch("forkserver"))
     server = launch.warm_forkserver()
