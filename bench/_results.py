@@ -1,4 +1,5 @@
-"""Shared results file for the benchmarks: each one owns a section of results.md.
+"""What every benchmark shares: the results file (each owns a section of results.md), the
+machine description, summary statistics and the command-line basics.
 
 ``write_section(name, markdown, raw)`` replaces only the text between
 ``<!-- section:NAME -->`` and ``<!-- /section:NAME -->`` in ``results.md`` (appending the
@@ -8,13 +9,20 @@ at a time never clobber each other's figures.
 
 from __future__ import annotations
 
+import argparse
+import datetime
+import importlib.metadata
 import json
 import os
+import platform
 import re
+import statistics
+import subprocess
 import sys
-from typing import Any
+from typing import Any, Dict, List
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH_DIR)
 _TITLE = ("# Benchmark results\n\n"
           "Written by `bench/run`; each section is replaced only by its own benchmark. "
           "See [README.md](README.md).\n")
@@ -68,3 +76,52 @@ def machine_line(info: dict, name: str, seconds: float, how: str, packages: str 
             f"{', ' + packages if packages else ''}; {info['date']}; {how}; commit "
             f"{info['git_commit'] or '?'}{dirty}; benchmark took {seconds:.0f} s. "
             f"Raw figures: [results/{name}.json](results/{name}.json).")
+
+
+def bench_parser(doc: str) -> argparse.ArgumentParser:
+    """A benchmark's parser: its docstring's first paragraph, and ``--out``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--out", default=BENCH_DIR,
+                        help="directory for results.md and results/ (bench/)")
+    return parser
+
+
+def replica_counts(text: str) -> List[int]:
+    """``"1,4,8"`` -> ``[1, 4, 8]``."""
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def stats(ms: List[float]) -> Dict[str, float]:
+    deciles = statistics.quantiles(ms, n=10, method="inclusive")
+    return {"median": statistics.median(ms), "p10": deciles[0], "p90": deciles[-1],
+            "min": min(ms), "max": max(ms)}
+
+
+def machine_info(repeats: int, warmups: int) -> dict:
+    def version(dist: str) -> str:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return "missing"
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", REPO, *args], capture_output=True,
+                                  text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return {
+        "cores": os.cpu_count(), "cores_usable": affinity,
+        "python": platform.python_version(), "platform": platform.platform(),
+        "torch": version("torch"), "torch_xla": version("torch_xla"),
+        "ipython": version("ipython"),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "repeats": repeats, "warmups": warmups,
+        "git_commit": git("rev-parse", "--short", "HEAD"),
+        "colab_xla_dirty": bool(git("status", "--porcelain", "--", "colab_xla")),
+        # What %%xla_spawn sees; unset means it scans the PCI bus for TPUs every run.
+        "notebook_PJRT_DEVICE": os.environ.get("PJRT_DEVICE"),
+        "notebook_CPU_NUM_DEVICES": os.environ.get("CPU_NUM_DEVICES"),
+    }

@@ -19,25 +19,19 @@ medians. Writes the "launch_overhead" section of results.md and results/launch_o
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import datetime
-import importlib.metadata
 import io
 import os
-import platform
-import statistics
-import subprocess
 import sys
 import time
 from typing import Callable, Dict, List
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(BENCH_DIR)
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import machine_line, publish  # noqa: E402
+from _results import (bench_parser, machine_info, machine_line, publish,  # noqa: E402
+                      replica_counts, stats)
 from colab_xla import hardware  # noqa: E402
 from colab_xla.launch import environ  # noqa: E402
 from peer_jobs import trivial  # noqa: E402
@@ -92,12 +86,6 @@ def make_paths(n: int) -> Dict[str, Callable[[], float]]:
     return {"bare": bare, "magic": magic, "core": core}
 
 
-def stats(ms: List[float]) -> Dict[str, float]:
-    deciles = statistics.quantiles(ms, n=10, method="inclusive")
-    return {"median": statistics.median(ms), "p10": deciles[0], "p90": deciles[-1],
-            "min": min(ms), "max": max(ms)}
-
-
 def measure(n: int, repeats: int, warmups: int) -> dict:
     paths = make_paths(n)
     for _ in range(warmups):
@@ -116,36 +104,6 @@ def measure(n: int, repeats: int, warmups: int) -> dict:
         result[f"{name}_ratio_of_medians"] = (result["stats_ms"][name]["median"]
                                               / result["stats_ms"]["bare"]["median"])
     return result
-
-
-def machine_info(repeats: int, warmups: int) -> dict:
-    def version(dist: str) -> str:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return "missing"
-
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", "-C", REPO, *args], capture_output=True,
-                                  text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return {
-        "cores": os.cpu_count(), "cores_usable": affinity,
-        "python": platform.python_version(), "platform": platform.platform(),
-        "torch": version("torch"), "torch_xla": version("torch_xla"),
-        "ipython": version("ipython"),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "repeats": repeats, "warmups": warmups,
-        "git_commit": git("rev-parse", "--short", "HEAD"),
-        "colab_xla_dirty": bool(git("status", "--porcelain", "--", "colab_xla")),
-        # What %%xla_spawn sees; unset means it scans the PCI bus for TPUs every run.
-        "notebook_PJRT_DEVICE": os.environ.get("PJRT_DEVICE"),
-        "notebook_CPU_NUM_DEVICES": os.environ.get("CPU_NUM_DEVICES"),
-    }
 
 
 def _cell(s: Dict[str, float]) -> str:
@@ -194,14 +152,12 @@ def render(results: List[dict], info: dict, seconds: float) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=20, help="timed runs per path (20)")
     parser.add_argument("--warmups", type=int, default=2, help="untimed runs per path (2)")
     parser.add_argument("--replicas", default="1,4,8", help="replica counts (1,4,8)")
-    parser.add_argument("--out", default=BENCH_DIR,
-                        help="directory for results.md and results/ (bench/)")
     args = parser.parse_args(argv)
-    counts = [int(x) for x in args.replicas.split(",") if x.strip()]
+    counts = replica_counts(args.replicas)
     if args.repeats < 2 or not counts or min(counts) < 1:
         parser.error("need --repeats >= 2 and replica counts >= 1")
 

@@ -21,7 +21,6 @@ Writes the "output_latency" section of results.md and results/output_latency.jso
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import os
 import re
@@ -33,8 +32,8 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import machine_line, publish  # noqa: E402
-from launch_overhead import machine_info, stats  # noqa: E402
+from _results import (bench_parser, machine_info, machine_line, publish,  # noqa: E402
+                      replica_counts, stats)
 
 NAME = "output_latency"
 _STAMP = re.compile(r"^stamp (\d+) ([0-9.]+)$")
@@ -132,17 +131,15 @@ def render(result: dict, info: dict, seconds: float) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=15, help="timed runs (15)")
     parser.add_argument("--warmups", type=int, default=1, help="untimed runs (1)")
     parser.add_argument("--replicas", default="4",
                         help="replicas per run (4; of a list such as bench/run passes, the largest)")
     parser.add_argument("--sleep", type=float, default=1.0,
                         help="seconds each replica sleeps after its line (1.0)")
-    parser.add_argument("--out", default=BENCH_DIR,
-                        help="directory for results.md and results/ (bench/)")
     args, _ = parser.parse_known_args(argv)  # bench/run passes every benchmark's options
-    n = max(int(x) for x in args.replicas.split(",") if x.strip()) if args.replicas else 4
+    n = max(replica_counts(args.replicas)) if args.replicas else 4
     if args.repeats < 1 or n < 1:
         parser.error("need --repeats >= 1 and replicas >= 1")
 

@@ -31,7 +31,6 @@ Writes the "output_throughput" section of results.md and results/output_throughp
 
 from __future__ import annotations
 
-import argparse
 import os
 import queue
 import re
@@ -47,8 +46,8 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import machine_line, publish  # noqa: E402
-from launch_overhead import machine_info  # noqa: E402
+from _results import (bench_parser, machine_info, machine_line, publish,  # noqa: E402
+                      replica_counts)
 
 NAME = "output_throughput"
 LINE = re.compile(r"^r(\d+) line (\d+)$")
@@ -423,7 +422,7 @@ def render(res: dict, info: dict, seconds: float) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--lines", type=int, default=100_000,
                         help="lines per replica, core and %%%%xla_spawn (100000)")
     parser.add_argument("--plain-lines", type=int, default=5_000,
@@ -435,10 +434,8 @@ def main(argv=None) -> int:
     parser.add_argument("--deadline", type=float, default=300.0,
                         help="seconds a kernel execution may take before it is "
                              "interrupted and counted as wedged (300)")
-    parser.add_argument("--out", default=BENCH_DIR,
-                        help="directory for results.md and results/ (bench/)")
     args, _ = parser.parse_known_args(argv)  # bench/run passes every benchmark's options
-    replicas = max(int(x) for x in args.replicas.split(",") if x.strip())
+    replicas = max(replica_counts(args.replicas))
     plain_lines = args.plain_lines or args.lines
     if replicas < 1 or args.lines < 1 or plain_lines < 1 or replicas > 10:
         parser.error("need 1 <= replicas <= 10 (one-digit ordinals) and lines >= 1")

@@ -46,7 +46,6 @@ Writes the "peers" section of results.md and results/peers.json.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib.metadata
 import os
@@ -65,8 +64,8 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import machine_line, publish  # noqa: E402
-from launch_overhead import machine_info, stats as _stats  # noqa: E402
+from _results import (bench_parser, machine_info, machine_line, publish,  # noqa: E402
+                      replica_counts, stats as _stats)
 from output_throughput import (Kernel, RssSampler, run_magic, run_streamed,  # noqa: E402
                                split_lines, summarize, tally)
 
@@ -647,7 +646,7 @@ def render(res: dict, info: dict, seconds: float, args) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--replicas", default="1,4,8",
                         help="replica counts for launch and latency (1,4,8)")
     parser.add_argument("--repeats", type=int, default=15, help="launch runs per peer (15)")
@@ -673,10 +672,8 @@ def main(argv=None) -> int:
                         help="interrupts per cycle before the benchmark kills the run (2)")
     parser.add_argument("--deadline", type=float, default=300.0,
                         help="s a throughput cell may take (300)")
-    parser.add_argument("--out", default=BENCH_DIR,
-                        help="directory for results.md and results/ (bench/)")
     args, _ = parser.parse_known_args(argv)  # bench/run passes every benchmark's options
-    counts = [int(x) for x in args.replicas.split(",") if x.strip()]
+    counts = replica_counts(args.replicas)
     if (args.repeats < 2 or args.latency_repeats < 1 or args.return_repeats < 2
             or not counts or min(counts) < 1 or args.interrupts < 1
             or not 1 <= args.throughput_replicas <= 10):

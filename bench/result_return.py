@@ -25,7 +25,6 @@ Writes the "result_return" section of results.md and results/result_return.json.
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import os
 import pickle
@@ -37,8 +36,8 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import machine_line, publish  # noqa: E402
-from launch_overhead import machine_info, stats  # noqa: E402
+from _results import (bench_parser, machine_info, machine_line, publish,  # noqa: E402
+                      stats)
 
 import torch  # noqa: E402
 
@@ -175,12 +174,10 @@ def render(r: dict, info: dict, seconds: float) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--mib", type=int, default=256, help="MiB per replica (256)")
     parser.add_argument("--replicas", type=int, default=4, help="replicas (4)")
     parser.add_argument("--repeats", type=int, default=5, help="runs per path (5)")
-    parser.add_argument("--out", default=BENCH_DIR,
-                        help="directory for results.md and results/ (bench/)")
     args = parser.parse_args(argv)
     if args.repeats < 2 or args.mib < 1 or args.replicas < 1:
         parser.error("need --repeats >= 2, --mib >= 1, --replicas >= 1")

@@ -15,7 +15,6 @@ Reported: median and p10/p90 in ms, and the ratio of medians to fork. Writes the
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -25,8 +24,8 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import machine_line, publish  # noqa: E402
-from launch_overhead import machine_info, stats  # noqa: E402
+from _results import (bench_parser, machine_info, machine_line, publish,  # noqa: E402
+                      replica_counts, stats)
 
 from colab_xla.launch import Launch  # noqa: E402
 from colab_xla.run import run_cell  # noqa: E402
@@ -94,14 +93,12 @@ def render(results: List[dict], cold_ms: float, info: dict, seconds: float) -> s
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=10, help="runs of fork/forkserver (10)")
     parser.add_argument("--spawn-repeats", type=int, default=3, help="runs of spawn (3)")
     parser.add_argument("--replicas", default="1,4,8", help="replica counts (1,4,8)")
-    parser.add_argument("--out", default=BENCH_DIR,
-                        help="directory for results.md and results/ (bench/)")
     args = parser.parse_args(argv)
-    counts = [int(x) for x in args.replicas.split(",") if x.strip()]
+    counts = replica_counts(args.replicas)
     if args.repeats < 2 or not 2 <= args.spawn_repeats <= args.repeats or not counts:
         parser.error("need 2 <= --spawn-repeats <= --repeats, and replica counts")
     started = time.perf_counter()
