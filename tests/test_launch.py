@@ -66,6 +66,20 @@ def test_without_fork_the_cell_gets_the_notebook_names_it_mentions(method):
     assert not hardware.runtime_initialized()
 
 
+def test_the_shared_lock_and_c_level_output_work_without_fork():
+    outcome = run("""
+        import ctypes
+        with lock:
+            print("replica", index, "holds the lock")
+        ctypes.CDLL(None).printf(b"from C\\n")
+        index
+        """, 2, launch=Launch("forkserver"))
+    assert outcome.ok and outcome.results() == {0: 0, 1: 1}
+    assert all(r.text == f"replica {o} holds the lock" for o, r in outcome.replicas.items())
+    c_output = "\n".join(log.tail_text() for log in outcome.processes.values())
+    assert c_output.count("from C") == 2  # captured through the named pipes, by path
+
+
 def test_names_that_cannot_be_loaded_in_the_replica_fail_every_replica_with_what_to_do():
     ns = {"__name__": "__main__"}
     exec(textwrap.dedent("""

@@ -174,3 +174,19 @@ def test_default_start_method_comes_from_the_environment(ip, monkeypatch):
     monkeypatch.setenv("COLAB_XLA_START_METHOD", "spoon")
     result = cell(ip, "-n 2", "index")
     assert isinstance(result.error_in_exec, UsageError) and "--start-method spoon" in str(result.error_in_exec)
+
+
+def test_loading_with_forkserver_as_default_starts_the_server_at_once(monkeypatch):
+    from colab_xla import launch
+
+    started = []
+    monkeypatch.setattr(launch, "warm_forkserver", lambda: started.append(True) or (1, True))
+    shell = get_ipython()
+    shell.run_line_magic("unload_ext", "colab_xla")
+    monkeypatch.setenv("COLAB_XLA_START_METHOD", "fork")
+    shell.run_line_magic("load_ext", "colab_xla")
+    assert started == []
+    shell.run_line_magic("unload_ext", "colab_xla")
+    monkeypatch.setenv("COLAB_XLA_START_METHOD", "forkserver")
+    shell.run_line_magic("load_ext", "colab_xla")
+    assert started == [True]
