@@ -17,6 +17,7 @@ from colab_xla import hardware, launch, shared_tensors
 from colab_xla.launch import Launch
 from colab_xla.namespace import UnsendableNames
 from colab_xla.outcome import DONE
+from colab_xla.preflight import PreflightError
 from colab_xla.run import run_cell
 
 pytestmark = [pytest.mark.xla, pytest.mark.timeout(240)]
@@ -209,7 +210,7 @@ def test_env_reaches_xla_in_the_replicas_only(tmp_path):
 
 
 def test_env_is_planned_with_so_a_bad_value_is_refused_like_the_environment():
-    with pytest.raises(Exception, match="XLA_USE_SPMD"):
+    with pytest.raises(PreflightError, match="XLA_USE_SPMD"):
         run("index", 2, env={"XLA_USE_SPMD": "1"})
     with pytest.raises(ValueError, match="--env 1X=2"):
         run("index", 2, env={"1X": "2"})
