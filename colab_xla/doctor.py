@@ -132,9 +132,5 @@ def diagnose(environ: Mapping[str, str] = os.environ, history: Sequence[str] = (
     found = registry.leftovers()
     report.facts.append(("leftover processes", str(len(found))))
     if found:
-        report.problems.append(Problem(
-            "leftovers", f"{len(found)} process(es) started by colab_xla in a notebook process "
-                         f"that is gone are still alive and may hold the TPU: "
-                         + "; ".join(f.describe() for f in found),
-            "%xla_doctor --kill-leftovers (kills exactly these, by pid and start time)."))
+        report.problems.append(preflight.leftovers_problem(found))
     return report

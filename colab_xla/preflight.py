@@ -140,6 +140,18 @@ def launch_problems(launch, environ: Mapping[str, str], *, python=sys.version_in
     return problems
 
 
+def leftovers_problem(found) -> Optional[Problem]:
+    """Processes of earlier runs whose notebook process is gone (``registry.leftovers()``)."""
+    if not found:
+        return None
+    return Problem(
+        "leftovers", f"{len(found)} process(es) started by an earlier run of colab_xla in a "
+                     "notebook process that is gone are still alive and may hold the TPU: "
+                     + "; ".join(f.describe() for f in found) + ".",
+        "Remove them with %xla_doctor --kill-leftovers (it kills exactly these, by pid and "
+        "start time).", fatal=False)
+
+
 def check(source: str, environ: Mapping[str, str], launch=None) -> Dict[str, List[Problem]]:
     """Problems of this cell in this environment: ``{"fatal": [...], "notes": [...]}``."""
     found = cell_problems(source) + environment_problems(environ) + runtime_problems()

@@ -143,7 +143,9 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
             if started:
                 notes.append(FORKSERVER_STARTING)
         notes += [_once(f"colab_xla: {p.message} {p.fix}") for p in problems["notes"]]
-        notes.append(leftovers_note(registry.leftovers()))
+        leftovers = preflight.leftovers_problem(registry.leftovers())
+        if leftovers:  # said on every run until they are gone
+            notes.append(f"colab_xla: {leftovers.message} {leftovers.fix}")
         for note in filter(None, notes):
             if announce:
                 announce(note)
@@ -227,15 +229,6 @@ def _once(note: Optional[str]) -> Optional[str]:
 
 
 _said: set = set()  # notes said once per notebook process
-
-
-def leftovers_note(found) -> Optional[str]:
-    if not found:
-        return None
-    return (f"colab_xla: {len(found)} process(es) started by an earlier run of colab_xla in a "
-            f"notebook process that is gone are still alive and may hold the TPU: "
-            f"{'; '.join(f.describe() for f in found)}. Remove them with "
-            "%xla_doctor --kill-leftovers (it kills only these, by pid and start time).")
 
 
 class _Run:
