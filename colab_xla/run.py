@@ -468,9 +468,9 @@ class _Run:
             except Exception as exc:  # noqa: BLE001
                 problems.append(f"--pull {name} arrived but could not be loaded in the "
                                 f"notebook: {type(exc).__name__}: {exc}")
-        if problems and rep.error is None:
-            rep.error = ReplicaError("result", "ResultError",
-                                     "; ".join(problems) + ". " + RETURN_PLAIN_DATA)
+        if problems:  # with what the replica itself could not send, if anything
+            rest = f"; {rep.error.evalue}" if rep.error else ". " + RETURN_PLAIN_DATA
+            rep.error = ReplicaError("result", "ResultError", "; ".join(problems) + rest)
         rep.state = FAILED if rep.error else DONE
 
     def _settle_unreported(self) -> None:

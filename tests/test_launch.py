@@ -277,6 +277,26 @@ def test_a_name_that_cannot_come_back_is_reported_by_name_and_type_and_the_other
         assert "--pull missing: no such name in the replica" in rep.error.evalue
 
 
+def test_names_that_fail_in_the_replica_and_in_the_notebook_are_all_reported():
+    outcome = run("""
+        import os, threading
+        REPLICA = os.getpid()
+        def _load():
+            if os.getpid() != REPLICA:
+                raise ValueError("cannot be rebuilt here")
+        class OnlyHere:
+            def __reduce__(self):
+                return (_load, ())
+        good, bad, odd = index, threading.Lock(), OnlyHere()
+        """, 2, pull=["good", "bad", "odd"])
+    assert outcome.pulled("good") == {0: 0, 1: 1}
+    for rep in outcome.replicas.values():
+        message = rep.error.evalue
+        assert "--pull odd arrived but could not be loaded in the notebook: ValueError" in message
+        assert "--pull bad (lock) could not be sent back" in message
+        assert message.count("Return plain data instead") == 1
+
+
 def _mapped_from_shm(tensor) -> bool:
     """Whether the tensor's memory is a mapping of a (removed) file in /dev/shm."""
     address = tensor.data_ptr()
