@@ -14,11 +14,14 @@ testable without hardware::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import signal
 import sys
+import threading
 from dataclasses import dataclass, field
-from typing import Dict, Mapping, Optional
+from typing import Dict, Iterator, Mapping, Optional
 
 # A simulated host has as many replicas as a TPU v2-8/v3-8 host, so notebooks written for
 # Colab's TPU run unchanged on a laptop.
@@ -149,7 +152,8 @@ def import_torch_xla():
     saved = os.environ.get("PJRT_SELECT_DEFAULT_DEVICE")
     os.environ["PJRT_SELECT_DEFAULT_DEVICE"] = "0"
     try:
-        import torch_xla.distributed.xla_multiprocessing as xmp
+        with interrupts_deferred():
+            import torch_xla.distributed.xla_multiprocessing as xmp
     except ImportError as exc:
         raise TorchXlaMissing(TORCH_XLA_MISSING) from exc
     finally:
@@ -158,6 +162,27 @@ def import_torch_xla():
         else:
             os.environ["PJRT_SELECT_DEFAULT_DEVICE"] = saved
     return xmp
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold an Interrupt (SIGINT) until the block has ended, then raise it.
+
+    An import cut half-way leaves torch's and torch_xla's modules half-initialized in
+    ``sys.modules`` for the kernel's life (every later run fails, only a restart helps),
+    so the import of torch and torch_xla (seconds, on a first run) finishes first.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
 
 
 @functools.lru_cache(maxsize=None)  # the hardware does not change while the kernel lives

@@ -44,3 +44,20 @@ def test_everything_a_run_started_dies_with_a_killed_kernel(tmp_path, start_meth
         k.kill()
         alive = wait_until_gone(started, timeout=20)
         assert alive == [], [(p.pid, " ".join(p.cmdline())[:120]) for p in alive]
+
+
+@pytest.mark.parametrize("delay", [0.3, 1.2])
+def test_an_interrupt_while_the_first_run_imports_torch_xla_leaves_the_kernel_usable(delay):
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla\nimport sys\n'torch' in sys.modules").status == "ok"
+        assert k.run("import sys; assert 'torch' not in sys.modules").status == "ok"
+        msg_id = k.submit("%%xla_spawn -n 2 --no-widget\nindex")
+        time.sleep(delay)  # the fault: an Interrupt while torch/torch_xla import (~3 s)
+        k.interrupt()
+        first = k.wait(msg_id)
+        assert first.status == "error" and first.ename == "KeyboardInterrupt", first.text
+        again = k.run("%%xla_spawn -n 2 --no-widget -o r\nindex")
+        assert again.status == "ok", again.text
+        assert k.run("assert r == {0: 0, 1: 1}, r").status == "ok"
+        doctor = k.run("%xla_doctor")
+        assert "No problems found" in doctor.stdout, doctor.stdout
