@@ -126,7 +126,7 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
                              f"replica{'s' if plan.replicas != 1 else ''} (0-{plan.replicas - 1}); "
                              "give one of those ordinals.")
         hardware.import_torch_xla()
-        problems = preflight.check(source, replica_env, launch)
+        problems = preflight.check(source, replica_env, launch, plan.device_type)
         for problem in problems["fatal"]:
             error = (RuntimeInitializedError if problem.code == "runtime-initialized"
                      else preflight.PreflightError)
