@@ -162,5 +162,6 @@ def check(source: str, environ: Mapping[str, str], launch=None,
     if device_type == "TPU":
         from . import registry, tpu_holders
         found += tpu_holders.problems(tpu_holders.scan(),
-                                      {left.pid for left in registry.leftovers()})
+                                      {left.pid for left in registry.leftovers()},
+                                      refuse=environ.get("COLAB_XLA_TPU_HOLDERS") != "warn")
     return {"fatal": [p for p in found if p.fatal], "notes": [p for p in found if not p.fatal]}

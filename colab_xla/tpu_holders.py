@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import fnmatch
 import os
@@ -231,7 +232,8 @@ def fact(found: Scan) -> str:
         parts.append(f"nobody, but {found.lockfile} is left over")
     text = "; ".join(parts) or "nobody"
     if found.unreadable:
-        text += f" (that this user can see: {found.unreadable} processes of other users not readable)"
+        text += (f" ({found.unreadable} process{'es' if found.unreadable != 1 else ''} of "
+                 "other users could not be checked)")
     return text
 
 
@@ -267,10 +269,13 @@ def _fix(holder: Holder, leftover_pids: Collection[int], lockfile: str) -> str:
 
 
 def problems(found: Scan, leftover_pids: Collection[int] = (),
-             modules: Optional[Mapping] = None) -> List[Problem]:
+             modules: Optional[Mapping] = None, refuse: bool = True) -> List[Problem]:
     """The TPU held by someone else (fatal), and a lock file left over (fatal if libtpu here
-    cannot open it, else a note). ``leftover_pids``: colab_xla's own leftovers."""
+    cannot open it, else a note). ``leftover_pids``: colab_xla's own leftovers. With
+    ``refuse=False`` (``COLAB_XLA_TPU_HOLDERS=warn``) every problem is a note."""
     modules = sys.modules if modules is None else modules
+    if not refuse:
+        return [dataclasses.replace(p, fatal=False) for p in problems(found, leftover_pids, modules)]
     result = []
     if found.holders:
         who = "; ".join(f"{_who(h, leftover_pids, modules)} {h.holds()}" for h in found.holders)
