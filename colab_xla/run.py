@@ -100,7 +100,7 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
     Raises before anything starts, with a message that says what to do:
     ``EmptyCellError``, ``SyntaxError`` (with the cell's line), ``ReplicaCountError``,
     ``TorchXlaMissing``, ``ValueError`` (a bad option), ``PreflightError`` (SPMD on, a
-    cell that spawns replicas itself, names that cannot be sent to a replica that does not
+    cell that spawns replicas itself, the TPU held by another process, names that cannot be sent to a replica that does not
     fork) and its kind :class:`RuntimeInitializedError`. Failures of replicas are not raised:
     they are in the outcome (see ``outcome.failed``).
     """
