@@ -6,7 +6,8 @@ A TPU chip is opened by one process at a time (``/dev/accel*`` on v2-v4, the VFI
 locks ``/tmp/libtpu_lockfile`` (``lockf``, a POSIX record lock held until its process
 exits, the file removed at a normal exit). So JAX or TensorFlow used in the notebook's own
 process, a leftover process, or a lock file that cannot be opened makes every replica fail
-("The TPU is already in use by process with pid ...", or ``/dev/accel0`` busy).
+("The TPU is already in use by process with pid ...", or "open(/dev/vfio/0): Device or
+resource busy").
 
 Everything here reads ``/proc``: ``/proc/<pid>/fd`` links (a process whose files this user
 cannot read is counted, not guessed at), ``/proc/<pid>/cmdline`` and ``status`` for who it
@@ -282,8 +283,9 @@ def problems(found: Scan, leftover_pids: Collection[int] = (),
         fixes = " ".join(f"For {'this notebook' if h.own else f'pid {h.pid}' if h.pid else 'the unseen process'}: "
                          f"{_fix(h, leftover_pids, found.lockfile)}" for h in found.holders)
         result.append(Problem(
-            "tpu-held", f"The TPU is in use, so every replica would fail (\"TPU in use\" or "
-                        f"/dev/accel0 busy): {who}.", fixes))
+            "tpu-held", f"The TPU is in use, so every replica would fail (\"The TPU is "
+                        "already in use by process with pid ...\", or \"open(/dev/vfio/0): "
+                        f"Device or resource busy\"): {who}.", fixes))
     if found.lockfile_state == "stale" or (found.lockfile_state == "unknown"
                                            and not found.lockfile_openable):
         if found.lockfile_openable:
