@@ -13,8 +13,8 @@ Everything here reads ``/proc``: ``/proc/<pid>/fd`` links (a process whose files
 cannot read is counted, not guessed at), ``/proc/<pid>/cmdline`` and ``status`` for who it
 is, ``/proc/locks`` for the lock holder. Only when ``/proc/locks`` cannot be read is the
 lock file probed, with ``F_GETLK``, which takes no lock; the file is opened read-only and
-never created, and never in a process that has it open already (closing any descriptor of
-a file drops the POSIX locks its process holds on it).
+never created; a process that has it open already probes through that descriptor and
+opens none (closing any descriptor of a file drops the POSIX locks its process holds on it).
 
 Example::
 
