@@ -152,9 +152,16 @@ def leftovers_problem(found) -> Optional[Problem]:
         "start time).", fatal=False)
 
 
-def check(source: str, environ: Mapping[str, str], launch=None) -> Dict[str, List[Problem]]:
-    """Problems of this cell in this environment: ``{"fatal": [...], "notes": [...]}``."""
+def check(source: str, environ: Mapping[str, str], launch=None,
+          device_type: Optional[str] = None) -> Dict[str, List[Problem]]:
+    """Problems of this cell in this environment: ``{"fatal": [...], "notes": [...]}``.
+    ``device_type`` is the plan's: a TPU run also checks who holds the TPU."""
     found = cell_problems(source) + environment_problems(environ) + runtime_problems()
     if launch is not None:
         found += launch_problems(launch, environ)
+    if device_type == "TPU":
+        from . import registry, tpu_holders
+        found += tpu_holders.problems(tpu_holders.scan(),
+                                      {left.pid for left in registry.leftovers()},
+                                      refuse=environ.get("COLAB_XLA_TPU_HOLDERS") != "warn")
     return {"fatal": [p for p in found if p.fatal], "notes": [p for p in found if not p.fatal]}
