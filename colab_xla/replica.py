@@ -382,6 +382,7 @@ class _ProcessState:
         else:
             self.user_ns, self.cell = self._load_names(job), job.cell
         _text_progress_bars()
+        _send_cell_definitions_by_value()
         if job.cache_dir:
             self._initialize_cache(job.cache_dir)
         self._instrument_torch_xla()
@@ -664,6 +665,39 @@ def _text_progress_bars() -> None:
     for attr in ("auto", "autonotebook"):
         if tqdm_pkg is not None:
             setattr(tqdm_pkg, attr, sys.modules[f"tqdm.{attr}"])
+
+
+def _send_cell_definitions_by_value() -> None:
+    """Let processes the cell starts (a DataLoader's workers) receive its classes and
+    functions, under every start method.
+
+    A spawned or forkserver worker unpickles a ``Dataset`` by importing its class's
+    module: for a class of the cell that would run the whole cell again, and a class of
+    the notebook (``__main__`` there) cannot be imported at all. multiprocessing pickles
+    with ``ForkingPickler``; here it sends such classes and functions by value, with
+    cloudpickle, as the notebook's names reach a replica that does not fork. Everything
+    else (tensors, plain data) pickles as before.
+    """
+    from multiprocessing.reduction import ForkingPickler
+
+    def reducer_override(pickler, obj):
+        if isinstance(obj, (type, types.FunctionType)) and not _importable(obj):
+            return cloudpickle.loads, (cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL),)
+        return NotImplemented
+
+    ForkingPickler.reducer_override = reducer_override
+
+
+def _importable(obj) -> bool:
+    """Whether a fresh process importing ``obj.__module__`` gets ``obj`` without running
+    a cell: not for the cell's own module, nor for what lives in a ``__main__``."""
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    if module is None or isinstance(module, _ReplicaModule) or module.__name__ == "__main__":
+        return False
+    try:
+        return _lookup(obj.__qualname__, vars(module)) is obj
+    except (AttributeError, KeyError):
+        return False
 
 
 def die_with_parent(parent_pid: int) -> None:

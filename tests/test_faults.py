@@ -61,3 +61,32 @@ def test_an_interrupt_while_the_first_run_imports_torch_xla_leaves_the_kernel_us
         assert k.run("assert r == {0: 0, 1: 1}, r").status == "ok"
         doctor = k.run("%xla_doctor")
         assert "No problems found" in doctor.stdout, doctor.stdout
+
+
+DATASET = """class {name}(torch.utils.data.Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i) ** {power}])
+"""
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver", "spawn"])
+def test_dataloader_workers_work_over_any_dataset_under_every_start_method(start_method):
+    """A Dataset class of the cell (a worker must not run the cell again) and one of an
+    earlier notebook cell (not importable in a worker), with worker processes."""
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla\nimport torch\n"
+                     + DATASET.format(name="Cubes", power=3)).status == "ok"
+        cell = (f"%%xla_spawn -n 2 --no-widget --start-method {start_method} -o r\n"
+                "import torch\n" + DATASET.format(name="Squares", power=2)
+                + "def batches(ds):\n"
+                "    loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=2)\n"
+                "    return [b.flatten().tolist() for b in loader]\n"
+                "(batches(Squares()), batches(Cubes()), index)")
+        reply = k.run(cell)
+        assert reply.status == "ok", reply.text
+        check = k.run("assert r == {i: ([[0, 1, 4], [9, 16, 25]], [[0, 1, 8], [27, 64, 125]], i)"
+                      " for i in range(2)}, r")
+        assert check.status == "ok", check.text
