@@ -152,8 +152,7 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
         for note in filter(None, notes):
             if announce:
                 announce(note)
-        changes = {**env, **plan.env,
-                   **{v: None for v in preflight.strip_topology(replica_env)}}
+        changes = {**env, **plan.env, **preflight.topology_changes(replica_env, plan.env)}
         plan = dataclasses.replace(plan, env=changes)
         options = _Options(launch, parent_pid, cell, names,
                            cache_dir and _cache_dir(cache_dir), tuple(pull), pull_from)
