@@ -180,7 +180,8 @@ def _run_cell(index: int, job: ReplicaJob, proc: "_ProcessState") -> ReplicaRepo
     ns = ReplicaGlobals({k: v for k, v in proc.user_ns.items() if k not in REPLICA_NAMES})
     name = module_name(cell, index)
     ns.update(__name__=name, __file__=cell.path, __builtins__=__builtins__,
-              __doc__=None, __package__=None, __spec__=None, __loader__=None, index=index)
+              __doc__=None, __package__=None, __spec__=None, __loader__=None, index=index,
+              get_ipython=replica_shell)
     if job.lock is not None:  # made only for cells that name it
         ns["lock"] = job.lock
     _replica_module(cell, index, job.run_dir, ns)
@@ -216,6 +217,39 @@ def _run_cell(index: int, job: ReplicaJob, proc: "_ProcessState") -> ReplicaRepo
         report.error = ReplicaError("result", "ResultError",
                                     "; ".join(problems) + ". " + RETURN_PLAIN_DATA)
     return report
+
+
+_shell_lock = threading.RLock()
+
+
+def replica_shell():
+    """``get_ipython()`` in a replica, for the IPython magic lines of the cell (``%time``,
+    ``%env``): the notebook's shell when the replica forked, else one made here, once per
+    process. Either way its magic look-up is made safe for replica threads: IPython 8+
+    loads some magics lazily on first use, and replicas racing there found none
+    ("Magic `%time` is registered as lazy ... but loading it did not provide ...").
+    """
+    from IPython.core.interactiveshell import InteractiveShell
+
+    with _shell_lock:
+        if InteractiveShell.initialized():
+            shell = InteractiveShell.instance()
+        else:  # a fresh process: no history file shared by every replica process
+            from traitlets.config import Config
+
+            config = Config()
+            config.HistoryManager.enabled = False
+            shell = InteractiveShell.instance(config=config,
+                                              user_module=sys.modules["__main__"])
+        find = getattr(shell, "_find_with_lazy_load", None)  # IPython 8+
+        if find is not None and not getattr(find, "_colab_xla_locked", False):
+            def locked_find(*args, **kwargs):
+                with _shell_lock:
+                    return find(*args, **kwargs)
+
+            locked_find._colab_xla_locked = True
+            shell._find_with_lazy_load = locked_find
+        return shell
 
 
 def pull_names(ns: Mapping[str, Any], names, shm_dir: Optional[str] = None,

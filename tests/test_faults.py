@@ -90,3 +90,26 @@ def test_dataloader_workers_work_over_any_dataset_under_every_start_method(start
         check = k.run("assert r == {i: ([[0, 1, 4], [9, 16, 25]], [[0, 1, 8], [27, 64, 125]], i)"
                       " for i in range(2)}, r")
         assert check.status == "ok", check.text
+
+
+def test_ipython_magics_inside_the_cell_run_in_every_replica():
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        reply = k.run("%%xla_spawn -n 4 --no-widget -o r\n%time y = index * 2\n"
+                      "%env COLAB_XLA_TEST=set\nimport os\n(y, os.environ['COLAB_XLA_TEST'])")
+        assert reply.status == "ok", reply.text
+        assert k.run("assert r == {i: (2 * i, 'set') for i in range(4)}, r").status == "ok"
+        for i in range(4):  # %time's report is the replica's own output
+            assert f"[replica {i}] Wall time:" in reply.stdout, reply.stdout
+
+
+@pytest.mark.parametrize("start_method", ["forkserver"])
+def test_ipython_magics_inside_the_cell_run_in_replicas_that_do_not_fork(start_method):
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        reply = k.run(f"%%xla_spawn -n 2 --no-widget --start-method {start_method} -o r\n"
+                      "%time y = index * 2\n%env COLAB_XLA_TEST=set\nimport os\n"
+                      "(y, os.environ['COLAB_XLA_TEST'])")
+        assert reply.status == "ok", reply.text
+        assert k.run("assert r == {i: (2 * i, 'set') for i in range(2)}, r").status == "ok"
+        assert "[replica 1] Wall time:" in reply.stdout, reply.stdout
