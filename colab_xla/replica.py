@@ -409,6 +409,7 @@ class _ProcessState:
         self._capture_streams()
         if job.fd_paths:
             _capture_fds(job.fd_paths[self.rank % len(job.fd_paths)])
+        _no_stdin()
         self.names_error: Optional[ReplicaError] = None
         if job.cell is None:  # forked: the notebook's names and cell are inherited
             forked = _FORKED[job.run_id]
@@ -682,6 +683,58 @@ def _capture_fds(paths: Tuple[str, str]) -> None:
         libc.setvbuf(ctypes.c_void_p.in_dll(libc, "stdout"), None, 1, 0)  # _IOLBF
     except (ValueError, AttributeError):  # no such symbol on this libc: flushed at exit
         pass
+
+
+NO_STDIN = ("a replica cannot read the notebook's input: no prompt reaches it (the "
+            "replicas run in other processes while the notebook waits). Ask in a notebook cell "
+            "before %%xla_spawn and use the variable in the cell (for a password: "
+            "getpass.getpass() in the notebook).")
+
+
+class StdinUnavailable(EOFError):
+    """``input()``, ``getpass``, ``sys.stdin`` or a debugger's prompt in a replica.
+
+    An EOFError, as ``input()`` raises at the end of its input, so code written for an
+    empty input still works; the message says what to do instead.
+    """
+
+
+class _NoStdin(io.TextIOBase):
+    """A replica's ``sys.stdin``: every read fails at once, instead of waiting forever."""
+
+    name = "<replica stdin>"
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: Optional[int] = -1) -> str:
+        raise StdinUnavailable(NO_STDIN)
+
+    def readline(self, size: Optional[int] = -1) -> str:
+        raise StdinUnavailable(NO_STDIN)
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _no_input(*args, **kwargs):
+    raise StdinUnavailable(NO_STDIN)
+
+
+def _no_stdin() -> None:
+    """Nothing in a replica waits on the notebook's input. A forked replica inherited
+    ipykernel's ``input``/``getpass``, which ask the browser over the kernel's sockets and
+    would wait forever for an answer that goes to the notebook, not the replica."""
+    import builtins
+    import getpass
+
+    builtins.input = _no_input
+    getpass.getpass = _no_input
+    sys.breakpointhook = _no_input  # a debugger would read EOF and go on without a word
+    sys.stdin = sys.__stdin__ = _NoStdin()
+    devnull = os.open(os.devnull, os.O_RDONLY)  # C-level reads: an empty input
+    os.dup2(devnull, 0)
+    os.close(devnull)
 
 
 def _text_progress_bars() -> None:

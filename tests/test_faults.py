@@ -113,3 +113,25 @@ def test_ipython_magics_inside_the_cell_run_in_replicas_that_do_not_fork(start_m
         assert reply.status == "ok", reply.text
         assert k.run("assert r == {i: (2 * i, 'set') for i in range(2)}, r").status == "ok"
         assert "[replica 1] Wall time:" in reply.stdout, reply.stdout
+
+
+@pytest.mark.parametrize("reader", ["input('your name? ')", "getpass.getpass()",
+                                    "sys.stdin.readline()", "breakpoint()"])
+def test_reading_the_notebooks_input_in_a_replica_fails_at_once_with_the_way_out(reader):
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        reply = k.run(f"%%xla_spawn -n 2 --no-widget\nimport getpass, sys\n{reader}",
+                      timeout=120)
+        assert reply.status == "error" and reply.ename == "XlaSpawnError", reply.text
+        assert "2 failed" in reply.text, reply.text
+        assert "a replica cannot read the notebook's input" in reply.text, reply.text
+        assert k.run("1 + 1").status == "ok"  # the kernel was never left waiting
+
+
+def test_c_level_reads_of_stdin_in_a_replica_see_an_empty_input():
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        reply = k.run("%%xla_spawn -n 2 --no-widget -o r\nimport os\nos.read(0, 10)",
+                      timeout=120)
+        assert reply.status == "ok", reply.text
+        assert k.run("assert r == {0: b'', 1: b''}, r").status == "ok"
