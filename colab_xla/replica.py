@@ -116,6 +116,8 @@ def main(index: int, job: ReplicaJob) -> None:
         report = _run_cell(index, job, proc)
         report.elapsed = time.perf_counter() - started
         _write_report(job, report)
+        if proc.leave(index):  # the process's last replica: what the cell started ends now
+            end_descendants()
         proc.writer.send(END, index, b"")
     finally:
         proc.leave(index)
@@ -399,6 +401,7 @@ class _ProcessState:
     def __init__(self, job: ReplicaJob):
         self.run_id = job.run_id
         die_with_parent(job.parent_pid)
+        adopt_orphans()
         # Named pipes, opened by path: a process started by spawn or a forkserver inherits
         # no descriptors from the notebook.
         self.writer = ChannelWriter(os.open(job.channel_path, os.O_WRONLY))
@@ -473,9 +476,12 @@ class _ProcessState:
         with self._lock:
             self.active.add(ordinal)
 
-    def leave(self, ordinal: int) -> None:
+    def leave(self, ordinal: int) -> bool:
+        """True for the call that took the process's last replica out."""
         with self._lock:
+            was_in = ordinal in self.active
             self.active.discard(ordinal)
+            return was_in and not self.active
 
     def default_ordinal(self) -> int:
         """Where output of a thread that is not a replica goes: its process's replica."""
@@ -785,6 +791,37 @@ def _importable(obj) -> bool:
         return _lookup(obj.__qualname__, vars(module)) is obj
     except (AttributeError, KeyError):
         return False
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def adopt_orphans() -> None:
+    """Make this replica process the parent of every orphan among its descendants (Linux).
+
+    ``os.system('server &')`` or a double fork leaves a process whose parent has exited:
+    it would go to init and out of reach. Adopted, it stays a descendant of the replica,
+    which the run ends with everything else it started.
+    """
+    if sys.platform.startswith("linux"):
+        _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def end_descendants() -> None:
+    """SIGKILL every process this one started, and their own (by pid, never by name).
+
+    Called when the last replica of the process has finished its cell: a subprocess, a
+    forked child or a DataLoader worker the cell left running must not outlive the run,
+    however short it was (the notebook's own clean-up comes after this process has gone,
+    when its orphans would no longer be found).
+    """
+    import psutil
+
+    victims = psutil.Process().children(recursive=True)
+    for victim in victims:
+        with contextlib.suppress(psutil.Error):
+            victim.kill()
+    psutil.wait_procs(victims, timeout=3)
 
 
 def die_with_parent(parent_pid: int) -> None:
