@@ -66,6 +66,27 @@ class ReplicaCountError(ValueError):
     """The hardware cannot run the number of replicas asked for (the message says why)."""
 
 
+class DeviceMissing(ReplicaCountError):
+    """PJRT_DEVICE names an accelerator this machine does not have: no replica can run."""
+
+
+# Device files each accelerator shows on Linux (TPU v4 and earlier: accel; v5e and later:
+# VFIO groups; NVIDIA GPUs).
+DEVICE_FILES = {"TPU": ("/dev/accel[0-9]*", "/dev/vfio/[0-9]*"),
+                "CUDA": ("/dev/nvidia[0-9]*",), "GPU": ("/dev/nvidia[0-9]*",)}
+
+
+def _device_missing(device: str, pjrt_device: str) -> str:
+    what = {"TPU": "TPU (no TPU chip on its PCI bus, no /dev/accel* or /dev/vfio device)",
+            "CUDA": "NVIDIA GPU (no /dev/nvidia0)", "GPU": "NVIDIA GPU (no /dev/nvidia0)"}
+    runtime = ("On Colab or Kaggle, change the runtime type to TPU. "
+               if device == "TPU" else "")
+    return (f"PJRT_DEVICE={pjrt_device}, but this machine has no {what[device]}, so no "
+            f"replica could start. {runtime}To run on CPU replicas here, unset it "
+            "(os.environ.pop('PJRT_DEVICE') in a cell, and no --env PJRT_DEVICE=...) or set "
+            "PJRT_DEVICE=CPU.")
+
+
 class UnsupportedTpuError(ReplicaCountError):
     """This torch_xla does not know the TPU chips on the PCI bus, so xmp.spawn would start
     no replica (``ValueError: max_workers must be greater than 0``)."""
@@ -83,6 +104,9 @@ class Hardware:
     cpu_num_devices: Optional[int] = None  # CPU_NUM_DEVICES as the user set it
     xla_thread_pool_size: Optional[str] = None  # XLA_THREAD_POOL_SIZE as the user set it
     param_aliasing: Optional[str] = None  # XLA_ENABLE_PARAM_ALIASING as the user set it
+    # Device files of the accelerator PJRT_DEVICE names (/dev/accel0, /dev/nvidia0): a
+    # device that none shows, and no PCI chip either, is not on this machine.
+    device_files: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -170,6 +194,9 @@ def plan_replicas(requested: Optional[int], hw: Hardware) -> ReplicaPlan:
             env["XLA_ENABLE_PARAM_ALIASING"] = "0"
         return ReplicaPlan("CPU", n, env, note)
 
+    if device in DEVICE_FILES and hw.pjrt_device and not hw.tpu_chips and not hw.device_files:
+        raise DeviceMissing(_device_missing(device, hw.pjrt_device))
+
     if device == "TPU":
         if hw.tpu_chips and hw.torch_xla_tpu_chips is not None \
                 and hw.torch_xla_tpu_chips < hw.tpu_chips:
@@ -200,7 +227,13 @@ def detect(environ: Mapping[str, str] = os.environ) -> Hardware:
                     tpu_generation=tpu.generation, torch_xla_tpu_chips=tpu.torch_xla_chips,
                     cpu_num_devices=int(cpu_num) if cpu_num and cpu_num.isdigit() else None,
                     xla_thread_pool_size=environ.get("XLA_THREAD_POOL_SIZE"),
-                    param_aliasing=environ.get("XLA_ENABLE_PARAM_ALIASING"))
+                    param_aliasing=environ.get("XLA_ENABLE_PARAM_ALIASING"),
+                    device_files=_device_files(pjrt))
+
+
+def _device_files(pjrt_device: Optional[str]) -> Tuple[str, ...]:
+    patterns = DEVICE_FILES.get((pjrt_device or "").upper().split("_")[0], ())
+    return tuple(sorted(path for pattern in patterns for path in glob.glob(pattern)))
 
 
 TORCH_XLA_INSTALL_HINT = (

@@ -32,6 +32,7 @@ import signal
 import tempfile
 import threading
 import time
+import traceback
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import psutil
@@ -303,6 +304,8 @@ class _Run:
                 driver.join()
             self._drain(read_fd)
             self._settle_unreported()
+            if self._driver_error is not None and not self.outcome.replicas and not self._stop:
+                self.outcome.launch_error = _launch_error(self._driver_error)
             # Replicas arrive in any order; the outcome a person reads is by ordinal.
             self.outcome.replicas = dict(sorted(self.outcome.replicas.items()))
         finally:
@@ -555,6 +558,12 @@ class _Run:
         self._processes.clear()
         if not alive:
             self._record.close()
+
+
+def _launch_error(exc: BaseException) -> ReplicaError:
+    """xmp.spawn failed before any replica started: its exception, as data."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return ReplicaError("launch", type(exc).__name__, str(exc) or repr(exc), text)
 
 
 def _whereabouts(rep) -> str:

@@ -176,3 +176,23 @@ def test_nothing_a_run_started_outlives_it_however_short(tmp_path, ending):
                 pass
         alive = wait_until_gone(procs, timeout=5)
         assert alive == [], [(p.pid, p.cmdline(), p.ppid()) for p in alive]
+
+
+def test_a_device_this_machine_lacks_is_named_before_anything_starts():
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        tpu = k.run("%%xla_spawn --no-widget --env PJRT_DEVICE=TPU\nindex")
+        assert tpu.ename == "UsageError", tpu.text
+        assert "PJRT_DEVICE=TPU, but this machine has no TPU" in tpu.evalue
+        cuda = k.run("import os\nos.environ['PJRT_DEVICE'] = 'CUDA'")
+        cuda = k.run("%%xla_spawn --no-widget\nindex")
+        assert cuda.ename == "UsageError", cuda.text
+        assert "PJRT_DEVICE=CUDA, but this machine has no NVIDIA GPU" in cuda.evalue
+        # A device torch_xla cannot start at all: the cause, not an empty error.
+        other = k.run("os.environ['PJRT_DEVICE'] = 'NEURON'\n")
+        other = k.run("%%xla_spawn --no-widget\nindex")
+        assert other.ename == "XlaSpawnError", other.text
+        assert other.evalue.startswith("the replicas could not be started (ModuleNotFoundError")
+        assert "0 replicas on NEURON: not started (ModuleNotFoundError)" in other.stdout
+        assert k.run("del os.environ['PJRT_DEVICE']").status == "ok"
+        assert k.run("%%xla_spawn -n 2 --no-widget\nindex").status == "ok"  # it goes on

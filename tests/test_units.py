@@ -180,7 +180,7 @@ def test_tpu_plan_with_unknown_core_count_accepts_only_the_default():
 
 
 def test_other_devices_refuse_n():
-    hw = hardware.Hardware(pjrt_device="CUDA")
+    hw = hardware.Hardware(pjrt_device="CUDA", device_files=("/dev/nvidia0",))
     assert hardware.plan_replicas(None, hw).env == {"PJRT_DEVICE": "CUDA"}
     with pytest.raises(hardware.ReplicaCountError, match="CUDA_NUM_DEVICES"):
         hardware.plan_replicas(2, hw)
@@ -518,3 +518,40 @@ def test_pickled_values_use_shared_memory_for_big_tensors_inside_containers(shm_
     back = pickle.loads(data)
     assert torch.equal(back["w"], value["w"]) and torch.equal(back["small"], value["small"])
     assert len(replica.pack_value(value)) > 4 << 20  # without a directory: inline
+
+
+# --- devices this machine does not have ------------------------------------------------------
+
+
+@pytest.mark.parametrize("device, named", [("TPU", "no TPU"), ("CUDA", "no NVIDIA GPU"),
+                                           ("GPU", "no NVIDIA GPU")])
+def test_a_device_the_machine_does_not_have_is_refused_with_the_way_to_cpu(device, named):
+    hw = hardware.Hardware(pjrt_device=device, tpu_chips=0, device_files=())
+    with pytest.raises(hardware.DeviceMissing) as info:
+        hardware.plan_replicas(None, hw)
+    message = str(info.value)
+    assert f"PJRT_DEVICE={device}, but this machine has {named}" in message
+    assert "PJRT_DEVICE=CPU" in message and "os.environ.pop('PJRT_DEVICE')" in message
+
+
+def test_a_device_shown_by_its_device_files_is_not_refused():
+    # A container may show a TPU's device files but not its PCI bus: xmp.spawn still knows.
+    hw = hardware.Hardware(pjrt_device="TPU", tpu_chips=0, device_files=("/dev/vfio/0",))
+    assert hardware.plan_replicas(None, hw).device_type == "TPU"
+    gpu = hardware.Hardware(pjrt_device="CUDA", device_files=("/dev/nvidia0",))
+    assert hardware.plan_replicas(None, gpu).device_type == "CUDA"
+
+
+def test_a_launch_that_starts_no_replica_is_reported_with_its_cause():
+    from colab_xla.outcome import ReplicaError
+
+    outcome = RunOutcome("NEURON", elapsed=0.1, launch_error=ReplicaError(
+        "launch", "ModuleNotFoundError", "No module named 'libneuronxla'",
+        "Traceback (most recent call last):\nModuleNotFoundError: No module named 'libneuronxla'\n"))
+    assert not outcome.ok
+    error = str(XlaSpawnError(outcome))
+    assert error.startswith("the replicas could not be started (ModuleNotFoundError: No module "
+                            "named 'libneuronxla')")
+    assert "Traceback" in error
+    assert text_view.headline(outcome) == ("0 replicas on NEURON: not started "
+                                           "(ModuleNotFoundError) in 0.10 s")
