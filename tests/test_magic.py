@@ -66,6 +66,58 @@ def test_bad_arguments_are_usage_errors(ip, capsys, line, message):
     assert message in str(result.error_in_exec) + capsys.readouterr().err
 
 
+class _Called(Exception):
+    """What the magic passed to run_cell (raised by a stand-in, so nothing starts)."""
+
+
+@pytest.fixture
+def run_cell_args(monkeypatch):
+    import colab_xla.magics
+
+    def stand_in(source, **kwargs):
+        raise _Called(kwargs)
+
+    monkeypatch.setattr(colab_xla.magics, "run_cell", stand_in)
+    return lambda result: result.error_in_exec.args[0]
+
+
+@pytest.mark.parametrize("line, env", [
+    ('--env XLA_FLAGS="--xla_a --xla_b=1"', {"XLA_FLAGS": "--xla_a --xla_b=1"}),
+    ("--env 'XLA_FLAGS=--xla_a --xla_b=1' --env B=''", {"XLA_FLAGS": "--xla_a --xla_b=1", "B": ""}),
+    ('--env="A=it\'s a value"', {"A": "it's a value"}),
+])
+def test_quoted_values_arrive_as_a_shell_would_pass_them(ip, run_cell_args, line, env):
+    args = run_cell_args(cell(ip, line, "index"))
+    assert args["env"] == env
+
+
+def test_every_option_takes_quoted_values(ip, run_cell_args, tmp_path):
+    args = run_cell_args(cell(ip, f"-n '3' -o \"res\" --pull 'a, b' --cache '{tmp_path}/my cache'", "index"))
+    assert (args["nprocs"], args["pull"], args["cache_dir"]) == (3, ["a", "b"], f"{tmp_path}/my cache")
+
+
+def test_a_notebook_variable_in_quotes_keeps_its_spaces(ip, run_cell_args):
+    ip.user_ns["flags"] = "--xla_a --xla_b=1"
+    args = run_cell_args(cell(ip, '--env XLA_FLAGS="$flags"', "index"))  # IPython expands $flags
+    assert args["env"] == {"XLA_FLAGS": "--xla_a --xla_b=1"}
+
+
+@pytest.mark.parametrize("line, message", [
+    ('--env XLA_FLAGS="--xla_a', 'the " at column 17 opens a quoted value that is never closed'),
+    ("-o it's", "the ' at column 6 opens a quoted value that is never closed"),
+    ("-n 2 \\", "the line ends with a backslash"),
+])
+def test_an_unclosed_quote_is_a_usage_error_that_says_where(ip, run_cell_args, line, message):
+    result = cell(ip, line, "index")
+    assert isinstance(result.error_in_exec, UsageError), result.error_in_exec
+    assert f"%%xla_spawn {line}: {message}" in str(result.error_in_exec)
+
+
+def test_doctor_line_is_split_the_same_way(ip):
+    with pytest.raises(UsageError, match="never closed"):
+        ip.run_line_magic("xla_doctor", "'--kill-leftovers")
+
+
 def test_empty_cell_is_a_usage_error_that_says_what_to_do(ip):
     result = cell(ip, "-n 2", "\n   \n")
     assert isinstance(result.error_in_exec, UsageError)
@@ -219,3 +271,4 @@ def test_a_view_that_fails_costs_no_result_and_the_text_view_takes_over(ip, caps
                      "attribute '_repr_mimebundle_'); showing this run as text.") == 1
     assert "2 replicas on CPU: 2 done" in out
     assert "line of 1" in out and "Out: 1" in out  # the summary shows what the view did not
+

@@ -518,3 +518,33 @@ def test_pickled_values_use_shared_memory_for_big_tensors_inside_containers(shm_
     back = pickle.loads(data)
     assert torch.equal(back["w"], value["w"]) and torch.equal(back["small"], value["small"])
     assert len(replica.pack_value(value)) > 4 << 20  # without a directory: inline
+
+
+# --- the magic's line --------------------------------------------------------------------
+
+from colab_xla.options import LineError, split_line  # noqa: E402
+
+
+@pytest.mark.parametrize("line, argv", [
+    ('--env XLA_FLAGS="--xla_a --xla_b=1" -n 2', ["--env", "XLA_FLAGS=--xla_a --xla_b=1", "-n", "2"]),
+    ("--env 'A=x y'", ["--env", "A=x y"]),
+    ("--env A=it\\'s --env B='\"q\"'", ["--env", "A=it's", "--env", 'B="q"']),
+    ("--env A=#1 --cache ''", ["--env", "A=#1", "--cache", ""]),  # "#" is text; '' is empty
+    ("  ", []),
+])
+def test_the_line_is_split_as_a_shell_would(line, argv):
+    assert split_line(line) == argv
+
+
+@pytest.mark.parametrize("line, where", [
+    ('--env A="x y', 'the " at column 9 opens a quoted value that is never closed'),
+    ('-n 2 --env A="x \\" y', 'the " at column 14 opens a quoted value'),  # \" is no end
+    ("-n 2 --env A='x' -o 'it", "the ' at column 21 opens a quoted value"),
+    ("-o out\\", "the line ends with a backslash"),
+])
+def test_an_unsplittable_line_says_what_is_wrong_and_what_to_do(line, where):
+    with pytest.raises(LineError) as info:
+        split_line(line)
+    assert str(info.value).startswith(f"%%xla_spawn {line}: {where}")
+    assert "Close it" in str(info.value) or "Remove it" in str(info.value)
+
