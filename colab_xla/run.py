@@ -20,6 +20,7 @@ import codecs
 import contextlib
 import dataclasses
 import json
+import math
 import multiprocessing
 import multiprocessing.managers
 import os
@@ -107,8 +108,9 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
     fork) and its kind :class:`RuntimeInitializedError`. Failures of replicas are not raised:
     they are in the outcome (see ``outcome.failed``).
     """
-    if timeout is not None and timeout <= 0:
-        raise ValueError(f"--timeout {timeout:g}: the timeout must be more than 0 seconds.")
+    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):  # nan > 0 is False
+        raise ValueError(f"--timeout {timeout:g}: the timeout must be more than 0 seconds and "
+                         "finite; leave -t out to run without one.")
     env = dict(env or {})
     check_options(env, pull, pull_from)
     if launch.debug_single and nprocs not in (None, 1):

@@ -167,11 +167,12 @@ def test_a_failing_replica_raises_one_grouped_error_and_keeps_the_other_results(
     assert "[replicas 1, 3]" in capsys.readouterr().out  # IPython drew our traceback
 
 
-@pytest.mark.parametrize("line", ["-t 0", "--timeout -5"])
-def test_a_timeout_that_is_not_positive_is_refused_before_anything_runs(ip, capsys, line):
-    result = cell(ip, line, "index")
+@pytest.mark.parametrize("line", ["-t 0", "--timeout -5", "-t nan", "-t inf", "-t 1e400"])
+def test_a_timeout_that_is_not_a_positive_number_is_refused_before_anything_runs(ip, capsys,
+                                                                                  line):
+    result = cell(ip, line, "index")  # nan and inf meant no timeout at all
     assert isinstance(result.error_in_exec, UsageError)
-    assert "must be more than 0 seconds" in str(result.error_in_exec)
+    assert "must be more than 0 seconds and finite; leave -t out" in str(result.error_in_exec)
     assert "replica" not in capsys.readouterr().out  # nothing announced, nothing started
 
 

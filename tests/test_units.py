@@ -548,3 +548,11 @@ def test_an_unsplittable_line_says_what_is_wrong_and_what_to_do(line, where):
     assert str(info.value).startswith(f"%%xla_spawn {line}: {where}")
     assert "Close it" in str(info.value) or "Remove it" in str(info.value)
 
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0.0, -1.0])
+def test_run_cell_refuses_a_timeout_that_is_not_a_positive_number(timeout):
+    from colab_xla.run import run_cell
+
+    with pytest.raises(ValueError, match=r"--timeout \S+: the timeout must be more than 0 "
+                                         "seconds and finite"):
+        run_cell("index", nprocs=2, timeout=timeout)
