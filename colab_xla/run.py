@@ -296,11 +296,12 @@ class _Run:
             try:
                 self._read_until_done(read_fd, done_r)
             except KeyboardInterrupt:
-                self.outcome.interrupted, self._stop = True, "interrupted"
+                self.outcome.interrupted = True
+                with _sigint_ignored():
+                    self._cut("interrupted", read_fd)
             if self._stop:
                 with _sigint_ignored():
-                    self._kill_processes()
-                    driver.join(_DRIVER_JOIN_SECONDS)
+                    self._stop_processes(driver)
             else:
                 driver.join()
             self._drain(read_fd)
@@ -339,7 +340,7 @@ class _Run:
             now = time.monotonic()
             for reason, at in (("timeout", self._timeout_at), ("failed", self._fail_at)):
                 if at is not None and now >= at:
-                    self._stop = reason
+                    self._cut(reason, read_fd)
                     return
             wake = min(t for t in (next_tick, self._timeout_at, self._fail_at) if t is not None)
             readable, _, _ = select.select(fds, [], [], max(0.0, wake - now))
@@ -357,6 +358,26 @@ class _Run:
                 next_tick = time.monotonic() + TICK_SECONDS
             if readable == [done_r]:
                 return  # the driver ended and the pipes hold nothing more right now
+
+    def _cut(self, reason: str, read_fd: int) -> None:
+        """Stop the run now: what the pipes hold was written before this moment and counts
+        (a replica that reported its end in time is done); a report read after it is late
+        and ignored, so the replica is settled as stopped for ``reason``, even if the kill
+        comes too late to stop it (a --timeout shorter than the start-up)."""
+        for fd in [read_fd, *self._fd_sources]:
+            if select.select([fd], [], [], 0)[0]:
+                self._read(fd, read_fd)
+        self._stop = reason
+
+    def _stop_processes(self, driver: threading.Thread) -> None:
+        """Kill the run's processes until the driver has seen its pool end: the pool may
+        still be starting replicas when the run is stopped (a short --timeout)."""
+        deadline = time.monotonic() + _DRIVER_JOIN_SECONDS
+        while True:
+            self._kill_processes()
+            driver.join(0.05)
+            if not driver.is_alive() or time.monotonic() >= deadline:
+                return
 
     def _read(self, fd: int, read_fd: int) -> bool:
         """Read what ``fd`` has; False at end of file."""
@@ -417,6 +438,8 @@ class _Run:
             self._new_children()
             self.observer.started(self.outcome, frame.ordinal)
         elif frame.kind == channel.END:
+            if self._stop:  # it ended after the run was stopped: not in time (see _cut)
+                return
             self._load_report(frame.ordinal)
             if self.outcome.replicas[frame.ordinal].error and self._fail_at is None:
                 self._first_failed = frame.ordinal

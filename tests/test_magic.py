@@ -273,3 +273,18 @@ def test_a_view_that_fails_costs_no_result_and_the_text_view_takes_over(ip, caps
     assert "2 replicas on CPU: 2 done" in out
     assert "line of 1" in out and "Out: 1" in out  # the summary shows what the view did not
 
+
+@pytest.mark.xla
+@pytest.mark.timeout(120)
+def test_a_timeout_shorter_than_the_start_up_says_timeout_not_done(ip, capsys):
+    """The stop came before the pool had started the replicas: they ran on and reported
+    `done` after it (issue #12). A report after the stop is not in time."""
+    result = cell(ip, "-n 2 -t 0.001 -o late", "index")
+    error = result.error_in_exec
+    assert isinstance(error, XlaSpawnError), error
+    assert error.outcome.ok is False and error.outcome.killed == [0, 1]
+    for rep in error.outcome.replicas.values():
+        assert rep.error.kind == "timeout" and "--timeout 0.001 s" in rep.error.evalue
+    assert ip.user_ns["late"] == {}
+    out = capsys.readouterr().out
+    assert "2 done" not in out and "2 of 2 replicas were stopped (Timeout)" in out, out
