@@ -81,6 +81,7 @@ class Hardware:
     tpu_generation: Optional[str] = None  # "v5e", "7x", ... from the PCI id or accelerator type
     torch_xla_tpu_chips: Optional[int] = None  # chips torch_xla's own PCI table counts
     cpu_num_devices: Optional[int] = None  # CPU_NUM_DEVICES as the user set it
+    bad_cpu_num_devices: Optional[str] = None  # CPU_NUM_DEVICES if it is not a count (1 or more)
     xla_thread_pool_size: Optional[str] = None  # XLA_THREAD_POOL_SIZE as the user set it
     param_aliasing: Optional[str] = None  # XLA_ENABLE_PARAM_ALIASING as the user set it
 
@@ -152,6 +153,13 @@ def plan_replicas(requested: Optional[int], hw: Hardware) -> ReplicaPlan:
     device = (hw.pjrt_device or ("TPU" if hw.tpu_chips else "CPU")).upper().split("_")[0]
 
     if device == "CPU":
+        if requested is None and hw.bad_cpu_num_devices is not None:
+            raise ReplicaCountError(
+                f"CPU_NUM_DEVICES={hw.bad_cpu_num_devices!r}: the number of replicas to "
+                "simulate on CPU must be a whole number, 1 or more. Set one "
+                "(os.environ['CPU_NUM_DEVICES'] = '4'), remove it for the default "
+                f"{DEFAULT_CPU_REPLICAS} (del os.environ['CPU_NUM_DEVICES']), or give -n 4, "
+                "which takes its place.")
         n = requested or hw.cpu_num_devices or DEFAULT_CPU_REPLICAS
         note = None
         if hw.pjrt_device is None:
@@ -191,14 +199,16 @@ def plan_replicas(requested: Optional[int], hw: Hardware) -> ReplicaPlan:
 
 def detect(environ: Mapping[str, str] = os.environ) -> Hardware:
     """Read PJRT_DEVICE, CPU_NUM_DEVICES and the PCI bus; never initialize the runtime."""
-    cpu_num = environ.get("CPU_NUM_DEVICES")
+    cpu_num = (environ.get("CPU_NUM_DEVICES") or "").strip()  # empty: not set
+    count = int(cpu_num) if re.fullmatch(r"[0-9]+", cpu_num) and int(cpu_num) > 0 else None
     pjrt = environ.get("PJRT_DEVICE") or None
     tpu = _TpuScan(0, None, None, None)
     if pjrt is None or pjrt.upper().startswith("TPU"):
         tpu = _tpu_chips(environ.get("TPU_ACCELERATOR_TYPE") or None)
     return Hardware(pjrt_device=pjrt, tpu_chips=tpu.chips, tpu_cores_per_chip=tpu.cores_per_chip,
                     tpu_generation=tpu.generation, torch_xla_tpu_chips=tpu.torch_xla_chips,
-                    cpu_num_devices=int(cpu_num) if cpu_num and cpu_num.isdigit() else None,
+                    cpu_num_devices=count,
+                    bad_cpu_num_devices=cpu_num if cpu_num and count is None else None,
                     xla_thread_pool_size=environ.get("XLA_THREAD_POOL_SIZE"),
                     param_aliasing=environ.get("XLA_ENABLE_PARAM_ALIASING"))
 

@@ -138,6 +138,21 @@ def test_replica_count_the_hardware_cannot_honour_is_a_usage_error(ip):
 
 
 @pytest.mark.xla
+@pytest.mark.parametrize("value", ["abc", "0"])
+def test_a_cpu_num_devices_that_is_not_a_count_is_a_usage_error_naming_it(ip, capsys,
+                                                                           monkeypatch, value):
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    monkeypatch.setenv("CPU_NUM_DEVICES", value)
+    result = cell(ip, "", "index")
+    assert isinstance(result.error_in_exec, UsageError), result.error_in_exec
+    assert f"CPU_NUM_DEVICES='{value}': the number of replicas" in str(result.error_in_exec)
+    assert "[replica" not in capsys.readouterr().out  # nothing started
+    monkeypatch.delenv("CPU_NUM_DEVICES")
+    result = cell(ip, f"--env CPU_NUM_DEVICES={value}", "index")  # the replicas' own: the same
+    assert f"CPU_NUM_DEVICES='{value}'" in str(result.error_in_exec)
+
+
+@pytest.mark.xla
 @pytest.mark.timeout(120)
 def test_results_and_output_come_back_to_the_notebook(ip, capsys):
     ip.run_cell("SCALE = 3\ndef scaled(i):\n    return i * SCALE")

@@ -191,6 +191,26 @@ def test_detect_reads_the_environment_only():
     assert hw == hardware.Hardware(pjrt_device="CPU", tpu_chips=0, cpu_num_devices=6)
 
 
+@pytest.mark.parametrize("value, count, bad", [
+    ("6", 6, None), (" 6 ", 6, None), ("", None, None),  # empty: not set
+    ("abc", None, "abc"), ("0", None, "0"), ("-2", None, "-2"), ("2.5", None, "2.5"),
+])
+def test_detect_keeps_a_cpu_num_devices_that_is_not_a_count_to_refuse_it(value, count, bad):
+    hw = hardware.detect({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": value})
+    assert (hw.cpu_num_devices, hw.bad_cpu_num_devices) == (count, bad)
+
+
+@pytest.mark.parametrize("value", ["abc", "0"])
+def test_a_cpu_num_devices_that_is_not_a_count_is_refused_unless_n_is_given(value):
+    hw = hardware.detect({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": value})
+    with pytest.raises(hardware.ReplicaCountError) as info:
+        hardware.plan_replicas(None, hw)  # it silently gave 8 replicas
+    assert str(info.value).startswith(
+        f"CPU_NUM_DEVICES='{value}': the number of replicas to simulate on CPU must be a whole "
+        "number, 1 or more. Set one (os.environ['CPU_NUM_DEVICES'] = '4')")
+    assert hardware.plan_replicas(3, hw).env["CPU_NUM_DEVICES"] == "3"  # -n takes its place
+
+
 def test_runtime_initialized_is_false_without_torch_xla(monkeypatch):
     monkeypatch.delitem(sys.modules, "torch_xla", raising=False)
     assert hardware.runtime_initialized() is False
