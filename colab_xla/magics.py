@@ -13,7 +13,7 @@ from . import doctor, registry, views
 from .cell import EmptyCellError
 from .hardware import ReplicaCountError, TorchXlaMissing
 from .launch import LAUNCHERS, START_METHODS, Launch, parse_env
-from .options import LineError, split_line
+from .options import LineError, check_output, pull_names, split_line
 from .outcome import XlaSpawnError
 from .preflight import PreflightError
 from .registry import UnsafeStateDir
@@ -105,10 +105,9 @@ class XlaMagics(Magics):
             xm.all_reduce(xm.REDUCE_SUM, t).cpu()     # tensor([6., 6.]) on every replica
         """
         args = _parse(self.xla_spawn, line, "%%xla_spawn")
-        if args.output is not None and not args.output.isidentifier():
-            raise UsageError(f"-o {args.output}: NAME must be a Python identifier.")
-        pull = [name.strip() for item in args.pull for name in item.split(",") if name.strip()]
         try:
+            pull = pull_names(args.pull)
+            check_output(args.output, pull)
             how = Launch(args.start_method or os.environ.get("COLAB_XLA_START_METHOD", "fork"),
                          launcher=args.launcher, debug_single=args.debug_single)
             env = parse_env(args.env)

@@ -1,4 +1,4 @@
-"""The ``%%xla_spawn`` line as arguments, split as a shell would split it. IPython-free.
+"""The ``%%xla_spawn`` line as arguments: split as a shell would, names checked. IPython-free.
 
 IPython's ``parse_argstring`` splits with ``shlex`` in non-POSIX mode (IPython 7.34 and
 later alike): quotes stay inside the values (``--env XLA_FLAGS="--a --b"`` gave
@@ -15,8 +15,9 @@ magic sees it, so a value taken from a notebook variable keeps its spaces only i
 
 from __future__ import annotations
 
+import keyword
 import shlex
-from typing import List
+from typing import List, Optional, Sequence
 
 
 class LineError(ValueError):
@@ -38,6 +39,39 @@ def split_line(line: str, magic: str = "%%xla_spawn") -> List[str]:
         if token is None:  # posix mode: None at the end (an empty token is "")
             return args
         args.append(token)
+
+
+def pull_names(items: Sequence[str]) -> List[str]:
+    """The names of every ``--pull``, in order, each once::
+
+        >>> pull_names(["model,losses", " model "])
+        ['model', 'losses']
+    """
+    names: List[str] = []
+    for item in items:
+        parts = [name.strip() for name in item.split(",") if name.strip()]
+        if not parts:
+            raise ValueError(f"--pull {shlex.quote(item)}: give one NAME or more "
+                             "(--pull model,losses).")
+        names += parts
+    return list(dict.fromkeys(names))
+
+
+def check_output(name: Optional[str], pull: Sequence[str]) -> None:
+    """``-o NAME``: a variable the notebook can use, and not one --pull stores into too."""
+    if name is None:
+        return
+    if not is_name(name):
+        raise ValueError(f"-o {shlex.quote(name)}: NAME must be a Python identifier (not a "
+                         "keyword), the notebook variable that gets the values.")
+    if name in pull:
+        raise ValueError(f"-o {name} and --pull {name} would both store into the notebook's "
+                         f"{name}: give -o another NAME.")
+
+
+def is_name(name: str) -> bool:
+    """A name a notebook variable can have: ``losses``, not ``2fast`` or ``class``."""
+    return name.isidentifier() and not keyword.iskeyword(name)
 
 
 def _unsplittable(line: str, lex: shlex.shlex, magic: str) -> str:

@@ -40,6 +40,7 @@ import psutil
 from . import channel, hardware, namespace, preflight, registry, replica, shared_tensors
 from .cell import CellModule
 from .launch import Launch, environ, replica_environ, start, warm_forkserver
+from .options import is_name
 from .outcome import DONE, FAILED, KILLED, RETURN_PLAIN_DATA, ReplicaError, RunOutcome
 
 # Live views draw every TICK_SECONDS while output flows (a few updates a second keep the
@@ -113,6 +114,8 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
                          "finite; leave -t out to run without one.")
     env = dict(env or {})
     check_options(env, pull, pull_from)
+    if cache_dir is not None:
+        cache_dir = _cache_dir(cache_dir)
     if launch.debug_single and nprocs not in (None, 1):
         raise ValueError(f"-n {nprocs} with --debug-single: it runs one replica; leave -n out.")
     user_ns = dict(user_ns or {})
@@ -157,7 +160,7 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
         changes = {**env, **plan.env, **preflight.topology_changes(replica_env, plan.env)}
         plan = dataclasses.replace(plan, env=changes)
         options = _Options(launch, parent_pid, cell, names,
-                           cache_dir and _cache_dir(cache_dir), tuple(pull), pull_from)
+                           cache_dir, tuple(pull), pull_from)
         return _Run(options, plan, run_dir, user_ns, observer or RunObserver(),
                     timeout).run()
     finally:
@@ -172,8 +175,9 @@ def check_options(env: Mapping[str, str], pull: Sequence[str],
             raise ValueError(f"--env {key}={value}: KEY must be letters, digits and '_' "
                              "(not starting with a digit), VALUE a string.")
     for name in pull:
-        if not name.isidentifier():
-            raise ValueError(f"--pull {name}: each NAME must be a Python identifier.")
+        if not is_name(name):
+            raise ValueError(f"--pull {name}: each NAME must be a Python identifier (not a "
+                             "keyword).")
     if pull_from is not None and (pull_from < 0 or not pull):
         raise ValueError(f"--pull-from {pull_from}: give a replica ordinal (0 or more) "
                          "together with --pull NAME.")
@@ -184,6 +188,9 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 def _cache_dir(path: str) -> str:
     """``--cache DIR`` made (if new) and checked writable here, before replicas need it."""
+    if not path.strip():  # abspath("") would be the notebook's working directory
+        raise ValueError("--cache '': give a directory (--cache ~/xla_cache), or leave "
+                         "--cache out to compile without the cache.")
     path = os.path.abspath(os.path.expanduser(path))
     try:
         os.makedirs(path, exist_ok=True)

@@ -59,6 +59,13 @@ def test_help_is_generated_from_the_arguments(ip, capsys):
     ("--env NOVALUE", "--env NOVALUE: write KEY=VALUE"),
     ("--pull a-b", "--pull a-b: each NAME must be a Python identifier"),
     ("--pull-from 0", "together with --pull NAME"),
+    ("-o class", "-o class: NAME must be a Python identifier (not a keyword)"),
+    ("-o ''", "-o '': NAME must be a Python identifier"),
+    ("-o m --pull m", "-o m and --pull m would both store into the notebook's m"),
+    ("--pull ''", "--pull '': give one NAME or more"),
+    ("--pull for", "--pull for: each NAME must be a Python identifier (not a keyword)"),
+    ("--env A=1 --env A=2", "--env A=1 and --env A=2 set A twice: keep one"),
+    ("--cache ''", "--cache '': give a directory"),
 ])
 def test_bad_arguments_are_usage_errors(ip, capsys, line, message):
     result = cell(ip, line, "index")

@@ -576,3 +576,45 @@ def test_run_cell_refuses_a_timeout_that_is_not_a_positive_number(timeout):
     with pytest.raises(ValueError, match=r"--timeout \S+: the timeout must be more than 0 "
                                          "seconds and finite"):
         run_cell("index", nprocs=2, timeout=timeout)
+
+
+def test_pull_names_keep_their_order_once_each_and_an_empty_pull_is_refused():
+    from colab_xla.options import pull_names
+
+    assert pull_names(["model,losses", " model ", "a,a"]) == ["model", "losses", "a"]
+    for empty in ("", " , "):
+        with pytest.raises(ValueError, match="give one NAME or more"):
+            pull_names([empty])
+
+
+@pytest.mark.parametrize("name, pull, match", [
+    ("class", [], "-o class: NAME must be a Python identifier"),
+    ("", [], "-o '': NAME must be a Python identifier"),
+    ("model", ["model"], "-o model and --pull model would both store into the notebook's model"),
+])
+def test_output_names_the_notebook_cannot_use_or_that_pull_overwrites_are_refused(name, pull,
+                                                                                  match):
+    from colab_xla.options import check_output
+
+    with pytest.raises(ValueError, match=match):
+        check_output(name, pull)
+
+
+def test_an_env_key_given_twice_with_two_values_is_refused_and_the_same_twice_is_fine():
+    assert launch.parse_env(["A=1", "A=1"]) == {"A": "1"}
+    with pytest.raises(ValueError, match=r"--env A=1 and --env 'A=x y' set A twice: keep one"):
+        launch.parse_env(["A=1", "A=x y"])
+
+
+def test_a_pull_of_a_keyword_is_refused():
+    with pytest.raises(ValueError, match="--pull for: each NAME must be a Python identifier"):
+        check_options({}, ["for"], None)
+
+
+def test_an_empty_cache_directory_is_refused_not_taken_for_the_working_directory(tmp_path,
+                                                                                 monkeypatch):
+    from colab_xla.run import _cache_dir
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="--cache '': give a directory"):
+        _cache_dir("")
