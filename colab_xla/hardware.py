@@ -29,6 +29,10 @@ from typing import Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional
 # A simulated host has as many replicas as a TPU v2-8/v3-8 host, so notebooks written for
 # Colab's TPU run unchanged on a laptop.
 DEFAULT_CPU_REPLICAS = 8
+# One process runs every simulated replica as a thread. Beyond 128 (seen on torch_xla 2.9),
+# XLA's CPU collectives abort the process: "Expected 129 threads to join the rendezvous,
+# but only 128 of them arrived on time", after a 10 s wait. -n 1000000 is a typo besides.
+MAX_CPU_REPLICAS = 128
 
 RUNTIME_INITIALIZED = (
     "The XLA runtime is already initialized in this notebook's own process, so replicas cannot "
@@ -161,6 +165,12 @@ def plan_replicas(requested: Optional[int], hw: Hardware) -> ReplicaPlan:
                 f"{DEFAULT_CPU_REPLICAS} (del os.environ['CPU_NUM_DEVICES']), or give -n 4, "
                 "which takes its place.")
         n = requested or hw.cpu_num_devices or DEFAULT_CPU_REPLICAS
+        if n > MAX_CPU_REPLICAS:
+            given = f"-n {n}" if requested else f"CPU_NUM_DEVICES={n}"
+            raise ReplicaCountError(
+                f"{given}: at most {MAX_CPU_REPLICAS} replicas can be simulated on CPU (XLA's "
+                f"CPU collectives abort beyond that: only {MAX_CPU_REPLICAS} replicas reach "
+                f"them); ask for {MAX_CPU_REPLICAS} or fewer.")
         note = None
         if hw.pjrt_device is None:
             note = (f"colab_xla: no TPU found, running {n} replica{'s' if n != 1 else ''} on CPU "

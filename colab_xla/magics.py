@@ -28,9 +28,9 @@ class XlaMagics(Magics):
 
     @magic_arguments()
     @argument("-n", "--nprocs", type=int, metavar="N", default=None,
-              help="number of replicas. On CPU: N simulated replicas, the CPU devices of one "
-                   "process (default: $CPU_NUM_DEVICES, else 8). On a TPU host: every TPU "
-                   "core, the only count xmp.spawn accepts (leave -n out).")
+              help="number of replicas. On CPU: N simulated replicas (1 to 128), the CPU "
+                   "devices of one process (default: $CPU_NUM_DEVICES, else 8). On a TPU "
+                   "host: every TPU core, the only count xmp.spawn accepts (leave -n out).")
     @argument("-o", "--output", metavar="NAME", default=None,
               help="store {ordinal: value} of the cell's last expression in the notebook "
                    "variable NAME (XLA tensors arrive as CPU tensors).")
