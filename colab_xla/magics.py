@@ -62,7 +62,8 @@ class XlaMagics(Magics):
                    "torch_xla.launch(debug_single_process=True), for debugging.")
     @argument("--env", metavar="KEY=VALUE", action="append", default=[],
               help="set an environment variable for the replicas only (XLA_FLAGS, "
-                   "XLA_IR_DEBUG...). Repeatable.")
+                   "XLA_IR_DEBUG...). Repeatable. The line is split as a shell would: "
+                   "quote a value with spaces, --env XLA_FLAGS=\"--xla_a --xla_b\".")
     @argument("--cache", metavar="DIR", default=None,
               help="torch_xla's persistent compilation cache in DIR, one sub-directory per "
                    "replica process: a rerun on a TPU loads compiled programs instead of "

@@ -48,6 +48,8 @@ def test_help_is_generated_from_the_arguments(ip, capsys):
     for option in ("--pull NAME[,NAME...]", "--pull-from ORDINAL", "--start-method",
                    "--launcher", "--debug-single", "--env KEY=VALUE", "--cache DIR"):
         assert option in out
+    words = " ".join(out.split())  # argparse wraps the help
+    assert "simulated replicas (1 to 128)" in words and "quote a value with spaces" in words
 
 
 @pytest.mark.parametrize("line, message", [
