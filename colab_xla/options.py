@@ -90,8 +90,8 @@ def _open_quote(line: str) -> int:
     quote, start, i = None, -1, 0
     while i < len(line):
         c = line[i]
-        if quote is None and c == "\\" or quote == '"' and c == "\\":
-            i += 1  # escapes the next character
+        if c == "\\" and quote != "'":
+            i += 1  # escapes the next character (not inside '...')
         elif quote is None and c in "'\"":
             quote, start = c, i
         elif c == quote:

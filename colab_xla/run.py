@@ -264,6 +264,7 @@ class _Run:
         self._children: Dict[int, multiprocessing.process.BaseProcess] = {}
         self._driver_error: Optional[BaseException] = None
         self._output_since_draw = False
+        self._decoder = channel.FrameDecoder()  # (an Interrupt may come before reading starts)
 
     # -- the run --------------------------------------------------------------------------
 
