@@ -29,6 +29,10 @@ from typing import Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional
 # A simulated host has as many replicas as a TPU v2-8/v3-8 host, so notebooks written for
 # Colab's TPU run unchanged on a laptop.
 DEFAULT_CPU_REPLICAS = 8
+# One process runs every simulated replica as a thread. Beyond 128 (seen on torch_xla 2.9),
+# XLA's CPU collectives abort the process: "Expected 129 threads to join the rendezvous,
+# but only 128 of them arrived on time", after a 10 s wait. -n 1000000 is a typo besides.
+MAX_CPU_REPLICAS = 128
 
 RUNTIME_INITIALIZED = (
     "The XLA runtime is already initialized in this notebook's own process, so replicas cannot "
@@ -102,6 +106,7 @@ class Hardware:
     tpu_generation: Optional[str] = None  # "v5e", "7x", ... from the PCI id or accelerator type
     torch_xla_tpu_chips: Optional[int] = None  # chips torch_xla's own PCI table counts
     cpu_num_devices: Optional[int] = None  # CPU_NUM_DEVICES as the user set it
+    bad_cpu_num_devices: Optional[str] = None  # CPU_NUM_DEVICES if it is not a count (1 or more)
     xla_thread_pool_size: Optional[str] = None  # XLA_THREAD_POOL_SIZE as the user set it
     param_aliasing: Optional[str] = None  # XLA_ENABLE_PARAM_ALIASING as the user set it
     # Device files of the accelerator PJRT_DEVICE names (/dev/accel0, /dev/nvidia0): a
@@ -176,7 +181,20 @@ def plan_replicas(requested: Optional[int], hw: Hardware) -> ReplicaPlan:
     device = (hw.pjrt_device or ("TPU" if hw.tpu_chips else "CPU")).upper().split("_")[0]
 
     if device == "CPU":
+        if requested is None and hw.bad_cpu_num_devices is not None:
+            raise ReplicaCountError(
+                f"CPU_NUM_DEVICES={hw.bad_cpu_num_devices!r}: the number of replicas to "
+                "simulate on CPU must be a whole number, 1 or more. Set one "
+                "(os.environ['CPU_NUM_DEVICES'] = '4'), remove it for the default "
+                f"{DEFAULT_CPU_REPLICAS} (del os.environ['CPU_NUM_DEVICES']), or give -n 4, "
+                "which takes its place.")
         n = requested or hw.cpu_num_devices or DEFAULT_CPU_REPLICAS
+        if n > MAX_CPU_REPLICAS:
+            given = f"-n {n}" if requested else f"CPU_NUM_DEVICES={n}"
+            raise ReplicaCountError(
+                f"{given}: at most {MAX_CPU_REPLICAS} replicas can be simulated on CPU (XLA's "
+                f"CPU collectives abort beyond that: only {MAX_CPU_REPLICAS} replicas reach "
+                f"them); ask for {MAX_CPU_REPLICAS} or fewer.")
         note = None
         if hw.pjrt_device is None:
             note = (f"colab_xla: no TPU found, running {n} replica{'s' if n != 1 else ''} on CPU "
@@ -218,14 +236,16 @@ def plan_replicas(requested: Optional[int], hw: Hardware) -> ReplicaPlan:
 
 def detect(environ: Mapping[str, str] = os.environ) -> Hardware:
     """Read PJRT_DEVICE, CPU_NUM_DEVICES and the PCI bus; never initialize the runtime."""
-    cpu_num = environ.get("CPU_NUM_DEVICES")
+    cpu_num = (environ.get("CPU_NUM_DEVICES") or "").strip()  # empty: not set
+    count = int(cpu_num) if re.fullmatch(r"[0-9]+", cpu_num) and int(cpu_num) > 0 else None
     pjrt = environ.get("PJRT_DEVICE") or None
     tpu = _TpuScan(0, None, None, None)
     if pjrt is None or pjrt.upper().startswith("TPU"):
         tpu = _tpu_chips(environ.get("TPU_ACCELERATOR_TYPE") or None)
     return Hardware(pjrt_device=pjrt, tpu_chips=tpu.chips, tpu_cores_per_chip=tpu.cores_per_chip,
                     tpu_generation=tpu.generation, torch_xla_tpu_chips=tpu.torch_xla_chips,
-                    cpu_num_devices=int(cpu_num) if cpu_num and cpu_num.isdigit() else None,
+                    cpu_num_devices=count,
+                    bad_cpu_num_devices=cpu_num if cpu_num and count is None else None,
                     xla_thread_pool_size=environ.get("XLA_THREAD_POOL_SIZE"),
                     param_aliasing=environ.get("XLA_ENABLE_PARAM_ALIASING"),
                     device_files=_device_files(pjrt))

@@ -20,6 +20,7 @@ import codecs
 import contextlib
 import dataclasses
 import json
+import math
 import multiprocessing
 import multiprocessing.managers
 import os
@@ -40,6 +41,7 @@ import psutil
 from . import channel, hardware, namespace, preflight, registry, replica, shared_tensors
 from .cell import CellModule
 from .launch import Launch, environ, replica_environ, start, warm_forkserver
+from .options import is_name
 from .outcome import DONE, FAILED, KILLED, RETURN_PLAIN_DATA, ReplicaError, RunOutcome
 
 # Live views draw every TICK_SECONDS while output flows (a few updates a second keep the
@@ -108,10 +110,13 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
     fork) and its kind :class:`RuntimeInitializedError`. Failures of replicas are not raised:
     they are in the outcome (see ``outcome.failed``).
     """
-    if timeout is not None and timeout <= 0:
-        raise ValueError(f"--timeout {timeout:g}: the timeout must be more than 0 seconds.")
+    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):  # nan > 0 is False
+        raise ValueError(f"--timeout {timeout:g}: the timeout must be more than 0 seconds and "
+                         "finite; leave -t out to run without one.")
     env = dict(env or {})
     check_options(env, pull, pull_from)
+    if cache_dir is not None:
+        cache_dir = _cache_dir(cache_dir)
     if launch.debug_single and nprocs not in (None, 1):
         raise ValueError(f"-n {nprocs} with --debug-single: it runs one replica; leave -n out.")
     user_ns = dict(user_ns or {})
@@ -156,7 +161,7 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
         changes = {**env, **plan.env, **preflight.topology_changes(replica_env, plan.env)}
         plan = dataclasses.replace(plan, env=changes)
         options = _Options(launch, parent_pid, cell, names,
-                           cache_dir and _cache_dir(cache_dir), tuple(pull), pull_from)
+                           cache_dir, tuple(pull), pull_from)
         return _Run(options, plan, run_dir, user_ns, observer or RunObserver(),
                     timeout).run()
     finally:
@@ -171,8 +176,9 @@ def check_options(env: Mapping[str, str], pull: Sequence[str],
             raise ValueError(f"--env {key}={value}: KEY must be letters, digits and '_' "
                              "(not starting with a digit), VALUE a string.")
     for name in pull:
-        if not name.isidentifier():
-            raise ValueError(f"--pull {name}: each NAME must be a Python identifier.")
+        if not is_name(name):
+            raise ValueError(f"--pull {name}: each NAME must be a Python identifier (not a "
+                             "keyword).")
     if pull_from is not None and (pull_from < 0 or not pull):
         raise ValueError(f"--pull-from {pull_from}: give a replica ordinal (0 or more) "
                          "together with --pull NAME.")
@@ -183,6 +189,9 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 def _cache_dir(path: str) -> str:
     """``--cache DIR`` made (if new) and checked writable here, before replicas need it."""
+    if not path.strip():  # abspath("") would be the notebook's working directory
+        raise ValueError("--cache '': give a directory (--cache ~/xla_cache), or leave "
+                         "--cache out to compile without the cache.")
     path = os.path.abspath(os.path.expanduser(path))
     try:
         os.makedirs(path, exist_ok=True)
@@ -256,6 +265,7 @@ class _Run:
         self._children: Dict[int, multiprocessing.process.BaseProcess] = {}
         self._driver_error: Optional[BaseException] = None
         self._output_since_draw = False
+        self._decoder = channel.FrameDecoder()  # (an Interrupt may come before reading starts)
 
     # -- the run --------------------------------------------------------------------------
 
@@ -295,11 +305,12 @@ class _Run:
             try:
                 self._read_until_done(read_fd, done_r)
             except KeyboardInterrupt:
-                self.outcome.interrupted, self._stop = True, "interrupted"
+                self.outcome.interrupted = True
+                with _sigint_ignored():
+                    self._cut("interrupted", read_fd)
             if self._stop:
                 with _sigint_ignored():
-                    self._kill_processes()
-                    driver.join(_DRIVER_JOIN_SECONDS)
+                    self._stop_processes(driver)
             else:
                 driver.join()
             self._drain(read_fd)
@@ -340,7 +351,7 @@ class _Run:
             now = time.monotonic()
             for reason, at in (("timeout", self._timeout_at), ("failed", self._fail_at)):
                 if at is not None and now >= at:
-                    self._stop = reason
+                    self._cut(reason, read_fd)
                     return
             wake = min(t for t in (next_tick, self._timeout_at, self._fail_at) if t is not None)
             readable, _, _ = select.select(fds, [], [], max(0.0, wake - now))
@@ -358,6 +369,26 @@ class _Run:
                 next_tick = time.monotonic() + TICK_SECONDS
             if readable == [done_r]:
                 return  # the driver ended and the pipes hold nothing more right now
+
+    def _cut(self, reason: str, read_fd: int) -> None:
+        """Stop the run now: what the pipes hold was written before this moment and counts
+        (a replica that reported its end in time is done); a report read after it is late
+        and ignored, so the replica is settled as stopped for ``reason``, even if the kill
+        comes too late to stop it (a --timeout shorter than the start-up)."""
+        for fd in [read_fd, *self._fd_sources]:
+            if select.select([fd], [], [], 0)[0]:
+                self._read(fd, read_fd)
+        self._stop = reason
+
+    def _stop_processes(self, driver: threading.Thread) -> None:
+        """Kill the run's processes until the driver has seen its pool end: the pool may
+        still be starting replicas when the run is stopped (a short --timeout)."""
+        deadline = time.monotonic() + _DRIVER_JOIN_SECONDS
+        while True:
+            self._kill_processes()
+            driver.join(0.05)
+            if not driver.is_alive() or time.monotonic() >= deadline:
+                return
 
     def _read(self, fd: int, read_fd: int) -> bool:
         """Read what ``fd`` has; False at end of file."""
@@ -418,6 +449,8 @@ class _Run:
             self._new_children()
             self.observer.started(self.outcome, frame.ordinal)
         elif frame.kind == channel.END:
+            if self._stop:  # it ended after the run was stopped: not in time (see _cut)
+                return
             self._load_report(frame.ordinal)
             if self.outcome.replicas[frame.ordinal].error and self._fail_at is None:
                 self._first_failed = frame.ordinal

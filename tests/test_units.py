@@ -191,6 +191,36 @@ def test_detect_reads_the_environment_only():
     assert hw == hardware.Hardware(pjrt_device="CPU", tpu_chips=0, cpu_num_devices=6)
 
 
+@pytest.mark.parametrize("value, count, bad", [
+    ("6", 6, None), (" 6 ", 6, None), ("", None, None),  # empty: not set
+    ("abc", None, "abc"), ("0", None, "0"), ("-2", None, "-2"), ("2.5", None, "2.5"),
+])
+def test_detect_keeps_a_cpu_num_devices_that_is_not_a_count_to_refuse_it(value, count, bad):
+    hw = hardware.detect({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": value})
+    assert (hw.cpu_num_devices, hw.bad_cpu_num_devices) == (count, bad)
+
+
+@pytest.mark.parametrize("value", ["abc", "0"])
+def test_a_cpu_num_devices_that_is_not_a_count_is_refused_unless_n_is_given(value):
+    hw = hardware.detect({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": value})
+    with pytest.raises(hardware.ReplicaCountError) as info:
+        hardware.plan_replicas(None, hw)  # it silently gave 8 replicas
+    assert str(info.value).startswith(
+        f"CPU_NUM_DEVICES='{value}': the number of replicas to simulate on CPU must be a whole "
+        "number, 1 or more. Set one (os.environ['CPU_NUM_DEVICES'] = '4')")
+    assert hardware.plan_replicas(3, hw).env["CPU_NUM_DEVICES"] == "3"  # -n takes its place
+
+
+def test_a_replica_count_beyond_what_cpu_collectives_can_join_is_refused():
+    cap = hardware.MAX_CPU_REPLICAS
+    assert hardware.plan_replicas(cap, hardware.Hardware(pjrt_device="CPU")).replicas == cap
+    with pytest.raises(hardware.ReplicaCountError, match=f"-n 1000000: at most {cap} replicas"):
+        hardware.plan_replicas(1000000, hardware.Hardware(pjrt_device=None))
+    with pytest.raises(hardware.ReplicaCountError, match=f"CPU_NUM_DEVICES=5000: at most {cap}"):
+        hardware.plan_replicas(None, hardware.detect({"PJRT_DEVICE": "CPU",
+                                                      "CPU_NUM_DEVICES": "5000"}))
+
+
 def test_runtime_initialized_is_false_without_torch_xla(monkeypatch):
     monkeypatch.delitem(sys.modules, "torch_xla", raising=False)
     assert hardware.runtime_initialized() is False
@@ -555,3 +585,82 @@ def test_a_launch_that_starts_no_replica_is_reported_with_its_cause():
     assert "Traceback" in error
     assert text_view.headline(outcome) == ("0 replicas on NEURON: not started "
                                            "(ModuleNotFoundError) in 0.10 s")
+
+# --- the magic's line --------------------------------------------------------------------
+
+from colab_xla.options import LineError, split_line  # noqa: E402
+
+
+@pytest.mark.parametrize("line, argv", [
+    ('--env XLA_FLAGS="--xla_a --xla_b=1" -n 2', ["--env", "XLA_FLAGS=--xla_a --xla_b=1", "-n", "2"]),
+    ("--env 'A=x y'", ["--env", "A=x y"]),
+    ("--env A=it\\'s --env B='\"q\"'", ["--env", "A=it's", "--env", 'B="q"']),
+    ("--env A=#1 --cache ''", ["--env", "A=#1", "--cache", ""]),  # "#" is text; '' is empty
+    ("  ", []),
+])
+def test_the_line_is_split_as_a_shell_would(line, argv):
+    assert split_line(line) == argv
+
+
+@pytest.mark.parametrize("line, where", [
+    ('--env A="x y', 'the " at column 9 opens a quoted value that is never closed'),
+    ('-n 2 --env A="x \\" y', 'the " at column 14 opens a quoted value'),  # \" is no end
+    ("-n 2 --env A='x' -o 'it", "the ' at column 21 opens a quoted value"),
+    ("-o out\\", "the line ends with a backslash"),
+])
+def test_an_unsplittable_line_says_what_is_wrong_and_what_to_do(line, where):
+    with pytest.raises(LineError) as info:
+        split_line(line)
+    assert str(info.value).startswith(f"%%xla_spawn {line}: {where}")
+    assert "Close it" in str(info.value) or "Remove it" in str(info.value)
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0.0, -1.0])
+def test_run_cell_refuses_a_timeout_that_is_not_a_positive_number(timeout):
+    from colab_xla.run import run_cell
+
+    with pytest.raises(ValueError, match=r"--timeout \S+: the timeout must be more than 0 "
+                                         "seconds and finite"):
+        run_cell("index", nprocs=2, timeout=timeout)
+
+
+def test_pull_names_keep_their_order_once_each_and_an_empty_pull_is_refused():
+    from colab_xla.options import pull_names
+
+    assert pull_names(["model,losses", " model ", "a,a"]) == ["model", "losses", "a"]
+    for empty in ("", " , "):
+        with pytest.raises(ValueError, match="give one NAME or more"):
+            pull_names([empty])
+
+
+@pytest.mark.parametrize("name, pull, match", [
+    ("class", [], "-o class: NAME must be a Python identifier"),
+    ("", [], "-o '': NAME must be a Python identifier"),
+    ("model", ["model"], "-o model and --pull model would both store into the notebook's model"),
+])
+def test_output_names_the_notebook_cannot_use_or_that_pull_overwrites_are_refused(name, pull,
+                                                                                  match):
+    from colab_xla.options import check_output
+
+    with pytest.raises(ValueError, match=match):
+        check_output(name, pull)
+
+
+def test_an_env_key_given_twice_with_two_values_is_refused_and_the_same_twice_is_fine():
+    assert launch.parse_env(["A=1", "A=1"]) == {"A": "1"}
+    with pytest.raises(ValueError, match=r"--env A=1 and --env 'A=x y' set A twice: keep one"):
+        launch.parse_env(["A=1", "A=x y"])
+
+
+def test_a_pull_of_a_keyword_is_refused():
+    with pytest.raises(ValueError, match="--pull for: each NAME must be a Python identifier"):
+        check_options({}, ["for"], None)
+
+
+def test_an_empty_cache_directory_is_refused_not_taken_for_the_working_directory(tmp_path,
+                                                                                 monkeypatch):
+    from colab_xla.run import _cache_dir
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="--cache '': give a directory"):
+        _cache_dir("")
