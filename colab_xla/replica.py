@@ -25,6 +25,7 @@ import io
 import json
 import os
 import pickle
+import re
 import signal
 import sys
 import threading
@@ -196,10 +197,9 @@ def _run_cell(index: int, job: ReplicaJob, proc: "_ProcessState") -> ReplicaRepo
             report.error = ReplicaError("exit", "SystemExit", str(exc.code),
                                         f"the cell called sys.exit({exc.code!r})")
             return report
-    except KeyboardInterrupt:
-        report.error = ReplicaError("interrupted", "KeyboardInterrupt", "the run was interrupted")
-        return report
     except BaseException as exc:  # noqa: BLE001 - every failure becomes data
+        # KeyboardInterrupt included: a replica runs in a thread the notebook's Interrupt
+        # never reaches (the run kills it), so one here was raised by the cell's code.
         report.error = error_from_exception(exc, cell)
         return report
     finally:
@@ -281,7 +281,18 @@ def error_from_exception(exc: BaseException, cell: CellModule) -> ReplicaError:
     te.stack = traceback.StackSummary.from_list(frames[first:])
     text = "".join(te.format())
     text = text.replace(f'File "{cell.path}", line ', f"{cell.label}, line ")
-    return ReplicaError("exception", type(exc).__qualname__, str(exc), text)
+    # A class of the cell lives in each replica's own module (``<cell>_r3.B``): shown as the
+    # cell wrote it (``B``), it reads right and the same error groups across replicas.
+    text = re.sub(rf"\b{re.escape(cell.name)}_r\d+\.", "", text)
+    return ReplicaError("exception", type(exc).__qualname__, _safe_str(exc), text)
+
+
+def _safe_str(exc: BaseException) -> str:
+    """``str(exc)``, which runs the exception's own code and may itself raise."""
+    try:
+        return str(exc)
+    except Exception as failure:  # noqa: BLE001
+        return f"<str() failed: {type(failure).__name__}: {_safe_str(failure)}>"
 
 
 class _ResultPickler(cloudpickle.Pickler):
@@ -421,6 +432,7 @@ class _ProcessState:
             self.user_ns, self.cell = self._load_names(job), job.cell
         _text_progress_bars()
         _send_cell_definitions_by_value()
+        _report_exits(self.writer)
         if job.cache_dir:
             self._initialize_cache(job.cache_dir)
         self._instrument_torch_xla()
@@ -758,6 +770,27 @@ def _text_progress_bars() -> None:
     for attr in ("auto", "autonotebook"):
         if tqdm_pkg is not None:
             setattr(tqdm_pkg, attr, sys.modules[f"tqdm.{attr}"])
+
+
+def _report_exits(writer: ChannelWriter) -> None:
+    """``os._exit`` from a replica's thread says who called it before the process ends.
+
+    It ends the whole process at once, and with it every replica that is a thread of it:
+    without this note the notebook could only say that the process ended "without an
+    exit code". (The pid tells a replica from a process it forked, which shares its
+    thread's state and calls ``os._exit`` too when it ends.)
+    """
+    real_exit = os._exit
+
+    def reported_exit(code):
+        ordinal = getattr(_local, "ordinal", None)
+        if ordinal is not None:
+            with contextlib.suppress(Exception):
+                _flush_all()
+                writer.send(NOTE, ordinal, json.dumps({"exit": code, "pid": os.getpid()}).encode())
+        real_exit(code)
+
+    os._exit = functools.wraps(real_exit)(reported_exit)
 
 
 def _send_cell_definitions_by_value() -> None:

@@ -265,6 +265,7 @@ class _Run:
         self._children: Dict[int, multiprocessing.process.BaseProcess] = {}
         self._driver_error: Optional[BaseException] = None
         self._output_since_draw = False
+        self._exits: Dict[int, Tuple[int, int]] = {}  # pid -> (replica, code) of os._exit
         self._decoder = channel.FrameDecoder()  # (an Interrupt may come before reading starts)
 
     # -- the run --------------------------------------------------------------------------
@@ -460,6 +461,8 @@ class _Run:
             note = json.loads(frame.payload)
             if "rendezvous" in note:
                 self.outcome.replica(frame.ordinal).last_rendezvous = note["rendezvous"]
+            if "exit" in note:  # os._exit: the process ends now, with its replicas
+                self._exits[note["pid"]] = (frame.ordinal, note["exit"])
 
     def _text(self, source, kind: int, data: bytes) -> None:
         key = (source, kind)
@@ -535,9 +538,19 @@ class _Run:
                     f"failed ({first.error.ename})", where=where)
             else:
                 rep.state = FAILED
-                rep.error = ReplicaError("died", "ReplicaDied", self._death_reason())
+                rep.error = ReplicaError("died", "ReplicaDied", self._death_reason(rep))
 
-    def _death_reason(self) -> str:
+    def _death_reason(self, rep) -> str:
+        pid = rep.pid
+        if pid is None and self.plan.processes == 1 and self._exits:
+            pid = next(iter(self._exits))  # it never started: its process is the one
+        if pid in self._exits:
+            ordinal, code = self._exits[pid]
+            same = "" if ordinal == rep.ordinal else (
+                f" (replica {rep.ordinal} ran as a thread of that process, so it ended too)")
+            return (f"replica {ordinal} called os._exit({code}), which ended its process "
+                    f"before the cell finished{same}. Let the cell end instead (or "
+                    "sys.exit(), which ends only that replica).")
         self._new_children()
         for p in self._children.values():
             p.join(0)  # sets exitcode if the process is gone
