@@ -549,7 +549,7 @@ class _Run:
             same = "" if ordinal == rep.ordinal else (
                 f" (replica {rep.ordinal} ran as a thread of that process, so it ended too)")
             return (f"replica {ordinal} called os._exit({code}), which ended its process "
-                    f"before the cell finished{same}. Let the cell end instead (or "
+                    f"(exit code {code}) before the cell finished{same}. Let the cell end instead (or "
                     "sys.exit(), which ends only that replica).")
         self._new_children()
         for p in self._children.values():
