@@ -140,19 +140,36 @@ class XlaMagics(Magics):
         except (ReplicaCountError, TorchXlaMissing, UnsafeStateDir, ValueError) as exc:
             raise UsageError(str(exc)) from None
         # Values first, then the closing draw: a view that fails cannot lose them.
-        if args.output is not None:
-            self.shell.user_ns[args.output] = outcome.results()
-        for name in pull:
-            values = outcome.pulled(name)
-            if args.pull_from is None and values:
-                self.shell.user_ns[name] = values
-            elif args.pull_from in values:
-                self.shell.user_ns[name] = values[args.pull_from]
+        kept = self._store(outcome, args.output, pull, args.pull_from)
         view.closed(outcome)
+        if kept:
+            print(f"colab_xla: {', '.join(kept)} kept {'its' if len(kept) == 1 else 'their'} "
+                  "earlier value: no replica sent a new one.")
         if outcome.interrupted:
             raise KeyboardInterrupt
         if not outcome.ok:
             raise XlaSpawnError(outcome)
+
+    def _store(self, outcome, output, pull, pull_from) -> list:
+        """Put ``-o`` and ``--pull`` values in the notebook. A run that failed or was
+        interrupted before any value came back leaves an earlier value of the name as it
+        was (a rerun must not swap a good result for ``{}``); the names kept are returned."""
+        user_ns, kept = self.shell.user_ns, []
+        if output is not None:
+            results = outcome.results()
+            if results or outcome.ok or output not in user_ns:
+                user_ns[output] = results
+            else:
+                kept.append(f"-o {output}")
+        for name in pull:
+            values = outcome.pulled(name)
+            if pull_from is not None:
+                values = {pull_from: values[pull_from]} if pull_from in values else {}
+            if values:
+                user_ns[name] = values if pull_from is None else values[pull_from]
+            elif name in user_ns and not outcome.ok:
+                kept.append(f"--pull {name}")
+        return kept
 
     @magic_arguments()
     @argument("--kill-leftovers", action="store_true",

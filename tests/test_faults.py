@@ -196,3 +196,16 @@ def test_a_device_this_machine_lacks_is_named_before_anything_starts():
         assert "0 replicas on NEURON: not started (ModuleNotFoundError)" in other.stdout
         assert k.run("del os.environ['PJRT_DEVICE']").status == "ok"
         assert k.run("%%xla_spawn -n 2 --no-widget\nindex").status == "ok"  # it goes on
+
+
+def test_an_interrupted_rerun_keeps_the_earlier_result(tmp_path):
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        assert k.run("%%xla_spawn -n 2 -o res\nindex + 100").status == "ok"
+        msg_id = k.submit(pid_cell(tmp_path, "-n 2 -o res --no-widget"))
+        wait_for_files([tmp_path / "pid0", tmp_path / "pid1"], kernel=k, msg_id=msg_id)
+        k.interrupt()
+        reply = k.wait(msg_id)
+        assert reply.ename == "KeyboardInterrupt", reply.text
+        assert "colab_xla: -o res kept its earlier value" in reply.stdout, reply.stdout
+        assert k.run("assert res == {0: 100, 1: 101}, res").status == "ok"

@@ -312,3 +312,21 @@ def test_a_timeout_shorter_than_the_start_up_says_timeout_not_done(ip, capsys):
     assert ip.user_ns["late"] == {}
     out = capsys.readouterr().out
     assert "2 done" not in out and "2 of 2 replicas were stopped (Timeout)" in out, out
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(120)
+def test_a_failed_rerun_keeps_the_earlier_values_and_says_so(ip, capsys):
+    assert cell(ip, "-n 2 -o kept_res --pull kept_x", "kept_x = index\nindex * 10").success
+    assert ip.user_ns["kept_res"] == {0: 0, 1: 10} and ip.user_ns["kept_x"] == {0: 0, 1: 1}
+    capsys.readouterr()
+    result = cell(ip, "-n 2 -o kept_res --pull kept_x", "raise ValueError('every replica')")
+    assert isinstance(result.error_in_exec, XlaSpawnError)
+    assert ip.user_ns["kept_res"] == {0: 0, 1: 10} and ip.user_ns["kept_x"] == {0: 0, 1: 1}
+    assert ("colab_xla: -o kept_res, --pull kept_x kept their earlier value: no replica sent "
+            "a new one.") in capsys.readouterr().out
+    # New values arrived from the replica that did not fail: they replace the old ones.
+    result = cell(ip, "-n 2 -o kept_res", "if index == 1:\n    raise ValueError('one')\n'new'")
+    assert isinstance(result.error_in_exec, XlaSpawnError)
+    assert ip.user_ns["kept_res"] == {0: "new"}
+    assert "kept" not in capsys.readouterr().out
