@@ -541,7 +541,8 @@ class _Run:
 
     def _kill_processes(self) -> None:
         """SIGKILL every process this run started (by pid, never by name) and reap them."""
-        for child in self._new_children():
+        children = self._new_children()
+        for child in children:
             self._track(child.pid)
         victims: List[psutil.Process] = []
         for proc in list(self._processes.values()):
@@ -551,7 +552,17 @@ class _Run:
         for proc in victims:
             with contextlib.suppress(psutil.Error):
                 proc.kill()  # psutil refuses if the pid now belongs to another process
-        gone, alive = psutil.wait_procs(victims, timeout=3)
+        # The pool's processes are reaped by multiprocessing, not by psutil: a child that
+        # psutil's waitpid reaped stays in multiprocessing's own list for good (its poll
+        # sees ECHILD as "still running"), and with it the pipe fd of its sentinel - one
+        # leaked fd per replica process of every interrupted or timed-out run.
+        deadline = time.monotonic() + 3
+        for child in children:
+            child.join(max(0.0, deadline - time.monotonic()))
+        ours = {child.pid for child in children}
+        gone, alive = psutil.wait_procs([p for p in victims if p.pid not in ours],
+                                        timeout=max(0.0, deadline - time.monotonic()))
+        alive += [child for child in children if child.exitcode is None]
         self._processes.clear()
         if not alive:
             self._record.close()
