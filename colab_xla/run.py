@@ -24,7 +24,6 @@ import multiprocessing
 import multiprocessing.managers
 import os
 import pickle
-import queue
 import re
 import secrets
 import select
@@ -287,10 +286,11 @@ class _Run:
             shm_dir=self._shm_dir)
         if forked:
             replica._FORKED[self.run_id] = replica.ForkedState(self.user_ns, self.cell)
-        driven: Optional[threading.Event] = None  # set when the driver is done with the pool
+        driver = threading.Thread(target=self._drive, args=(job, done_w),
+                                  name="colab_xla-driver", daemon=True)
         try:
             self.observer.opened(self.outcome)
-            driven = _driver().submit(lambda: self._drive(job, done_w))
+            driver.start()
             try:
                 self._read_until_done(read_fd, done_r)
             except KeyboardInterrupt:
@@ -298,9 +298,9 @@ class _Run:
             if self._stop:
                 with _sigint_ignored():
                     self._kill_processes()
-                    driven.wait(_DRIVER_JOIN_SECONDS)
+                    driver.join(_DRIVER_JOIN_SECONDS)
             else:
-                driven.wait()
+                driver.join()
             self._drain(read_fd)
             self._settle_unreported()
             # Replicas arrive in any order; the outcome a person reads is by ordinal.
@@ -308,8 +308,8 @@ class _Run:
         finally:
             with _sigint_ignored():
                 self._kill_processes()  # nothing of the run outlives it, whatever happened
-                if driven is not None and not driven.is_set():
-                    driven.wait(_DRIVER_JOIN_SECONDS)  # an error above: let it see its pool end
+                if driver.is_alive():  # an error above: let it see its pool end first
+                    driver.join(_DRIVER_JOIN_SECONDS)
             replica._FORKED.pop(self.run_id, None)
             shared_tensors.remove_dir(self._shm_dir)  # tensors already mapped stay valid
             for fd in (read_fd, write_fd, done_r, done_w,
@@ -317,6 +317,9 @@ class _Run:
                 os.close(fd)
             self.outcome.elapsed = time.monotonic() - self._started
             self._finish_logs()
+            # Its traceback's frames hold the pool (each process's sentinel pipe) and this
+            # run: a cycle that kept those fds open until a garbage collection.
+            self._driver_error = None
         return self.outcome
 
     def _drive(self, job: replica.ReplicaJob, done_w: int) -> None:
@@ -324,9 +327,7 @@ class _Run:
             with environ(self.plan.env):
                 start(self.options.launch, replica.main, job)
         except BaseException as exc:  # noqa: BLE001 - reported through the outcome
-            # Without its traceback: its frames hold the pool (each process's sentinel
-            # pipe) and this run, a cycle that kept the fds open until a garbage collection.
-            self._driver_error = exc.with_traceback(None)
+            self._driver_error = exc  # (let go of when the run ends: see run)
         finally:
             os.write(done_w, b"x")
 
@@ -599,62 +600,6 @@ def _sigint_ignored():
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-# --- the driver thread --------------------------------------------------------------------
-
-class _DriverThread:
-    """The thread that starts a run's pool and waits for it, kept for the next runs.
-
-    One thread for the notebook process's life rather than one per run: ipykernel gives
-    every thread that flushes ``sys.stdout`` (multiprocessing does, before each fork) a
-    zmq socket of its own, with an eventfd, and closes it only some seconds after the
-    thread has ended - so a thread per run held fds in proportion to the run rate.
-    """
-
-    def __init__(self):
-        self._jobs: "queue.SimpleQueue" = queue.SimpleQueue()
-        self.busy = False
-        threading.Thread(target=self._loop, name="colab_xla-driver", daemon=True).start()
-
-    def submit(self, job) -> threading.Event:
-        """Run ``job()`` in the thread; the event is set when it has returned."""
-        done = threading.Event()
-        self.busy = True
-        self._jobs.put((job, done))
-        return done
-
-    def _loop(self) -> None:
-        while True:
-            job, done = self._jobs.get()
-            try:
-                job()
-            finally:
-                job = None  # the run and all it holds are freed with the run, not later
-                self.busy = False
-                done.set()
-            if _driver_thread is not self:  # replaced while it was stuck: end
-                return
-
-
-_driver_thread: Optional[_DriverThread] = None
-
-
-def _forget_driver_thread() -> None:
-    global _driver_thread
-    _driver_thread = None  # a forked child has none of its parent's threads
-
-
-os.register_at_fork(after_in_child=_forget_driver_thread)
-
-
-def _driver() -> _DriverThread:
-    """The driver thread, or a new one if it is still busy with an earlier run (a pool
-    that did not end within :data:`_DRIVER_JOIN_SECONDS` of its kill)."""
-    global _driver_thread
-    if _driver_thread is None or _driver_thread.busy:
-        _driver_thread = _DriverThread()
-    return _driver_thread
 
 
 # --- the lock shared by replicas -------------------------------------------------------------

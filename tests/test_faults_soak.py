@@ -11,6 +11,8 @@ warm-up with the end. About 3-4 minutes on 2 cores.
 from __future__ import annotations
 
 import os
+import queue
+import signal
 import time
 from pathlib import Path
 
@@ -67,10 +69,22 @@ def run_one(k: Kernel, kind: str, mark: Path) -> None:
             assert time.monotonic() < deadline, f"{kind}: replicas did not start"
             time.sleep(0.01)
         k.interrupt()
-    reply = k.wait(msg_id, timeout=60)
+    try:
+        reply = k.wait(msg_id, timeout=60)
+    except queue.Empty:  # hung: what every thread of the kernel is doing
+        os.kill(k.process.pid, signal.SIGUSR1)
+        time.sleep(1)
+        pytest.fail(f"{kind} ({mark.name}): no reply in 60 s; the kernel's threads:\n"
+                    + Path(f"{STACKS}.{k.process.pid}").read_text())
     want = EXPECTED[kind.split(",")[0].split()[0]]
     got = reply.status if reply.status == "ok" else reply.ename
     assert got == want, f"{kind}: {reply.text[-2000:]}"
+
+
+STACKS = "/tmp/colab_xla-soak-stacks"
+DUMP_STACKS = ("import faulthandler, signal\n"
+               "faulthandler.register(signal.SIGUSR1, all_threads=True,\n"
+               f"                      file=open({STACKS!r} + f'.{{os.getpid()}}', 'w'))")
 
 
 def sample(k: Kernel) -> dict:
@@ -88,6 +102,7 @@ def test_five_hundred_mixed_runs_leave_the_kernel_flat(tmp_path):
     with Kernel() as k:
         where = k.run("%load_ext colab_xla\nimport colab_xla; print(colab_xla.__file__)")
         assert where.stdout.strip() == colab_xla.__file__, (where.text, colab_xla.__file__)
+        assert k.run("import os\n" + DUMP_STACKS).status == "ok"
         kinds = list(KINDS)
         # Both samples at the same place in the cycle of kinds: the same mix of views live.
         end_at = WARM_UP + (RUNS - WARM_UP) // len(kinds) * len(kinds)
