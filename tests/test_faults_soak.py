@@ -1,8 +1,7 @@
 """Soak: hundreds of mixed runs in one real kernel leave its resources flat (issue #12).
 
-Each interrupted or timed-out run used to leak a pipe fd per replica process, each run a
-driver thread's zmq socket (an eventfd, closed only seconds later) and every widget run
-its ~31 widgets for good. This runs ``SOAK_RUNS`` (default 500, env ``COLAB_XLA_SOAK_RUNS``)
+Each interrupted or timed-out run used to leak a pipe fd per replica process, and every
+widget run its ~31 widgets, for good. This runs ``SOAK_RUNS`` (default 500, env ``COLAB_XLA_SOAK_RUNS``)
 runs of every kind - done, failed, interrupted, timed out; widget and text views; ``-o``
 and ``lock`` - in one kernel, and compares its fds, threads, live widgets and RSS after a
 warm-up with the end. About 3-4 minutes on 2 cores.
@@ -87,9 +86,23 @@ DUMP_STACKS = ("import faulthandler, signal\n"
                f"                      file=open({STACKS!r} + f'.{{os.getpid()}}', 'w'))")
 
 
+# Garbage that a collection would free is not a leak: collect before counting. Also the
+# zmq socket (an eventfd) ipykernel gives each thread that writes to the cell's output -
+# each run's driver thread does (multiprocessing flushes stdout before it forks) - which
+# ipykernel itself closes every 10 s once the thread has ended: close them now.
+COLLECT = """import gc
+gc.collect()
+_pub = getattr(get_ipython().kernel, "iopub_thread", None)
+if hasattr(_pub, "_event_pipe_gc"):
+    try:
+        _pub._event_pipe_gc().send(None)  # a coroutine that never awaits
+    except StopIteration:
+        pass
+"""
+
+
 def sample(k: Kernel) -> dict:
-    # Garbage that a collection would free is not a leak: collect before counting.
-    widgets = k.run("import gc; gc.collect()\n" + LIVE_WIDGETS)
+    widgets = k.run(COLLECT + LIVE_WIDGETS)
     assert widgets.status == "ok", widgets.text
     return {"fds": len(os.listdir(f"/proc/{k.process.pid}/fd")),
             "threads": k.process.num_threads(),
