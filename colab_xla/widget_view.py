@@ -47,6 +47,8 @@ class WidgetView(RunObserver):
         self._replicas: Dict[int, Tuple[widgets.HTML, widgets.Output, widgets.HTML]] = {}
         self._pages: Dict[int, widgets.VBox] = {}
         self._summary: Optional[dict] = None
+        self._before: Optional[set] = None  # the widgets that existed when the run opened
+        self._made: List[widgets.Widget] = []
         self._drawn: Dict[int, tuple] = {}
         self._lines: Deque[list] = collections.deque(maxlen=COMBINED_LINES)  # [text, {sources}]
         self._combined_dirty = False
@@ -57,6 +59,7 @@ class WidgetView(RunObserver):
 
     def opened(self, outcome: RunOutcome) -> None:
         _retire_old_views(keep=LIVE_RUNS - 1)
+        self._before = set(_registry())
         self.header = widgets.HTML()
         self.combined = widgets.Output()
         self.tabs = widgets.Tab(children=[self.combined])
@@ -95,6 +98,10 @@ class WidgetView(RunObserver):
         if self.box is None or self._handle is None:
             return
         self.tick(outcome)
+        # Every widget made in this thread since the run opened is this view's, also one
+        # an Interrupt cut off halfway through making (registered, never in the tree).
+        self._made = [w for model_id, w in list(_registry().items())
+                      if model_id not in self._before]
         self._summary = {"text/plain": text_view.render(outcome),
                          "text/html": html_view.render(outcome)}
         self._handle.update({**widget_bundle(self.box), **self._summary}, raw=True)
@@ -107,9 +114,10 @@ class WidgetView(RunObserver):
         if self._handle is not None and self._summary is not None:
             with contextlib.suppress(Exception):  # a gone frontend: close them anyway
                 self._handle.update(self._summary, raw=True)
-        for widget in _widget_tree(self.box):
+        for widget in {id(w): w for w in _widget_tree(self.box) + self._made}.values():
             with contextlib.suppress(Exception):
                 widget.close()
+        self._made = []
         self.box = self._handle = None
         self._replicas, self._pages = {}, {}
 
@@ -187,6 +195,12 @@ class WidgetView(RunObserver):
 def _retire_old_views(keep: int) -> None:
     while len(_live) > keep:
         _live.popleft().retire()
+
+
+def _registry() -> dict:
+    """ipywidgets' own model id -> widget map of every open widget (8, then 7)."""
+    found = getattr(widgets.Widget, "_active_widgets", None)
+    return found if found is not None else widgets.Widget.widgets
 
 
 def _widget_tree(root: widgets.Widget) -> List[widgets.Widget]:
