@@ -332,6 +332,9 @@ class _Run:
                 os.close(fd)
             self.outcome.elapsed = time.monotonic() - self._started
             self._finish_logs()
+            # Its traceback's frames hold the pool (each process's sentinel pipe) and this
+            # run: a cycle that kept those fds open until a garbage collection.
+            self._driver_error = None
         return self.outcome
 
     def _drive(self, job: replica.ReplicaJob, done_w: int) -> None:
@@ -339,7 +342,7 @@ class _Run:
             with environ(self.plan.env):
                 start(self.options.launch, replica.main, job)
         except BaseException as exc:  # noqa: BLE001 - reported through the outcome
-            self._driver_error = exc
+            self._driver_error = exc  # (let go of when the run ends: see run)
         finally:
             os.write(done_w, b"x")
 
@@ -590,7 +593,8 @@ class _Run:
 
     def _kill_processes(self) -> None:
         """SIGKILL every process this run started (by pid, never by name) and reap them."""
-        for child in self._new_children():
+        children = self._new_children()
+        for child in children:
             self._track(child.pid)
         victims: List[psutil.Process] = []
         for proc in list(self._processes.values()):
@@ -600,7 +604,17 @@ class _Run:
         for proc in victims:
             with contextlib.suppress(psutil.Error):
                 proc.kill()  # psutil refuses if the pid now belongs to another process
-        gone, alive = psutil.wait_procs(victims, timeout=3)
+        # The pool's processes are reaped by multiprocessing, not by psutil: a child that
+        # psutil's waitpid reaped stays in multiprocessing's own list for good (its poll
+        # sees ECHILD as "still running"), and with it the pipe fd of its sentinel - one
+        # leaked fd per replica process of every interrupted or timed-out run.
+        deadline = time.monotonic() + 3
+        for child in children:
+            child.join(max(0.0, deadline - time.monotonic()))
+        ours = {child.pid for child in children}
+        gone, alive = psutil.wait_procs([p for p in victims if p.pid not in ours],
+                                        timeout=max(0.0, deadline - time.monotonic()))
+        alive += [child for child in children if child.exitcode is None]
         self._processes.clear()
         if not alive:
             self._record.close()

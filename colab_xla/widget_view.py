@@ -7,6 +7,8 @@ per tick: never ``with output:`` from another thread (ipywidgets#2358, #4020), a
 
 When the run ends, the display is replaced by a bundle of the widget, a text/plain and a
 text/html summary, so a saved notebook shows per-replica results without widget state.
+The widgets of the last :data:`LIVE_RUNS` runs stay live; older ones are closed (see
+:func:`_retire_old_views`), so a long session does not pile up widget models.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from __future__ import annotations
 import collections
 import html
 import time
-from typing import Deque, Dict, List, Tuple
+import contextlib
+from typing import Deque, Dict, List, Optional, Tuple
 
 import ipywidgets as widgets
 from IPython.display import display
@@ -26,15 +29,26 @@ from .run import RunObserver
 COMBINED_LINES = 400
 # Look back this far for the same line from other replicas (merged into one row).
 _MERGE_WINDOW = 64
+# Runs whose widgets stay live. A closed widget's model leaves the kernel and the frontend,
+# and with it the saved notebook's widget state; so the newest runs keep theirs (a Run All
+# of a notebook with a few %%xla_spawn cells saves every one of them live), and an older
+# run's display is first turned into its static summary, which frontends and nbclient apply
+# to that older cell too (update_display by display_id), so nothing a person reads vanishes.
+# About 10 widgets plus 4 per replica (their layouts and styles included) per run.
+LIVE_RUNS = 5
+_live: Deque["WidgetView"] = collections.deque()
 
 
 class WidgetView(RunObserver):
     def __init__(self):
-        self.header = widgets.HTML()
-        self.combined = widgets.Output()
-        self.tabs = widgets.Tab(children=[self.combined])
-        self.box = widgets.VBox([self.header, self.tabs])
+        # The widgets are made when the run opens: a run that never starts (a bad option)
+        # must not leave widgets behind.
+        self.box: Optional[widgets.VBox] = None
         self._replicas: Dict[int, Tuple[widgets.HTML, widgets.Output, widgets.HTML]] = {}
+        self._pages: Dict[int, widgets.VBox] = {}
+        self._summary: Optional[dict] = None
+        self._before: Optional[set] = None  # the widgets that existed when the run opened
+        self._made: List[widgets.Widget] = []
         self._drawn: Dict[int, tuple] = {}
         self._lines: Deque[list] = collections.deque(maxlen=COMBINED_LINES)  # [text, {sources}]
         self._combined_dirty = False
@@ -44,6 +58,13 @@ class WidgetView(RunObserver):
     # -- RunObserver ------------------------------------------------------------------------
 
     def opened(self, outcome: RunOutcome) -> None:
+        _retire_old_views(keep=LIVE_RUNS - 1)
+        self._before = set(_registry())
+        self.header = widgets.HTML()
+        self.combined = widgets.Output()
+        self.tabs = widgets.Tab(children=[self.combined])
+        self.box = widgets.VBox([self.header, self.tabs])
+        _live.append(self)
         self._started = time.monotonic()
         self._draw_header(outcome)
         self._handle = display(self.box, display_id=True)
@@ -74,12 +95,31 @@ class WidgetView(RunObserver):
         self._draw_titles(outcome)
 
     def closed(self, outcome: RunOutcome) -> None:
-        self.tick(outcome)
-        if self._handle is None:
+        if self.box is None or self._handle is None:
             return
-        self._handle.update({**widget_bundle(self.box),
-                             "text/plain": text_view.render(outcome),
-                             "text/html": html_view.render(outcome)}, raw=True)
+        self.tick(outcome)
+        # Every widget made in this thread since the run opened is this view's, also one
+        # an Interrupt cut off halfway through making (registered, never in the tree).
+        self._made = [w for model_id, w in list(_registry().items())
+                      if model_id not in self._before]
+        self._summary = {"text/plain": text_view.render(outcome),
+                         "text/html": html_view.render(outcome)}
+        self._handle.update({**widget_bundle(self.box), **self._summary}, raw=True)
+
+    def retire(self) -> None:
+        """Show the static summary in place of the widget, then close every widget of the
+        run (their layouts and styles too): the kernel and the frontend drop them."""
+        if self.box is None:
+            return
+        if self._handle is not None and self._summary is not None:
+            with contextlib.suppress(Exception):  # a gone frontend: close them anyway
+                self._handle.update(self._summary, raw=True)
+        for widget in {id(w): w for w in _widget_tree(self.box) + self._made}.values():
+            with contextlib.suppress(Exception):
+                widget.close()
+        self._made = []
+        self.box = self._handle = None
+        self._replicas, self._pages = {}, {}
 
     # -- drawing ----------------------------------------------------------------------------
 
@@ -87,9 +127,8 @@ class WidgetView(RunObserver):
         if ordinal not in self._replicas:
             # Its state, then its output, then its error: the order things happened.
             self._replicas[ordinal] = (widgets.HTML(), widgets.Output(), widgets.HTML())
-            ordered = sorted(self._replicas)
-            self.tabs.children = [self.combined] + [
-                widgets.VBox(list(self._replicas[o])) for o in ordered]
+            self._pages[ordinal] = widgets.VBox(list(self._replicas[ordinal]))
+            self.tabs.children = [self.combined] + [self._pages[o] for o in sorted(self._pages)]
         return self._replicas[ordinal]
 
     def _draw_header(self, outcome: RunOutcome) -> None:
@@ -151,6 +190,33 @@ class WidgetView(RunObserver):
                                  for s in sorted(sources, key=str))
             rows.append(f"[{label}] {text}")
         return rows
+
+
+def _retire_old_views(keep: int) -> None:
+    while len(_live) > keep:
+        _live.popleft().retire()
+
+
+def _registry() -> dict:
+    """ipywidgets' own model id -> widget map of every open widget (8, then 7)."""
+    found = getattr(widgets.Widget, "_active_widgets", None)
+    return found if found is not None else widgets.Widget.widgets
+
+
+def _widget_tree(root: widgets.Widget) -> List[widgets.Widget]:
+    """``root`` and every widget it holds in a synced trait (children, layout, style...)."""
+    found: Dict[int, widgets.Widget] = {}
+    todo = [root]
+    while todo:
+        widget = todo.pop()
+        if id(widget) in found:
+            continue
+        found[id(widget)] = widget
+        for name in widget.keys:
+            value = getattr(widget, name, None)
+            values = value if isinstance(value, (list, tuple)) else (value,)
+            todo.extend(v for v in values if isinstance(v, widgets.Widget))
+    return list(found.values())
 
 
 def widget_bundle(widget: widgets.Widget) -> dict:

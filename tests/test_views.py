@@ -119,3 +119,41 @@ def test_the_widget_display_data_is_what_ipywidgets_itself_displays(monkeypatch)
     key = "application/vnd.jupyter.widget-view+json"
     assert widget_bundle(box) == {key: shown[0][key]}
     assert shown[0][key]["model_id"] == box.model_id
+
+
+def test_only_the_last_runs_keep_live_widgets_and_older_ones_show_their_summary(monkeypatch):
+    """Issue #12: every run left ~31 live widgets in the kernel for good."""
+    widgets = pytest.importorskip("ipywidgets")
+    from colab_xla import widget_view
+
+    def live():
+        return {id(w) for w in getattr(widgets.Widget, "_active_widgets", {}).values()} or \
+            {id(w) for w in widgets.Widget.widgets.values()}
+
+    class Handle:
+        def __init__(self):
+            self.shown = []
+
+        def update(self, data, raw=False):
+            self.shown.append(data)
+
+    handles = []
+    monkeypatch.setattr(widget_view, "display",
+                        lambda *a, **k: handles.append(Handle()) or handles[-1])
+    monkeypatch.setattr(widget_view, "_live", widget_view.collections.deque())
+    before, per_run = live(), []
+    for run in range(widget_view.LIVE_RUNS + 3):
+        view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
+        view.opened(outcome)
+        for o in range(3):
+            outcome.replica(o)
+            view.started(outcome, o)
+            view.output(outcome, o, [f"line {o}"])
+        outcome.elapsed = 0.1
+        view.closed(outcome)
+        per_run.append(len(live() - before))
+    assert per_run[widget_view.LIVE_RUNS - 1:] == [per_run[widget_view.LIVE_RUNS - 1]] * 4
+    # The oldest runs' displays end as their summary alone; the newest still show a widget.
+    assert all("application/vnd.jupyter.widget-view+json" not in h.shown[-1] for h in handles[:3])
+    assert all("text/html" in h.shown[-1] for h in handles[:3])
+    assert all("application/vnd.jupyter.widget-view+json" in h.shown[-1] for h in handles[3:])
