@@ -15,16 +15,16 @@ testable without hardware::
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import glob
 import os
 import re
-import signal
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
+
+from . import interrupts
 
 # A simulated host has as many replicas as a TPU v2-8/v3-8 host, so notebooks written for
 # Colab's TPU run unchanged on a laptop.
@@ -280,8 +280,11 @@ def import_torch_xla():
     saved = os.environ.get("PJRT_SELECT_DEFAULT_DEVICE")
     os.environ["PJRT_SELECT_DEFAULT_DEVICE"] = "0"
     try:
-        with interrupts_deferred():
+        # An Interrupt waits for the import to end (seconds): one cut half-way would leave
+        # torch's modules half-initialized, and every later run broken, until a restart.
+        with interrupts.held() as interrupted:
             import torch_xla.distributed.xla_multiprocessing as xmp
+        interrupted.raise_if_requested()
     except ImportError as exc:
         raise TorchXlaMissing(TORCH_XLA_MISSING) from exc
     finally:
@@ -290,27 +293,6 @@ def import_torch_xla():
         else:
             os.environ["PJRT_SELECT_DEFAULT_DEVICE"] = saved
     return xmp
-
-
-@contextlib.contextmanager
-def interrupts_deferred() -> Iterator[None]:
-    """Hold an Interrupt (SIGINT) until the block has ended, then raise it.
-
-    An import cut half-way leaves torch's and torch_xla's modules half-initialized in
-    ``sys.modules`` for the kernel's life (every later run fails, only a restart helps),
-    so the import of torch and torch_xla (seconds, on a first run) finishes first.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signals reach the main thread only
-        return
-    received = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if received:
-        raise KeyboardInterrupt
 
 
 class _TpuScan(NamedTuple):

@@ -3,7 +3,7 @@
 :func:`run_cell` writes the cell to a module, starts ``xmp.spawn(..., start_method='fork')``
 (or another way, see :mod:`colab_xla.launch`) in a driver thread, and reads the replicas'
 frames in the calling thread until the run ends, so the caller (the kernel's main thread)
-stays interruptible: on ``KeyboardInterrupt`` every process the run started is killed by
+stays interruptible: on Interrupt (SIGINT) every process the run started is killed by
 pid, and the outcome says which replicas were interrupted. The notebook's process never initializes the XLA
 runtime and never runs a replica.
 
@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import psutil
 
-from . import channel, hardware, namespace, preflight, registry, replica, shared_tensors
+from . import channel, hardware, interrupts, namespace, preflight, registry, replica, shared_tensors
 from .cell import CellModule
 from .launch import Launch, environ, replica_environ, start, warm_forkserver
 from .options import is_name
@@ -99,7 +99,7 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
     (or only from replica ``pull_from``) into ``outcome.pulled(name)``.
 
     The run ends when every replica has ended; or :data:`FAIL_FAST_SECONDS` after the
-    first replica failed; or after ``timeout`` seconds; or on ``KeyboardInterrupt``. Then
+    first replica failed; or after ``timeout`` seconds; or on Interrupt (SIGINT). Then
     every process it started is killed, and replicas still running are ``killed`` with the
     reason, their last output line and their last ``xm.rendezvous`` tag.
 
@@ -266,6 +266,7 @@ class _Run:
         self._driver_error: Optional[BaseException] = None
         self._output_since_draw = False
         self._exits: Dict[int, Tuple[int, int]] = {}  # pid -> (replica, code) of os._exit
+        self._interrupts = interrupts.Interrupts(None)  # held while the run goes on
         self._decoder = channel.FrameDecoder()  # (an Interrupt may come before reading starts)
 
     # -- the run --------------------------------------------------------------------------
@@ -300,41 +301,44 @@ class _Run:
             replica._FORKED[self.run_id] = replica.ForkedState(self.user_ns, self.cell)
         driver = threading.Thread(target=self._drive, args=(job, done_w),
                                   name="colab_xla-driver", daemon=True)
-        try:
-            self.observer.opened(self.outcome)
-            driver.start()
+        # From here on an Interrupt is a flag the read loop checks (see colab_xla.interrupts):
+        # a second one during the clean-up cannot break it either.
+        with interrupts.held() as self._interrupts:
             try:
-                self._read_until_done(read_fd, done_r)
-            except KeyboardInterrupt:
-                self.outcome.interrupted = True
-                with _sigint_ignored():
+                self.observer.opened(self.outcome)
+                driver.start()
+                try:
+                    self._read_until_done(read_fd, done_r)
+                except KeyboardInterrupt:  # not held: run_cell was called off the main thread
+                    self._interrupts.requested = True
+                if self._interrupts.requested:
+                    self.outcome.interrupted = True
                     self._cut("interrupted", read_fd)
-            if self._stop:
-                with _sigint_ignored():
+                if self._stop:
                     self._stop_processes(driver)
-            else:
-                driver.join()
-            self._drain(read_fd)
-            self._settle_unreported()
-            if self._driver_error is not None and not self.outcome.replicas and not self._stop:
-                self.outcome.launch_error = _launch_error(self._driver_error)
-            # Replicas arrive in any order; the outcome a person reads is by ordinal.
-            self.outcome.replicas = dict(sorted(self.outcome.replicas.items()))
-        finally:
-            with _sigint_ignored():
+                else:
+                    driver.join()
+                self._drain(read_fd)
+                self._settle_unreported()
+                if (self._driver_error is not None and not self.outcome.replicas
+                        and not self._stop):
+                    self.outcome.launch_error = _launch_error(self._driver_error)
+                # Replicas arrive in any order; the outcome a person reads is by ordinal.
+                self.outcome.replicas = dict(sorted(self.outcome.replicas.items()))
+            finally:
                 self._kill_processes()  # nothing of the run outlives it, whatever happened
                 if driver.is_alive():  # an error above: let it see its pool end first
                     driver.join(_DRIVER_JOIN_SECONDS)
-            replica._FORKED.pop(self.run_id, None)
-            shared_tensors.remove_dir(self._shm_dir)  # tensors already mapped stay valid
-            for fd in (read_fd, write_fd, done_r, done_w,
-                       *(fd for pair in fd_pipes for pipe in pair for fd in pipe)):
-                os.close(fd)
-            self.outcome.elapsed = time.monotonic() - self._started
-            self._finish_logs()
-            # Its traceback's frames hold the pool (each process's sentinel pipe) and this
-            # run: a cycle that kept those fds open until a garbage collection.
-            self._driver_error = None
+                replica._FORKED.pop(self.run_id, None)
+                shared_tensors.remove_dir(self._shm_dir)  # tensors already mapped stay valid
+                for fd in (read_fd, write_fd, done_r, done_w,
+                           *(fd for pair in fd_pipes for pipe in pair for fd in pipe)):
+                    os.close(fd)
+                self.outcome.elapsed = time.monotonic() - self._started
+                self._finish_logs()
+                # Its traceback's frames hold the pool (each process's sentinel pipe) and this
+                # run: a cycle that kept those fds open until a garbage collection.
+                self._driver_error = None
         return self.outcome
 
     def _drive(self, job: replica.ReplicaJob, done_w: int) -> None:
@@ -349,9 +353,13 @@ class _Run:
     def _read_until_done(self, read_fd: int, done_r: int) -> None:
         self._decoder = channel.FrameDecoder()
         fds = [read_fd, done_r, *self._fd_sources]
+        if self._interrupts.wake_fd is not None:
+            fds.append(self._interrupts.wake_fd)
         next_tick = time.monotonic() + TICK_SECONDS
         quiet = True  # the last draw showed no new output: new output is drawn soon
         while True:
+            if self._interrupts.requested:
+                return
             now = time.monotonic()
             for reason, at in (("timeout", self._timeout_at), ("failed", self._fail_at)):
                 if at is not None and now >= at:
@@ -360,7 +368,7 @@ class _Run:
             wake = min(t for t in (next_tick, self._timeout_at, self._fail_at) if t is not None)
             readable, _, _ = select.select(fds, [], [], max(0.0, wake - now))
             for fd in readable:
-                if fd != done_r:
+                if fd not in (done_r, self._interrupts.wake_fd):
                     self._read(fd, read_fd)
             if self._output_since_draw and quiet:
                 # First output after a quiet spell: draw it soon (with what the other
@@ -642,19 +650,6 @@ def _describe_exit(code: int) -> str:
         with contextlib.suppress(ValueError):
             return f"killed by {signal.Signals(-code).name}"
     return f"exit code {code}"
-
-
-@contextlib.contextmanager
-def _sigint_ignored():
-    """A second Interrupt must not break the clean-up that the first one started."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 # --- the lock shared by replicas -------------------------------------------------------------

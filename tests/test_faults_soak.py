@@ -61,13 +61,6 @@ LIVE_WIDGETS = ("import ipywidgets\nw = ipywidgets.Widget\n"  # ipywidgets 8, 7
                 " else w.widgets))")
 
 
-# Interrupts that had to be sent again: an Interrupt is sometimes lost (the kernel's main
-# thread goes on reading the run, the replicas sleep on). Seen ~1 in 15-30 interrupted
-# widget runs on the fixed code, none in 52 on the old code: open (issue #12), counted
-# and reported here rather than hidden, and not a leak this test measures.
-LOST_INTERRUPTS = []
-
-
 def run_one(k: Kernel, kind: str, mark: Path) -> None:
     code = KINDS[kind].format(mark=str(mark))
     msg_id = k.submit(code)
@@ -78,14 +71,7 @@ def run_one(k: Kernel, kind: str, mark: Path) -> None:
             assert not k.kc.shell_channel.msg_ready(), f"{kind}: the cell ended first"
             assert time.monotonic() < deadline, f"{kind}: replicas did not start"
             time.sleep(0.01)
-        k.interrupt()
-        if not k.kc.shell_channel.msg_ready():
-            deadline = time.monotonic() + 15
-            while not k.kc.shell_channel.msg_ready() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if not k.kc.shell_channel.msg_ready():
-                LOST_INTERRUPTS.append(mark.name)
-                k.interrupt()
+        k.interrupt()  # once: a lost Interrupt hangs the cell and fails below
     try:
         reply = k.wait(msg_id, timeout=60)
     except queue.Empty:  # hung: what every thread of the kernel is doing
@@ -151,7 +137,7 @@ def test_five_hundred_mixed_runs_leave_the_kernel_flat(tmp_path):
                 if p.pid != int(manager.stdout.split()[-1]) and p.status() != psutil.STATUS_ZOMBIE]
         took = time.monotonic() - started
     numbers = (f"{RUNS} runs in {took:.0f} s; after {WARM_UP}: {warm}; after {end_at}: "
-               f"{end}; interrupts sent again: {LOST_INTERRUPTS}")
+               f"{end}")
     print(numbers)
     assert left == [], [(p.pid, " ".join(p.cmdline())[:100]) for p in left]
     assert end["fds"] <= warm["fds"] + FD_SLACK, numbers
