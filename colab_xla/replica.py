@@ -15,6 +15,7 @@ In each replica the cell sees the notebook's names (every one, inherited through
 
 from __future__ import annotations
 
+import codecs
 import collections
 import contextlib
 import contextvars
@@ -449,11 +450,15 @@ class _ProcessState:
 
     def _capture_streams(self) -> None:
         inherited = (sys.stdout, sys.stderr)
-        sys.stdout = ReplicaStream(self, STDOUT, "<replica stdout>")
-        sys.stderr = ReplicaStream(self, STDERR, "<replica stderr>")
+        streams = (ReplicaStream(self, STDOUT, "<replica stdout>"),
+                   ReplicaStream(self, STDERR, "<replica stderr>"))
+        _streams_per_thread(*streams)
+        # The "original" streams are the replica's too: the notebook's would write to the
+        # kernel's own stdout, or be lost in its buffer when the process ends.
+        sys.__stdout__, sys.__stderr__ = streams
         # Objects made before the fork (logging handlers) still hold the notebook's
         # ipykernel streams; a forked child writing through them loses and mixes text.
-        for old, new in zip(inherited, (sys.stdout, sys.stderr)):
+        for old, new in zip(inherited, streams):
             if type(old).__module__.startswith("ipykernel"):
                 old.write, old.flush = new.write, new.flush
 
@@ -620,6 +625,104 @@ class ReplicaStream(io.TextIOBase):
 
     def isatty(self) -> bool:
         return False
+
+    @property
+    def buffer(self) -> "_ReplicaBuffer":
+        """``sys.stdout.buffer``: bytes, decoded as UTF-8 (per thread, so a character split
+        between two writes arrives whole; what is not UTF-8 becomes U+FFFD)."""
+        buffer = self.__dict__.get("_buffer")
+        if buffer is None:
+            buffer = self.__dict__["_buffer"] = _ReplicaBuffer(self)
+        return buffer
+
+
+class _ReplicaBuffer(io.BufferedIOBase):
+    def __init__(self, stream: ReplicaStream):
+        super().__init__()
+        self._stream = stream
+        self._local = threading.local()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        data = bytes(data)
+        decoder = getattr(self._local, "decoder", None)
+        if decoder is None:
+            decoder = self._local.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        text = decoder.decode(data)
+        if text:
+            self._stream.write(text)
+        return len(data)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
+_UNSET = object()
+
+
+class _ThreadStream:
+    """What ``sys.stdout`` (or ``sys.stderr``) holds in a replica process: it writes to
+    the calling thread's own stream, the replica's unless that thread replaced it.
+
+    Replicas on CPU (and TPU v2/v3) are threads of one process, so a plain
+    ``sys.stdout = f`` or ``contextlib.redirect_stdout(f)`` in one replica would take
+    every replica's output. Here each thread's assignment is its own (see
+    :func:`_streams_per_thread`); threads the cell starts write to the replica's stream.
+    """
+
+    def __init__(self, default):
+        self.default = default
+        self._local = threading.local()
+
+    def target(self):
+        stream = getattr(self._local, "stream", _UNSET)
+        return self.default if stream is _UNSET else stream
+
+    def redirect(self, stream) -> None:
+        if stream is self or stream is self.default:
+            self._local.__dict__.pop("stream", None)
+        else:
+            self._local.stream = stream
+
+    def write(self, text):
+        stream = self.target()
+        return len(text) if stream is None else stream.write(text)
+
+    def flush(self) -> None:
+        stream = self.target()
+        if stream is not None:
+            stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.target(), name)
+
+
+def _thread_stream_property(name: str) -> property:
+    def get(module):
+        return module.__dict__[name].target()
+
+    def set_(module, stream):
+        module.__dict__[name].redirect(stream)
+
+    return property(get, set_, doc=f"``sys.{name}`` of the calling thread")
+
+
+class _ReplicaSys(types.ModuleType):
+    """The class of ``sys`` in a replica process: ``sys.stdout`` and ``sys.stderr`` are
+    per thread. Python code reads and assigns them through these properties; print() and
+    the interpreter read the module's dictionary, which holds a :class:`_ThreadStream`."""
+
+    stdout = _thread_stream_property("stdout")
+    stderr = _thread_stream_property("stderr")
+
+
+def _streams_per_thread(stdout, stderr) -> None:
+    """Make ``stdout``/``stderr`` this process's streams, assignable per thread."""
+    for name, stream in (("stdout", stdout), ("stderr", stderr)):
+        vars(sys)[name] = _ThreadStream(stream)
+    sys.__class__ = _ReplicaSys
 
 
 def _flush_all() -> None:

@@ -50,3 +50,54 @@ def test_a_view_of_a_growing_line_shows_its_end():
     assert shown.startswith("… x") and shown.endswith("xend") and len(shown) < 20000
     log.write("stdout", "\rdone")
     assert log.partial() == [("stdout", "done")]
+
+
+class _Sink:
+    def __init__(self):
+        self.text = ""
+
+    def write(self, text):
+        self.text += text
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+def test_each_thread_assigns_its_own_stream():
+    import io
+    import threading
+    import types
+
+    from colab_xla.replica import _ReplicaSys, _ThreadStream
+
+    default = _Sink()
+    fake_sys = types.ModuleType("fake_sys")
+    fake_sys.__dict__["stdout"] = dispatch = _ThreadStream(default)
+    fake_sys.__class__ = _ReplicaSys
+    mine = io.StringIO()
+    fake_sys.stdout = mine  # what contextlib.redirect_stdout does
+    assert fake_sys.stdout is mine
+    seen = []
+    other = threading.Thread(target=lambda: (seen.append(fake_sys.stdout),
+                                             print("from another thread", file=dispatch)))
+    other.start()
+    other.join()
+    print("from this thread", file=dispatch)  # print() goes through the module's dict
+    assert seen == [default] and default.text == "from another thread\n"
+    assert mine.getvalue() == "from this thread\n"
+    fake_sys.stdout = dispatch  # restoring what was read from the dict: the default again
+    assert fake_sys.stdout is default
+    fake_sys.stdout = None  # legal: print() writes nothing
+    print("dropped", file=dispatch)
+    assert default.text == "from another thread\n"
+
+
+def test_bytes_split_inside_a_character_arrive_as_one_character():
+    from colab_xla.replica import _ReplicaBuffer
+
+    sink = _Sink()
+    buffer = _ReplicaBuffer(sink)
+    assert buffer.write(b"caf\xc3") == 4
+    buffer.write(memoryview(b"\xa9 \xff\n"))
+    assert sink.text == "café \ufffd\n"
