@@ -26,6 +26,7 @@ import io
 import json
 import os
 import pickle
+import re
 import signal
 import sys
 import threading
@@ -461,6 +462,7 @@ class _ProcessState:
         for old, new in zip(inherited, streams):
             if type(old).__module__.startswith("ipykernel"):
                 old.write, old.flush = new.write, new.flush
+        _replica_display(*streams)
 
 
 _COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
@@ -723,6 +725,56 @@ def _streams_per_thread(stdout, stderr) -> None:
     for name, stream in (("stdout", stdout), ("stderr", stderr)):
         vars(sys)[name] = _ThreadStream(stream)
     sys.__class__ = _ReplicaSys
+
+
+_DEFAULT_REPR = re.compile(r"<.* object(?: at 0x[0-9a-f]+)?>|<Figure size .*>", re.DOTALL)
+_MIME_NAMES = {"application/vnd.jupyter.widget-view+json": "a widget"}
+
+
+def _replica_display(stdout: ReplicaStream, stderr: ReplicaStream) -> None:
+    """Make ``display()`` (and ``plt.show()``, which displays the figure) in a replica say
+    what it shows instead of vanishing.
+
+    A forked replica inherits the notebook's IPython shell, whose display publisher sends
+    on the kernel's sockets: from a replica that never reaches the browser. Here it is
+    replaced: an object's text form (``text/plain``) becomes output lines of the replica;
+    what only a notebook can draw (images, HTML, widgets) is named once per replica and
+    kind. Without a shell (spawn, forkserver), IPython's display() prints already.
+    """
+    shell_module = sys.modules.get("IPython.core.interactiveshell")
+    if shell_module is None or not shell_module.InteractiveShell.initialized():
+        return
+    from IPython.core.displaypub import DisplayPublisher
+
+    told = set()
+
+    class ReplicaDisplayPublisher(DisplayPublisher):
+        def publish(self, data, metadata=None, source=None, *, transient=None,
+                    update=False, **kwargs) -> None:
+            text = data.get("text/plain")
+            shown = isinstance(text, str) and not _DEFAULT_REPR.fullmatch(text.strip())
+            if shown:
+                stdout.write(text.rstrip("\n") + "\n")
+            ordinal = getattr(_local, "ordinal", None)
+            who = f"replica {ordinal}" if ordinal is not None else "a thread of a replica"
+            for mime in data:
+                if mime == "text/plain" or (shown and not mime.startswith(("image/", "application/vnd.jupyter"))):
+                    continue  # the text said it (a table's HTML, say)
+                if (ordinal, mime) in told:
+                    continue
+                told.add((ordinal, mime))
+                what = _MIME_NAMES.get(mime, mime)
+                stderr.write(f"{who} displayed {what} (not shown: replicas cannot draw in "
+                             f"the notebook); save it to a file, or return it as the cell's "
+                             f"value (-o)\n")
+            stdout.flush()
+            stderr.flush()
+
+        def clear_output(self, wait=False) -> None:
+            pass
+
+    shell = shell_module.InteractiveShell.instance()
+    shell.display_pub = ReplicaDisplayPublisher(shell=shell)
 
 
 def _flush_all() -> None:
