@@ -806,18 +806,20 @@ def _capture_fds(paths: Tuple[str, str]) -> None:
 
 
 def _text_progress_bars() -> None:
-    """Make ``tqdm.auto`` the text bar in replicas: the notebook bar is a widget, and a
-    forked replica cannot draw widgets (it has no connection to the browser)."""
+    """Make ``tqdm.auto`` and ``tqdm.notebook`` the text bar in replicas: the notebook bar
+    is a widget, and a forked replica cannot draw widgets (it has no connection to the
+    browser)."""
     if importlib.util.find_spec("tqdm") is None:
         return
     import tqdm.std
 
-    for name in ("tqdm.auto", "tqdm.autonotebook"):
+    for name in ("tqdm.auto", "tqdm.autonotebook", "tqdm.notebook"):
         module = types.ModuleType(name)
         module.tqdm, module.trange = tqdm.std.tqdm, tqdm.std.trange
+        module.tqdm_notebook, module.tnrange = tqdm.std.tqdm, tqdm.std.trange
         sys.modules[name] = module
     tqdm_pkg = sys.modules.get("tqdm")
-    for attr in ("auto", "autonotebook"):
+    for attr in ("auto", "autonotebook", "notebook"):
         if tqdm_pkg is not None:
             setattr(tqdm_pkg, attr, sys.modules[f"tqdm.{attr}"])
 

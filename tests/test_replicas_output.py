@@ -98,3 +98,18 @@ def test_a_50_mib_line_without_newline_arrives_whole():
     [line] = lines(outcome, 0)
     assert len(line) == 50 << 20 and set(line) == {"y"}
 
+
+
+def test_tqdm_notebook_in_a_replica_is_the_text_bar():
+    pytest.importorskip("tqdm")
+    outcome = run("""
+        from tqdm.notebook import tqdm, trange
+        for _ in tqdm(range(3), desc=f"bar{index}", mininterval=0):
+            pass
+        type(tqdm).__module__, tqdm.__module__
+        """, 2)
+    assert outcome.ok, outcome
+    for o in range(2):
+        assert outcome.results()[o][1] == "tqdm.std"
+        assert any(f"bar{o}: 100%" in t and "3/3" in t for t in lines(outcome, o, "stderr")), \
+            lines(outcome, o)
