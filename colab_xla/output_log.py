@@ -35,6 +35,13 @@ def collapse_cr(line: str) -> str:
     return parts[-1] if parts else ""
 
 
+def shorten(line: str, limit: int = PARTIAL_SHOWN) -> str:
+    """A line as a view that redraws it on every tick shows it: its start, if long."""
+    if len(line) <= limit:
+        return line
+    return f"{line[:limit]}… [{len(line) - limit} more characters in the log]"
+
+
 class OutputLog:
     """Lines of one replica (or one process), in arrival order, stdout and stderr."""
 
@@ -82,7 +89,7 @@ class OutputLog:
             cut = len(text) > PARTIAL_SHOWN or len(recent) < len(chunks)
             line = collapse_cr(text[-PARTIAL_SHOWN:])
             if line:
-                shown.append((stream, "… " + line if cut and "\r" not in text else line))
+                shown.append((stream, "… " + line[2:] if cut and "\r" not in text else line))
         return shown
 
     def finish(self) -> List[str]:

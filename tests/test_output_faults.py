@@ -101,3 +101,20 @@ def test_bytes_split_inside_a_character_arrive_as_one_character():
     assert buffer.write(b"caf\xc3") == 4
     buffer.write(memoryview(b"\xa9 \xff\n"))
     assert sink.text == "café \ufffd\n"
+
+
+def test_the_widget_view_redraws_a_long_line_as_its_start_only():
+    from colab_xla.outcome import ReplicaOutcome, RunOutcome
+    from colab_xla.widget_view import WidgetView
+
+    outcome = RunOutcome("CPU", {0: ReplicaOutcome(0, "running")})
+    view = WidgetView()
+    log = outcome.replicas[0].log
+    view.output(outcome, 0, log.write("stdout", "z" * (4 << 20) + "\n"))
+    log.write("stdout", "w" * (4 << 20))  # and a long line still growing
+    view.tick(outcome)
+    combined = "".join(o["text"] for o in view.combined.outputs)
+    tab = "".join(o["text"] for o in view._replicas[0][1].outputs)
+    assert len(combined) < 20000 and "more characters in the log" in combined
+    assert len(tab) < 40000 and tab.count("more characters in the log") == 1
+    assert log.tail[0] == ("stdout", "z" * (4 << 20))  # the log keeps it whole
