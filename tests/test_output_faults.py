@@ -7,27 +7,30 @@ from colab_xla.output_log import OutputLog
 CHUNK = "x" * (1 << 16)  # what the notebook reads from the pipe at a time
 
 
-def _long_line_seconds(megabytes: int) -> float:
-    """The best of 3: one line of ``megabytes`` MiB, written in 64 KiB chunks."""
+def _seconds_for_16_mib(lines: int) -> float:
+    """The best of 3: 16 MiB of text as ``lines`` lines, written in 64 KiB chunks (what the
+    notebook reads from the pipe at a time), a view drawing the growing line each time."""
     best = float("inf")
     for _ in range(3):
         log = OutputLog(path=None)
         started = time.perf_counter()
-        for _ in range(megabytes * 16):
-            log.write("stdout", CHUNK)
-            log.partial()  # a view drawing the line so far
-        log.write("stdout", "\n")
+        for _ in range(lines):
+            for _ in range(256 // lines):
+                log.write("stdout", CHUNK)
+                log.partial()
+            log.write("stdout", "\n")
         best = min(best, time.perf_counter() - started)
-    assert log.tail[-1] == ("stdout", "x" * (megabytes << 20))
-    assert len(log.partial()) == 0
+    assert log.lines_total == lines and len(log.tail[-1][1]) == (16 << 20) // lines
+    assert log.partial() == []
     return best
 
 
 def test_a_long_line_without_newline_costs_its_length_not_its_length_squared():
-    # 8 times the text: about 8 times the work when linear, 64 times when every chunk
-    # copies the line so far (16 MiB took 4 s before the fix, 0.03 s after).
-    small, large = _long_line_seconds(2), _long_line_seconds(16)
-    assert large / max(small, 1e-4) < 24, (small, large)
+    # The same text as one 16 MiB line or as 8 lines of 2 MiB: the same work when it
+    # is linear, 8 times more for the long line when each chunk copies the line so far
+    # (before the fix: 4 s for the one line; after: 0.03 s).
+    short_lines, one_line = _seconds_for_16_mib(8), _seconds_for_16_mib(1)
+    assert one_line / short_lines < 4, (short_lines, one_line)
 
 
 def test_chunks_of_one_line_join_with_carriage_returns_across_chunks():
@@ -118,3 +121,18 @@ def test_the_widget_view_redraws_a_long_line_as_its_start_only():
     assert len(combined) < 20000 and "more characters in the log" in combined
     assert len(tab) < 40000 and tab.count("more characters in the log") == 1
     assert log.tail[0] == ("stdout", "z" * (4 << 20))  # the log keeps it whole
+
+
+def test_the_text_view_and_summaries_show_a_long_line_by_its_start():
+    import io
+
+    from colab_xla import html_view, text_view
+    from colab_xla.outcome import ReplicaOutcome, RunOutcome
+
+    outcome = RunOutcome("CPU", {0: ReplicaOutcome(0, "done", elapsed=1.0)})
+    out = io.StringIO()
+    view = text_view.TextView(out=out)
+    view.output(outcome, 0, outcome.replicas[0].log.write("stdout", "q" * (4 << 20) + "\n"))
+    view.closed(outcome)
+    for shown in (out.getvalue(), text_view.render(outcome), html_view.render(outcome)):
+        assert len(shown) < 40000 and "more characters in the log" in shown
