@@ -78,14 +78,17 @@ def test_every_way_of_writing_reaches_the_replicas_own_log():
         assert lines(outcome, o, "stderr") == [f"logged {o}"]
 
 
-def test_os_write_to_fd_1_reaches_the_notebook():
+def test_os_write_to_fd_1_reaches_the_notebook_decoded_across_reads():
     outcome = run("""
-        import os
+        import os, time
         os.write(1, b"straight to fd 1\\n")
+        os.write(1, b"caf\\xc3")
+        time.sleep(0.3)                   # the notebook reads the first half alone
+        os.write(1, b"\\xa9 \\xff\\n")
         None
         """, 1)
     assert outcome.ok, outcome
-    assert lines(outcome, 0) == ["straight to fd 1"]
+    assert lines(outcome, 0) == ["straight to fd 1", "café \ufffd"]
 
 
 def test_a_50_mib_line_without_newline_arrives_whole():
