@@ -778,12 +778,23 @@ def _replica_display(stdout: ReplicaStream, stderr: ReplicaStream) -> None:
 
 
 def _flush_all() -> None:
+    """At the end of a replica's cell: flush what it wrote, and give its thread the
+    replica streams back (the pool may run another replica on the same thread)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001 - a stream the cell replaced may be closed
             pass
+    _restore_thread_streams()
     _libc().fflush(None)
+
+
+def _restore_thread_streams(module=sys) -> None:
+    """Undo what the calling thread assigned to ``sys.stdout``/``sys.stderr``."""
+    for name in ("stdout", "stderr"):
+        stream = vars(module).get(name)
+        if isinstance(stream, _ThreadStream):
+            stream.redirect(stream.default)
 
 
 @functools.lru_cache(maxsize=None)

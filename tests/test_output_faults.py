@@ -136,3 +136,20 @@ def test_the_text_view_and_summaries_show_a_long_line_by_its_start():
     view.closed(outcome)
     for shown in (out.getvalue(), text_view.render(outcome), html_view.render(outcome)):
         assert len(shown) < 40000 and "more characters in the log" in shown
+
+
+def test_a_thread_gets_the_replica_streams_back_when_its_cell_ends():
+    """The thread pool of xmp.spawn may run a second replica on the thread of a first
+    one that finished: what the first assigned to sys.stdout must not stay."""
+    import io
+    import types
+
+    from colab_xla.replica import _ReplicaSys, _restore_thread_streams, _ThreadStream
+
+    default_out, default_err = _Sink(), _Sink()
+    fake_sys = types.ModuleType("fake_sys")
+    vars(fake_sys).update(stdout=_ThreadStream(default_out), stderr=_ThreadStream(default_err))
+    fake_sys.__class__ = _ReplicaSys
+    fake_sys.stdout, fake_sys.stderr = io.StringIO(), None  # the first replica's cell
+    _restore_thread_streams(fake_sys)
+    assert fake_sys.stdout is default_out and fake_sys.stderr is default_err
