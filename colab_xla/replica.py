@@ -758,7 +758,8 @@ def _replica_display(stdout: ReplicaStream, stderr: ReplicaStream) -> None:
             ordinal = getattr(_local, "ordinal", None)
             who = f"replica {ordinal}" if ordinal is not None else "a thread of a replica"
             for mime in data:
-                if mime == "text/plain" or (shown and not mime.startswith(("image/", "application/vnd.jupyter"))):
+                drawn_only = mime.startswith(("image/", "application/vnd.jupyter"))
+                if mime == "text/plain" or (shown and not drawn_only):
                     continue  # the text said it (a table's HTML, say)
                 if (ordinal, mime) in told:
                     continue
