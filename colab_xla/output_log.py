@@ -10,8 +10,9 @@ Example::
 
     >>> log = OutputLog(path=None, tail_lines=2)
     >>> log.write("stdout", "a\\nb\\n 10%\\r 50%\\r100%\\nc")
+    ['a', 'b', '100%']
     >>> log.tail_text(), log.lines_total
-    ('100%\\nc', 4)
+    ('b\\n100%\\nc', 3)
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ import io
 from typing import Deque, Dict, List, Optional, Tuple
 
 TAIL_LINES = 400
+# How much of a line not yet ended a view shows: its last characters (the log file and,
+# once the line ends, the tail have all of it).
+PARTIAL_SHOWN = 1 << 14
 
 
 def collapse_cr(line: str) -> str:
@@ -31,6 +35,13 @@ def collapse_cr(line: str) -> str:
     return parts[-1] if parts else ""
 
 
+def shorten(line: str, limit: int = PARTIAL_SHOWN) -> str:
+    """A line as a view that redraws it on every tick shows it: its start, if long."""
+    if len(line) <= limit:
+        return line
+    return f"{line[:limit]}… [{len(line) - limit} more characters in the log]"
+
+
 class OutputLog:
     """Lines of one replica (or one process), in arrival order, stdout and stderr."""
 
@@ -38,7 +49,10 @@ class OutputLog:
         self.path = path
         self.tail: Deque[Tuple[str, str]] = collections.deque(maxlen=tail_lines)
         self.lines_total = 0
-        self._partial: Dict[str, str] = {}
+        # Per stream, the chunks of the line not yet ended by a newline: kept as a list
+        # and joined once when the line ends, so a line that arrives in many chunks costs
+        # its length, not its length times the number of chunks.
+        self._partial: Dict[str, List[str]] = {}
         self._file: Optional[io.TextIOBase] = None
         self.version = 0  # bumps on every change; views redraw only what changed
 
@@ -48,9 +62,13 @@ class OutputLog:
             return []
         self.version += 1
         self._append_file(text)
-        pieces = (self._partial.pop(stream, "") + text).split("\n")
+        if "\n" not in text:
+            self._partial.setdefault(stream, []).append(text)
+            return []
+        pieces = text.split("\n")
+        pieces[0] = "".join(self._partial.pop(stream, ())) + pieces[0]
         if pieces[-1]:
-            self._partial[stream] = pieces[-1]
+            self._partial[stream] = [pieces[-1]]
         done = [collapse_cr(p) for p in pieces[:-1]]  # a \r may have come in an earlier chunk
         self.tail.extend((stream, line) for line in done[-self.tail.maxlen:])
         self.lines_total += len(done)
@@ -58,13 +76,27 @@ class OutputLog:
 
     def partial(self) -> List[Tuple[str, str]]:
         """Lines not yet ended by a newline (a progress bar, say), as shown now."""
-        return [(s, collapse_cr(t)) for s, t in self._partial.items() if collapse_cr(t)]
+        shown = []
+        for stream, chunks in self._partial.items():
+            # Only the end of the line: a view draws it on every tick while it grows.
+            recent, size = [], 0
+            for chunk in reversed(chunks):
+                recent.append(chunk)
+                size += len(chunk)
+                if size >= PARTIAL_SHOWN:
+                    break
+            text = "".join(reversed(recent))
+            cut = len(text) > PARTIAL_SHOWN or len(recent) < len(chunks)
+            line = collapse_cr(text[-PARTIAL_SHOWN:])
+            if line:
+                shown.append((stream, "… " + line[2:] if cut and "\r" not in text else line))
+        return shown
 
     def finish(self) -> List[str]:
         """End the log: a last line without newline counts as a line. Returns those lines."""
         done = []
-        for stream, text in list(self._partial.items()):
-            line = collapse_cr(text)
+        for stream, chunks in list(self._partial.items()):
+            line = collapse_cr("".join(chunks))
             self.tail.append((stream, line))
             done.append(line)
         self.lines_total += len(done)

@@ -15,6 +15,7 @@ In each replica the cell sees the notebook's names (every one, inherited through
 
 from __future__ import annotations
 
+import codecs
 import collections
 import contextlib
 import contextvars
@@ -502,13 +503,18 @@ class _ProcessState:
 
     def _capture_streams(self) -> None:
         inherited = (sys.stdout, sys.stderr)
-        sys.stdout = ReplicaStream(self, STDOUT, "<replica stdout>")
-        sys.stderr = ReplicaStream(self, STDERR, "<replica stderr>")
+        streams = (ReplicaStream(self, STDOUT, "<replica stdout>"),
+                   ReplicaStream(self, STDERR, "<replica stderr>"))
+        _streams_per_thread(*streams)
+        # The "original" streams are the replica's too: the notebook's would write to the
+        # kernel's own stdout, or be lost in its buffer when the process ends.
+        sys.__stdout__, sys.__stderr__ = streams
         # Objects made before the fork (logging handlers) still hold the notebook's
         # ipykernel streams; a forked child writing through them loses and mixes text.
-        for old, new in zip(inherited, (sys.stdout, sys.stderr)):
+        for old, new in zip(inherited, streams):
             if type(old).__module__.startswith("ipykernel"):
                 old.write, old.flush = new.write, new.flush
+        _replica_display(*streams)
 
 
 _COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
@@ -674,14 +680,174 @@ class ReplicaStream(io.TextIOBase):
     def isatty(self) -> bool:
         return False
 
+    @property
+    def buffer(self) -> "_ReplicaBuffer":
+        """``sys.stdout.buffer``: bytes, decoded as UTF-8 (per thread, so a character split
+        between two writes arrives whole; what is not UTF-8 becomes U+FFFD)."""
+        buffer = self.__dict__.get("_buffer")
+        if buffer is None:
+            buffer = self.__dict__["_buffer"] = _ReplicaBuffer(self)
+        return buffer
+
+
+class _ReplicaBuffer(io.BufferedIOBase):
+    def __init__(self, stream: ReplicaStream):
+        super().__init__()
+        self._stream = stream
+        self._local = threading.local()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        data = bytes(data)
+        decoder = getattr(self._local, "decoder", None)
+        if decoder is None:
+            decoder = self._local.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        text = decoder.decode(data)
+        if text:
+            self._stream.write(text)
+        return len(data)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
+_UNSET = object()
+
+
+class _ThreadStream:
+    """What ``sys.stdout`` (or ``sys.stderr``) holds in a replica process: it writes to
+    the calling thread's own stream, the replica's unless that thread replaced it.
+
+    Replicas on CPU (and TPU v2/v3) are threads of one process, so a plain
+    ``sys.stdout = f`` or ``contextlib.redirect_stdout(f)`` in one replica would take
+    every replica's output. Here each thread's assignment is its own (see
+    :func:`_streams_per_thread`); threads the cell starts write to the replica's stream.
+    """
+
+    def __init__(self, default):
+        self.default = default
+        self._local = threading.local()
+
+    def target(self):
+        stream = getattr(self._local, "stream", _UNSET)
+        return self.default if stream is _UNSET else stream
+
+    def redirect(self, stream) -> None:
+        if stream is self or stream is self.default:
+            self._local.__dict__.pop("stream", None)
+        else:
+            self._local.stream = stream
+
+    def write(self, text):
+        stream = self.target()
+        return len(text) if stream is None else stream.write(text)
+
+    def flush(self) -> None:
+        stream = self.target()
+        if stream is not None:
+            stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.target(), name)
+
+
+def _thread_stream_property(name: str) -> property:
+    def get(module):
+        return module.__dict__[name].target()
+
+    def set_(module, stream):
+        module.__dict__[name].redirect(stream)
+
+    return property(get, set_, doc=f"``sys.{name}`` of the calling thread")
+
+
+class _ReplicaSys(types.ModuleType):
+    """The class of ``sys`` in a replica process: ``sys.stdout`` and ``sys.stderr`` are
+    per thread. Python code reads and assigns them through these properties; print() and
+    the interpreter read the module's dictionary, which holds a :class:`_ThreadStream`."""
+
+    stdout = _thread_stream_property("stdout")
+    stderr = _thread_stream_property("stderr")
+
+
+def _streams_per_thread(stdout, stderr) -> None:
+    """Make ``stdout``/``stderr`` this process's streams, assignable per thread."""
+    for name, stream in (("stdout", stdout), ("stderr", stderr)):
+        vars(sys)[name] = _ThreadStream(stream)
+    sys.__class__ = _ReplicaSys
+
+
+_DEFAULT_REPR = re.compile(r"<.* object(?: at 0x[0-9a-f]+)?>|<Figure size .*>", re.DOTALL)
+_MIME_NAMES = {"application/vnd.jupyter.widget-view+json": "a widget"}
+
+
+def _replica_display(stdout: ReplicaStream, stderr: ReplicaStream) -> None:
+    """Make ``display()`` (and ``plt.show()``, which displays the figure) in a replica say
+    what it shows instead of vanishing.
+
+    A forked replica inherits the notebook's IPython shell, whose display publisher sends
+    on the kernel's sockets: from a replica that never reaches the browser. Here it is
+    replaced: an object's text form (``text/plain``) becomes output lines of the replica;
+    what only a notebook can draw (images, HTML, widgets) is named once per replica and
+    kind. Without a shell (spawn, forkserver), IPython's display() prints already.
+    """
+    shell_module = sys.modules.get("IPython.core.interactiveshell")
+    if shell_module is None or not shell_module.InteractiveShell.initialized():
+        return
+    from IPython.core.displaypub import DisplayPublisher
+
+    told = set()
+
+    class ReplicaDisplayPublisher(DisplayPublisher):
+        def publish(self, data, metadata=None, source=None, *, transient=None,
+                    update=False, **kwargs) -> None:
+            text = data.get("text/plain")
+            shown = isinstance(text, str) and not _DEFAULT_REPR.fullmatch(text.strip())
+            if shown:
+                stdout.write(text.rstrip("\n") + "\n")
+            ordinal = getattr(_local, "ordinal", None)
+            who = f"replica {ordinal}" if ordinal is not None else "a thread of a replica"
+            for mime in data:
+                drawn_only = mime.startswith(("image/", "application/vnd.jupyter"))
+                if mime == "text/plain" or (shown and not drawn_only):
+                    continue  # the text said it (a table's HTML, say)
+                if (ordinal, mime) in told:
+                    continue
+                told.add((ordinal, mime))
+                what = _MIME_NAMES.get(mime, mime)
+                stderr.write(f"{who} displayed {what} (not shown: replicas cannot draw in "
+                             f"the notebook); save it to a file, or return it as the cell's "
+                             f"value (-o)\n")
+            stdout.flush()
+            stderr.flush()
+
+        def clear_output(self, wait=False) -> None:
+            pass
+
+    shell = shell_module.InteractiveShell.instance()
+    shell.display_pub = ReplicaDisplayPublisher(shell=shell)
+
 
 def _flush_all() -> None:
+    """At the end of a replica's cell: flush what it wrote, and give its thread the
+    replica streams back (the pool may run another replica on the same thread)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001 - a stream the cell replaced may be closed
             pass
+    _restore_thread_streams()
     _libc().fflush(None)
+
+
+def _restore_thread_streams(module=sys) -> None:
+    """Undo what the calling thread assigned to ``sys.stdout``/``sys.stderr``."""
+    for name in ("stdout", "stderr"):
+        stream = vars(module).get(name)
+        if isinstance(stream, _ThreadStream):
+            stream.redirect(stream.default)
 
 
 @functools.lru_cache(maxsize=None)
@@ -756,18 +922,20 @@ def _no_stdin() -> None:
 
 
 def _text_progress_bars() -> None:
-    """Make ``tqdm.auto`` the text bar in replicas: the notebook bar is a widget, and a
-    forked replica cannot draw widgets (it has no connection to the browser)."""
+    """Make ``tqdm.auto`` and ``tqdm.notebook`` the text bar in replicas: the notebook bar
+    is a widget, and a forked replica cannot draw widgets (it has no connection to the
+    browser)."""
     if importlib.util.find_spec("tqdm") is None:
         return
     import tqdm.std
 
-    for name in ("tqdm.auto", "tqdm.autonotebook"):
+    for name in ("tqdm.auto", "tqdm.autonotebook", "tqdm.notebook"):
         module = types.ModuleType(name)
         module.tqdm, module.trange = tqdm.std.tqdm, tqdm.std.trange
+        module.tqdm_notebook, module.tnrange = tqdm.std.tqdm, tqdm.std.trange
         sys.modules[name] = module
     tqdm_pkg = sys.modules.get("tqdm")
-    for attr in ("auto", "autonotebook"):
+    for attr in ("auto", "autonotebook", "notebook"):
         if tqdm_pkg is not None:
             setattr(tqdm_pkg, attr, sys.modules[f"tqdm.{attr}"])
 

@@ -20,7 +20,7 @@ import sys
 from typing import Dict, List, Optional
 
 from .outcome import ReplicaError, RunOutcome, ReplicaOutcome
-from .output_log import OutputLog
+from .output_log import OutputLog, shorten
 from .run import RunObserver
 
 # Output lines per replica in a summary (the full log is on disk).
@@ -68,7 +68,8 @@ def error_line(error: ReplicaError) -> str:
 
 
 def tail_lines(log: OutputLog, tail: Optional[int]) -> List[str]:
-    lines = log.tail_text().split("\n") if log.tail_text() else []
+    text = log.tail_text()
+    lines = [shorten(line) for line in text.split("\n")] if text else []
     if tail is not None and len(lines) > tail:
         skipped = log.truncated + len(lines) - tail
         lines = [log.earlier_note(skipped)] + lines[-tail:] if tail else []
@@ -112,7 +113,7 @@ class TextView(RunObserver):
         for line in lines:
             count += 1
             if count <= LIVE_LINES:
-                self._batch.append(f"{label} {line}")
+                self._batch.append(f"{label} {shorten(line)}")
             elif count == LIVE_LINES + 1:
                 self._batch.append(f"{label} ... (more output: only in the full log)")
         self._printed[source] = count

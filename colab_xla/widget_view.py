@@ -24,6 +24,7 @@ from IPython.display import display
 
 from . import html_view, text_view
 from .outcome import RunOutcome, format_ordinals
+from .output_log import shorten
 from .run import RunObserver
 
 COMBINED_LINES = 400
@@ -74,7 +75,7 @@ class WidgetView(RunObserver):
 
     def output(self, outcome: RunOutcome, source, lines: List[str]) -> None:
         recent = list(self._lines)[-_MERGE_WINDOW:]
-        for line in lines:
+        for line in map(shorten, lines):
             for entry in reversed(recent):
                 if entry[0] == line and source not in entry[1]:
                     entry[1].add(source)
@@ -237,6 +238,7 @@ def _log_outputs(log) -> tuple:
     """The log's tail as stream outputs, stderr apart so the frontend shows it as such."""
     runs: List[dict] = []
     for stream, line in list(log.tail) + log.partial():
+        line = shorten(line)
         if runs and runs[-1]["name"] == stream:
             runs[-1]["text"] += line + "\n"
         else:
