@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import _jupyterlab as lab  # tests/ is on sys.path (rootdir-relative import mode)
-from test_browser import FAILING, REPLICAS, SPAWN_CELL, require_browser_stack, write_notebook
+from test_browser import FAILING, REPLICAS, require_browser_stack, write_notebook
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"

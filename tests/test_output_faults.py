@@ -112,6 +112,8 @@ def test_the_widget_view_redraws_a_long_line_as_its_start_only():
 
     outcome = RunOutcome("CPU", {0: ReplicaOutcome(0, "running")})
     view = WidgetView()
+    view.opened(outcome)  # makes the widgets
+    view.started(outcome, 0)
     log = outcome.replicas[0].log
     view.output(outcome, 0, log.write("stdout", "z" * (4 << 20) + "\n"))
     log.write("stdout", "w" * (4 << 20))  # and a long line still growing
