@@ -199,8 +199,12 @@ def _retire_old_views(keep: int) -> None:
 
 
 def _registry() -> dict:
-    """ipywidgets' own model id -> widget map of every open widget (8, then 7)."""
-    found = getattr(widgets.Widget, "_active_widgets", None)
+    """ipywidgets' own model id -> widget map of every open widget: the module's
+    ``_instances`` on ipywidgets 8.1 (its Widget attributes are deprecated), else
+    ``Widget.widgets`` (7)."""
+    from ipywidgets.widgets import widget as widget_module
+
+    found = getattr(widget_module, "_instances", None)
     return found if found is not None else widgets.Widget.widgets
 
 

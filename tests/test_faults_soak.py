@@ -56,9 +56,9 @@ KINDS = {
 EXPECTED = {"done": "ok", "lock": "ok", "failed": "XlaSpawnError",
             "timed": "XlaSpawnError", "interrupted": "KeyboardInterrupt"}
 
-LIVE_WIDGETS = ("import ipywidgets\nw = ipywidgets.Widget\n"  # ipywidgets 8, 7
-                "print('live widgets:', len(w._active_widgets if hasattr(w, '_active_widgets')"
-                " else w.widgets))")
+LIVE_WIDGETS = ("import ipywidgets, ipywidgets.widgets.widget as m\n"  # ipywidgets 8.1; 7, 8.0
+                "live = getattr(m, '_instances', None)\n"
+                "print('live widgets:', len(ipywidgets.Widget.widgets if live is None else live))")
 
 
 def run_one(k: Kernel, kind: str, mark: Path) -> None:

@@ -127,8 +127,7 @@ def test_only_the_last_runs_keep_live_widgets_and_older_ones_show_their_summary(
     from colab_xla import widget_view
 
     def live():
-        return {id(w) for w in getattr(widgets.Widget, "_active_widgets", {}).values()} or \
-            {id(w) for w in widgets.Widget.widgets.values()}
+        return {id(w) for w in widget_view._registry().values()}
 
     class Handle:
         def __init__(self):
