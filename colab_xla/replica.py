@@ -70,6 +70,9 @@ class ReplicaJob:
     # Named pipes (stdout, stderr), one pair per replica process (by local rank): C-level
     # output (XLA, absl, libtpu logs, printf) goes there, read by the notebook.
     fd_paths: Tuple[Tuple[str, str], ...] = ()
+    # A named pipe for fd 1 and 2 of every replica process from its first moment until its
+    # rank is known (what torch_xla's runtime start-up prints, and its fatal errors).
+    startup_path: Optional[str] = None
     # The replicas' whole environment: the notebook's, with the run's variables.
     environ: Optional[Dict[str, str]] = None
     # Without fork (spawn, forkserver): the cell and the notebook names it uses.
@@ -100,7 +103,23 @@ def _arrive(fields: Dict[str, Any]) -> ReplicaJob:
     """
     job = ReplicaJob(**fields)
     job.apply_environ()
+    if job.startup_path:
+        _capture_startup(job.startup_path)
     return job
+
+
+def _capture_startup(path: str) -> None:
+    """fd 1 and 2 of a replica process to the run's start-up pipe, before torch_xla starts
+    its runtime there; and Python's fatal-error handler on, so a native crash (XLA's abort
+    on a bad flag, a segfault) leaves the stack of every thread in the process output."""
+    import faulthandler
+
+    _libc().fflush(None)
+    fd = os.open(path, os.O_WRONLY)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    faulthandler.enable(file=2, all_threads=True)
 
 
 def report_path(run_dir: str, ordinal: int) -> str:

@@ -56,6 +56,10 @@ _DRIVER_JOIN_SECONDS = 5.0
 FAIL_FAST_SECONDS = 3.0
 
 
+# The output source of replica processes before their replicas start (see _Run.run).
+STARTUP, STARTUP_LABEL = -1, "process start-up"
+
+
 class RuntimeInitializedError(preflight.PreflightError):
     """The notebook's process already initialized XLA; replicas cannot start."""
 
@@ -284,6 +288,12 @@ class _Run:
         self._fd_sources = {pipe[0]: (rank, kind)
                             for rank, pair in enumerate(fd_pipes)
                             for kind, pipe in zip((channel.STDOUT, channel.STDERR), pair)}
+        # What a replica process prints before its rank is known (torch_xla starting its
+        # runtime: XLA's fatal message for a bad XLA_FLAGS, say) goes to one more pipe.
+        startup_path = os.path.join(self.run_dir, "startup")
+        startup = channel.make_fifo(startup_path)
+        self._fd_sources[startup[0]] = (STARTUP, channel.STDERR)
+        fd_pipes.append((startup,))
         self._shm_dir = shared_tensors.make_dir(self.run_id)
         # A Manager lock costs ~5 ms of connections per run: only cells that use it pay.
         lock = _lock_manager().Lock() if "lock" in self.cell.source else None
@@ -293,6 +303,7 @@ class _Run:
         job = replica.ReplicaJob(
             run_id=self.run_id, run_dir=self.run_dir, channel_path=channel_path,
             parent_pid=opts.parent_pid, lock=lock, fd_paths=tuple(fd_paths),
+            startup_path=startup_path,
             environ=replica_environ(self.plan.env),
             cell=None if forked else self.cell, names=None if forked else opts.names,
             cache_dir=opts.cache_dir, pull=opts.pull, pull_from=opts.pull_from,
@@ -422,6 +433,8 @@ class _Run:
 
     def _fd_owner(self, rank: int):
         """C-level output of a process belongs to its replica if it runs only one."""
+        if rank == STARTUP:
+            return STARTUP_LABEL
         ordinals = self._ranks.get(rank, ())
         per_process = (self.plan.replicas or 0) // max(1, self.plan.processes)
         if len(ordinals) == 1 and per_process == 1:
@@ -566,12 +579,21 @@ class _Run:
         for p in self._children.values():
             p.join(0)  # sets exitcode if the process is gone
         codes = sorted({p.exitcode for p in self._children.values() if p.exitcode})
-        how = ", ".join(_describe_exit(c) for c in codes) or "without an exit code"
+        how = ", ".join(_describe_exit(c) for c in codes)
+        said = native_crash([rep.log, *self.outcome.processes.values()])
+        if said is not None:
+            signal_name, message = said
+            how = how or (f"killed by {signal_name}" if signal_name else "")
+            if message:
+                return (f"the replica's process ended before the cell finished: "
+                        f"{how or 'a native crash'}; XLA said: {message!r}. The process "
+                        "output has the rest (and the stack of every thread).")
         cause = f" ({type(self._driver_error).__name__}: {self._driver_error})" \
             if self._driver_error else ""
-        return (f"the replica's process ended before the cell finished: {how}{cause}. Its "
-                "last output is above; a crash in native code (SIGSEGV, SIGABRT) usually "
-                "leaves XLA's own message in the process output or the full logs.")
+        return (f"the replica's process ended before the cell finished: "
+                f"{how or 'without an exit code'}{cause}. Its last output is above; a crash "
+                "in native code (SIGSEGV, SIGABRT) usually leaves XLA's own message in the "
+                "process output or the full logs.")
 
     # -- processes ---------------------------------------------------------------------------
 
@@ -626,6 +648,31 @@ class _Run:
         self._processes.clear()
         if not alive:
             self._record.close()
+
+
+# An absl/glog fatal line, as XLA and libtpu write it before they abort:
+# "2026-11-23 10:16:28.249609: F external/xla/...cc:234] Unknown flag in XLA_FLAGS: --x"
+# or "F1123 10:16:28.249609  1234 file.cc:234] Check failed: ...".
+_FATAL_LINE = re.compile(r"(?:^|: )F(?:\d{4} [\d:.]+\s+\d+)?\s+[\w./-]+:\d+\]\s+(?P<message>.+)$")
+# Python's faulthandler names the signal (enabled in every replica process).
+_FAULTHANDLER = {"Aborted": "SIGABRT", "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS",
+                 "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
+
+
+def native_crash(logs) -> Optional[Tuple[Optional[str], Optional[str]]]:
+    """``(signal name, XLA's fatal message)`` found in the output of a process that
+    crashed in native code, or None: from the first fatal line and the faulthandler
+    header ("Fatal Python error: Aborted")."""
+    signal_name = message = None
+    for log in logs:
+        for _, line in log.tail:
+            if message is None:
+                found = _FATAL_LINE.search(line)
+                if found:
+                    message = found.group("message")[:300]
+            if signal_name is None and line.startswith("Fatal Python error: "):
+                signal_name = _FAULTHANDLER.get(line[len("Fatal Python error: "):].strip())
+    return (signal_name, message) if signal_name or message else None
 
 
 def _launch_error(exc: BaseException) -> ReplicaError:

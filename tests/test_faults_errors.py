@@ -49,3 +49,17 @@ def test_os_exit_in_one_replica_names_that_replica_and_the_call():
     for other in (0, 2):  # threads of the same process: they went with it
         assert "replica 1 called os._exit(0)" in outcome.replicas[other].error.evalue
     assert "without an exit code" not in str(XlaSpawnError(outcome))
+
+
+def test_an_xla_abort_names_the_signal_and_what_xla_said():
+    outcome = run("import torch\ntorch.ones(2, device=device).sum().item()",
+                  env={"XLA_FLAGS": "--xla_bogus_flag"})
+    assert outcome.failed == [0, 1]
+    for rep in outcome.replicas.values():
+        assert rep.error.kind == "died"
+        assert "killed by SIGABRT" in rep.error.evalue
+        assert "XLA said: 'Unknown flag in XLA_FLAGS: --xla_bogus_flag'" in rep.error.evalue
+    # XLA printed it while the runtime started, before any replica ran: kept all the same.
+    startup = outcome.processes["process start-up"].tail_text()
+    assert "Unknown flag in XLA_FLAGS: --xla_bogus_flag" in startup
+    assert "Fatal Python error: Aborted" in startup

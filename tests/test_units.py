@@ -664,3 +664,19 @@ def test_an_empty_cache_directory_is_refused_not_taken_for_the_working_directory
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="--cache '': give a directory"):
         _cache_dir("")
+
+
+@pytest.mark.parametrize("line", [
+    "2026-11-23 10:16:28.249609: F external/xla/xla/parse_flags_from_env.cc:234] Unknown flag",
+    "F1123 10:16:28.249609    1234 pjrt_client.cc:99] Unknown flag",
+])
+def test_xla_fatal_lines_are_found_in_a_crashed_process_output(line):
+    from colab_xla.output_log import OutputLog
+    from colab_xla.run import native_crash
+
+    log = OutputLog(None)
+    log.write("stderr", f"some output\n{line}\nFatal Python error: Aborted\n\nThread 0x1:\n")
+    assert native_crash([log]) == ("SIGABRT", "Unknown flag")
+    quiet = OutputLog(None)
+    quiet.write("stdout", "F is a letter: nothing fatal] here\n")
+    assert native_crash([quiet]) is None
