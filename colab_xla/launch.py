@@ -33,8 +33,9 @@ from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple
 START_METHODS = ("fork", "spawn", "forkserver")
 LAUNCHERS = ("xmp", "launch")
 
-# What the forkserver imports once, so that the replicas it forks start warm.
-FORKSERVER_PRELOAD = ("colab_xla.replica", "colab_xla.run", "torch", "torch_xla", "torch_xla.runtime",
+# What the forkserver imports once, so that the replicas it forks start warm; first, what
+# makes it die with the notebook's process.
+FORKSERVER_PRELOAD = ("colab_xla.forkserver_init", "colab_xla.replica", "colab_xla.run", "torch", "torch_xla", "torch_xla.runtime",
                       "torch_xla.core.xla_model", "torch_xla.distributed.xla_multiprocessing")
 
 
@@ -103,7 +104,10 @@ def warm_forkserver() -> Tuple[int, bool]:
     before = forkserver_pid()
     if before is None:
         multiprocessing.set_forkserver_preload(list(FORKSERVER_PRELOAD))
-    with environ({"PJRT_SELECT_DEFAULT_DEVICE": "0"}):  # see hardware.import_torch_xla
+    from .forkserver_init import NOTEBOOK_PID
+
+    # PJRT_SELECT_DEFAULT_DEVICE: see hardware.import_torch_xla.
+    with environ({"PJRT_SELECT_DEFAULT_DEVICE": "0", NOTEBOOK_PID: str(os.getpid())}):
         forkserver.ensure_running()  # (starts it again if it died)
     now = forkserver_pid()
     return now, now != before

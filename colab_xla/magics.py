@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from . import doctor, registry, text_view
+from . import doctor, registry, views
 from .cell import EmptyCellError
 from .hardware import ReplicaCountError, TorchXlaMissing
 from .launch import LAUNCHERS, START_METHODS, Launch, parse_env
@@ -138,6 +138,7 @@ class XlaMagics(Magics):
             raise UsageError(str(exc) + (f"\nLikely: {cause}." if cause else "")) from None
         except (ReplicaCountError, TorchXlaMissing, UnsafeStateDir, ValueError) as exc:
             raise UsageError(str(exc)) from None
+        # Values first, then the closing draw: a view that fails cannot lose them.
         if args.output is not None:
             self.shell.user_ns[args.output] = outcome.results()
         for name in pull:
@@ -146,6 +147,7 @@ class XlaMagics(Magics):
                 self.shell.user_ns[name] = values
             elif args.pull_from in values:
                 self.shell.user_ns[name] = values[args.pull_from]
+        view.closed(outcome)
         if outcome.interrupted:
             raise KeyboardInterrupt
         if not outcome.ok:
@@ -179,18 +181,12 @@ class XlaMagics(Magics):
     def _view(self, no_widget: bool):
         """The one place that chooses between the widget and text views."""
         wanted = "text" if no_widget else os.environ.get("COLAB_XLA_VIEW", "auto").lower()
-        if getattr(self.shell, "kernel", None) is None and not self._told_terminal:
+        has_kernel = getattr(self.shell, "kernel", None) is not None
+        if not has_kernel and not self._told_terminal:
             self._told_terminal = True
             print("colab_xla: no Jupyter kernel here (terminal IPython?): output is shown "
                   "as text. The live widget needs Jupyter, Colab or Kaggle.")
-        if wanted != "text" and getattr(self.shell, "kernel", None) is not None:
-            try:
-                from .widget_view import WidgetView
-            except ImportError:  # ipywidgets missing: text still shows everything
-                pass
-            else:
-                return WidgetView()
-        return text_view.TextView()
+        return views.choose(wanted, has_kernel)
 
     def _cell_number(self) -> int:
         """The running cell's In[N]. IPython stores the input under N before running it,

@@ -63,6 +63,9 @@ class RunObserver:
     ``source`` of output is a replica ordinal, or a process label ("process 0") for output
     no single replica owns; ``lines`` are the lines it completed (``\\r`` collapsed).
     ``tick`` comes about every :data:`TICK_SECONDS` while the run goes on.
+    ``closed`` is not called by :func:`run_cell`: whoever called it calls ``closed`` once
+    it has used the outcome (the magic stores ``-o`` and ``--pull`` values first, so a
+    view that fails while drawing the end cannot lose them).
     """
 
     def opened(self, outcome: RunOutcome) -> None: ...
@@ -315,7 +318,6 @@ class _Run:
                 os.close(fd)
             self.outcome.elapsed = time.monotonic() - self._started
             self._finish_logs()
-        self.observer.closed(self.outcome)
         return self.outcome
 
     def _drive(self, job: replica.ReplicaJob, done_w: int) -> None:

@@ -96,8 +96,11 @@ class TextView(RunObserver):
     replica, the rest is only in its log file (the summary says where).
     """
 
-    def __init__(self, out=None):
+    def __init__(self, out=None, summary_tail: Optional[int] = 0):
         self._out = out or sys.stdout
+        # The summary's output lines per replica: none, as they were printed live; more
+        # when the text view took over from a widget view mid-run (see views.FallbackView).
+        self._summary_tail = summary_tail
         self._batch: List[str] = []
         self._printed: Dict[object, int] = {}
 
@@ -119,6 +122,6 @@ class TextView(RunObserver):
 
     def closed(self, outcome: RunOutcome) -> None:
         self.tick(outcome)
-        print(render(outcome, tail=0), file=self._out, flush=True)
+        print(render(outcome, tail=self._summary_tail), file=self._out, flush=True)
         if outcome.log_dir and self._printed:
             print(f"full logs: {outcome.log_dir}", file=self._out, flush=True)

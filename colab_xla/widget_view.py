@@ -77,10 +77,9 @@ class WidgetView(RunObserver):
         self.tick(outcome)
         if self._handle is None:
             return
-        bundle = self.box._repr_mimebundle_() or {}
-        bundle.update({"text/plain": text_view.render(outcome),
-                       "text/html": html_view.render(outcome)})
-        self._handle.update(bundle, raw=True)
+        self._handle.update({**widget_bundle(self.box),
+                             "text/plain": text_view.render(outcome),
+                             "text/html": html_view.render(outcome)}, raw=True)
 
     # -- drawing ----------------------------------------------------------------------------
 
@@ -152,6 +151,16 @@ class WidgetView(RunObserver):
                                  for s in sorted(sources, key=str))
             rows.append(f"[{label}] {text}")
         return rows
+
+
+def widget_bundle(widget: widgets.Widget) -> dict:
+    """The display data that shows ``widget``, on ipywidgets 7 (Colab) and 8 alike.
+
+    ipywidgets 8 has ``_repr_mimebundle_``; 7 displays through ``_ipython_display_`` and has
+    none. Both speak version 2 of the widget protocol, so the data is built here.
+    """
+    return {"application/vnd.jupyter.widget-view+json":
+            {"version_major": 2, "version_minor": 0, "model_id": widget.model_id}}
 
 
 def _stream(text: str, name: str = "stdout") -> dict:

@@ -190,3 +190,32 @@ def test_loading_with_forkserver_as_default_starts_the_server_at_once(monkeypatc
     monkeypatch.setenv("COLAB_XLA_START_METHOD", "forkserver")
     shell.run_line_magic("load_ext", "colab_xla")
     assert started == [True]
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("hook", ["opened", "tick", "closed"])
+def test_a_view_that_fails_costs_no_result_and_the_text_view_takes_over(ip, capsys, monkeypatch,
+                                                                       hook):
+    from colab_xla import views
+    from colab_xla.run import RunObserver
+
+    class Broken(RunObserver):
+        pass
+
+    def fail(*args):
+        raise AttributeError("'VBox' object has no attribute '_repr_mimebundle_'")
+
+    setattr(Broken, hook, fail)
+    monkeypatch.setattr(views, "choose", lambda kind, has_kernel: views.FallbackView(Broken()))
+    ip.user_ns.pop("kept", None)
+    result = cell(ip, "-n 2 -o kept --pull doubled",
+                  "import time\ndoubled = 2 * index\nprint('line of', index)\n"
+                  "time.sleep(0.5)\nindex")  # long enough for a tick
+    assert result.success, result.error_in_exec
+    assert ip.user_ns["kept"] == {0: 0, 1: 1} and ip.user_ns["doubled"] == {0: 0, 1: 2}
+    out = capsys.readouterr().out
+    assert out.count("colab_xla: the Broken view failed (AttributeError: 'VBox' object has no "
+                     "attribute '_repr_mimebundle_'); showing this run as text.") == 1
+    assert "2 replicas on CPU: 2 done" in out
+    assert "line of 1" in out and "Out: 1" in out  # the summary shows what the view did not

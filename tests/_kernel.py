@@ -1,0 +1,129 @@
+"""A real ipykernel driven by jupyter_client, for tests of what happens inside a kernel.
+
+``with Kernel() as k:`` starts one (PYTEST_CURRENT_TEST removed from its environment:
+ipykernel turns its fd capture off when it sees it) and shuts it down afterwards, killing
+exactly the processes it started that are still alive (by pid, never by name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import psutil
+from jupyter_client import KernelManager
+
+
+@dataclass
+class Reply:
+    status: str
+    ename: Optional[str] = None
+    evalue: Optional[str] = None
+    traceback: List[str] = field(default_factory=list)
+    stdout: str = ""  # stream output of the cell (stdout and stderr)
+    data: List[Dict] = field(default_factory=list)  # display_data / execute_result bundles
+
+    @property
+    def text(self) -> str:
+        """Everything a person would read: streams, text/plain of displays, the error."""
+        plain = "".join(d.get("text/plain", "") + "\n" for d in self.data)
+        return self.stdout + plain + f"{self.ename}: {self.evalue}\n" + "\n".join(self.traceback)
+
+
+class Kernel:
+    def __init__(self, env: Optional[Dict[str, str]] = None, kernel_name: str = "python3"):
+        kernel_env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+        kernel_env.update(env or {})
+        self._env, self._name = kernel_env, kernel_name
+        self.km: Optional[KernelManager] = None
+
+    def __enter__(self) -> "Kernel":
+        self.km = KernelManager(kernel_name=self._name, transport="ipc")
+        self.km.start_kernel(env=self._env)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=120)
+        self.process = psutil.Process(self.km.provisioner.process.pid)
+        self._seen: set = set()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        started = self.descendants()
+        with contextlib.suppress(Exception):
+            self.kc.stop_channels()
+        with contextlib.suppress(Exception):
+            self.km.shutdown_kernel(now=True)
+        for proc in started:  # whatever outlived the kernel: ours, by pid and start time
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+
+    # -- running code ---------------------------------------------------------------------
+
+    def submit(self, code: str) -> str:
+        """Start ``code`` without waiting; the message id."""
+        self.descendants()
+        return self.kc.execute(code, stop_on_error=False)
+
+    def wait(self, msg_id: str, timeout: float = 180) -> Reply:
+        """The reply to ``msg_id`` and everything the cell printed or displayed."""
+        deadline = time.monotonic() + timeout
+        reply = None
+        while reply is None:
+            msg = self.kc.get_shell_msg(timeout=max(1.0, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") == msg_id:
+                reply = msg["content"]
+        out = Reply(reply["status"], reply.get("ename"), reply.get("evalue"),
+                    reply.get("traceback", []))
+        while True:  # iopub: everything up to the cell's idle status
+            msg = self.kc.get_iopub_msg(timeout=max(1.0, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                out.stdout += content["text"]
+            elif kind in ("display_data", "update_display_data", "execute_result"):
+                out.data.append(content["data"])
+            elif kind == "status" and content["execution_state"] == "idle":
+                return out
+
+    def run(self, code: str, timeout: float = 180) -> Reply:
+        return self.wait(self.submit(code), timeout)
+
+    def interrupt(self) -> None:
+        self.km.interrupt_kernel()
+
+    def kill(self) -> None:
+        """SIGKILL the kernel's process, as a crash or the OOM killer would."""
+        self.descendants()
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    # -- its processes --------------------------------------------------------------------
+
+    def descendants(self) -> List[psutil.Process]:
+        """Every process the kernel has started so far (remembered, also once orphaned)."""
+        with contextlib.suppress(psutil.Error):
+            for proc in self.process.children(recursive=True):
+                self._seen.add(proc)
+        return [p for p in self._seen if _alive(p)]
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def wait_until_gone(procs, timeout: float) -> List[psutil.Process]:
+    """Wait up to ``timeout`` for ``procs`` to end; those still alive then."""
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if _alive(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in alive if _alive(p)]
+    return alive

@@ -1,0 +1,121 @@
+"""Choosing a view, and the text view taking over when the widget view fails (pure units)."""
+
+import io
+
+import pytest
+
+from colab_xla import text_view, views
+from colab_xla.outcome import ReplicaOutcome, RunOutcome
+from colab_xla.run import RunObserver
+
+
+def finished_outcome():
+    outcome = RunOutcome("CPU", {0: ReplicaOutcome(0, "done", elapsed=0.5, value_repr="7")})
+    outcome.replicas[0].log.write("stdout", "epoch 1\nepoch 2\n")
+    outcome.elapsed = 0.6
+    return outcome
+
+
+class BrokenAt(RunObserver):
+    def __init__(self, hook):
+        self.hook, self.calls = hook, []
+
+    def __getattribute__(self, name):
+        if name in ("opened", "started", "output", "finished", "tick", "closed"):
+            def hook(*args):
+                self.calls.append(name)
+                if name == self.hook:
+                    raise AttributeError("'VBox' object has no attribute '_repr_mimebundle_'")
+            return hook
+        return object.__getattribute__(self, name)
+
+
+def test_a_view_failing_at_the_end_gives_one_line_and_the_whole_text_summary():
+    out = io.StringIO()
+    view = views.FallbackView(BrokenAt("closed"), out=out)
+    view.closed(finished_outcome())
+    lines = out.getvalue().splitlines()
+    assert lines[0] == ("colab_xla: the BrokenAt view failed (AttributeError: 'VBox' object has "
+                        "no attribute '_repr_mimebundle_'); showing this run as text.")
+    assert sum("view failed" in line for line in lines) == 1
+    # The text view never printed the lines live, so its summary carries them.
+    assert "\n".join(lines[1:]) == text_view.render(finished_outcome())
+    assert view.failed.startswith("AttributeError")
+
+
+def test_a_view_failing_at_the_start_hands_every_later_hook_to_the_text_view():
+    out = io.StringIO()
+    broken = BrokenAt("opened")
+    view = views.FallbackView(broken, out=out)
+    outcome = finished_outcome()
+    view.opened(outcome)
+    view.output(outcome, 0, ["live line"])
+    view.tick(outcome)
+    view.closed(outcome)
+    assert broken.calls == ["opened"]  # never called again after it failed
+    text = out.getvalue()
+    assert text.count("view failed") == 1
+    assert "[replica 0] live line\n" in text
+    assert "epoch 2" in text and "Out: 7" in text
+
+
+def test_a_working_view_is_left_alone():
+    out = io.StringIO()
+    inner = BrokenAt(None)
+    view = views.FallbackView(inner, out=out)
+    outcome = finished_outcome()
+    for hook, args in (("opened", ()), ("started", (0,)), ("output", (0, ["x"])),
+                       ("finished", (0,)), ("tick", ()), ("closed", ())):
+        getattr(view, hook)(outcome, *args)
+    assert inner.calls == ["opened", "started", "output", "finished", "tick", "closed"]
+    assert out.getvalue() == "" and view.failed is None
+
+
+def test_an_error_of_the_text_view_itself_is_raised_not_hidden():
+    class BrokenText(text_view.TextView):
+        def closed(self, outcome):
+            raise RuntimeError("text view bug")
+
+    with pytest.raises(RuntimeError, match="text view bug"):
+        views.FallbackView(BrokenText(out=io.StringIO())).closed(finished_outcome())
+
+
+def test_interrupts_pass_through_a_view():
+    class Interrupted(RunObserver):
+        def tick(self, outcome):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        views.FallbackView(Interrupted(), out=io.StringIO()).tick(finished_outcome())
+
+
+def test_the_text_view_is_chosen_without_a_kernel_or_when_asked():
+    assert isinstance(views.choose("auto", has_kernel=False).view, text_view.TextView)
+    assert isinstance(views.choose("text", has_kernel=True).view, text_view.TextView)
+
+
+def test_the_widget_view_is_chosen_in_a_kernel():
+    pytest.importorskip("ipywidgets")
+    from colab_xla.widget_view import WidgetView
+
+    assert isinstance(views.choose("auto", has_kernel=True).view, WidgetView)
+
+
+def test_the_widget_display_data_is_what_ipywidgets_itself_displays(monkeypatch):
+    """ipywidgets 8 says it through _repr_mimebundle_, 7 through _ipython_display_."""
+    widgets = pytest.importorskip("ipywidgets")
+    from colab_xla.widget_view import widget_bundle
+
+    box = widgets.VBox([widgets.HTML("x")])
+    shown = []
+    if hasattr(box, "_repr_mimebundle_"):
+        shown.append(box._repr_mimebundle_())
+    else:  # ipywidgets 7: capture what its _ipython_display_ hands to display()
+        import ipywidgets.widgets.widget as widget_module
+
+        monkeypatch.setattr(widget_module, "display",
+                            lambda data, raw=False: shown.append(data))
+        box._ipython_display_()
+    key = "application/vnd.jupyter.widget-view+json"
+    assert widget_bundle(box) == {key: shown[0][key]}
+    assert shown[0][key]["model_id"] == box.model_id
