@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from . import hardware, launch, preflight, registry
+from . import hardware, launch, preflight, registry, tpu_holders
 from .preflight import Problem
 
 # Calls that initialize the XLA runtime in the process that makes them.
@@ -133,4 +133,9 @@ def diagnose(environ: Mapping[str, str] = os.environ, history: Sequence[str] = (
     report.facts.append(("leftover processes", str(len(found))))
     if found:
         report.problems.append(preflight.leftovers_problem(found))
+
+    holders = tpu_holders.scan()
+    report.facts.append(("TPU held by", tpu_holders.fact(holders)))
+    if (hw.pjrt_device or ("TPU" if hw.tpu_chips else "CPU")).upper().startswith("TPU"):
+        report.problems += tpu_holders.problems(holders, {left.pid for left in found})
     return report

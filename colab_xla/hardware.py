@@ -2,7 +2,8 @@
 
 The notebook's own process must never initialize the XLA runtime (xmp.spawn refuses to
 start afterwards, and a forked replica of an initialized process hangs). Everything here
-reads environment variables and the PCI bus only.
+reads environment variables and the PCI bus only; the TPU metadata server is asked only
+when neither says which TPU this is, and never for longer than :data:`METADATA_TIMEOUT`.
 
 :func:`plan_replicas` is a pure function of what :func:`detect` found, so every rule is
 testable without hardware::
@@ -14,11 +15,16 @@ testable without hardware::
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import glob
 import os
+import re
+import signal
 import sys
+import threading
 from dataclasses import dataclass, field
-from typing import Dict, Mapping, Optional
+from typing import Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple
 
 # A simulated host has as many replicas as a TPU v2-8/v3-8 host, so notebooks written for
 # Colab's TPU run unchanged on a laptop.
@@ -34,8 +40,35 @@ RUNTIME_INITIALIZED_FIX = (
     "device only inside %%xla_spawn cells, where `device` is each replica's device.")
 
 
+# Google's PCI vendor id and the device ids of its TPU chips, with the generation and the
+# replicas xmp.spawn runs per chip (one thread per device of the chip's process). colab_xla
+# keeps its own table: torch_xla 2.8's (torch_xla/_internal/tpu.py, _TPU_PCI_DEVICE_IDS)
+# lacks 7x, which 2.9 added (pytorch/xla#9586). Devices per chip: 2 on v2/v3 (torch_xla's
+# num_logical_cores_per_chip); 1 on v4/v5p (megacore), v5e and v6e. 7x chips have two
+# TensorCores and torch_xla 2.9 gives 7x a fourth process-bound dimension of 2
+# (configure_topology); whether a process then runs 1 or 2 replicas is not known without a
+# 7x host, so the count is left to xmp.spawn (None).
+GOOGLE_PCI_VENDOR = "0x1ae0"
+TPU_PCI_DEVICES = {
+    "0x0027": ("v2/v3", 2),
+    "0x005e": ("v4", 1),
+    "0x0063": ("v5e", 1),
+    "0x006f": ("v6e", 1),
+    "0x0076": ("7x", None),
+    "0x0062": (None, None),  # torch_xla: "testing only"; generation from the accelerator type
+    "0x0056": (None, None),
+}
+PCI_DEVICES_GLOB = "/sys/bus/pci/devices/*/vendor"
+METADATA_TIMEOUT = 2.0  # seconds: torch_xla's own metadata query has no timeout
+
+
 class ReplicaCountError(ValueError):
     """The hardware cannot run the number of replicas asked for (the message says why)."""
+
+
+class UnsupportedTpuError(ReplicaCountError):
+    """This torch_xla does not know the TPU chips on the PCI bus, so xmp.spawn would start
+    no replica (``ValueError: max_workers must be greater than 0``)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +78,8 @@ class Hardware:
     pjrt_device: Optional[str]  # PJRT_DEVICE as the user set it, or None
     tpu_chips: int = 0  # TPU chips on the PCI bus
     tpu_cores_per_chip: Optional[int] = None  # 2 on v2/v3, 1 later; None if unknown
+    tpu_generation: Optional[str] = None  # "v5e", "7x", ... from the PCI id or accelerator type
+    torch_xla_tpu_chips: Optional[int] = None  # chips torch_xla's own PCI table counts
     cpu_num_devices: Optional[int] = None  # CPU_NUM_DEVICES as the user set it
     xla_thread_pool_size: Optional[str] = None  # XLA_THREAD_POOL_SIZE as the user set it
     param_aliasing: Optional[str] = None  # XLA_ENABLE_PARAM_ALIASING as the user set it
@@ -59,6 +94,50 @@ class ReplicaPlan:
     env: Dict[str, Optional[str]] = field(default_factory=dict)  # None: unset it
     note: Optional[str] = None  # one line to tell the user, or None
     processes: int = 1  # replica processes xmp.spawn starts (one per TPU chip)
+
+
+# The topology of one process on one chip, as torch_xla sets it itself for a one-chip run
+# (torch_xla/_internal/tpu.py, configure_one_chip_topology, used by xmp.spawn(nprocs=1)).
+# xmp.spawn(nprocs=None) calls configure_topology instead, which multiplies the host's
+# process bounds by its chips per process: from TPU_HOST_BOUNDS=1,1,1 and
+# TPU_CHIPS_PER_HOST_BOUNDS=2,2,1, seen on Colab's one-chip v5e-1 (tests/tpu_hosts), it
+# makes TPU_PROCESS_BOUNDS=2,2,1 -- four processes -- for the one process and one address
+# xmp.spawn starts there: libtpu's "Expected 4 worker addresses, got 1". torch_xla keeps a
+# value already set (os.environ.setdefault), so these reach its libtpu unchanged.
+ONE_CHIP_TOPOLOGY = {"TPU_VISIBLE_CHIPS": "0", "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1",
+                     "TPU_PROCESS_BOUNDS": "1,1,1"}
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def _tpu_count_message(requested: int, hw: Hardware, total: Optional[int]) -> str:
+    """Short: what this host runs, and the two ways to run a notebook written for -n N."""
+    chips = _plural(hw.tpu_chips, f"TPU {hw.tpu_generation} chip" if hw.tpu_generation
+                    else "TPU chip")
+    if total:
+        cores = f" of {hw.tpu_cores_per_chip} cores" if hw.tpu_cores_per_chip != 1 else ""
+        has = f"this host has {chips}{cores}, so it runs {_plural(total, 'replica')}"
+    else:
+        has = (f"this host has {chips}, and how many replicas xmp.spawn runs on them could "
+               "not be read (it runs one per TPU core)")
+    return (f"-n {requested}: {has}. Leave -n out to run here, or simulate {requested} "
+            "replicas on CPU: os.environ['PJRT_DEVICE'] = 'CPU' in a cell before.")
+
+
+def _unsupported_tpu(hw: Hardware) -> str:
+    try:
+        from importlib.metadata import version
+        which = f"torch_xla {version('torch_xla')}"
+    except Exception:  # noqa: BLE001 - only for the message
+        which = "this torch_xla"
+    chips = _plural(hw.tpu_chips, f"TPU {hw.tpu_generation or ''} chip".replace("  ", " "))
+    newer = " (2.9 or later)" if hw.tpu_generation == "7x" else ""
+    return (f"this host has {chips}, which {which} does not know, so xmp.spawn would start "
+            f"no replica. Install a torch_xla that supports them{newer}, then restart the "
+            "runtime; or simulate replicas on CPU: os.environ['PJRT_DEVICE'] = 'CPU' in a "
+            "cell before.")
 
 
 def plan_replicas(requested: Optional[int], hw: Hardware) -> ReplicaPlan:
@@ -92,18 +171,16 @@ def plan_replicas(requested: Optional[int], hw: Hardware) -> ReplicaPlan:
         return ReplicaPlan("CPU", n, env, note)
 
     if device == "TPU":
+        if hw.tpu_chips and hw.torch_xla_tpu_chips is not None \
+                and hw.torch_xla_tpu_chips < hw.tpu_chips:
+            raise UnsupportedTpuError(_unsupported_tpu(hw))
         total = hw.tpu_chips * hw.tpu_cores_per_chip if hw.tpu_cores_per_chip else None
         if requested is not None and requested != total:
-            how = (f"this TPU host has {total} TPU cores ({hw.tpu_chips} chips x "
-                   f"{hw.tpu_cores_per_chip} cores), so it runs {total} replicas"
-                   if total else "the number of TPU cores on this host could not be read")
-            raise ReplicaCountError(
-                f"-n {requested}: {how}. xmp.spawn always uses every local TPU core. "
-                + (f"Use -n {total} or leave -n out." if total else "Leave -n out.")
-                + " To simulate another count, run on CPU replicas: "
-                "os.environ['PJRT_DEVICE'] = 'CPU' before the cell.")
-        return ReplicaPlan("TPU", total, {"PJRT_DEVICE": hw.pjrt_device or "TPU"},
-                           processes=hw.tpu_chips)
+            raise ReplicaCountError(_tpu_count_message(requested, hw, total))
+        env = {"PJRT_DEVICE": hw.pjrt_device or "TPU"}
+        if hw.tpu_chips == 1:
+            env.update(ONE_CHIP_TOPOLOGY)
+        return ReplicaPlan("TPU", total, env, processes=hw.tpu_chips)
 
     if requested is not None:
         raise ReplicaCountError(
@@ -116,10 +193,11 @@ def detect(environ: Mapping[str, str] = os.environ) -> Hardware:
     """Read PJRT_DEVICE, CPU_NUM_DEVICES and the PCI bus; never initialize the runtime."""
     cpu_num = environ.get("CPU_NUM_DEVICES")
     pjrt = environ.get("PJRT_DEVICE") or None
-    chips, per_chip = 0, None
+    tpu = _TpuScan(0, None, None, None)
     if pjrt is None or pjrt.upper().startswith("TPU"):
-        chips, per_chip = _tpu_chips()
-    return Hardware(pjrt_device=pjrt, tpu_chips=chips, tpu_cores_per_chip=per_chip,
+        tpu = _tpu_chips(environ.get("TPU_ACCELERATOR_TYPE") or None)
+    return Hardware(pjrt_device=pjrt, tpu_chips=tpu.chips, tpu_cores_per_chip=tpu.cores_per_chip,
+                    tpu_generation=tpu.generation, torch_xla_tpu_chips=tpu.torch_xla_chips,
                     cpu_num_devices=int(cpu_num) if cpu_num and cpu_num.isdigit() else None,
                     xla_thread_pool_size=environ.get("XLA_THREAD_POOL_SIZE"),
                     param_aliasing=environ.get("XLA_ENABLE_PARAM_ALIASING"))
@@ -149,7 +227,8 @@ def import_torch_xla():
     saved = os.environ.get("PJRT_SELECT_DEFAULT_DEVICE")
     os.environ["PJRT_SELECT_DEFAULT_DEVICE"] = "0"
     try:
-        import torch_xla.distributed.xla_multiprocessing as xmp
+        with interrupts_deferred():
+            import torch_xla.distributed.xla_multiprocessing as xmp
     except ImportError as exc:
         raise TorchXlaMissing(TORCH_XLA_MISSING) from exc
     finally:
@@ -160,17 +239,106 @@ def import_torch_xla():
     return xmp
 
 
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold an Interrupt (SIGINT) until the block has ended, then raise it.
+
+    An import cut half-way leaves torch's and torch_xla's modules half-initialized in
+    ``sys.modules`` for the kernel's life (every later run fails, only a restart helps),
+    so the import of torch and torch_xla (seconds, on a first run) finishes first.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
+
+
+class _TpuScan(NamedTuple):
+    chips: int
+    cores_per_chip: Optional[int]
+    generation: Optional[str]
+    torch_xla_chips: Optional[int]  # what torch_xla's own PCI table counts
+
+
 @functools.lru_cache(maxsize=None)  # the hardware does not change while the kernel lives
-def _tpu_chips():
+def _tpu_chips(accelerator_type: Optional[str] = None) -> _TpuScan:
+    """TPU chips on the PCI bus, their generation and replicas per chip.
+
+    The generation comes from the PCI device id, else from TPU_ACCELERATOR_TYPE, else from
+    torch_xla's metadata query bounded by METADATA_TIMEOUT: torch_xla's version() reads
+    the GCE metadata server with no timeout unless TPU_SKIP_MDS_QUERY is set, and in a
+    container without one it can wait forever (pytorch/xla#6568, #8297).
+    """
     import_torch_xla()
     from torch_xla._internal import tpu
-    chips = tpu.num_available_chips()  # PCI scan: safe before xmp.spawn
+    ids = _pci_tpu_devices()
+    theirs = tpu.num_available_chips()  # torch_xla's own PCI scan: safe before xmp.spawn
+    chips = max(len(ids), theirs)
     if not chips:
-        return 0, None
-    try:
-        return chips, tpu.num_logical_cores_per_chip()
-    except Exception:  # TPU metadata unreachable: count unknown, xmp.spawn still knows
-        return chips, None
+        return _TpuScan(0, None, None, theirs)
+    generation, per_chip = TPU_PCI_DEVICES[ids[0]] if len(set(ids)) == 1 else (None, None)
+    if len(ids) < theirs:  # a chip only this torch_xla knows
+        generation, per_chip = None, None
+    if generation is None:
+        generation, per_chip = _from_accelerator_type(accelerator_type)
+    if generation is None:
+        per_chip = _bounded(tpu.num_logical_cores_per_chip, METADATA_TIMEOUT)
+    return _TpuScan(chips, per_chip, generation, theirs)
+
+
+def _pci_tpu_devices() -> List[str]:
+    """The PCI device ids of the TPU chips on this host's bus (as torch_xla reads them)."""
+    found = []
+    for vendor_path in sorted(glob.glob(PCI_DEVICES_GLOB)):
+        try:
+            with open(vendor_path) as f:
+                if f.read().strip() != GOOGLE_PCI_VENDOR:
+                    continue
+            with open(os.path.join(os.path.dirname(vendor_path), "device")) as f:
+                device = f.read().strip()
+        except OSError:
+            continue
+        if device in TPU_PCI_DEVICES:
+            found.append(device)
+    return found
+
+
+def _from_accelerator_type(accelerator_type: Optional[str]) -> Tuple[Optional[str], Optional[int]]:
+    """("v5e", 1) from "v5litepod-8" or "v5e-1"; ("7x", None) from "tpu7x-8"; else (None, None)."""
+    match = re.match(r"^(?:v|tpu)(\d)([a-z]*)-\d+$", accelerator_type or "")
+    if not match:
+        return None, None
+    version, kind = int(match.group(1)), match.group(2)
+    if version <= 3:
+        return "v2/v3", 2
+    if version >= 7:
+        return f"{version}x", None
+    return f"v{version}{'e' if kind == 'litepod' else kind}", 1
+
+
+def _bounded(call: Callable[[], int], timeout: float) -> Optional[int]:
+    """``call()``, or None if it fails or has not returned after ``timeout`` seconds (it is
+    left to finish in a daemon thread: nothing waits for it)."""
+    answer: List[int] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            answer.append(call())
+        except Exception:  # noqa: BLE001 - metadata unreachable: count unknown
+            pass
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="colab_xla-tpu-metadata", daemon=True).start()
+    return answer[0] if done.wait(timeout) and answer else None
 
 
 def runtime_initialized() -> bool:

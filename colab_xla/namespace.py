@@ -28,8 +28,9 @@ import cloudpickle
 
 from .preflight import PreflightError, Problem
 
-# Names every replica gets from colab_xla itself (see colab_xla.replica).
-REPLICA_NAMES = ("index", "device", "lock")
+# Names every replica gets from colab_xla itself (see colab_xla.replica); get_ipython is
+# what IPython's magic lines in the cell (``%time``, ``%env``) call.
+REPLICA_NAMES = ("index", "device", "lock", "get_ipython")
 
 
 class UnsendableNames(PreflightError):

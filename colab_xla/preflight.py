@@ -19,12 +19,33 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 from . import hardware
 
-# Set per replica process by torch_xla on a TPU host; stale values from the notebook's
-# environment make every replica believe it is the same process (Kaggle's notebook
-# removes the first two for this reason).
+# What torch_xla sets for each replica process on a TPU host (torch_xla/_internal/pjrt.py
+# initialize_multiprocess; tpu.py configure_topology), all with os.environ.setdefault, so a
+# value inherited from the notebook wins over the one it would compute:
+# * TPU_VISIBLE_CHIPS, TPU_PROCESS_PORT, CLOUD_TPU_TASK_ID, PJRT_LOCAL_PROCESS_RANK differ
+#   between processes: inherited, every process takes the same chip, port and task id.
+# * TPU_PROCESS_ADDRESSES, TPU_PROCESS_BOUNDS, TPU_CHIPS_PER_PROCESS_BOUNDS,
+#   PJRT_LOCAL_PROCESS_COUNT describe this launch: inherited, they describe another one.
+#   Kaggle's image sets TPU_PROCESS_ADDRESSES=local (for TensorFlow): one address for eight
+#   processes, libtpu's "Expected N worker addresses, got 1" (transformers#28204); Kaggle's
+#   own notebooks pop it and CLOUD_TPU_TASK_ID. A TPU_PROCESS_BOUNDS in the launching
+#   process also caps how many processes xmp.spawn starts (tpu.num_local_processes).
+# All of these are removed for the replicas (see strip_topology for the one exception).
+# Kept: TPU_SKIP_MDS_QUERY, TPU_ACCELERATOR_TYPE, TPU_HOST_BOUNDS, TPU_CHIPS_PER_HOST_BOUNDS,
+# TPU_WORKER_ID, TPU_WORKER_HOSTNAMES (as on Colab). They describe the host, are the same
+# for every process, and with TPU_SKIP_MDS_QUERY set they are where configure_topology
+# reads the host from instead of the metadata server (tpu.build_tpu_env_from_vars):
+# without them it fails (MeshShape.from_string(None)). On a one-chip host the bounds they
+# give can disagree with the one process xmp.spawn starts; hardware.ONE_CHIP_TOPOLOGY
+# covers that by setting the process topology itself.
 TPU_TOPOLOGY_VARS = ("TPU_PROCESS_ADDRESSES", "CLOUD_TPU_TASK_ID", "TPU_VISIBLE_CHIPS",
                      "TPU_PROCESS_BOUNDS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_PORT",
                      "PJRT_LOCAL_PROCESS_RANK", "PJRT_LOCAL_PROCESS_COUNT")
+# With TPU_SKIP_MDS_QUERY set, torch_xla reads the host's bounds from TPU_PROCESS_BOUNDS and
+# TPU_CHIPS_PER_PROCESS_BOUNDS first and from these only when those are unset
+# (tpu.build_tpu_env_from_vars).
+_HOST_FALLBACK = {"TPU_PROCESS_BOUNDS": "TPU_HOST_BOUNDS",
+                  "TPU_CHIPS_PER_PROCESS_BOUNDS": "TPU_CHIPS_PER_HOST_BOUNDS"}
 
 
 @dataclass(frozen=True)
@@ -56,20 +77,35 @@ def environment_problems(environ: Mapping[str, str]) -> List[Problem]:
             "For %%xla_spawn, unset it (del os.environ['XLA_USE_SPMD']) and restart the "
             "runtime if torch_xla.runtime.use_spmd() was called. For SPMD, run the cell "
             "without %%xla_spawn."))
-    stale = [v for v in TPU_TOPOLOGY_VARS if v in environ]
+    stale = strip_topology(environ)
     if stale:
         problems.append(Problem(
             "topology", f"{', '.join(stale)} {'is' if len(stale) == 1 else 'are'} set in the "
-                        "notebook's environment; torch_xla sets these per replica process, and "
-                        "inherited values would make replicas collide.",
+                        "notebook's environment; torch_xla sets these for each replica process "
+                        "but keeps values already set, so inherited ones would make replicas "
+                        "collide or disagree on the topology.",
             "colab_xla removes them for the replicas; to silence this, unset them: "
             + "; ".join(f"os.environ.pop({v!r})" for v in stale), fatal=False))
     return problems
 
 
 def strip_topology(environ: Mapping[str, str]) -> Tuple[str, ...]:
-    """The stale topology variables that the replicas must not inherit."""
-    return tuple(v for v in TPU_TOPOLOGY_VARS if v in environ)
+    """The stale topology variables that the replicas must not inherit.
+
+    Not TPU_PROCESS_BOUNDS / TPU_CHIPS_PER_PROCESS_BOUNDS when TPU_SKIP_MDS_QUERY is set and
+    TPU_HOST_BOUNDS / TPU_CHIPS_PER_HOST_BOUNDS are not: they are then torch_xla's only
+    description of the host, and every replica would fail in configure_topology without.
+    """
+    skip_mds = bool(environ.get("TPU_SKIP_MDS_QUERY"))
+    return tuple(v for v in TPU_TOPOLOGY_VARS if v in environ
+                 and not (skip_mds and v in _HOST_FALLBACK and _HOST_FALLBACK[v] not in environ))
+
+
+def topology_changes(environ: Mapping[str, str],
+                     plan_env: Mapping[str, Optional[str]]) -> Dict[str, None]:
+    """The variables to unset for the replicas: the stale ones, except those the replica
+    plan sets itself (hardware.ONE_CHIP_TOPOLOGY)."""
+    return {v: None for v in strip_topology(environ) if v not in plan_env}
 
 
 _LAUNCHERS = {("xmp", "spawn"), ("xla_multiprocessing", "spawn"), ("torch_xla", "launch"),
@@ -152,9 +188,16 @@ def leftovers_problem(found) -> Optional[Problem]:
         "start time).", fatal=False)
 
 
-def check(source: str, environ: Mapping[str, str], launch=None) -> Dict[str, List[Problem]]:
-    """Problems of this cell in this environment: ``{"fatal": [...], "notes": [...]}``."""
+def check(source: str, environ: Mapping[str, str], launch=None,
+          device_type: Optional[str] = None) -> Dict[str, List[Problem]]:
+    """Problems of this cell in this environment: ``{"fatal": [...], "notes": [...]}``.
+    ``device_type`` is the plan's: a TPU run also checks who holds the TPU."""
     found = cell_problems(source) + environment_problems(environ) + runtime_problems()
     if launch is not None:
         found += launch_problems(launch, environ)
+    if device_type == "TPU":
+        from . import registry, tpu_holders
+        found += tpu_holders.problems(tpu_holders.scan(),
+                                      {left.pid for left in registry.leftovers()},
+                                      refuse=environ.get("COLAB_XLA_TPU_HOLDERS") != "warn")
     return {"fatal": [p for p in found if p.fatal], "notes": [p for p in found if not p.fatal]}

@@ -180,7 +180,8 @@ def _run_cell(index: int, job: ReplicaJob, proc: "_ProcessState") -> ReplicaRepo
     ns = ReplicaGlobals({k: v for k, v in proc.user_ns.items() if k not in REPLICA_NAMES})
     name = module_name(cell, index)
     ns.update(__name__=name, __file__=cell.path, __builtins__=__builtins__,
-              __doc__=None, __package__=None, __spec__=None, __loader__=None, index=index)
+              __doc__=None, __package__=None, __spec__=None, __loader__=None, index=index,
+              get_ipython=replica_shell)
     if job.lock is not None:  # made only for cells that name it
         ns["lock"] = job.lock
     _replica_module(cell, index, job.run_dir, ns)
@@ -216,6 +217,39 @@ def _run_cell(index: int, job: ReplicaJob, proc: "_ProcessState") -> ReplicaRepo
         report.error = ReplicaError("result", "ResultError",
                                     "; ".join(problems) + ". " + RETURN_PLAIN_DATA)
     return report
+
+
+_shell_lock = threading.RLock()
+
+
+def replica_shell():
+    """``get_ipython()`` in a replica, for the IPython magic lines of the cell (``%time``,
+    ``%env``): the notebook's shell when the replica forked, else one made here, once per
+    process. Either way its magic look-up is made safe for replica threads: IPython 8+
+    loads some magics lazily on first use, and replicas racing there found none
+    ("Magic `%time` is registered as lazy ... but loading it did not provide ...").
+    """
+    from IPython.core.interactiveshell import InteractiveShell
+
+    with _shell_lock:
+        if InteractiveShell.initialized():
+            shell = InteractiveShell.instance()
+        else:  # a fresh process: no history file shared by every replica process
+            from traitlets.config import Config
+
+            config = Config()
+            config.HistoryManager.enabled = False
+            shell = InteractiveShell.instance(config=config,
+                                              user_module=sys.modules["__main__"])
+        find = getattr(shell, "_find_with_lazy_load", None)  # IPython 8+
+        if find is not None and not getattr(find, "_colab_xla_locked", False):
+            def locked_find(*args, **kwargs):
+                with _shell_lock:
+                    return find(*args, **kwargs)
+
+            locked_find._colab_xla_locked = True
+            shell._find_with_lazy_load = locked_find
+        return shell
 
 
 def pull_names(ns: Mapping[str, Any], names, shm_dir: Optional[str] = None,
@@ -375,6 +409,7 @@ class _ProcessState:
         self._capture_streams()
         if job.fd_paths:
             _capture_fds(job.fd_paths[self.rank % len(job.fd_paths)])
+        _no_stdin()
         self.names_error: Optional[ReplicaError] = None
         if job.cell is None:  # forked: the notebook's names and cell are inherited
             forked = _FORKED[job.run_id]
@@ -382,6 +417,7 @@ class _ProcessState:
         else:
             self.user_ns, self.cell = self._load_names(job), job.cell
         _text_progress_bars()
+        _send_cell_definitions_by_value()
         if job.cache_dir:
             self._initialize_cache(job.cache_dir)
         self._instrument_torch_xla()
@@ -649,6 +685,58 @@ def _capture_fds(paths: Tuple[str, str]) -> None:
         pass
 
 
+NO_STDIN = ("a replica cannot read the notebook's input: no prompt reaches it (the "
+            "replicas run in other processes while the notebook waits). Ask in a notebook cell "
+            "before %%xla_spawn and use the variable in the cell (for a password: "
+            "getpass.getpass() in the notebook).")
+
+
+class StdinUnavailable(EOFError):
+    """``input()``, ``getpass``, ``sys.stdin`` or a debugger's prompt in a replica.
+
+    An EOFError, as ``input()`` raises at the end of its input, so code written for an
+    empty input still works; the message says what to do instead.
+    """
+
+
+class _NoStdin(io.TextIOBase):
+    """A replica's ``sys.stdin``: every read fails at once, instead of waiting forever."""
+
+    name = "<replica stdin>"
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: Optional[int] = -1) -> str:
+        raise StdinUnavailable(NO_STDIN)
+
+    def readline(self, size: Optional[int] = -1) -> str:
+        raise StdinUnavailable(NO_STDIN)
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _no_input(*args, **kwargs):
+    raise StdinUnavailable(NO_STDIN)
+
+
+def _no_stdin() -> None:
+    """Nothing in a replica waits on the notebook's input. A forked replica inherited
+    ipykernel's ``input``/``getpass``, which ask the browser over the kernel's sockets and
+    would wait forever for an answer that goes to the notebook, not the replica."""
+    import builtins
+    import getpass
+
+    builtins.input = _no_input
+    getpass.getpass = _no_input
+    sys.breakpointhook = _no_input  # a debugger would read EOF and go on without a word
+    sys.stdin = sys.__stdin__ = _NoStdin()
+    devnull = os.open(os.devnull, os.O_RDONLY)  # C-level reads: an empty input
+    os.dup2(devnull, 0)
+    os.close(devnull)
+
+
 def _text_progress_bars() -> None:
     """Make ``tqdm.auto`` the text bar in replicas: the notebook bar is a widget, and a
     forked replica cannot draw widgets (it has no connection to the browser)."""
@@ -664,6 +752,39 @@ def _text_progress_bars() -> None:
     for attr in ("auto", "autonotebook"):
         if tqdm_pkg is not None:
             setattr(tqdm_pkg, attr, sys.modules[f"tqdm.{attr}"])
+
+
+def _send_cell_definitions_by_value() -> None:
+    """Let processes the cell starts (a DataLoader's workers) receive its classes and
+    functions, under every start method.
+
+    A spawned or forkserver worker unpickles a ``Dataset`` by importing its class's
+    module: for a class of the cell that would run the whole cell again, and a class of
+    the notebook (``__main__`` there) cannot be imported at all. multiprocessing pickles
+    with ``ForkingPickler``; here it sends such classes and functions by value, with
+    cloudpickle, as the notebook's names reach a replica that does not fork. Everything
+    else (tensors, plain data) pickles as before.
+    """
+    from multiprocessing.reduction import ForkingPickler
+
+    def reducer_override(pickler, obj):
+        if isinstance(obj, (type, types.FunctionType)) and not _importable(obj):
+            return cloudpickle.loads, (cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL),)
+        return NotImplemented
+
+    ForkingPickler.reducer_override = reducer_override
+
+
+def _importable(obj) -> bool:
+    """Whether a fresh process importing ``obj.__module__`` gets ``obj`` without running
+    a cell: not for the cell's own module, nor for what lives in a ``__main__``."""
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    if module is None or isinstance(module, _ReplicaModule) or module.__name__ == "__main__":
+        return False
+    try:
+        return _lookup(obj.__qualname__, vars(module)) is obj
+    except (AttributeError, KeyError):
+        return False
 
 
 def die_with_parent(parent_pid: int) -> None:

@@ -103,7 +103,7 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
     Raises before anything starts, with a message that says what to do:
     ``EmptyCellError``, ``SyntaxError`` (with the cell's line), ``ReplicaCountError``,
     ``TorchXlaMissing``, ``ValueError`` (a bad option), ``PreflightError`` (SPMD on, a
-    cell that spawns replicas itself, names that cannot be sent to a replica that does not
+    cell that spawns replicas itself, the TPU held by another process, names that cannot be sent to a replica that does not
     fork) and its kind :class:`RuntimeInitializedError`. Failures of replicas are not raised:
     they are in the outcome (see ``outcome.failed``).
     """
@@ -129,7 +129,7 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
                              f"replica{'s' if plan.replicas != 1 else ''} (0-{plan.replicas - 1}); "
                              "give one of those ordinals.")
         hardware.import_torch_xla()
-        problems = preflight.check(source, replica_env, launch)
+        problems = preflight.check(source, replica_env, launch, plan.device_type)
         for problem in problems["fatal"]:
             error = (RuntimeInitializedError if problem.code == "runtime-initialized"
                      else preflight.PreflightError)
@@ -152,8 +152,7 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
         for note in filter(None, notes):
             if announce:
                 announce(note)
-        changes = {**env, **plan.env,
-                   **{v: None for v in preflight.strip_topology(replica_env)}}
+        changes = {**env, **plan.env, **preflight.topology_changes(replica_env, plan.env)}
         plan = dataclasses.replace(plan, env=changes)
         options = _Options(launch, parent_pid, cell, names,
                            cache_dir and _cache_dir(cache_dir), tuple(pull), pull_from)

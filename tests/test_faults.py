@@ -44,3 +44,94 @@ def test_everything_a_run_started_dies_with_a_killed_kernel(tmp_path, start_meth
         k.kill()
         alive = wait_until_gone(started, timeout=20)
         assert alive == [], [(p.pid, " ".join(p.cmdline())[:120]) for p in alive]
+
+
+@pytest.mark.parametrize("delay", [0.3, 1.2])
+def test_an_interrupt_while_the_first_run_imports_torch_xla_leaves_the_kernel_usable(delay):
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla\nimport sys\n'torch' in sys.modules").status == "ok"
+        assert k.run("import sys; assert 'torch' not in sys.modules").status == "ok"
+        msg_id = k.submit("%%xla_spawn -n 2 --no-widget\nindex")
+        time.sleep(delay)  # the fault: an Interrupt while torch/torch_xla import (~3 s)
+        k.interrupt()
+        first = k.wait(msg_id)
+        assert first.status == "error" and first.ename == "KeyboardInterrupt", first.text
+        again = k.run("%%xla_spawn -n 2 --no-widget -o r\nindex")
+        assert again.status == "ok", again.text
+        assert k.run("assert r == {0: 0, 1: 1}, r").status == "ok"
+        doctor = k.run("%xla_doctor")
+        assert "No problems found" in doctor.stdout, doctor.stdout
+
+
+DATASET = """class {name}(torch.utils.data.Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i) ** {power}])
+"""
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver", "spawn"])
+def test_dataloader_workers_work_over_any_dataset_under_every_start_method(start_method):
+    """A Dataset class of the cell (a worker must not run the cell again) and one of an
+    earlier notebook cell (not importable in a worker), with worker processes."""
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla\nimport torch\n"
+                     + DATASET.format(name="Cubes", power=3)).status == "ok"
+        cell = (f"%%xla_spawn -n 2 --no-widget --start-method {start_method} -o r\n"
+                "import torch\n" + DATASET.format(name="Squares", power=2)
+                + "def batches(ds):\n"
+                "    loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=2)\n"
+                "    return [b.flatten().tolist() for b in loader]\n"
+                "(batches(Squares()), batches(Cubes()), index)")
+        reply = k.run(cell)
+        assert reply.status == "ok", reply.text
+        check = k.run("assert r == {i: ([[0, 1, 4], [9, 16, 25]], [[0, 1, 8], [27, 64, 125]], i)"
+                      " for i in range(2)}, r")
+        assert check.status == "ok", check.text
+
+
+def test_ipython_magics_inside_the_cell_run_in_every_replica():
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        reply = k.run("%%xla_spawn -n 4 --no-widget -o r\n%time y = index * 2\n"
+                      "%env COLAB_XLA_TEST=set\nimport os\n(y, os.environ['COLAB_XLA_TEST'])")
+        assert reply.status == "ok", reply.text
+        assert k.run("assert r == {i: (2 * i, 'set') for i in range(4)}, r").status == "ok"
+        for i in range(4):  # %time's report is the replica's own output
+            assert f"[replica {i}] Wall time:" in reply.stdout, reply.stdout
+
+
+@pytest.mark.parametrize("start_method", ["forkserver"])
+def test_ipython_magics_inside_the_cell_run_in_replicas_that_do_not_fork(start_method):
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        reply = k.run(f"%%xla_spawn -n 2 --no-widget --start-method {start_method} -o r\n"
+                      "%time y = index * 2\n%env COLAB_XLA_TEST=set\nimport os\n"
+                      "(y, os.environ['COLAB_XLA_TEST'])")
+        assert reply.status == "ok", reply.text
+        assert k.run("assert r == {i: (2 * i, 'set') for i in range(2)}, r").status == "ok"
+        assert "[replica 1] Wall time:" in reply.stdout, reply.stdout
+
+
+@pytest.mark.parametrize("reader", ["input('your name? ')", "getpass.getpass()",
+                                    "sys.stdin.readline()", "breakpoint()"])
+def test_reading_the_notebooks_input_in_a_replica_fails_at_once_with_the_way_out(reader):
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        reply = k.run(f"%%xla_spawn -n 2 --no-widget\nimport getpass, sys\n{reader}",
+                      timeout=120)
+        assert reply.status == "error" and reply.ename == "XlaSpawnError", reply.text
+        assert "2 failed" in reply.text, reply.text
+        assert "a replica cannot read the notebook's input" in reply.text, reply.text
+        assert k.run("1 + 1").status == "ok"  # the kernel was never left waiting
+
+
+def test_c_level_reads_of_stdin_in_a_replica_see_an_empty_input():
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        reply = k.run("%%xla_spawn -n 2 --no-widget -o r\nimport os\nos.read(0, 10)",
+                      timeout=120)
+        assert reply.status == "ok", reply.text
+        assert k.run("assert r == {0: b'', 1: b''}, r").status == "ok"

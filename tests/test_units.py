@@ -168,7 +168,8 @@ def test_tpu_plan_takes_every_core_and_explains_other_counts():
     with pytest.raises(hardware.ReplicaCountError) as info:
         hardware.plan_replicas(4, hw)
     message = str(info.value)
-    assert "-n 4" in message and "4 chips x 2 cores" in message and "Use -n 8" in message
+    assert message.startswith("-n 4: this host has 4 TPU chips of 2 cores, so it runs 8 replicas.")
+    assert "Leave -n out" in message and "os.environ['PJRT_DEVICE'] = 'CPU'" in message
 
 
 def test_tpu_plan_with_unknown_core_count_accepts_only_the_default():
