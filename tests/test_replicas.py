@@ -75,9 +75,7 @@ def test_cell_definitions_pickle_by_reference_in_replicas_and_by_value_to_the_no
                 self.x = x
         assert pickle.loads(pickle.dumps(square)) is square
         assert type(pickle.loads(pickle.dumps(Point(1)))) is Point
-        # One replica at a time: on Python 3.12+, filelock 4.2 (torch imports it) makes an
-        # os.fork raise RuntimeError while another thread of the process is forking.
-        with lock, mp.get_context("fork").Pool(2) as pool:   # pickles `square` from another thread
+        with mp.get_context("fork").Pool(2) as pool:   # pickles `square` from another thread
             squares = pool.map(square, range(4))
         (squares, Point(index))
         """, 2)
