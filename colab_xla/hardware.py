@@ -29,6 +29,10 @@ from typing import Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional
 # A simulated host has as many replicas as a TPU v2-8/v3-8 host, so notebooks written for
 # Colab's TPU run unchanged on a laptop.
 DEFAULT_CPU_REPLICAS = 8
+# One process runs every simulated replica as a thread. Beyond 128 (seen on torch_xla 2.9),
+# XLA's CPU collectives abort the process: "Expected 129 threads to join the rendezvous,
+# but only 128 of them arrived on time", after a 10 s wait. -n 1000000 is a typo besides.
+MAX_CPU_REPLICAS = 128
 
 RUNTIME_INITIALIZED = (
     "The XLA runtime is already initialized in this notebook's own process, so replicas cannot "
@@ -66,6 +70,27 @@ class ReplicaCountError(ValueError):
     """The hardware cannot run the number of replicas asked for (the message says why)."""
 
 
+class DeviceMissing(ReplicaCountError):
+    """PJRT_DEVICE names an accelerator this machine does not have: no replica can run."""
+
+
+# Device files each accelerator shows on Linux (TPU v4 and earlier: accel; v5e and later:
+# VFIO groups; NVIDIA GPUs).
+DEVICE_FILES = {"TPU": ("/dev/accel[0-9]*", "/dev/vfio/[0-9]*"),
+                "CUDA": ("/dev/nvidia[0-9]*",), "GPU": ("/dev/nvidia[0-9]*",)}
+
+
+def _device_missing(device: str, pjrt_device: str) -> str:
+    what = {"TPU": "TPU (no TPU chip on its PCI bus, no /dev/accel* or /dev/vfio device)",
+            "CUDA": "NVIDIA GPU (no /dev/nvidia0)", "GPU": "NVIDIA GPU (no /dev/nvidia0)"}
+    runtime = ("On Colab or Kaggle, change the runtime type to TPU. "
+               if device == "TPU" else "")
+    return (f"PJRT_DEVICE={pjrt_device}, but this machine has no {what[device]}, so no "
+            f"replica could start. {runtime}To run on CPU replicas here, unset it "
+            "(os.environ.pop('PJRT_DEVICE') in a cell, and no --env PJRT_DEVICE=...) or set "
+            "PJRT_DEVICE=CPU.")
+
+
 class UnsupportedTpuError(ReplicaCountError):
     """This torch_xla does not know the TPU chips on the PCI bus, so xmp.spawn would start
     no replica (``ValueError: max_workers must be greater than 0``)."""
@@ -81,8 +106,12 @@ class Hardware:
     tpu_generation: Optional[str] = None  # "v5e", "7x", ... from the PCI id or accelerator type
     torch_xla_tpu_chips: Optional[int] = None  # chips torch_xla's own PCI table counts
     cpu_num_devices: Optional[int] = None  # CPU_NUM_DEVICES as the user set it
+    bad_cpu_num_devices: Optional[str] = None  # CPU_NUM_DEVICES if it is not a count (1 or more)
     xla_thread_pool_size: Optional[str] = None  # XLA_THREAD_POOL_SIZE as the user set it
     param_aliasing: Optional[str] = None  # XLA_ENABLE_PARAM_ALIASING as the user set it
+    # Device files of the accelerator PJRT_DEVICE names (/dev/accel0, /dev/nvidia0): a
+    # device that none shows, and no PCI chip either, is not on this machine.
+    device_files: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -152,7 +181,20 @@ def plan_replicas(requested: Optional[int], hw: Hardware) -> ReplicaPlan:
     device = (hw.pjrt_device or ("TPU" if hw.tpu_chips else "CPU")).upper().split("_")[0]
 
     if device == "CPU":
+        if requested is None and hw.bad_cpu_num_devices is not None:
+            raise ReplicaCountError(
+                f"CPU_NUM_DEVICES={hw.bad_cpu_num_devices!r}: the number of replicas to "
+                "simulate on CPU must be a whole number, 1 or more. Set one "
+                "(os.environ['CPU_NUM_DEVICES'] = '4'), remove it for the default "
+                f"{DEFAULT_CPU_REPLICAS} (del os.environ['CPU_NUM_DEVICES']), or give -n 4, "
+                "which takes its place.")
         n = requested or hw.cpu_num_devices or DEFAULT_CPU_REPLICAS
+        if n > MAX_CPU_REPLICAS:
+            given = f"-n {n}" if requested else f"CPU_NUM_DEVICES={n}"
+            raise ReplicaCountError(
+                f"{given}: at most {MAX_CPU_REPLICAS} replicas can be simulated on CPU (XLA's "
+                f"CPU collectives abort beyond that: only {MAX_CPU_REPLICAS} replicas reach "
+                f"them); ask for {MAX_CPU_REPLICAS} or fewer.")
         note = None
         if hw.pjrt_device is None:
             note = (f"colab_xla: no TPU found, running {n} replica{'s' if n != 1 else ''} on CPU "
@@ -169,6 +211,9 @@ def plan_replicas(requested: Optional[int], hw: Hardware) -> ReplicaPlan:
             # xm.optimizer_step meets a deleted buffer at its second step.
             env["XLA_ENABLE_PARAM_ALIASING"] = "0"
         return ReplicaPlan("CPU", n, env, note)
+
+    if device in DEVICE_FILES and hw.pjrt_device and not hw.tpu_chips and not hw.device_files:
+        raise DeviceMissing(_device_missing(device, hw.pjrt_device))
 
     if device == "TPU":
         if hw.tpu_chips and hw.torch_xla_tpu_chips is not None \
@@ -191,16 +236,24 @@ def plan_replicas(requested: Optional[int], hw: Hardware) -> ReplicaPlan:
 
 def detect(environ: Mapping[str, str] = os.environ) -> Hardware:
     """Read PJRT_DEVICE, CPU_NUM_DEVICES and the PCI bus; never initialize the runtime."""
-    cpu_num = environ.get("CPU_NUM_DEVICES")
+    cpu_num = (environ.get("CPU_NUM_DEVICES") or "").strip()  # empty: not set
+    count = int(cpu_num) if re.fullmatch(r"[0-9]+", cpu_num) and int(cpu_num) > 0 else None
     pjrt = environ.get("PJRT_DEVICE") or None
     tpu = _TpuScan(0, None, None, None)
     if pjrt is None or pjrt.upper().startswith("TPU"):
         tpu = _tpu_chips(environ.get("TPU_ACCELERATOR_TYPE") or None)
     return Hardware(pjrt_device=pjrt, tpu_chips=tpu.chips, tpu_cores_per_chip=tpu.cores_per_chip,
                     tpu_generation=tpu.generation, torch_xla_tpu_chips=tpu.torch_xla_chips,
-                    cpu_num_devices=int(cpu_num) if cpu_num and cpu_num.isdigit() else None,
+                    cpu_num_devices=count,
+                    bad_cpu_num_devices=cpu_num if cpu_num and count is None else None,
                     xla_thread_pool_size=environ.get("XLA_THREAD_POOL_SIZE"),
-                    param_aliasing=environ.get("XLA_ENABLE_PARAM_ALIASING"))
+                    param_aliasing=environ.get("XLA_ENABLE_PARAM_ALIASING"),
+                    device_files=_device_files(pjrt))
+
+
+def _device_files(pjrt_device: Optional[str]) -> Tuple[str, ...]:
+    patterns = DEVICE_FILES.get((pjrt_device or "").upper().split("_")[0], ())
+    return tuple(sorted(path for pattern in patterns for path in glob.glob(pattern)))
 
 
 TORCH_XLA_INSTALL_HINT = (

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import shlex
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple
 
@@ -114,12 +115,16 @@ def warm_forkserver() -> Tuple[int, bool]:
 
 
 def parse_env(assignments) -> Dict[str, str]:
-    """``["XLA_IR_DEBUG=1", "A=b=c"]`` -> ``{"XLA_IR_DEBUG": "1", "A": "b=c"}``."""
-    env = {}
+    """``["XLA_IR_DEBUG=1", "A=b=c"]`` -> ``{"XLA_IR_DEBUG": "1", "A": "b=c"}``; a KEY
+    given twice with two values is refused (which one was meant cannot be told)."""
+    env: Dict[str, str] = {}
     for item in assignments:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--env {item}: write KEY=VALUE, e.g. --env XLA_IR_DEBUG=1.")
+        if env.get(key, value) != value:
+            first, second = (shlex.quote(f"{key}={v}") for v in (env[key], value))
+            raise ValueError(f"--env {first} and --env {second} set {key} twice: keep one.")
         env[key] = value
     return env
 

@@ -7,12 +7,13 @@ import os
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from . import doctor, registry, views
 from .cell import EmptyCellError
 from .hardware import ReplicaCountError, TorchXlaMissing
 from .launch import LAUNCHERS, START_METHODS, Launch, parse_env
+from .options import LineError, check_output, pull_names, split_line
 from .outcome import XlaSpawnError
 from .preflight import PreflightError
 from .registry import UnsafeStateDir
@@ -27,9 +28,9 @@ class XlaMagics(Magics):
 
     @magic_arguments()
     @argument("-n", "--nprocs", type=int, metavar="N", default=None,
-              help="number of replicas. On CPU: N simulated replicas, the CPU devices of one "
-                   "process (default: $CPU_NUM_DEVICES, else 8). On a TPU host: every TPU "
-                   "core, the only count xmp.spawn accepts (leave -n out).")
+              help="number of replicas. On CPU: N simulated replicas (1 to 128), the CPU "
+                   "devices of one process (default: $CPU_NUM_DEVICES, else 8). On a TPU "
+                   "host: every TPU core, the only count xmp.spawn accepts (leave -n out).")
     @argument("-o", "--output", metavar="NAME", default=None,
               help="store {ordinal: value} of the cell's last expression in the notebook "
                    "variable NAME (XLA tensors arrive as CPU tensors).")
@@ -61,7 +62,8 @@ class XlaMagics(Magics):
                    "torch_xla.launch(debug_single_process=True), for debugging.")
     @argument("--env", metavar="KEY=VALUE", action="append", default=[],
               help="set an environment variable for the replicas only (XLA_FLAGS, "
-                   "XLA_IR_DEBUG...). Repeatable.")
+                   "XLA_IR_DEBUG...). Repeatable. The line is split as a shell would: "
+                   "quote a value with spaces, --env XLA_FLAGS=\"--xla_a --xla_b\".")
     @argument("--cache", metavar="DIR", default=None,
               help="torch_xla's persistent compilation cache in DIR, one sub-directory per "
                    "replica process: a rerun on a TPU loads compiled programs instead of "
@@ -103,11 +105,10 @@ class XlaMagics(Magics):
             t = torch.ones(2, device=device) * index
             xm.all_reduce(xm.REDUCE_SUM, t).cpu()     # tensor([6., 6.]) on every replica
         """
-        args = parse_argstring(self.xla_spawn, line)
-        if args.output is not None and not args.output.isidentifier():
-            raise UsageError(f"-o {args.output}: NAME must be a Python identifier.")
-        pull = [name.strip() for item in args.pull for name in item.split(",") if name.strip()]
+        args = _parse(self.xla_spawn, line, "%%xla_spawn")
         try:
+            pull = pull_names(args.pull)
+            check_output(args.output, pull)
             how = Launch(args.start_method or os.environ.get("COLAB_XLA_START_METHOD", "fork"),
                          launcher=args.launcher, debug_single=args.debug_single)
             env = parse_env(args.env)
@@ -139,19 +140,36 @@ class XlaMagics(Magics):
         except (ReplicaCountError, TorchXlaMissing, UnsafeStateDir, ValueError) as exc:
             raise UsageError(str(exc)) from None
         # Values first, then the closing draw: a view that fails cannot lose them.
-        if args.output is not None:
-            self.shell.user_ns[args.output] = outcome.results()
-        for name in pull:
-            values = outcome.pulled(name)
-            if args.pull_from is None and values:
-                self.shell.user_ns[name] = values
-            elif args.pull_from in values:
-                self.shell.user_ns[name] = values[args.pull_from]
+        kept = self._store(outcome, args.output, pull, args.pull_from)
         view.closed(outcome)
+        if kept:
+            print(f"colab_xla: {', '.join(kept)} kept {'its' if len(kept) == 1 else 'their'} "
+                  "earlier value: no replica sent a new one.")
         if outcome.interrupted:
             raise KeyboardInterrupt
         if not outcome.ok:
             raise XlaSpawnError(outcome)
+
+    def _store(self, outcome, output, pull, pull_from) -> list:
+        """Put ``-o`` and ``--pull`` values in the notebook. A run that failed or was
+        interrupted before any value came back leaves an earlier value of the name as it
+        was (a rerun must not swap a good result for ``{}``); the names kept are returned."""
+        user_ns, kept = self.shell.user_ns, []
+        if output is not None:
+            results = outcome.results()
+            if results or outcome.ok or output not in user_ns:
+                user_ns[output] = results
+            else:
+                kept.append(f"-o {output}")
+        for name in pull:
+            values = outcome.pulled(name)
+            if pull_from is not None:
+                values = {pull_from: values[pull_from]} if pull_from in values else {}
+            if values:
+                user_ns[name] = values if pull_from is None else values[pull_from]
+            elif name in user_ns and not outcome.ok:
+                kept.append(f"--pull {name}")
+        return kept
 
     @magic_arguments()
     @argument("--kill-leftovers", action="store_true",
@@ -171,7 +189,7 @@ class XlaMagics(Magics):
             %xla_doctor
             %xla_doctor --kill-leftovers
         """
-        args = parse_argstring(self.xla_doctor, line)
+        args = _parse(self.xla_doctor, line, "%xla_doctor")
         if args.kill_leftovers:
             killed = registry.kill_leftovers()
             print(f"killed {len(killed)} leftover process(es)"
@@ -194,3 +212,14 @@ class XlaMagics(Magics):
         IPython 7 (Colab), so the history is the one that tells."""
         history = getattr(self.shell.history_manager, "input_hist_raw", None)
         return len(history) - 1 if history else self.shell.execution_count
+
+
+def _parse(magic, line: str, name: str):
+    """The magic's arguments from its line, split as a shell would (quotes group and are
+    removed: IPython's parse_argstring keeps them in the values); bad flags, values and
+    quotes are UsageErrors."""
+    try:
+        argv = split_line(line, name)
+    except LineError as exc:
+        raise UsageError(str(exc)) from None
+    return magic.parser.parse_args(argv)

@@ -35,7 +35,8 @@ class ReplicaError:
     ``kind`` says what went wrong: ``"exception"`` (the cell raised), ``"exit"``
     (``sys.exit`` with a non-zero status), ``"result"`` (the cell's value or a ``--pull``
     name could not be sent back or loaded), ``"names"`` (the notebook names sent to a
-    replica that does not fork could not be loaded there), ``"died"`` (the replica's process ended without a report),
+    replica that does not fork could not be loaded there), ``"died"`` (the replica's process
+    ended without a report), ``"launch"`` (no replica started: see ``RunOutcome.launch_error``),
     ``"interrupted"``, ``"timeout"`` or ``"stopped"`` (the run was cut while it ran: by
     Interrupt, ``--timeout``, or because another replica failed). ``traceback`` is the
     text to show, with frames of the cell shown as ``Cell In[N], line L``.
@@ -108,6 +109,9 @@ class RunOutcome:
     # threads the cell started), by process label such as "process 0".
     processes: Dict[str, OutputLog] = dataclasses.field(default_factory=dict)
     log_dir: Optional[str] = None  # where the full logs are
+    # Why no replica started at all (xmp.spawn itself failed: a device this machine does
+    # not have, a broken torch_xla), as kind "launch"; None when replicas started.
+    launch_error: Optional[ReplicaError] = None
 
     def replica(self, ordinal: int) -> ReplicaOutcome:
         if ordinal not in self.replicas:
@@ -134,7 +138,7 @@ class RunOutcome:
 
     @property
     def ok(self) -> bool:
-        return (bool(self.replicas) and not self.interrupted
+        return (bool(self.replicas) and not self.interrupted and self.launch_error is None
                 and all(r.error is None for r in self.replicas.values()))
 
     def results(self) -> Dict[int, Any]:
@@ -195,6 +199,9 @@ class XlaSpawnError(Exception):
             return ", ".join(sorted({out.replicas[o].error.ename for o in ordinals}))
 
         parts = []
+        if out.launch_error is not None:
+            error = out.launch_error
+            parts.append(f"the replicas could not be started ({error.ename}: {error.evalue})")
         if out.failed:
             parts.append(f"{len(out.failed)} of {total} failed ({kinds(out.failed)})")
         if out.killed:
@@ -209,6 +216,8 @@ class XlaSpawnError(Exception):
 
     def __str__(self) -> str:
         lines = [self.summary()]
+        if self.outcome.launch_error is not None and self.outcome.launch_error.traceback:
+            lines += ["", self.outcome.launch_error.render()]
         groups = self.outcome.error_groups()
         for error, ordinals in groups[: self.max_tracebacks]:
             noun = "replica" if len(ordinals) == 1 else "replicas"

@@ -25,6 +25,7 @@ import io
 import json
 import os
 import pickle
+import re
 import signal
 import sys
 import threading
@@ -116,6 +117,8 @@ def main(index: int, job: ReplicaJob) -> None:
         report = _run_cell(index, job, proc)
         report.elapsed = time.perf_counter() - started
         _write_report(job, report)
+        if proc.leave(index):  # the process's last replica: what the cell started ends now
+            end_descendants()
         proc.writer.send(END, index, b"")
     finally:
         proc.leave(index)
@@ -194,10 +197,9 @@ def _run_cell(index: int, job: ReplicaJob, proc: "_ProcessState") -> ReplicaRepo
             report.error = ReplicaError("exit", "SystemExit", str(exc.code),
                                         f"the cell called sys.exit({exc.code!r})")
             return report
-    except KeyboardInterrupt:
-        report.error = ReplicaError("interrupted", "KeyboardInterrupt", "the run was interrupted")
-        return report
     except BaseException as exc:  # noqa: BLE001 - every failure becomes data
+        # KeyboardInterrupt included: a replica runs in a thread the notebook's Interrupt
+        # never reaches (the run kills it), so one here was raised by the cell's code.
         report.error = error_from_exception(exc, cell)
         return report
     finally:
@@ -279,7 +281,18 @@ def error_from_exception(exc: BaseException, cell: CellModule) -> ReplicaError:
     te.stack = traceback.StackSummary.from_list(frames[first:])
     text = "".join(te.format())
     text = text.replace(f'File "{cell.path}", line ', f"{cell.label}, line ")
-    return ReplicaError("exception", type(exc).__qualname__, str(exc), text)
+    # A class of the cell lives in each replica's own module (``<cell>_r3.B``): shown as the
+    # cell wrote it (``B``), it reads right and the same error groups across replicas.
+    text = re.sub(rf"\b{re.escape(cell.name)}_r\d+\.", "", text)
+    return ReplicaError("exception", type(exc).__qualname__, _safe_str(exc), text)
+
+
+def _safe_str(exc: BaseException) -> str:
+    """``str(exc)``, which runs the exception's own code and may itself raise."""
+    try:
+        return str(exc)
+    except Exception as failure:  # noqa: BLE001
+        return f"<str() failed: {type(failure).__name__}: {_safe_str(failure)}>"
 
 
 class _ResultPickler(cloudpickle.Pickler):
@@ -399,6 +412,7 @@ class _ProcessState:
     def __init__(self, job: ReplicaJob):
         self.run_id = job.run_id
         die_with_parent(job.parent_pid)
+        adopt_orphans()
         # Named pipes, opened by path: a process started by spawn or a forkserver inherits
         # no descriptors from the notebook.
         self.writer = ChannelWriter(os.open(job.channel_path, os.O_WRONLY))
@@ -419,6 +433,7 @@ class _ProcessState:
         _text_progress_bars()
         _send_cell_definitions_by_value()
         _serialize_forks()
+        _report_exits(self.writer)
         if job.cache_dir:
             self._initialize_cache(job.cache_dir)
         self._instrument_torch_xla()
@@ -474,9 +489,12 @@ class _ProcessState:
         with self._lock:
             self.active.add(ordinal)
 
-    def leave(self, ordinal: int) -> None:
+    def leave(self, ordinal: int) -> bool:
+        """True for the call that took the process's last replica out."""
         with self._lock:
+            was_in = ordinal in self.active
             self.active.discard(ordinal)
+            return was_in and not self.active
 
     def default_ordinal(self) -> int:
         """Where output of a thread that is not a replica goes: its process's replica."""
@@ -755,6 +773,27 @@ def _text_progress_bars() -> None:
             setattr(tqdm_pkg, attr, sys.modules[f"tqdm.{attr}"])
 
 
+def _report_exits(writer: ChannelWriter) -> None:
+    """``os._exit`` from a replica's thread says who called it before the process ends.
+
+    It ends the whole process at once, and with it every replica that is a thread of it:
+    without this note the notebook could only say that the process ended "without an
+    exit code". (The pid tells a replica from a process it forked, which shares its
+    thread's state and calls ``os._exit`` too when it ends.)
+    """
+    real_exit = os._exit
+
+    def reported_exit(code):
+        ordinal = getattr(_local, "ordinal", None)
+        if ordinal is not None:
+            with contextlib.suppress(Exception):
+                _flush_all()
+                writer.send(NOTE, ordinal, json.dumps({"exit": code, "pid": os.getpid()}).encode())
+        real_exit(code)
+
+    os._exit = functools.wraps(real_exit)(reported_exit)
+
+
 def _send_cell_definitions_by_value() -> None:
     """Let processes the cell starts (a DataLoader's workers) receive its classes and
     functions, under every start method.
@@ -804,6 +843,37 @@ def _importable(obj) -> bool:
         return _lookup(obj.__qualname__, vars(module)) is obj
     except (AttributeError, KeyError):
         return False
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def adopt_orphans() -> None:
+    """Make this replica process the parent of every orphan among its descendants (Linux).
+
+    ``os.system('server &')`` or a double fork leaves a process whose parent has exited:
+    it would go to init and out of reach. Adopted, it stays a descendant of the replica,
+    which the run ends with everything else it started.
+    """
+    if sys.platform.startswith("linux"):
+        _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def end_descendants() -> None:
+    """SIGKILL every process this one started, and their own (by pid, never by name).
+
+    Called when the last replica of the process has finished its cell: a subprocess, a
+    forked child or a DataLoader worker the cell left running must not outlive the run,
+    however short it was (the notebook's own clean-up comes after this process has gone,
+    when its orphans would no longer be found).
+    """
+    import psutil
+
+    victims = psutil.Process().children(recursive=True)
+    for victim in victims:
+        with contextlib.suppress(psutil.Error):
+            victim.kill()
+    psutil.wait_procs(victims, timeout=3)
 
 
 def die_with_parent(parent_pid: int) -> None:

@@ -20,6 +20,7 @@ import codecs
 import contextlib
 import dataclasses
 import json
+import math
 import multiprocessing
 import multiprocessing.managers
 import os
@@ -32,6 +33,7 @@ import signal
 import tempfile
 import threading
 import time
+import traceback
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import psutil
@@ -39,6 +41,7 @@ import psutil
 from . import channel, hardware, namespace, preflight, registry, replica, shared_tensors
 from .cell import CellModule
 from .launch import Launch, environ, replica_environ, start, warm_forkserver
+from .options import is_name
 from .outcome import DONE, FAILED, KILLED, RETURN_PLAIN_DATA, ReplicaError, RunOutcome
 
 # Live views draw every TICK_SECONDS while output flows (a few updates a second keep the
@@ -107,10 +110,13 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
     fork) and its kind :class:`RuntimeInitializedError`. Failures of replicas are not raised:
     they are in the outcome (see ``outcome.failed``).
     """
-    if timeout is not None and timeout <= 0:
-        raise ValueError(f"--timeout {timeout:g}: the timeout must be more than 0 seconds.")
+    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):  # nan > 0 is False
+        raise ValueError(f"--timeout {timeout:g}: the timeout must be more than 0 seconds and "
+                         "finite; leave -t out to run without one.")
     env = dict(env or {})
     check_options(env, pull, pull_from)
+    if cache_dir is not None:
+        cache_dir = _cache_dir(cache_dir)
     if launch.debug_single and nprocs not in (None, 1):
         raise ValueError(f"-n {nprocs} with --debug-single: it runs one replica; leave -n out.")
     user_ns = dict(user_ns or {})
@@ -155,7 +161,7 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
         changes = {**env, **plan.env, **preflight.topology_changes(replica_env, plan.env)}
         plan = dataclasses.replace(plan, env=changes)
         options = _Options(launch, parent_pid, cell, names,
-                           cache_dir and _cache_dir(cache_dir), tuple(pull), pull_from)
+                           cache_dir, tuple(pull), pull_from)
         return _Run(options, plan, run_dir, user_ns, observer or RunObserver(),
                     timeout).run()
     finally:
@@ -170,8 +176,9 @@ def check_options(env: Mapping[str, str], pull: Sequence[str],
             raise ValueError(f"--env {key}={value}: KEY must be letters, digits and '_' "
                              "(not starting with a digit), VALUE a string.")
     for name in pull:
-        if not name.isidentifier():
-            raise ValueError(f"--pull {name}: each NAME must be a Python identifier.")
+        if not is_name(name):
+            raise ValueError(f"--pull {name}: each NAME must be a Python identifier (not a "
+                             "keyword).")
     if pull_from is not None and (pull_from < 0 or not pull):
         raise ValueError(f"--pull-from {pull_from}: give a replica ordinal (0 or more) "
                          "together with --pull NAME.")
@@ -182,6 +189,9 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 def _cache_dir(path: str) -> str:
     """``--cache DIR`` made (if new) and checked writable here, before replicas need it."""
+    if not path.strip():  # abspath("") would be the notebook's working directory
+        raise ValueError("--cache '': give a directory (--cache ~/xla_cache), or leave "
+                         "--cache out to compile without the cache.")
     path = os.path.abspath(os.path.expanduser(path))
     try:
         os.makedirs(path, exist_ok=True)
@@ -255,6 +265,8 @@ class _Run:
         self._children: Dict[int, multiprocessing.process.BaseProcess] = {}
         self._driver_error: Optional[BaseException] = None
         self._output_since_draw = False
+        self._exits: Dict[int, Tuple[int, int]] = {}  # pid -> (replica, code) of os._exit
+        self._decoder = channel.FrameDecoder()  # (an Interrupt may come before reading starts)
 
     # -- the run --------------------------------------------------------------------------
 
@@ -294,15 +306,18 @@ class _Run:
             try:
                 self._read_until_done(read_fd, done_r)
             except KeyboardInterrupt:
-                self.outcome.interrupted, self._stop = True, "interrupted"
+                self.outcome.interrupted = True
+                with _sigint_ignored():
+                    self._cut("interrupted", read_fd)
             if self._stop:
                 with _sigint_ignored():
-                    self._kill_processes()
-                    driver.join(_DRIVER_JOIN_SECONDS)
+                    self._stop_processes(driver)
             else:
                 driver.join()
             self._drain(read_fd)
             self._settle_unreported()
+            if self._driver_error is not None and not self.outcome.replicas and not self._stop:
+                self.outcome.launch_error = _launch_error(self._driver_error)
             # Replicas arrive in any order; the outcome a person reads is by ordinal.
             self.outcome.replicas = dict(sorted(self.outcome.replicas.items()))
         finally:
@@ -337,7 +352,7 @@ class _Run:
             now = time.monotonic()
             for reason, at in (("timeout", self._timeout_at), ("failed", self._fail_at)):
                 if at is not None and now >= at:
-                    self._stop = reason
+                    self._cut(reason, read_fd)
                     return
             wake = min(t for t in (next_tick, self._timeout_at, self._fail_at) if t is not None)
             readable, _, _ = select.select(fds, [], [], max(0.0, wake - now))
@@ -355,6 +370,26 @@ class _Run:
                 next_tick = time.monotonic() + TICK_SECONDS
             if readable == [done_r]:
                 return  # the driver ended and the pipes hold nothing more right now
+
+    def _cut(self, reason: str, read_fd: int) -> None:
+        """Stop the run now: what the pipes hold was written before this moment and counts
+        (a replica that reported its end in time is done); a report read after it is late
+        and ignored, so the replica is settled as stopped for ``reason``, even if the kill
+        comes too late to stop it (a --timeout shorter than the start-up)."""
+        for fd in [read_fd, *self._fd_sources]:
+            if select.select([fd], [], [], 0)[0]:
+                self._read(fd, read_fd)
+        self._stop = reason
+
+    def _stop_processes(self, driver: threading.Thread) -> None:
+        """Kill the run's processes until the driver has seen its pool end: the pool may
+        still be starting replicas when the run is stopped (a short --timeout)."""
+        deadline = time.monotonic() + _DRIVER_JOIN_SECONDS
+        while True:
+            self._kill_processes()
+            driver.join(0.05)
+            if not driver.is_alive() or time.monotonic() >= deadline:
+                return
 
     def _read(self, fd: int, read_fd: int) -> bool:
         """Read what ``fd`` has; False at end of file."""
@@ -415,6 +450,8 @@ class _Run:
             self._new_children()
             self.observer.started(self.outcome, frame.ordinal)
         elif frame.kind == channel.END:
+            if self._stop:  # it ended after the run was stopped: not in time (see _cut)
+                return
             self._load_report(frame.ordinal)
             if self.outcome.replicas[frame.ordinal].error and self._fail_at is None:
                 self._first_failed = frame.ordinal
@@ -424,6 +461,8 @@ class _Run:
             note = json.loads(frame.payload)
             if "rendezvous" in note:
                 self.outcome.replica(frame.ordinal).last_rendezvous = note["rendezvous"]
+            if "exit" in note:  # os._exit: the process ends now, with its replicas
+                self._exits[note["pid"]] = (frame.ordinal, note["exit"])
 
     def _text(self, source, kind: int, data: bytes) -> None:
         key = (source, kind)
@@ -499,9 +538,19 @@ class _Run:
                     f"failed ({first.error.ename})", where=where)
             else:
                 rep.state = FAILED
-                rep.error = ReplicaError("died", "ReplicaDied", self._death_reason())
+                rep.error = ReplicaError("died", "ReplicaDied", self._death_reason(rep))
 
-    def _death_reason(self) -> str:
+    def _death_reason(self, rep) -> str:
+        pid = rep.pid
+        if pid is None and self.plan.processes == 1 and self._exits:
+            pid = next(iter(self._exits))  # it never started: its process is the one
+        if pid in self._exits:
+            ordinal, code = self._exits[pid]
+            same = "" if ordinal == rep.ordinal else (
+                f" (replica {rep.ordinal} ran as a thread of that process, so it ended too)")
+            return (f"replica {ordinal} called os._exit({code}), which ended its process "
+                    f"(exit code {code}) before the cell finished{same}. Let the cell end instead (or "
+                    "sys.exit(), which ends only that replica).")
         self._new_children()
         for p in self._children.values():
             p.join(0)  # sets exitcode if the process is gone
@@ -555,6 +604,12 @@ class _Run:
         self._processes.clear()
         if not alive:
             self._record.close()
+
+
+def _launch_error(exc: BaseException) -> ReplicaError:
+    """xmp.spawn failed before any replica started: its exception, as data."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return ReplicaError("launch", type(exc).__name__, str(exc) or repr(exc), text)
 
 
 def _whereabouts(rep) -> str:

@@ -55,6 +55,8 @@ def headline(outcome: RunOutcome) -> str:
     took = f" in {outcome.elapsed:.2f} s" if outcome.elapsed is not None else ""
     noun = "replica" if n == 1 else "replicas"
     stopped = " (interrupted)" if outcome.interrupted else ""
+    if outcome.launch_error is not None and not outcome.replicas:
+        states = f"not started ({outcome.launch_error.ename})"
     return f"{n} {noun} on {outcome.device_type}: {states}{took}{stopped}"
 
 

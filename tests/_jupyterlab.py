@@ -131,6 +131,38 @@ def jupyterlab(root_dir: Path, state_dir: Path, env: Mapping[str, str]) -> Itera
         server.stop()
 
 
+class ClassicNotebookServer(JupyterLabServer):
+    """``jupyter notebook`` (classic, 6.x) on 127.0.0.1 without token or password.
+
+    ``nbextensions``: a directory whose ``share/jupyter`` comes first on JUPYTER_PATH, for
+    the widget frontend to serve (see tests/test_browser_classic.py).
+    """
+
+    def __init__(self, root_dir: Path, state_dir: Path, env: Mapping[str, str],
+                 frontend_dir: Optional[Path] = None):
+        super().__init__(root_dir, state_dir, env)
+        self.log_path = self.state_dir / "jupyter-notebook.log"
+        if frontend_dir is not None:
+            self._env["JUPYTER_PATH"] = str(Path(frontend_dir) / "share" / "jupyter")
+
+    def start(self) -> "ClassicNotebookServer":
+        env = dict(self._env)
+        env.pop("PYTEST_CURRENT_TEST", None)
+        for var, sub in (("JUPYTER_RUNTIME_DIR", "runtime"), ("JUPYTER_CONFIG_DIR", "config"),
+                         ("IPYTHONDIR", "ipython")):
+            (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+            env[var] = str(self.state_dir / sub)
+        cmd = [sys.executable, "-m", "notebook", "--no-browser", "--ip=127.0.0.1",
+               f"--port={self.port}", "--NotebookApp.port_retries=0", "--NotebookApp.token=",
+               "--NotebookApp.password=", "--NotebookApp.disable_check_xsrf=True",
+               "--allow-root", f"--notebook-dir={self.root_dir}"]
+        self._log = open(self.log_path, "wb")
+        self._proc = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, start_new_session=True)
+        self._wait_ready()
+        return self
+
+
 def launch_chromium(playwright):
     return playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True,
                                       args=CHROMIUM_ARGS)

@@ -135,3 +135,77 @@ def test_c_level_reads_of_stdin_in_a_replica_see_an_empty_input():
                       timeout=120)
         assert reply.status == "ok", reply.text
         assert k.run("assert r == {0: b'', 1: b''}, r").status == "ok"
+
+
+# `with lock`: replicas on CPU are threads of one process, and a fork by one thread while
+# another is inside Popen hands the child Popen's error pipe: that Popen then waits for the
+# child to end (a hazard of forking threads, not of colab_xla).
+BACKGROUND = """import os, subprocess, time
+d = {tmp!r}
+with lock:
+    p = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    open(f"{{d}}/popen{{index}}", "w").write(str(p.pid))
+    os.system(f"sleep 600 & echo $! > {{d}}/system{{index}}")
+    child = os.fork()
+    if child == 0:
+        time.sleep(600)
+        os._exit(0)
+    open(f"{{d}}/fork{{index}}", "w").write(str(child))
+{then}"""
+
+
+@pytest.mark.parametrize("ending", ["ok", "raises", "interrupted"])
+def test_nothing_a_run_started_outlives_it_however_short(tmp_path, ending):
+    then = {"ok": "index", "raises": "raise ValueError('the cell fails')",
+            "interrupted": "time.sleep(600)"}[ending]
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        msg_id = k.submit("%%xla_spawn -n 2 --no-widget\n"
+                          + BACKGROUND.format(tmp=str(tmp_path), then=then))
+        files = [tmp_path / f"{kind}{i}" for kind in ("popen", "system", "fork") for i in (0, 1)]
+        pids = [int(text) for text in wait_for_files(files)]
+        if ending == "interrupted":
+            k.interrupt()
+        reply = k.wait(msg_id)
+        assert reply.status == ("ok" if ending == "ok" else "error"), reply.text
+        procs = []
+        for pid in pids:
+            try:
+                procs.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                pass
+        alive = wait_until_gone(procs, timeout=5)
+        assert alive == [], [(p.pid, p.cmdline(), p.ppid()) for p in alive]
+
+
+def test_a_device_this_machine_lacks_is_named_before_anything_starts():
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        tpu = k.run("%%xla_spawn --no-widget --env PJRT_DEVICE=TPU\nindex")
+        assert tpu.ename == "UsageError", tpu.text
+        assert "PJRT_DEVICE=TPU, but this machine has no TPU" in tpu.evalue
+        cuda = k.run("import os\nos.environ['PJRT_DEVICE'] = 'CUDA'")
+        cuda = k.run("%%xla_spawn --no-widget\nindex")
+        assert cuda.ename == "UsageError", cuda.text
+        assert "PJRT_DEVICE=CUDA, but this machine has no NVIDIA GPU" in cuda.evalue
+        # A device torch_xla cannot start at all: the cause, not an empty error.
+        other = k.run("os.environ['PJRT_DEVICE'] = 'NEURON'\n")
+        other = k.run("%%xla_spawn --no-widget\nindex")
+        assert other.ename == "XlaSpawnError", other.text
+        assert other.evalue.startswith("the replicas could not be started (ModuleNotFoundError")
+        assert "0 replicas on NEURON: not started (ModuleNotFoundError)" in other.stdout
+        assert k.run("del os.environ['PJRT_DEVICE']").status == "ok"
+        assert k.run("%%xla_spawn -n 2 --no-widget\nindex").status == "ok"  # it goes on
+
+
+def test_an_interrupted_rerun_keeps_the_earlier_result(tmp_path):
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        assert k.run("%%xla_spawn -n 2 -o res\nindex + 100").status == "ok"
+        msg_id = k.submit(pid_cell(tmp_path, "-n 2 -o res --no-widget"))
+        wait_for_files([tmp_path / "pid0", tmp_path / "pid1"], kernel=k, msg_id=msg_id)
+        k.interrupt()
+        reply = k.wait(msg_id)
+        assert reply.ename == "KeyboardInterrupt", reply.text
+        assert "colab_xla: -o res kept its earlier value" in reply.stdout, reply.stdout
+        assert k.run("assert res == {0: 100, 1: 101}, res").status == "ok"

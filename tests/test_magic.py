@@ -48,6 +48,8 @@ def test_help_is_generated_from_the_arguments(ip, capsys):
     for option in ("--pull NAME[,NAME...]", "--pull-from ORDINAL", "--start-method",
                    "--launcher", "--debug-single", "--env KEY=VALUE", "--cache DIR"):
         assert option in out
+    words = " ".join(out.split())  # argparse wraps the help
+    assert "simulated replicas (1 to 128)" in words and "quote a value with spaces" in words
 
 
 @pytest.mark.parametrize("line, message", [
@@ -59,11 +61,70 @@ def test_help_is_generated_from_the_arguments(ip, capsys):
     ("--env NOVALUE", "--env NOVALUE: write KEY=VALUE"),
     ("--pull a-b", "--pull a-b: each NAME must be a Python identifier"),
     ("--pull-from 0", "together with --pull NAME"),
+    ("-o class", "-o class: NAME must be a Python identifier (not a keyword)"),
+    ("-o ''", "-o '': NAME must be a Python identifier"),
+    ("-o m --pull m", "-o m and --pull m would both store into the notebook's m"),
+    ("--pull ''", "--pull '': give one NAME or more"),
+    ("--pull for", "--pull for: each NAME must be a Python identifier (not a keyword)"),
+    ("--env A=1 --env A=2", "--env A=1 and --env A=2 set A twice: keep one"),
+    ("--cache ''", "--cache '': give a directory"),
 ])
 def test_bad_arguments_are_usage_errors(ip, capsys, line, message):
     result = cell(ip, line, "index")
     assert isinstance(result.error_in_exec, UsageError)
     assert message in str(result.error_in_exec) + capsys.readouterr().err
+
+
+class _Called(Exception):
+    """What the magic passed to run_cell (raised by a stand-in, so nothing starts)."""
+
+
+@pytest.fixture
+def run_cell_args(monkeypatch):
+    import colab_xla.magics
+
+    def stand_in(source, **kwargs):
+        raise _Called(kwargs)
+
+    monkeypatch.setattr(colab_xla.magics, "run_cell", stand_in)
+    return lambda result: result.error_in_exec.args[0]
+
+
+@pytest.mark.parametrize("line, env", [
+    ('--env XLA_FLAGS="--xla_a --xla_b=1"', {"XLA_FLAGS": "--xla_a --xla_b=1"}),
+    ("--env 'XLA_FLAGS=--xla_a --xla_b=1' --env B=''", {"XLA_FLAGS": "--xla_a --xla_b=1", "B": ""}),
+    ('--env="A=it\'s a value"', {"A": "it's a value"}),
+])
+def test_quoted_values_arrive_as_a_shell_would_pass_them(ip, run_cell_args, line, env):
+    args = run_cell_args(cell(ip, line, "index"))
+    assert args["env"] == env
+
+
+def test_every_option_takes_quoted_values(ip, run_cell_args, tmp_path):
+    args = run_cell_args(cell(ip, f"-n '3' -o \"res\" --pull 'a, b' --cache '{tmp_path}/my cache'", "index"))
+    assert (args["nprocs"], args["pull"], args["cache_dir"]) == (3, ["a", "b"], f"{tmp_path}/my cache")
+
+
+def test_a_notebook_variable_in_quotes_keeps_its_spaces(ip, run_cell_args):
+    ip.user_ns["flags"] = "--xla_a --xla_b=1"
+    args = run_cell_args(cell(ip, '--env XLA_FLAGS="$flags"', "index"))  # IPython expands $flags
+    assert args["env"] == {"XLA_FLAGS": "--xla_a --xla_b=1"}
+
+
+@pytest.mark.parametrize("line, message", [
+    ('--env XLA_FLAGS="--xla_a', 'the " at column 17 opens a quoted value that is never closed'),
+    ("-o it's", "the ' at column 6 opens a quoted value that is never closed"),
+    ("-n 2 \\", "the line ends with a backslash"),
+])
+def test_an_unclosed_quote_is_a_usage_error_that_says_where(ip, run_cell_args, line, message):
+    result = cell(ip, line, "index")
+    assert isinstance(result.error_in_exec, UsageError), result.error_in_exec
+    assert f"%%xla_spawn {line}: {message}" in str(result.error_in_exec)
+
+
+def test_doctor_line_is_split_the_same_way(ip):
+    with pytest.raises(UsageError, match="never closed"):
+        ip.run_line_magic("xla_doctor", "'--kill-leftovers")
 
 
 def test_empty_cell_is_a_usage_error_that_says_what_to_do(ip):
@@ -83,6 +144,21 @@ def test_syntax_error_is_reported_with_the_cells_line_before_anything_runs(ip, c
 def test_replica_count_the_hardware_cannot_honour_is_a_usage_error(ip):
     result = cell(ip, "-n 0", "index")
     assert isinstance(result.error_in_exec, UsageError) and "1 or more" in str(result.error_in_exec)
+
+
+@pytest.mark.xla
+@pytest.mark.parametrize("value", ["abc", "0"])
+def test_a_cpu_num_devices_that_is_not_a_count_is_a_usage_error_naming_it(ip, capsys,
+                                                                           monkeypatch, value):
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    monkeypatch.setenv("CPU_NUM_DEVICES", value)
+    result = cell(ip, "", "index")
+    assert isinstance(result.error_in_exec, UsageError), result.error_in_exec
+    assert f"CPU_NUM_DEVICES='{value}': the number of replicas" in str(result.error_in_exec)
+    assert "[replica" not in capsys.readouterr().out  # nothing started
+    monkeypatch.delenv("CPU_NUM_DEVICES")
+    result = cell(ip, f"--env CPU_NUM_DEVICES={value}", "index")  # the replicas' own: the same
+    assert f"CPU_NUM_DEVICES='{value}'" in str(result.error_in_exec)
 
 
 @pytest.mark.xla
@@ -115,11 +191,12 @@ def test_a_failing_replica_raises_one_grouped_error_and_keeps_the_other_results(
     assert "[replicas 1, 3]" in capsys.readouterr().out  # IPython drew our traceback
 
 
-@pytest.mark.parametrize("line", ["-t 0", "--timeout -5"])
-def test_a_timeout_that_is_not_positive_is_refused_before_anything_runs(ip, capsys, line):
-    result = cell(ip, line, "index")
+@pytest.mark.parametrize("line", ["-t 0", "--timeout -5", "-t nan", "-t inf", "-t 1e400"])
+def test_a_timeout_that_is_not_a_positive_number_is_refused_before_anything_runs(ip, capsys,
+                                                                                  line):
+    result = cell(ip, line, "index")  # nan and inf meant no timeout at all
     assert isinstance(result.error_in_exec, UsageError)
-    assert "must be more than 0 seconds" in str(result.error_in_exec)
+    assert "must be more than 0 seconds and finite; leave -t out" in str(result.error_in_exec)
     assert "replica" not in capsys.readouterr().out  # nothing announced, nothing started
 
 
@@ -219,3 +296,37 @@ def test_a_view_that_fails_costs_no_result_and_the_text_view_takes_over(ip, caps
                      "attribute '_repr_mimebundle_'); showing this run as text.") == 1
     assert "2 replicas on CPU: 2 done" in out
     assert "line of 1" in out and "Out: 1" in out  # the summary shows what the view did not
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(120)
+def test_a_timeout_shorter_than_the_start_up_says_timeout_not_done(ip, capsys):
+    """The stop came before the pool had started the replicas: they ran on and reported
+    `done` after it (issue #12). A report after the stop is not in time."""
+    result = cell(ip, "-n 2 -t 0.001 -o late", "index")
+    error = result.error_in_exec
+    assert isinstance(error, XlaSpawnError), error
+    assert error.outcome.ok is False and error.outcome.killed == [0, 1]
+    for rep in error.outcome.replicas.values():
+        assert rep.error.kind == "timeout" and "--timeout 0.001 s" in rep.error.evalue
+    assert ip.user_ns["late"] == {}
+    out = capsys.readouterr().out
+    assert "2 done" not in out and "2 of 2 replicas were stopped (Timeout)" in out, out
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(120)
+def test_a_failed_rerun_keeps_the_earlier_values_and_says_so(ip, capsys):
+    assert cell(ip, "-n 2 -o kept_res --pull kept_x", "kept_x = index\nindex * 10").success
+    assert ip.user_ns["kept_res"] == {0: 0, 1: 10} and ip.user_ns["kept_x"] == {0: 0, 1: 1}
+    capsys.readouterr()
+    result = cell(ip, "-n 2 -o kept_res --pull kept_x", "raise ValueError('every replica')")
+    assert isinstance(result.error_in_exec, XlaSpawnError)
+    assert ip.user_ns["kept_res"] == {0: 0, 1: 10} and ip.user_ns["kept_x"] == {0: 0, 1: 1}
+    assert ("colab_xla: -o kept_res, --pull kept_x kept their earlier value: no replica sent "
+            "a new one.") in capsys.readouterr().out
+    # New values arrived from the replica that did not fail: they replace the old ones.
+    result = cell(ip, "-n 2 -o kept_res", "if index == 1:\n    raise ValueError('one')\n'new'")
+    assert isinstance(result.error_in_exec, XlaSpawnError)
+    assert ip.user_ns["kept_res"] == {0: "new"}
+    assert "kept" not in capsys.readouterr().out

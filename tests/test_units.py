@@ -180,7 +180,7 @@ def test_tpu_plan_with_unknown_core_count_accepts_only_the_default():
 
 
 def test_other_devices_refuse_n():
-    hw = hardware.Hardware(pjrt_device="CUDA")
+    hw = hardware.Hardware(pjrt_device="CUDA", device_files=("/dev/nvidia0",))
     assert hardware.plan_replicas(None, hw).env == {"PJRT_DEVICE": "CUDA"}
     with pytest.raises(hardware.ReplicaCountError, match="CUDA_NUM_DEVICES"):
         hardware.plan_replicas(2, hw)
@@ -189,6 +189,36 @@ def test_other_devices_refuse_n():
 def test_detect_reads_the_environment_only():
     hw = hardware.detect({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "6"})
     assert hw == hardware.Hardware(pjrt_device="CPU", tpu_chips=0, cpu_num_devices=6)
+
+
+@pytest.mark.parametrize("value, count, bad", [
+    ("6", 6, None), (" 6 ", 6, None), ("", None, None),  # empty: not set
+    ("abc", None, "abc"), ("0", None, "0"), ("-2", None, "-2"), ("2.5", None, "2.5"),
+])
+def test_detect_keeps_a_cpu_num_devices_that_is_not_a_count_to_refuse_it(value, count, bad):
+    hw = hardware.detect({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": value})
+    assert (hw.cpu_num_devices, hw.bad_cpu_num_devices) == (count, bad)
+
+
+@pytest.mark.parametrize("value", ["abc", "0"])
+def test_a_cpu_num_devices_that_is_not_a_count_is_refused_unless_n_is_given(value):
+    hw = hardware.detect({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": value})
+    with pytest.raises(hardware.ReplicaCountError) as info:
+        hardware.plan_replicas(None, hw)  # it silently gave 8 replicas
+    assert str(info.value).startswith(
+        f"CPU_NUM_DEVICES='{value}': the number of replicas to simulate on CPU must be a whole "
+        "number, 1 or more. Set one (os.environ['CPU_NUM_DEVICES'] = '4')")
+    assert hardware.plan_replicas(3, hw).env["CPU_NUM_DEVICES"] == "3"  # -n takes its place
+
+
+def test_a_replica_count_beyond_what_cpu_collectives_can_join_is_refused():
+    cap = hardware.MAX_CPU_REPLICAS
+    assert hardware.plan_replicas(cap, hardware.Hardware(pjrt_device="CPU")).replicas == cap
+    with pytest.raises(hardware.ReplicaCountError, match=f"-n 1000000: at most {cap} replicas"):
+        hardware.plan_replicas(1000000, hardware.Hardware(pjrt_device=None))
+    with pytest.raises(hardware.ReplicaCountError, match=f"CPU_NUM_DEVICES=5000: at most {cap}"):
+        hardware.plan_replicas(None, hardware.detect({"PJRT_DEVICE": "CPU",
+                                                      "CPU_NUM_DEVICES": "5000"}))
 
 
 def test_runtime_initialized_is_false_without_torch_xla(monkeypatch):
@@ -518,3 +548,119 @@ def test_pickled_values_use_shared_memory_for_big_tensors_inside_containers(shm_
     back = pickle.loads(data)
     assert torch.equal(back["w"], value["w"]) and torch.equal(back["small"], value["small"])
     assert len(replica.pack_value(value)) > 4 << 20  # without a directory: inline
+
+
+# --- devices this machine does not have ------------------------------------------------------
+
+
+@pytest.mark.parametrize("device, named", [("TPU", "no TPU"), ("CUDA", "no NVIDIA GPU"),
+                                           ("GPU", "no NVIDIA GPU")])
+def test_a_device_the_machine_does_not_have_is_refused_with_the_way_to_cpu(device, named):
+    hw = hardware.Hardware(pjrt_device=device, tpu_chips=0, device_files=())
+    with pytest.raises(hardware.DeviceMissing) as info:
+        hardware.plan_replicas(None, hw)
+    message = str(info.value)
+    assert f"PJRT_DEVICE={device}, but this machine has {named}" in message
+    assert "PJRT_DEVICE=CPU" in message and "os.environ.pop('PJRT_DEVICE')" in message
+
+
+def test_a_device_shown_by_its_device_files_is_not_refused():
+    # A container may show a TPU's device files but not its PCI bus: xmp.spawn still knows.
+    hw = hardware.Hardware(pjrt_device="TPU", tpu_chips=0, device_files=("/dev/vfio/0",))
+    assert hardware.plan_replicas(None, hw).device_type == "TPU"
+    gpu = hardware.Hardware(pjrt_device="CUDA", device_files=("/dev/nvidia0",))
+    assert hardware.plan_replicas(None, gpu).device_type == "CUDA"
+
+
+def test_a_launch_that_starts_no_replica_is_reported_with_its_cause():
+    from colab_xla.outcome import ReplicaError
+
+    outcome = RunOutcome("NEURON", elapsed=0.1, launch_error=ReplicaError(
+        "launch", "ModuleNotFoundError", "No module named 'libneuronxla'",
+        "Traceback (most recent call last):\nModuleNotFoundError: No module named 'libneuronxla'\n"))
+    assert not outcome.ok
+    error = str(XlaSpawnError(outcome))
+    assert error.startswith("the replicas could not be started (ModuleNotFoundError: No module "
+                            "named 'libneuronxla')")
+    assert "Traceback" in error
+    assert text_view.headline(outcome) == ("0 replicas on NEURON: not started "
+                                           "(ModuleNotFoundError) in 0.10 s")
+
+# --- the magic's line --------------------------------------------------------------------
+
+from colab_xla.options import LineError, split_line  # noqa: E402
+
+
+@pytest.mark.parametrize("line, argv", [
+    ('--env XLA_FLAGS="--xla_a --xla_b=1" -n 2', ["--env", "XLA_FLAGS=--xla_a --xla_b=1", "-n", "2"]),
+    ("--env 'A=x y'", ["--env", "A=x y"]),
+    ("--env A=it\\'s --env B='\"q\"'", ["--env", "A=it's", "--env", 'B="q"']),
+    ("--env A=#1 --cache ''", ["--env", "A=#1", "--cache", ""]),  # "#" is text; '' is empty
+    ("  ", []),
+])
+def test_the_line_is_split_as_a_shell_would(line, argv):
+    assert split_line(line) == argv
+
+
+@pytest.mark.parametrize("line, where", [
+    ('--env A="x y', 'the " at column 9 opens a quoted value that is never closed'),
+    ('-n 2 --env A="x \\" y', 'the " at column 14 opens a quoted value'),  # \" is no end
+    ("-n 2 --env A='x' -o 'it", "the ' at column 21 opens a quoted value"),
+    ("-o out\\", "the line ends with a backslash"),
+])
+def test_an_unsplittable_line_says_what_is_wrong_and_what_to_do(line, where):
+    with pytest.raises(LineError) as info:
+        split_line(line)
+    assert str(info.value).startswith(f"%%xla_spawn {line}: {where}")
+    assert "Close it" in str(info.value) or "Remove it" in str(info.value)
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0.0, -1.0])
+def test_run_cell_refuses_a_timeout_that_is_not_a_positive_number(timeout):
+    from colab_xla.run import run_cell
+
+    with pytest.raises(ValueError, match=r"--timeout \S+: the timeout must be more than 0 "
+                                         "seconds and finite"):
+        run_cell("index", nprocs=2, timeout=timeout)
+
+
+def test_pull_names_keep_their_order_once_each_and_an_empty_pull_is_refused():
+    from colab_xla.options import pull_names
+
+    assert pull_names(["model,losses", " model ", "a,a"]) == ["model", "losses", "a"]
+    for empty in ("", " , "):
+        with pytest.raises(ValueError, match="give one NAME or more"):
+            pull_names([empty])
+
+
+@pytest.mark.parametrize("name, pull, match", [
+    ("class", [], "-o class: NAME must be a Python identifier"),
+    ("", [], "-o '': NAME must be a Python identifier"),
+    ("model", ["model"], "-o model and --pull model would both store into the notebook's model"),
+])
+def test_output_names_the_notebook_cannot_use_or_that_pull_overwrites_are_refused(name, pull,
+                                                                                  match):
+    from colab_xla.options import check_output
+
+    with pytest.raises(ValueError, match=match):
+        check_output(name, pull)
+
+
+def test_an_env_key_given_twice_with_two_values_is_refused_and_the_same_twice_is_fine():
+    assert launch.parse_env(["A=1", "A=1"]) == {"A": "1"}
+    with pytest.raises(ValueError, match=r"--env A=1 and --env 'A=x y' set A twice: keep one"):
+        launch.parse_env(["A=1", "A=x y"])
+
+
+def test_a_pull_of_a_keyword_is_refused():
+    with pytest.raises(ValueError, match="--pull for: each NAME must be a Python identifier"):
+        check_options({}, ["for"], None)
+
+
+def test_an_empty_cache_directory_is_refused_not_taken_for_the_working_directory(tmp_path,
+                                                                                 monkeypatch):
+    from colab_xla.run import _cache_dir
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="--cache '': give a directory"):
+        _cache_dir("")

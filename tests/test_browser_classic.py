@@ -1,0 +1,133 @@
+"""The live widget under ipywidgets 7, as Colab's stack has it: the classic Notebook (6.5) in
+headless chromium runs a ``%%xla_spawn -n 4`` cell with one failing replica; the widget
+shows the header, the "all" tab and one tab per replica with its mark, output, result and
+traceback, and the cell ends with an XlaSpawnError. Colab's own frontend cannot run here;
+the classic Notebook with the widgets nbextension is the ipywidgets 7 frontend that can.
+
+Runs in the ``colab`` stack (``scripts/test`` runs it there with ``-m browser_classic``),
+whose kernels have IPython 7.34, ipykernel 6.17.1 and ipywidgets 7.7.1. The frontend is
+widgetsnbextension 3.6.1, the release made with ipywidgets 7.7.1, from the directory that
+``scripts/env --stack colab`` fills (``$COLAB_XLA_CLASSIC_FRONTEND``): the 3.6.10 that Colab's
+image pins (and never serves: Colab draws widgets itself) cannot create ipywidgets 7.7.1's
+Output model in this frontend ("_deserialize_state is not a function"), whoever made the
+widget. A full-page screenshot is left in ``test-artifacts/widget-classic.png``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+import _jupyterlab as lab  # tests/ is on sys.path (rootdir-relative import mode)
+from test_browser import FAILING, REPLICAS, SPAWN_CELL, require_browser_stack, write_notebook
+
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPO / "test-artifacts"
+RUN_TIMEOUT = 180  # s, from Run All to a finished widget
+FRONTEND_VAR = "COLAB_XLA_CLASSIC_FRONTEND"
+
+_CONNECTED_JS = ("() => !!(window.Jupyter && Jupyter.notebook && Jupyter.notebook.kernel"
+                 " && Jupyter.notebook.kernel.is_connected())")
+
+
+def tab_labels(widget) -> list:
+    """ipywidgets 7 draws tabs with phosphor (``p-``), 8 with lumino (``lm-``)."""
+    return [t.strip() for t in
+            widget.locator(".p-TabBar-tabLabel, .lm-TabBar-tabLabel").all_inner_texts()]
+
+
+def show_tab(widget, label: str) -> str:
+    widget.locator(".p-TabBar-tab, .lm-TabBar-tab", has_text=label).first.click()
+    page = widget.locator(".widget-tab-contents > :not(.p-mod-hidden):not(.lm-mod-hidden)").first
+    page.wait_for(state="visible", timeout=10_000)
+    return page.inner_text()
+
+
+@pytest.mark.browser_classic
+@pytest.mark.timeout(300)
+def test_widget_in_the_classic_notebook_under_ipywidgets_7(tmp_path):
+    import ipywidgets
+
+    sync_playwright = require_browser_stack()
+    from colab_xla.tools.run_notebooks import kernel_env
+
+    assert ipywidgets.__version__.startswith("7."), (
+        f"this test is for ipywidgets 7 (Colab's); this stack has {ipywidgets.__version__}")
+    frontend = os.environ.get(FRONTEND_VAR)
+    assert frontend and Path(frontend, "share", "jupyter", "nbextensions").is_dir(), (
+        f"${FRONTEND_VAR} must name the widget frontend that `scripts/env --stack colab` "
+        f"installs (got {frontend!r})")
+    root = tmp_path / "root"
+    root.mkdir()
+    write_notebook(root / "widget.ipynb")
+    ARTIFACTS.mkdir(exist_ok=True)
+    screenshot = ARTIFACTS / "widget-classic.png"
+    screenshot.unlink(missing_ok=True)
+
+    server = lab.ClassicNotebookServer(root, tmp_path / "state", kernel_env(),
+                                       frontend_dir=Path(frontend))
+    with _started(server), sync_playwright() as pw:
+        browser = lab.launch_chromium(pw)
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        page.set_default_timeout(30_000)
+        console_errors = []
+        page.on("console", lambda m: m.type == "error" and console_errors.append(m.text))
+        try:
+            page.goto(f"{server.url}/notebooks/widget.ipynb", wait_until="domcontentloaded")
+            page.wait_for_function(_CONNECTED_JS, timeout=120_000, polling=200)
+            page.evaluate("() => Jupyter.notebook.execute_all_cells()")
+
+            cells = page.locator("#notebook .cell.code_cell")
+            spawn = cells.nth(1)
+            widget = spawn.locator(".widget-tab")
+
+            def finished():
+                if widget.count() != 1:
+                    return False
+                labels = tab_labels(widget)
+                return len(labels) == REPLICAS + 1 and not any("▶" in t for t in labels)
+
+            def state():
+                return (f"a finished widget (widgets: {widget.count()}; cell text: "
+                        f"{spawn.inner_text()[-2000:]!r}; console errors: {console_errors[:5]}; "
+                        f"server log: {server.log_tail(2000)})")
+
+            lab.wait_until(finished, RUN_TIMEOUT, what=state)
+            assert tab_labels(widget) == ["all", "0 ✓", "1 ✓", "2 ✗", "3 ✓"]
+
+            header = spawn.locator(".widget-html-content").first.inner_text()
+            assert f"{REPLICAS} replicas" in header and f"failed: replica {FAILING}" in header
+
+            combined = show_tab(widget, "all")
+            for i in range(REPLICAS):
+                assert f"[replica {i}] hello from {i}" in combined, combined
+            ok = show_tab(widget, "1 ✓")
+            assert "hello from 1" in ok and "Out: 10" in ok and "hello from 2" not in ok, ok
+            failed = show_tab(widget, "2 ✗")
+            assert "ValueError: replica two fails" in failed and "Cell In[" in failed, failed
+            assert re.search(rf"replica {FAILING} · failed", failed), failed
+
+            error = spawn.locator(".output_error").all_inner_texts()
+            assert any("XlaSpawnError" in e for e in error), spawn.inner_text()
+            assert not [e for e in console_errors if "model" in e.lower()], console_errors
+        finally:
+            try:
+                page.screenshot(path=str(screenshot), full_page=True)
+            finally:
+                browser.close()
+
+
+class _started:
+    """``with``: the server, started, and stopped (its whole process group) afterwards."""
+
+    def __init__(self, server):
+        self.server = server
+
+    def __enter__(self):
+        return self.server.start()
+
+    def __exit__(self, *exc):
+        self.server.stop()

@@ -1,0 +1,51 @@
+"""Errors a hostile cell makes, reported as what they are (issue #12), with real replicas."""
+
+import pytest
+
+from colab_xla.outcome import XlaSpawnError
+from colab_xla.run import run_cell
+
+pytestmark = [pytest.mark.xla, pytest.mark.timeout(180)]
+
+
+def run(source, n=2, **kw):
+    return run_cell(source, nprocs=n, announce=None, **kw)
+
+
+def test_an_exception_whose_str_raises_is_reported_not_a_crash():
+    outcome = run("class Odd(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\n"
+                  "raise Odd()")
+    assert outcome.failed == [0, 1]
+    for rep in outcome.replicas.values():
+        assert rep.error.kind == "exception" and rep.error.ename == "Odd", rep.error
+        assert "str() failed" in rep.error.evalue
+        assert "Cell In[" not in rep.error.render() or "raise Odd()" in rep.error.render()
+
+
+def test_keyboard_interrupt_raised_by_the_cell_is_an_error_of_the_cell_not_an_interrupt():
+    outcome = run("if index == 1:\n    raise KeyboardInterrupt('from the cell')\nindex")
+    assert not outcome.interrupted
+    error = outcome.replicas[1].error
+    assert error.kind == "exception" and error.ename == "KeyboardInterrupt"
+    assert "line 3" in error.render() and "from the cell" in error.render()
+    assert outcome.results() == {0: 0}
+
+
+def test_an_exception_class_of_the_cell_reads_as_the_cell_wrote_it_and_groups():
+    outcome = run("class B(Exception):\n    pass\nraise B('same on every replica')", n=3)
+    groups = outcome.error_groups()
+    assert [ordinals for _, ordinals in groups] == [[0, 1, 2]]
+    text = groups[0][0].render()
+    assert text.splitlines()[-1] == "B: same on every replica"
+    assert "xla_cell_" not in text
+    assert str(XlaSpawnError(outcome)).startswith("3 of 3 replicas failed (B)")
+
+
+def test_os_exit_in_one_replica_names_that_replica_and_the_call():
+    outcome = run("import os, time\nif index == 1:\n    os._exit(0)\ntime.sleep(30)", n=3)
+    died = outcome.replicas[1].error
+    assert died.kind == "died"
+    assert "replica 1 called os._exit(0)" in died.evalue
+    for other in (0, 2):  # threads of the same process: they went with it
+        assert "replica 1 called os._exit(0)" in outcome.replicas[other].error.evalue
+    assert "without an exit code" not in str(XlaSpawnError(outcome))
