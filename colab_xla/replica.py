@@ -452,6 +452,7 @@ class _ProcessState:
             self.user_ns, self.cell = self._load_names(job), job.cell
         _text_progress_bars()
         _send_cell_definitions_by_value()
+        _serialize_forks()
         _report_exits(self.writer)
         if job.cache_dir:
             self._initialize_cache(job.cache_dir)
@@ -999,6 +1000,24 @@ def _send_cell_definitions_by_value() -> None:
         return NotImplemented
 
     ForkingPickler.reducer_override = reducer_override
+
+
+def _serialize_forks() -> None:
+    """Replicas that are threads of one process fork one at a time (DataLoader workers, a
+    Pool). On Python 3.12+, filelock 4.2 (torch imports it) audits os.fork and makes it raise
+    RuntimeError("os.fork is unsafe while filelock is changing descriptor ownership") while
+    another thread of the process is inside os.fork, which concurrent replicas often are."""
+    if getattr(os.fork, "_colab_xla_serialized", False):
+        return
+    real_fork, lock = os.fork, threading.Lock()
+
+    @functools.wraps(real_fork)
+    def fork():
+        with lock:  # in the child too: the forking thread is the one that goes on there
+            return real_fork()
+
+    fork._colab_xla_serialized = True
+    os.fork = fork
 
 
 def _importable(obj) -> bool:

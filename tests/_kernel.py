@@ -8,6 +8,7 @@ exactly the processes it started that are still alive (by pid, never by name).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import signal
 import time
@@ -15,7 +16,19 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import psutil
+import zmq
 from jupyter_client import KernelManager
+
+
+def shell_msg_ready(kc) -> bool:
+    """Whether a shell reply waits for ``kc`` (a blocking client), without reading it.
+    jupyter_client 7 (Colab's) gives the blocking client async channels, whose msg_ready()
+    is a coroutine, truthy without being awaited: poll the socket itself there."""
+    ready = kc.shell_channel.msg_ready()
+    if inspect.iscoroutine(ready):
+        ready.close()
+        return bool(zmq.Socket.shadow(kc.shell_channel.socket.underlying).poll(0))
+    return bool(ready)
 
 
 @dataclass

@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from _kernel import Kernel, wait_until_gone  # tests/ is on sys.path
+from _kernel import Kernel, shell_msg_ready, wait_until_gone  # tests/ is on sys.path
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
@@ -18,7 +18,7 @@ def wait_for_files(paths, timeout: float = 120, kernel: Kernel = None, msg_id=No
     """Poll until every path exists with content (a replica wrote it); their contents."""
     deadline = time.monotonic() + timeout
     while not all(Path(p).exists() and Path(p).read_text() for p in paths):
-        if kernel is not None and kernel.kc.shell_channel.msg_ready():
+        if kernel is not None and shell_msg_ready(kernel.kc):
             reply = kernel.wait(msg_id)
             pytest.fail(f"the cell ended before its replicas wrote {paths}:\n{reply.text}")
         assert time.monotonic() < deadline, f"no replica wrote {paths} in {timeout} s"

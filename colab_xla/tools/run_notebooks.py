@@ -16,6 +16,7 @@ notebook failed.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -84,7 +85,10 @@ def execute_notebook(path, out_dir, timeout: float = DEFAULT_TIMEOUT, *,
     html_path = out_dir / (path.stem + ".html")
 
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, kernel_name="python3", timeout=timeout,
+    # nbclient's timeout is an Integer trait: traitlets 5.7.1 (Colab's pin) refuses
+    # a float such as --timeout 240's 240.0 (newer traitlets take it).
+    client = NotebookClient(nb, kernel_name="python3",
+                            timeout=None if timeout is None else math.ceil(timeout),
                             store_widget_state=True,
                             resources={"metadata": {"path": str(path.parent)}})
     failure: Optional[BaseException] = None
