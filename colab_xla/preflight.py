@@ -140,6 +140,27 @@ def runtime_problems() -> List[Problem]:
     return []
 
 
+# Threads every kernel runs (ipykernel's IOPub, heartbeat, control, parent poller; IPython's
+# history saver; zmq's and tornado's), and colab_xla's own: a forked replica never touches
+# what they hold (it has its own streams and channel), so they are no reason to warn.
+_KERNEL_THREAD_MODULES = ("ipykernel", "IPython", "jupyter_client", "zmq", "tornado",
+                          "asyncio", "colab_xla", "concurrent.futures", "multiprocessing")
+
+
+def foreign_threads() -> List[threading.Thread]:
+    """Threads of this process other than the main thread, the kernel's and colab_xla's:
+    the ones a lock held at fork time could belong to (the cell's, a library's)."""
+    found = []
+    for thread in threading.enumerate():
+        if thread is threading.main_thread() or thread.name.startswith("colab_xla"):
+            continue
+        target = getattr(thread, "_target", None)
+        module = getattr(target, "__module__", None) or type(thread).__module__
+        if not module.startswith(_KERNEL_THREAD_MODULES):
+            found.append(thread)
+    return found
+
+
 def launch_problems(launch, environ: Mapping[str, str], *, python=sys.version_info,
                     threads: Optional[int] = None,
                     cuda_initialized: Optional[bool] = None) -> List[Problem]:
@@ -165,10 +186,11 @@ def launch_problems(launch, environ: Mapping[str, str], *, python=sys.version_in
                          "replica cannot use CUDA (it fails or hangs on its first CUDA call).",
             "Use --start-method forkserver (warm after its first run, about as fast as fork) "
             "or --start-method spawn.", fatal=False))
-    threads = threading.active_count() if threads is None else threads
-    if python >= (3, 12) and threads > 1:
+    threads = len(foreign_threads()) if threads is None else threads
+    if python >= (3, 12) and threads > 0:
         problems.append(Problem(
-            "fork-threads", f"this process runs {threads} threads, and Python 3.12+ warns "
+            "fork-threads", f"this process runs {threads} thread{'s' if threads != 1 else ''} "
+                            "besides the kernel's, and Python 3.12+ warns "
                             "that fork of a multi-threaded process may deadlock the child (a "
                             "lock another thread held at the fork stays locked in it).",
             "colab_xla forks holding none of its own locks; if replicas hang before their "

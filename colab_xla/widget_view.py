@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import collections
 import html
-import time
 import contextlib
+import time
 from typing import Deque, Dict, List, Optional, Tuple
 
 import ipywidgets as widgets
@@ -37,6 +37,8 @@ _MERGE_WINDOW = 64
 # to that older cell too (update_display by display_id), so nothing a person reads vanishes.
 # About 10 widgets plus 4 per replica (their layouts and styles included) per run.
 LIVE_RUNS = 5
+# What the live display says where widgets cannot show (its summary replaces it at the end).
+LIVE_TEXT = "colab_xla: the run's live view (a widget); its summary replaces this at the end."
 _live: Deque["WidgetView"] = collections.deque()
 
 
@@ -68,7 +70,11 @@ class WidgetView(RunObserver):
         _live.append(self)
         self._started = time.monotonic()
         self._draw_header(outcome)
-        self._handle = display(self.box, display_id=True)
+        # The display data, not the widget: IPython 7 (Colab) hands a widget to its own
+        # _ipython_display_, which drops display_id, and the closing update would match
+        # no display (the saved cell would keep the widget's repr, not the summary).
+        self._handle = display({**widget_bundle(self.box), "text/plain": LIVE_TEXT},
+                               raw=True, display_id=True)
 
     def started(self, outcome: RunOutcome, ordinal: int) -> None:
         self._ensure_tab(ordinal)
