@@ -60,13 +60,16 @@ def require_browser_stack():
 
 
 def tab_labels(widget) -> list:
-    return [t.strip() for t in widget.locator(".lm-TabBar-tabLabel").all_inner_texts()]
+    """The widget's tab titles: ipywidgets 8 draws tabs with lumino (``lm-``), 7 with
+    phosphor (``p-``; tests/test_browser_classic.py)."""
+    return [t.strip() for t in
+            widget.locator(".lm-TabBar-tabLabel, .p-TabBar-tabLabel").all_inner_texts()]
 
 
 def show_tab(widget, label: str) -> str:
     """Click the tab titled ``label``; return the text of the tab's (now visible) page."""
-    widget.locator(".lm-TabBar-tab", has_text=label).first.click()
-    page = widget.locator(".widget-tab-contents > :not(.lm-mod-hidden)").first
+    widget.locator(".lm-TabBar-tab, .p-TabBar-tab", has_text=label).first.click()
+    page = widget.locator(".widget-tab-contents > :not(.lm-mod-hidden):not(.p-mod-hidden)").first
     page.wait_for(state="visible", timeout=10_000)
     return page.inner_text()
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 import _jupyterlab as lab  # tests/ is on sys.path (rootdir-relative import mode)
-from test_browser import FAILING, REPLICAS, require_browser_stack, write_notebook
+from test_browser import (FAILING, REPLICAS, require_browser_stack, show_tab, tab_labels,
+                          write_notebook)
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
@@ -31,19 +32,6 @@ FRONTEND_VAR = "COLAB_XLA_CLASSIC_FRONTEND"
 
 _CONNECTED_JS = ("() => !!(window.Jupyter && Jupyter.notebook && Jupyter.notebook.kernel"
                  " && Jupyter.notebook.kernel.is_connected())")
-
-
-def tab_labels(widget) -> list:
-    """ipywidgets 7 draws tabs with phosphor (``p-``), 8 with lumino (``lm-``)."""
-    return [t.strip() for t in
-            widget.locator(".p-TabBar-tabLabel, .lm-TabBar-tabLabel").all_inner_texts()]
-
-
-def show_tab(widget, label: str) -> str:
-    widget.locator(".p-TabBar-tab, .lm-TabBar-tab", has_text=label).first.click()
-    page = widget.locator(".widget-tab-contents > :not(.p-mod-hidden):not(.lm-mod-hidden)").first
-    page.wait_for(state="visible", timeout=10_000)
-    return page.inner_text()
 
 
 @pytest.mark.browser_classic

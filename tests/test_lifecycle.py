@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -62,12 +61,6 @@ def test_a_cell_that_spawns_replicas_itself_is_refused_with_its_line(call):
 # --- registry and %xla_doctor (units, with real processes) -----------------------------------
 
 
-@pytest.fixture
-def private_state(tmp_path, monkeypatch):
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(registry, "_state_dir", None)
-    yield tmp_path
-    monkeypatch.setattr(registry, "_state_dir", None)
 
 
 def test_state_dir_is_private_and_a_foreign_one_is_refused(private_state):

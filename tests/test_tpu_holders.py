@@ -4,12 +4,11 @@ processes, and the refusal before anything starts. No TPU, no replicas."""
 import os
 import subprocess
 import sys
-import tempfile
 
 import psutil
 import pytest
 
-from colab_xla import doctor, hardware, preflight, registry, run, tpu_holders
+from colab_xla import doctor, hardware, preflight, run, tpu_holders
 from colab_xla.tpu_holders import Holder, Scan
 
 # --- a fake /proc ----------------------------------------------------------------------------
@@ -242,12 +241,6 @@ HELD = Scan((Holder(4242, "python3 jax_job.py", "root", ("/dev/vfio/0",), True),
             tpu_holders.LOCKFILE, "held")
 
 
-@pytest.fixture
-def private_state(tmp_path, monkeypatch):
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(registry, "_state_dir", None)
-    yield tmp_path
-    monkeypatch.setattr(registry, "_state_dir", None)
 
 
 def test_preflight_checks_holders_on_a_tpu_plan_only(monkeypatch, private_state):

@@ -123,7 +123,7 @@ def test_the_widget_display_data_is_what_ipywidgets_itself_displays(monkeypatch)
 
 def test_only_the_last_runs_keep_live_widgets_and_older_ones_show_their_summary(monkeypatch):
     """Issue #12: every run left ~31 live widgets in the kernel for good."""
-    widgets = pytest.importorskip("ipywidgets")
+    pytest.importorskip("ipywidgets")
     from colab_xla import widget_view
 
     def live():
