@@ -774,13 +774,30 @@ class _ThreadStream:
 
 
 def _thread_stream_property(name: str) -> property:
+    # importlib makes every new module as ``type(sys)(name)``: once ``sys`` is a
+    # _ReplicaSys, so are modules imported later, and on them these are plain attributes
+    # (IPython 7's IPython.utils.io assigns its own ``stdout``).
     def get(module):
-        return module.__dict__[name].target()
+        try:
+            value = module.__dict__[name]
+        except KeyError:
+            raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}") from None
+        return value.target() if isinstance(value, _ThreadStream) else value
 
     def set_(module, stream):
-        module.__dict__[name].redirect(stream)
+        value = module.__dict__.get(name)
+        if module is sys and isinstance(value, _ThreadStream):
+            value.redirect(stream)
+        else:
+            module.__dict__[name] = stream
 
-    return property(get, set_, doc=f"``sys.{name}`` of the calling thread")
+    def delete(module):
+        try:
+            del module.__dict__[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    return property(get, set_, delete, doc=f"``sys.{name}`` of the calling thread")
 
 
 class _ReplicaSys(types.ModuleType):

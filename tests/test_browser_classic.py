@@ -75,8 +75,9 @@ def test_widget_in_the_classic_notebook_under_ipywidgets_7(tmp_path):
             def finished():
                 if widget.count() != 1:
                     return False
-                labels = tab_labels(widget)
-                return len(labels) == REPLICAS + 1 and not any("▶" in t for t in labels)
+                labels = tab_labels(widget)  # ipywidgets 7 titles a new tab a moment later
+                return (len(labels) == REPLICAS + 1 and all(labels)
+                        and not any("▶" in t for t in labels))
 
             def state():
                 return (f"a finished widget (widgets: {widget.count()}; cell text: "

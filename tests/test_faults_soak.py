@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 import colab_xla
-from _kernel import Kernel  # tests/ is on sys.path
+from _kernel import Kernel, shell_msg_ready  # tests/ is on sys.path
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
 
@@ -68,7 +68,7 @@ def run_one(k: Kernel, kind: str, mark: Path) -> None:
         files = [Path(f"{mark}.{i}") for i in range(2)]
         deadline = time.monotonic() + 60
         while not all(f.exists() for f in files):  # the replicas run: interrupt now
-            assert not k.kc.shell_channel.msg_ready(), f"{kind}: the cell ended first"
+            assert not shell_msg_ready(k.kc), f"{kind}: the cell ended first"
             assert time.monotonic() < deadline, f"{kind}: replicas did not start"
             time.sleep(0.01)
         k.interrupt()  # once: a lost Interrupt hangs the cell and fails below
