@@ -141,10 +141,12 @@ def runtime_problems() -> List[Problem]:
 
 
 # Threads every kernel runs (ipykernel's IOPub, heartbeat, control, parent poller; IPython's
-# history saver; zmq's and tornado's), and colab_xla's own: a forked replica never touches
-# what they hold (it has its own streams and channel), so they are no reason to warn.
+# history saver; zmq's and tornado's), colab_xla's own and those of the pools it starts, and
+# torch's compile-worker reader (torch 2.8 starts it with torch_xla): a forked replica never
+# touches what they hold (it has its own streams and channel), so they are no reason to warn.
 _KERNEL_THREAD_MODULES = ("ipykernel", "IPython", "jupyter_client", "zmq", "tornado",
-                          "asyncio", "colab_xla", "concurrent.futures", "multiprocessing")
+                          "asyncio", "colab_xla", "concurrent.futures", "multiprocessing",
+                          "torch._inductor.compile_worker")
 
 
 def foreign_threads() -> List[threading.Thread]:

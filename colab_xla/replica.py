@@ -786,7 +786,7 @@ def _thread_stream_property(name: str) -> property:
 
     def set_(module, stream):
         value = module.__dict__.get(name)
-        if module is sys and isinstance(value, _ThreadStream):
+        if isinstance(value, _ThreadStream):  # sys (a new module never holds one)
             value.redirect(stream)
         else:
             module.__dict__[name] = stream
