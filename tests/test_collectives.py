@@ -27,7 +27,9 @@ def test_eight_cpu_replicas_on_two_cores_communicate_every_time():
     for attempt in range(5):  # a race shows up as a failed attempt, not as a rare flake
         outcome = run_cell(CELL, nprocs=n, announce=None, timeout=120)
         assert outcome.ok, (attempt, {o: r.error.render() for o, r in outcome.replicas.items()
-                                      if r.error})
+                                      if r.error},
+                            {label: log.tail_text()[-6000:]  # a native crash's stacks
+                             for label, log in outcome.processes.items()})
         assert outcome.results() == {o: expected for o in range(n)}, attempt
 
 
@@ -69,7 +71,9 @@ def test_a_training_loop_with_optimizer_step_keeps_eight_replicas_identical():
     for attempt in range(3):
         outcome = run_cell(TRAIN, nprocs=8, announce=None, timeout=240, user_ns={"BASE": base})
         assert outcome.ok, (attempt, {o: r.error.render() for o, r in outcome.replicas.items()
-                                      if r.error})
+                                      if r.error},
+                            {label: log.tail_text()[-6000:]  # a native crash's stacks
+                             for label, log in outcome.processes.items()})
         params = outcome.results()
         for o in range(8):
             assert [line.split(" loss")[0] for line in outcome.replicas[o].text.splitlines()] \
