@@ -11,7 +11,6 @@ Example::
 
 from __future__ import annotations
 
-import glob
 import importlib.metadata
 import os
 import platform
@@ -50,7 +49,7 @@ def where(environ: Mapping[str, str]) -> str:
         return "Google Colab"
     if "KAGGLE_KERNEL_RUN_TYPE" in environ or "KAGGLE_URL_BASE" in environ:
         return "Kaggle"
-    if "TPU_ACCELERATOR_TYPE" in environ or glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+    if "TPU_ACCELERATOR_TYPE" in environ or hardware.device_files("TPU"):
         return "a TPU VM"
     return f"a local machine ({platform.system()} {platform.machine()}, {os.cpu_count()} CPUs)"
 
@@ -136,6 +135,6 @@ def diagnose(environ: Mapping[str, str] = os.environ, history: Sequence[str] = (
 
     holders = tpu_holders.scan()
     report.facts.append(("TPU held by", tpu_holders.fact(holders)))
-    if (hw.pjrt_device or ("TPU" if hw.tpu_chips else "CPU")).upper().startswith("TPU"):
+    if hw.device == "TPU":
         report.problems += tpu_holders.problems(holders, {left.pid for left in found})
     return report

@@ -113,6 +113,16 @@ class Hardware:
     # device that none shows, and no PCI chip either, is not on this machine.
     device_files: Tuple[str, ...] = ()
 
+    @property
+    def device(self) -> str:
+        """The device type replicas run on: PJRT_DEVICE's (``"TPU"`` for ``TPU_C_API``),
+        else TPU where the PCI bus shows chips, else CPU."""
+        return _device_type(self.pjrt_device or ("TPU" if self.tpu_chips else "CPU"))
+
+
+def _device_type(pjrt_device: str) -> str:
+    return pjrt_device.upper().split("_")[0]
+
 
 @dataclass(frozen=True)
 class ReplicaPlan:
@@ -178,7 +188,7 @@ def plan_replicas(requested: Optional[int], hw: Hardware) -> ReplicaPlan:
     """
     if requested is not None and requested < 1:
         raise ReplicaCountError(f"-n {requested}: the number of replicas must be 1 or more.")
-    device = (hw.pjrt_device or ("TPU" if hw.tpu_chips else "CPU")).upper().split("_")[0]
+    device = hw.device
 
     if device == "CPU":
         if requested is None and hw.bad_cpu_num_devices is not None:
@@ -252,8 +262,13 @@ def detect(environ: Mapping[str, str] = os.environ) -> Hardware:
 
 
 def _device_files(pjrt_device: Optional[str]) -> Tuple[str, ...]:
-    patterns = DEVICE_FILES.get((pjrt_device or "").upper().split("_")[0], ())
-    return tuple(sorted(path for pattern in patterns for path in glob.glob(pattern)))
+    return device_files(_device_type(pjrt_device or ""))
+
+
+def device_files(device: str) -> Tuple[str, ...]:
+    """The device files of ``device`` ("TPU", "CUDA") this machine shows."""
+    return tuple(sorted(path for pattern in DEVICE_FILES.get(device, ())
+                        for path in glob.glob(pattern)))
 
 
 TORCH_XLA_INSTALL_HINT = (
