@@ -201,7 +201,9 @@ class XlaSpawnError(Exception):
         parts = []
         if out.launch_error is not None:
             error = out.launch_error
-            parts.append(f"the replicas could not be started ({error.ename}: {error.evalue})")
+            parts.append(f"the replicas could not be started ({error.ename}: {error.evalue}): "
+                         "xmp.spawn failed before any replica ran; the traceback below says "
+                         "where (a PJRT_DEVICE this torch_xla cannot start, a broken install)")
         if out.failed:
             parts.append(f"{len(out.failed)} of {total} failed ({kinds(out.failed)})")
         if out.killed:

@@ -110,8 +110,8 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
     Raises before anything starts, with a message that says what to do:
     ``EmptyCellError``, ``SyntaxError`` (with the cell's line), ``ReplicaCountError``,
     ``TorchXlaMissing``, ``ValueError`` (a bad option), ``PreflightError`` (SPMD on, a
-    cell that spawns replicas itself, the TPU held by another process, names that cannot be sent to a replica that does not
-    fork) and its kind :class:`RuntimeInitializedError`. Failures of replicas are not raised:
+    cell that spawns replicas itself, the TPU held by another process, names that cannot be
+    sent to a replica that does not fork) and its kind :class:`RuntimeInitializedError`. Failures of replicas are not raised:
     they are in the outcome (see ``outcome.failed``).
     """
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):  # nan > 0 is False
@@ -320,7 +320,7 @@ class _Run:
                 driver.start()
                 try:
                     self._read_until_done(read_fd, done_r)
-                except KeyboardInterrupt:  # not held: run_cell was called off the main thread
+                except KeyboardInterrupt:  # raised by a view's own code: an Interrupt too
                     self._interrupts.requested = True
                 if self._interrupts.requested:
                     self.outcome.interrupted = True
@@ -362,7 +362,6 @@ class _Run:
             os.write(done_w, b"x")
 
     def _read_until_done(self, read_fd: int, done_r: int) -> None:
-        self._decoder = channel.FrameDecoder()
         fds = [read_fd, done_r, *self._fd_sources]
         if self._interrupts.wake_fd is not None:
             fds.append(self._interrupts.wake_fd)
@@ -573,8 +572,8 @@ class _Run:
             same = "" if ordinal == rep.ordinal else (
                 f" (replica {rep.ordinal} ran as a thread of that process, so it ended too)")
             return (f"replica {ordinal} called os._exit({code}), which ended its process "
-                    f"(exit code {code}) before the cell finished{same}. Let the cell end instead (or "
-                    "sys.exit(), which ends only that replica).")
+                    f"(exit code {code}) before the cell finished{same}. Let the cell end "
+                    "instead (or sys.exit(), which ends only that replica).")
         self._new_children()
         for p in self._children.values():
             p.join(0)  # sets exitcode if the process is gone
@@ -586,8 +585,9 @@ class _Run:
             how = how or (f"killed by {signal_name}" if signal_name else "")
             if message:
                 return (f"the replica's process ended before the cell finished: "
-                        f"{how or 'a native crash'}; XLA said: {message!r}. The process "
-                        "output has the rest (and the stack of every thread).")
+                        f"{how or 'a native crash'}; XLA said: {message!r}. Fix what it names "
+                        "(a flag in XLA_FLAGS or --env, say) and run the cell again; the "
+                        "process output has the rest (and the stack of every thread).")
         cause = f" ({type(self._driver_error).__name__}: {self._driver_error})" \
             if self._driver_error else ""
         return (f"the replica's process ended before the cell finished: "
