@@ -36,8 +36,9 @@ LAUNCHERS = ("xmp", "launch")
 
 # What the forkserver imports once, so that the replicas it forks start warm; first, what
 # makes it die with the notebook's process.
-FORKSERVER_PRELOAD = ("colab_xla.forkserver_init", "colab_xla.replica", "colab_xla.run", "torch", "torch_xla", "torch_xla.runtime",
-                      "torch_xla.core.xla_model", "torch_xla.distributed.xla_multiprocessing")
+FORKSERVER_PRELOAD = ("colab_xla.forkserver_init", "colab_xla.replica", "colab_xla.run",
+                      "torch", "torch_xla", "torch_xla.runtime", "torch_xla.core.xla_model",
+                      "torch_xla.distributed.xla_multiprocessing")
 
 
 @dataclass(frozen=True)

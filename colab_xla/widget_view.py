@@ -14,8 +14,8 @@ The widgets of the last :data:`LIVE_RUNS` runs stay live; older ones are closed 
 from __future__ import annotations
 
 import collections
-import html
 import contextlib
+import html
 import time
 from typing import Deque, Dict, List, Optional, Tuple
 
