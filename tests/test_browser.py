@@ -107,7 +107,8 @@ def test_widget_in_jupyterlab(tmp_path):
                 if widget.count() != 1:
                     return False
                 labels = tab_labels(widget)
-                return len(labels) == REPLICAS + 1 and not any("▶" in t for t in labels)
+                done = len(labels) == REPLICAS + 1 and not any("▶" in t for t in labels)
+                return labels if done else None
 
             def state():
                 status = page.locator(".jp-Notebook-ExecutionIndicator").get_attribute("data-status")
@@ -116,9 +117,8 @@ def test_widget_in_jupyterlab(tmp_path):
                         f"cell text: {spawn.inner_text()[-2000:]!r}; "
                         f"server log: {server.log_tail(2000)})")
 
-            lab.wait_until(finished, RUN_TIMEOUT, what=state)
-
-            assert tab_labels(widget) == ["all", "0 ✓", "1 ✓", "2 ✗", "3 ✓"]
+            labels = lab.wait_until(finished, RUN_TIMEOUT, what=state)
+            assert labels == ["all", "0 ✓", "1 ✓", "2 ✗", "3 ✓"]
 
             header = spawn.locator(".widget-vbox .widget-html-content").first.inner_text()
             assert f"{REPLICAS} replicas" in header, header

@@ -73,19 +73,23 @@ def test_widget_in_the_classic_notebook_under_ipywidgets_7(tmp_path):
             widget = spawn.locator(".widget-tab")
 
             def finished():
-                if widget.count() != 1:
-                    return False
-                labels = tab_labels(widget)  # ipywidgets 7 titles a new tab a moment later
-                return (len(labels) == REPLICAS + 1 and all(labels)
+                """The tab titles, once the cell has ended (its error is shown: the closing
+                draw came before it) and the redrawn widget has titled every tab (ipywidgets
+                7 titles a new tab a moment after drawing it); else None."""
+                if spawn.locator(".output_error").count() == 0 or widget.count() != 1:
+                    return None
+                labels = tab_labels(widget)
+                done = (len(labels) == REPLICAS + 1 and all(labels)
                         and not any("▶" in t for t in labels))
+                return labels if done else None
 
             def state():
                 return (f"a finished widget (widgets: {widget.count()}; cell text: "
                         f"{spawn.inner_text()[-2000:]!r}; console errors: {console_errors[:5]}; "
                         f"server log: {server.log_tail(2000)})")
 
-            lab.wait_until(finished, RUN_TIMEOUT, what=state)
-            assert tab_labels(widget) == ["all", "0 ✓", "1 ✓", "2 ✗", "3 ✓"]
+            labels = lab.wait_until(finished, RUN_TIMEOUT, what=state)
+            assert labels == ["all", "0 ✓", "1 ✓", "2 ✗", "3 ✓"]
 
             header = spawn.locator(".widget-html-content").first.inner_text()
             assert f"{REPLICAS} replicas" in header and f"failed: replica {FAILING}" in header
