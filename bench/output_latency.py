@@ -2,7 +2,7 @@
 
 In one process, ``colab_xla.run.run_cell`` runs a cell in which every replica takes
 ``time.time()`` right before it prints one line carrying that timestamp, then sleeps (so
-the run is still going when the line arrives). A :class:`colab_xla.run.RunObserver`
+the run is still going when the line arrives). A :class:`colab_xla.outcome.RunObserver`
 records ``time.time()`` when each line reaches the notebook side (``output``, called by
 run_cell's reading loop: this is where a live view gets the line) and when the next
 ``tick`` comes after it (the live views draw at ticks: soon after the first output of a quiet
@@ -47,7 +47,7 @@ time.sleep({sleep!r})
 
 
 def make_observer():
-    from colab_xla.run import RunObserver
+    from colab_xla.outcome import RunObserver
 
     class Recorder(RunObserver):
         """Wall-clock arrival of every stamped line, and the times of ticks."""

@@ -160,6 +160,30 @@ class RunOutcome:
         return list(groups.values())
 
 
+class RunObserver:
+    """Hooks a live view implements, all called in the thread that called run_cell.
+
+    ``source`` of output is a replica ordinal, or a process label ("process 0") for output
+    no single replica owns; ``lines`` are the lines it completed (``\\r`` collapsed).
+    ``tick`` comes about every ``colab_xla.run.TICK_SECONDS`` (a quarter second) while the run goes on.
+    ``closed`` is not called by :func:`run_cell`: whoever called it calls ``closed`` once
+    it has used the outcome (the magic stores ``-o`` and ``--pull`` values first, so a
+    view that fails while drawing the end cannot lose them).
+    """
+
+    def opened(self, outcome: RunOutcome) -> None: ...
+
+    def started(self, outcome: RunOutcome, ordinal: int) -> None: ...
+
+    def output(self, outcome: RunOutcome, source, lines: List[str]) -> None: ...
+
+    def finished(self, outcome: RunOutcome, ordinal: int) -> None: ...
+
+    def tick(self, outcome: RunOutcome) -> None: ...
+
+    def closed(self, outcome: RunOutcome) -> None: ...
+
+
 def format_ordinals(ordinals: Iterable[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``"0-2, 5"``: compact replica lists for headings."""
     ordinals = sorted(set(ordinals))

@@ -42,7 +42,8 @@ from . import channel, hardware, interrupts, namespace, preflight, registry, rep
 from .cell import CellModule
 from .launch import Launch, environ, replica_environ, start, warm_forkserver
 from .options import is_name
-from .outcome import DONE, FAILED, KILLED, RETURN_PLAIN_DATA, ReplicaError, RunOutcome
+from .outcome import (DONE, FAILED, KILLED, RETURN_PLAIN_DATA, ReplicaError, RunObserver,
+                      RunOutcome)
 
 # Live views draw every TICK_SECONDS while output flows (a few updates a second keep the
 # browser responsive), and FIRST_DRAW_SECONDS after the first output of a quiet spell.
@@ -62,30 +63,6 @@ STARTUP, STARTUP_LABEL = -1, "process start-up"
 
 class RuntimeInitializedError(preflight.PreflightError):
     """The notebook's process already initialized XLA; replicas cannot start."""
-
-
-class RunObserver:
-    """Hooks a live view implements, all called in the thread that called run_cell.
-
-    ``source`` of output is a replica ordinal, or a process label ("process 0") for output
-    no single replica owns; ``lines`` are the lines it completed (``\\r`` collapsed).
-    ``tick`` comes about every :data:`TICK_SECONDS` while the run goes on.
-    ``closed`` is not called by :func:`run_cell`: whoever called it calls ``closed`` once
-    it has used the outcome (the magic stores ``-o`` and ``--pull`` values first, so a
-    view that fails while drawing the end cannot lose them).
-    """
-
-    def opened(self, outcome: RunOutcome) -> None: ...
-
-    def started(self, outcome: RunOutcome, ordinal: int) -> None: ...
-
-    def output(self, outcome: RunOutcome, source, lines: List[str]) -> None: ...
-
-    def finished(self, outcome: RunOutcome, ordinal: int) -> None: ...
-
-    def tick(self, outcome: RunOutcome) -> None: ...
-
-    def closed(self, outcome: RunOutcome) -> None: ...
 
 
 def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Mapping] = None,

@@ -254,7 +254,7 @@ def test_pull_brings_names_back_by_ordinal_with_xla_tensors_on_cpu():
         assert model.weight.device.type == "cpu" and float(model.weight.detach().sum()) == 6 * o
         assert states[o]["step"] == o and states[o]["weights"][0].device.type == "cpu"
     assert "Pulled: model (Linear), state (dict)" in __import__(
-        "colab_xla.text_view", fromlist=["render"]).render(outcome)
+        "colab_xla.views.text", fromlist=["render"]).render(outcome)
 
 
 def test_pull_from_one_replica_sends_only_its_values():

@@ -275,7 +275,7 @@ def test_loading_with_forkserver_as_default_starts_the_server_at_once(monkeypatc
 def test_a_view_that_fails_costs_no_result_and_the_text_view_takes_over(ip, capsys, monkeypatch,
                                                                        hook):
     from colab_xla import views
-    from colab_xla.run import RunObserver
+    from colab_xla.outcome import RunObserver
 
     class Broken(RunObserver):
         pass

@@ -108,7 +108,7 @@ def test_bytes_split_inside_a_character_arrive_as_one_character():
 
 def test_the_widget_view_redraws_a_long_line_as_its_start_only():
     from colab_xla.outcome import ReplicaOutcome, RunOutcome
-    from colab_xla.widget_view import WidgetView
+    from colab_xla.views.widget import WidgetView
 
     outcome = RunOutcome("CPU", {0: ReplicaOutcome(0, "running")})
     view = WidgetView()
@@ -128,7 +128,7 @@ def test_the_widget_view_redraws_a_long_line_as_its_start_only():
 def test_the_text_view_and_summaries_show_a_long_line_by_its_start():
     import io
 
-    from colab_xla import html_view, text_view
+    from colab_xla.views import html as html_view, text as text_view
     from colab_xla.outcome import ReplicaOutcome, RunOutcome
 
     outcome = RunOutcome("CPU", {0: ReplicaOutcome(0, "done", elapsed=1.0)})

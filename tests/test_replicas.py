@@ -329,7 +329,7 @@ def test_the_outcome_lists_replicas_by_ordinal_whatever_order_they_finished_in()
 
 
 def test_an_error_in_a_view_ends_the_run_cleanly(monkeypatch):
-    from colab_xla.run import RunObserver
+    from colab_xla.outcome import RunObserver
 
     class Broken(RunObserver):
         def started(self, outcome, ordinal):

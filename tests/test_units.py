@@ -9,7 +9,8 @@ import threading
 
 import pytest
 
-from colab_xla import channel, hardware, replica, text_view
+from colab_xla import channel, hardware, replica
+from colab_xla.views import text as text_view
 from colab_xla.cell import CellModule, EmptyCellError
 from colab_xla.outcome import (DONE, FAILED, ReplicaError, ReplicaOutcome, RunOutcome,
                                XlaSpawnError, format_ordinals)
@@ -359,7 +360,7 @@ def test_log_without_output_writes_no_file(tmp_path):
 
 
 def test_combined_view_labels_lines_and_merges_identical_ones_across_replicas():
-    from colab_xla.widget_view import WidgetView
+    from colab_xla.views.widget import WidgetView
 
     outcome = RunOutcome("CPU", {o: ReplicaOutcome(o) for o in range(3)})
     view = WidgetView()  # never displayed: only its bookkeeping is exercised

@@ -4,9 +4,10 @@ import io
 
 import pytest
 
-from colab_xla import text_view, views
+from colab_xla import views
+from colab_xla.views import text as text_view
 from colab_xla.outcome import ReplicaOutcome, RunOutcome
-from colab_xla.run import RunObserver
+from colab_xla.outcome import RunObserver
 
 
 def finished_outcome():
@@ -96,7 +97,7 @@ def test_the_text_view_is_chosen_without_a_kernel_or_when_asked():
 
 def test_the_widget_view_is_chosen_in_a_kernel():
     pytest.importorskip("ipywidgets")
-    from colab_xla.widget_view import WidgetView
+    from colab_xla.views.widget import WidgetView
 
     assert isinstance(views.choose("auto", has_kernel=True).view, WidgetView)
 
@@ -104,7 +105,7 @@ def test_the_widget_view_is_chosen_in_a_kernel():
 def test_the_widget_display_data_is_what_ipywidgets_itself_displays(monkeypatch):
     """ipywidgets 8 says it through _repr_mimebundle_, 7 through _ipython_display_."""
     widgets = pytest.importorskip("ipywidgets")
-    from colab_xla.widget_view import widget_bundle
+    from colab_xla.views.widget import widget_bundle
 
     box = widgets.VBox([widgets.HTML("x")])
     shown = []
@@ -124,7 +125,7 @@ def test_the_widget_display_data_is_what_ipywidgets_itself_displays(monkeypatch)
 def test_only_the_last_runs_keep_live_widgets_and_older_ones_show_their_summary(monkeypatch):
     """Issue #12: every run left ~31 live widgets in the kernel for good."""
     pytest.importorskip("ipywidgets")
-    from colab_xla import widget_view
+    from colab_xla.views import widget as widget_view
 
     def live():
         return {id(w) for w in widget_view._registry().values()}

@@ -1,12 +1,12 @@
 """The outcome of a run as static HTML: what a saved notebook, nbconvert or GitHub shows
-where the widget cannot render. Same content as :mod:`colab_xla.text_view`."""
+where the widget cannot render. Same content as :mod:`colab_xla.views.text`."""
 
 from __future__ import annotations
 
 import html
 
-from . import text_view
-from .outcome import DONE, FAILED, KILLED, RunOutcome, format_ordinals
+from . import text as text_view
+from ..outcome import DONE, FAILED, KILLED, RunOutcome, format_ordinals
 
 MARKS = {DONE: "✓", FAILED: "✗", KILLED: "■"}
 _COLORS = {DONE: "#1a7f37", FAILED: "#cf222e", KILLED: "#9a6700"}

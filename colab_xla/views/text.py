@@ -19,9 +19,8 @@ from __future__ import annotations
 import sys
 from typing import Dict, List, Optional
 
-from .outcome import ReplicaError, RunOutcome, ReplicaOutcome
-from .output_log import OutputLog, shorten
-from .run import RunObserver
+from ..outcome import ReplicaError, ReplicaOutcome, RunObserver, RunOutcome
+from ..output_log import OutputLog, shorten
 
 # Output lines per replica in a summary (the full log is on disk).
 SUMMARY_TAIL = 20

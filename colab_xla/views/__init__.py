@@ -24,9 +24,8 @@ from __future__ import annotations
 import sys
 from typing import List, Optional
 
-from . import text_view
-from .outcome import RunOutcome
-from .run import RunObserver
+from . import text as text_view
+from ..outcome import RunObserver, RunOutcome
 
 # How much of an exception's message the one line quotes.
 _REASON_CHARS = 200
@@ -37,7 +36,7 @@ def choose(kind: str, has_kernel: bool) -> RunObserver:
     kernel can show it and ipywidgets imports, else text), wrapped in a FallbackView."""
     if kind != "text" and has_kernel:
         try:
-            from .widget_view import WidgetView
+            from .widget import WidgetView
         except ImportError:  # ipywidgets missing: text still shows everything
             pass
         else:

@@ -22,10 +22,9 @@ from typing import Deque, Dict, List, Optional, Tuple
 import ipywidgets as widgets
 from IPython.display import display
 
-from . import html_view, text_view
-from .outcome import RunOutcome, format_ordinals
-from .output_log import shorten
-from .run import RunObserver
+from . import html as html_view, text as text_view
+from ..outcome import RunObserver, RunOutcome, format_ordinals
+from ..output_log import shorten
 
 COMBINED_LINES = 400
 # Look back this far for the same line from other replicas (merged into one row).
