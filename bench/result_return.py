@@ -41,7 +41,7 @@ from _results import (bench_parser, machine_info, machine_line, publish,  # noqa
 
 import torch  # noqa: E402
 
-from colab_xla import shared_tensors  # noqa: E402
+from colab_xla.transport import shared_tensors  # noqa: E402
 from colab_xla.run import run_cell  # noqa: E402
 
 NAME = "result_return"

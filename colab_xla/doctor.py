@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from . import hardware, launch, preflight, registry, tpu_holders
+from . import hardware, launch, preflight, processes, tpu_holders
 from .preflight import Problem
 
 # Calls that initialize the XLA runtime in the process that makes them.
@@ -128,7 +128,7 @@ def diagnose(environ: Mapping[str, str] = os.environ, history: Sequence[str] = (
         report.problems.append(Problem("start-method", f"COLAB_XLA_START_METHOD: {exc}",
                                        "Set it to fork, spawn or forkserver.", fatal=False))
 
-    found = registry.leftovers()
+    found = processes.leftovers()
     report.facts.append(("leftover processes", str(len(found))))
     if found:
         report.problems.append(preflight.leftovers_problem(found))

@@ -9,15 +9,15 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from . import doctor, registry, views
+from . import doctor, processes, views
 from .cell import EmptyCellError
 from .hardware import ReplicaCountError, TorchXlaMissing
 from .launch import LAUNCHERS, START_METHODS, Launch, parse_env
 from .options import LineError, check_output, pull_names, split_line
 from .outcome import XlaSpawnError
 from .preflight import PreflightError
-from .registry import UnsafeStateDir
 from .run import run_cell
+from .state import UnsafeStateDir
 
 
 @magics_class
@@ -191,7 +191,7 @@ class XlaMagics(Magics):
         """
         args = _parse(self.xla_doctor, line, "%xla_doctor")
         if args.kill_leftovers:
-            killed = registry.kill_leftovers()
+            killed = processes.kill_leftovers()
             print(f"killed {len(killed)} leftover process(es)"
                   + "".join(f"\n  {k.describe()}" for k in killed))
         print(doctor.diagnose(os.environ, self.shell.user_ns.get("In", ())).render())

@@ -201,7 +201,7 @@ def launch_problems(launch, environ: Mapping[str, str], *, python=sys.version_in
 
 
 def leftovers_problem(found) -> Optional[Problem]:
-    """Processes of earlier runs whose notebook process is gone (``registry.leftovers()``)."""
+    """Processes of earlier runs whose notebook process is gone (``processes.leftovers()``)."""
     if not found:
         return None
     return Problem(
@@ -220,8 +220,8 @@ def check(source: str, environ: Mapping[str, str], launch=None,
     if launch is not None:
         found += launch_problems(launch, environ)
     if device_type == "TPU":
-        from . import registry, tpu_holders
+        from . import processes, tpu_holders
         found += tpu_holders.problems(tpu_holders.scan(),
-                                      {left.pid for left in registry.leftovers()},
+                                      {left.pid for left in processes.leftovers()},
                                       refuse=environ.get("COLAB_XLA_TPU_HOLDERS") != "warn")
     return {"fatal": [p for p in found if p.fatal], "notes": [p for p in found if not p.fatal]}

@@ -38,10 +38,10 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import cloudpickle
 
-from . import namespace, shared_tensors
+from .transport import names, shared_tensors
 from .cell import CellModule
-from .channel import END, MAX_PAYLOAD, NOTE, START, STDERR, STDOUT, ChannelWriter
-from .namespace import REPLICA_NAMES  # noqa: F401 - they shadow notebook names
+from .transport.frames import END, MAX_PAYLOAD, NOTE, START, STDERR, STDOUT, ChannelWriter
+from .transport.names import REPLICA_NAMES  # noqa: F401 - they shadow notebook names
 from .outcome import RETURN_PLAIN_DATA, ReplicaError, ReplicaReport
 
 _VALUE_REPR_LIMIT = 500  # for the views; the value itself comes whole through -o
@@ -64,7 +64,7 @@ class ReplicaJob:
 
     run_id: str
     run_dir: str
-    channel_path: str  # the named pipe of frames (see colab_xla.channel)
+    channel_path: str  # the named pipe of frames (see colab_xla.transport.frames)
     parent_pid: int  # the replica process's parent: the notebook, or the forkserver
     lock: Any = None  # a Manager lock proxy (pickles, works across processes), if used
     # Named pipes (stdout, stderr), one pair per replica process (by local rank): C-level
@@ -81,7 +81,7 @@ class ReplicaJob:
     cache_dir: Optional[str] = None  # --cache: torch_xla's persistent compilation cache
     pull: Tuple[str, ...] = ()  # --pull: names sent back after the cell
     pull_from: Optional[int] = None  # --pull-from: only this replica sends them
-    shm_dir: Optional[str] = None  # where large CPU tensors go (colab_xla.shared_tensors)
+    shm_dir: Optional[str] = None  # where large CPU tensors go (colab_xla.transport.shared_tensors)
 
     def __reduce__(self):
         return _arrive, (dict(self.__dict__),)
@@ -460,7 +460,7 @@ class _ProcessState:
 
     def _load_names(self, job: ReplicaJob) -> Dict[str, Any]:
         try:
-            return namespace.unpack(job.names) if job.names else {}
+            return names.unpack(job.names) if job.names else {}
         except Exception as exc:  # noqa: BLE001 - every replica of the process says it
             message = (f"the notebook names the cell uses could not be loaded in the replica "
                        f"({type(exc).__name__}: {exc}). A module they need must be importable "

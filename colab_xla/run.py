@@ -38,7 +38,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import psutil
 
-from . import channel, hardware, interrupts, namespace, preflight, registry, replica, shared_tensors
+from . import hardware, interrupts, preflight, processes, replica, state
+from .transport import frames, names, shared_tensors
 from .cell import CellModule
 from .launch import Launch, environ, replica_environ, start, warm_forkserver
 from .options import is_name
@@ -121,9 +122,9 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
             error = (RuntimeInitializedError if problem.code == "runtime-initialized"
                      else preflight.PreflightError)
             raise error(problem)
-        names = None
+        sent_names = None
         if launch.start_method != "fork":
-            names = namespace.pack(namespace.used_names(source, user_ns), user_ns,
+            sent_names = names.pack(names.used_names(source, user_ns), user_ns,
                                    launch.start_method)
         # Notes are said once per notebook process (leftover processes: every run).
         notes = [_once(plan.note), _once(_start_note(launch))]
@@ -133,7 +134,7 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
             if started:
                 notes.append(FORKSERVER_STARTING)
         notes += [_once(f"colab_xla: {p.message} {p.fix}") for p in problems["notes"]]
-        leftovers = preflight.leftovers_problem(registry.leftovers())
+        leftovers = preflight.leftovers_problem(processes.leftovers())
         if leftovers:  # said on every run until they are gone
             notes.append(f"colab_xla: {leftovers.message} {leftovers.fix}")
         for note in filter(None, notes):
@@ -141,7 +142,7 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
                 announce(note)
         changes = {**env, **plan.env, **preflight.topology_changes(replica_env, plan.env)}
         plan = dataclasses.replace(plan, env=changes)
-        options = _Options(launch, parent_pid, cell, names,
+        options = _Options(launch, parent_pid, cell, sent_names,
                            cache_dir, tuple(pull), pull_from)
         return _Run(options, plan, run_dir, user_ns, observer or RunObserver(),
                     timeout).run()
@@ -236,8 +237,8 @@ class _Run:
         self._stop: Optional[str] = None  # why the run was cut: interrupted, timeout, failed
         self.user_ns = user_ns
         self.run_id = secrets.token_hex(8)
-        self.outcome = RunOutcome(device_type=plan.device_type, log_dir=registry.new_log_dir())
-        self._record = registry.RunRecord(self.run_id)
+        self.outcome = RunOutcome(device_type=plan.device_type, log_dir=state.new_log_dir())
+        self._record = processes.RunRecord(self.run_id)
         self._decoders: Dict[tuple, Any] = {}
         self._ranks: Dict[int, set] = {}  # local process rank -> ordinals it runs
         self._pid_rank: Dict[int, int] = {}
@@ -248,7 +249,7 @@ class _Run:
         self._output_since_draw = False
         self._exits: Dict[int, Tuple[int, int]] = {}  # pid -> (replica, code) of os._exit
         self._interrupts = interrupts.Interrupts(None)  # held while the run goes on
-        self._decoder = channel.FrameDecoder()  # (an Interrupt may come before reading starts)
+        self._decoder = frames.FrameDecoder()  # (an Interrupt may come before reading starts)
 
     # -- the run --------------------------------------------------------------------------
 
@@ -256,20 +257,20 @@ class _Run:
         self._started = time.monotonic()
         opts = self.options
         channel_path = os.path.join(self.run_dir, "channel")
-        read_fd, write_fd = channel.make_fifo(channel_path)
+        read_fd, write_fd = frames.make_fifo(channel_path)
         done_r, done_w = os.pipe()
         fd_paths = [tuple(os.path.join(self.run_dir, f"process-{rank}.{kind}")
                           for kind in ("stdout", "stderr"))
                     for rank in range(self.plan.processes)]
-        fd_pipes = [tuple(channel.make_fifo(path) for path in pair) for pair in fd_paths]
+        fd_pipes = [tuple(frames.make_fifo(path) for path in pair) for pair in fd_paths]
         self._fd_sources = {pipe[0]: (rank, kind)
                             for rank, pair in enumerate(fd_pipes)
-                            for kind, pipe in zip((channel.STDOUT, channel.STDERR), pair)}
+                            for kind, pipe in zip((frames.STDOUT, frames.STDERR), pair)}
         # What a replica process prints before its rank is known (torch_xla starting its
         # runtime: XLA's fatal message for a bad XLA_FLAGS, say) goes to one more pipe.
         startup_path = os.path.join(self.run_dir, "startup")
-        startup = channel.make_fifo(startup_path)
-        self._fd_sources[startup[0]] = (STARTUP, channel.STDERR)
+        startup = frames.make_fifo(startup_path)
+        self._fd_sources[startup[0]] = (STARTUP, frames.STDERR)
         fd_pipes.append((startup,))
         self._shm_dir = shared_tensors.make_dir(self.run_id)
         # A Manager lock costs ~5 ms of connections per run: only cells that use it pay.
@@ -419,28 +420,28 @@ class _Run:
 
     # -- frames -----------------------------------------------------------------------------
 
-    def _handle_all(self, frames: List[channel.Frame]) -> None:
+    def _handle_all(self, batch: List[frames.Frame]) -> None:
         # Consecutive output of one replica is handled as one chunk: a chatty replica
         # sends a frame per line, and per-frame work would cap throughput.
-        run: List[channel.Frame] = []
-        for frame in frames:
+        run: List[frames.Frame] = []
+        for frame in batch:
             if run and (frame.kind, frame.ordinal, frame.pid) != (run[0].kind, run[0].ordinal, run[0].pid):
                 self._handle(run[0]._replace(payload=b"".join(f.payload for f in run)))
                 run = []
-            if frame.kind in channel.STREAMS:
+            if frame.kind in frames.STREAMS:
                 run.append(frame)
             else:
                 self._handle(frame)
         if run:
             self._handle(run[0]._replace(payload=b"".join(f.payload for f in run)))
 
-    def _handle(self, frame: channel.Frame) -> None:
-        if frame.kind in channel.STREAMS:
+    def _handle(self, frame: frames.Frame) -> None:
+        if frame.kind in frames.STREAMS:
             source = frame.ordinal
             if source < 0:  # a thread of the process that is not a replica
                 source = f"process {self._pid_rank.get(frame.pid, '?')}"
             self._text(source, frame.kind, frame.payload)
-        elif frame.kind == channel.START:
+        elif frame.kind == frames.START:
             info = json.loads(frame.payload)
             rep = self.outcome.replica(frame.ordinal)
             rep.pid = frame.pid
@@ -449,7 +450,7 @@ class _Run:
             self._track(frame.pid)
             self._new_children()
             self.observer.started(self.outcome, frame.ordinal)
-        elif frame.kind == channel.END:
+        elif frame.kind == frames.END:
             if self._stop:  # it ended after the run was stopped: not in time (see _cut)
                 return
             self._load_report(frame.ordinal)
@@ -457,7 +458,7 @@ class _Run:
                 self._first_failed = frame.ordinal
                 self._fail_at = time.monotonic() + FAIL_FAST_SECONDS
             self.observer.finished(self.outcome, frame.ordinal)
-        elif frame.kind == channel.NOTE:
+        elif frame.kind == frames.NOTE:
             note = json.loads(frame.payload)
             if "rendezvous" in note:
                 self.outcome.replica(frame.ordinal).last_rendezvous = note["rendezvous"]
@@ -478,7 +479,7 @@ class _Run:
     def _emit(self, source, kind: int, text: str) -> None:
         if text:
             self._output_since_draw = True
-            lines = self._log(source).write(channel.STREAMS[kind], text)
+            lines = self._log(source).write(frames.STREAMS[kind], text)
             self.observer.output(self.outcome, source, lines)
 
     def _finish_logs(self) -> None:
@@ -590,7 +591,7 @@ class _Run:
 
     def _track_descendants(self) -> None:
         """Record the pool's processes and what they started (a DataLoader's workers, a
-        subprocess in its own session): all killed with the run, all in the registry."""
+        subprocess in its own session): all killed with the run, all in the pid registry."""
         for child in self._new_children():
             self._track(child.pid)
         for proc in list(self._processes.values()):

@@ -13,9 +13,10 @@ import time
 import psutil
 import pytest
 
-from colab_xla import hardware, launch, shared_tensors
+from colab_xla import hardware, launch
+from colab_xla.transport import shared_tensors
 from colab_xla.launch import Launch
-from colab_xla.namespace import UnsendableNames
+from colab_xla.transport.names import UnsendableNames
 from colab_xla.outcome import DONE
 from colab_xla.preflight import PreflightError
 from colab_xla.run import run_cell

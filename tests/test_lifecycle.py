@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from colab_xla import doctor, preflight, registry
+from colab_xla import doctor, preflight, processes, state
 from colab_xla.outcome import DONE, KILLED, XlaSpawnError
 from colab_xla.run import FAIL_FAST_SECONDS, run_cell
 
@@ -64,12 +64,12 @@ def test_a_cell_that_spawns_replicas_itself_is_refused_with_its_line(call):
 
 
 def test_state_dir_is_private_and_a_foreign_one_is_refused(private_state):
-    path = registry.state_dir()
+    path = state.state_dir()
     assert oct(os.stat(path).st_mode & 0o777) == "0o700"
-    registry._state_dir = None
+    state._state_dir = None
     os.chmod(path, 0o777)  # someone could have pre-created it, writable by all
-    with pytest.raises(registry.UnsafeStateDir, match="not a private directory"):
-        registry.state_dir()
+    with pytest.raises(state.UnsafeStateDir, match="not a private directory"):
+        state.state_dir()
 
 
 def _dead_kernel_key():
@@ -83,22 +83,22 @@ def test_leftovers_are_found_by_pid_and_start_time_and_only_they_are_killed(priv
     ours = subprocess.Popen(["sleep", "600"])
     bystander = subprocess.Popen(["sleep", "600"])
     try:
-        runs = os.path.join(registry.state_dir(), "runs")
+        runs = os.path.join(state.state_dir(), "runs")
         os.makedirs(runs, exist_ok=True)
         record = {"kernel": _dead_kernel_key(),
                   "processes": [[ours.pid, psutil.Process(ours.pid).create_time()],
                                 [bystander.pid, 12345.0]]}  # pid reused: not ours
         with open(os.path.join(runs, "gone-run.json"), "w") as f:
             json.dump(record, f)
-        found = registry.leftovers()
+        found = processes.leftovers()
         assert [f.pid for f in found] == [ours.pid] and "sleep 600" in found[0].describe()
         report = doctor.diagnose(environ={"PJRT_DEVICE": "CPU"}, history=[])
         assert [p.code for p in report.problems] == ["leftovers"]
         assert "%xla_doctor --kill-leftovers" in report.problems[0].fix
-        assert [k.pid for k in registry.kill_leftovers()] == [ours.pid]
+        assert [k.pid for k in processes.kill_leftovers()] == [ours.pid]
         assert not psutil.pid_exists(ours.pid)  # killed (and reaped by kill_leftovers)
         assert bystander.poll() is None  # untouched
-        assert registry.leftovers() == [] and os.listdir(runs) == []
+        assert processes.leftovers() == [] and os.listdir(runs) == []
     finally:
         for p in (ours, bystander):
             p.kill()
@@ -260,14 +260,14 @@ def test_kernel_death_takes_the_replicas_with_it_and_leftovers_are_found(tmp_pat
     kernel.wait()
     wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
                              for p in replicas), 10, "replicas to die with the kernel")
-    assert [f.pid for f in registry.leftovers()] == [grandchild]  # survived: own session
-    assert [k.pid for k in registry.kill_leftovers()] == [grandchild]
+    assert [f.pid for f in processes.leftovers()] == [grandchild]  # survived: own session
+    assert [k.pid for k in processes.kill_leftovers()] == [grandchild]
     wait_for(lambda: not psutil.pid_exists(grandchild)
              or psutil.Process(grandchild).status() == "zombie", 5, "the leftover to go")
 
 
 def _recorded(pid):
-    runs = os.path.join(registry.state_dir(), "runs")
+    runs = os.path.join(state.state_dir(), "runs")
     for name in os.listdir(runs):
         try:
             with open(os.path.join(runs, name)) as f:
@@ -300,4 +300,4 @@ def test_a_thousand_runs_leave_no_files_descriptors_threads_or_processes(private
     for key in ("fds", "threads", "children"):  # a leak grows; unrelated garbage may shrink
         assert after[key] <= before[key], (key, before, after)
     logs = os.path.dirname(run("1", 1).log_dir)  # this process's log directories
-    assert len(os.listdir(logs)) <= registry.KEEP_LOGS_OF_RUNS
+    assert len(os.listdir(logs)) <= state.KEEP_LOGS_OF_RUNS

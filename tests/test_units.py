@@ -9,7 +9,8 @@ import threading
 
 import pytest
 
-from colab_xla import channel, hardware, replica
+from colab_xla import hardware, replica
+from colab_xla.transport import frames
 from colab_xla.views import text as text_view
 from colab_xla.cell import CellModule, EmptyCellError
 from colab_xla.outcome import (DONE, FAILED, ReplicaError, ReplicaOutcome, RunOutcome,
@@ -77,52 +78,52 @@ def test_a_file_planted_at_the_module_path_is_never_written_through(tmp_path, mo
 
 def test_frames_round_trip_even_when_fed_byte_by_byte():
     r, w = os.pipe()
-    writer = channel.ChannelWriter(w)
-    writer.send(channel.STDOUT, 2, "héllo\n".encode())
-    writer.send(channel.END, 5, b"")
+    writer = frames.ChannelWriter(w)
+    writer.send(frames.STDOUT, 2, "héllo\n".encode())
+    writer.send(frames.END, 5, b"")
     data = os.read(r, 65536)
-    decoder = channel.FrameDecoder()
-    frames = [f for byte in data for f in decoder.feed(bytes([byte]))]
-    assert [(f.kind, f.ordinal, f.payload) for f in frames] == [
-        (channel.STDOUT, 2, "héllo\n".encode()), (channel.END, 5, b"")]
-    assert frames[0].pid == os.getpid() and decoder.pending == 0
+    decoder = frames.FrameDecoder()
+    received = [f for byte in data for f in decoder.feed(bytes([byte]))]
+    assert [(f.kind, f.ordinal, f.payload) for f in received] == [
+        (frames.STDOUT, 2, "héllo\n".encode()), (frames.END, 5, b"")]
+    assert received[0].pid == os.getpid() and decoder.pending == 0
     os.close(r), os.close(w)
 
 
 def test_long_payload_is_split_into_atomic_frames():
-    r, w = channel.make_pipe()
+    r, w = frames.make_pipe()
     payload = bytes(range(256)) * 100  # 25,600 bytes
-    channel.ChannelWriter(w).send(channel.STDERR, 0, payload)
+    frames.ChannelWriter(w).send(frames.STDERR, 0, payload)
     os.close(w)
     data = b"".join(iter(lambda: os.read(r, 65536), b""))
-    frames = channel.FrameDecoder().feed(data)
-    assert len(frames) == -(-len(payload) // channel.MAX_PAYLOAD)
-    assert b"".join(f.payload for f in frames) == payload
+    received = frames.FrameDecoder().feed(data)
+    assert len(received) == -(-len(payload) // frames.MAX_PAYLOAD)
+    assert b"".join(f.payload for f in received) == payload
     os.close(r)
 
 
 def _hammer(fd, ordinal, count):
-    writer = channel.ChannelWriter(fd)
+    writer = frames.ChannelWriter(fd)
     for i in range(count):
-        writer.send(channel.STDOUT, ordinal, f"{ordinal}:{i}:".encode() + b"x" * (i % 3000) + b"\n")
+        writer.send(frames.STDOUT, ordinal, f"{ordinal}:{i}:".encode() + b"x" * (i % 3000) + b"\n")
 
 
 def test_concurrent_writers_never_interleave_frames():
     """Processes and threads writing at once: every frame intact, each writer in order."""
-    r, w = channel.make_pipe()
+    r, w = frames.make_pipe()
     ctx = multiprocessing.get_context("fork")
     procs = [ctx.Process(target=_hammer, args=(w, o, 400)) for o in range(3)]
     threads = [threading.Thread(target=_hammer, args=(w, o, 400)) for o in range(3, 5)]
     for t in procs + threads:
         t.start()
-    decoder, frames = channel.FrameDecoder(), []
+    decoder, received = frames.FrameDecoder(), []
     expected = 5 * 400
-    while len(frames) < expected:
-        frames += decoder.feed(os.read(r, 65536))
+    while len(received) < expected:
+        received += decoder.feed(os.read(r, 65536))
     for t in procs + threads:
         t.join()
     seen = {}
-    for f in frames:
+    for f in received:
         o, i, rest = f.payload.split(b":", 2)
         assert int(o) == f.ordinal and rest == b"x" * (int(i) % 3000) + b"\n"
         assert int(i) == seen.get(f.ordinal, -1) + 1  # in order per writer
@@ -375,7 +376,8 @@ def test_combined_view_labels_lines_and_merges_identical_ones_across_replicas():
 
 # --- start methods, names sent to replicas, options (issue #6) ------------------------------
 
-from colab_xla import launch, namespace, preflight, shared_tensors  # noqa: E402
+from colab_xla import launch, preflight  # noqa: E402
+from colab_xla.transport import names, shared_tensors  # noqa: E402
 from colab_xla.run import check_options  # noqa: E402
 
 
@@ -392,13 +394,13 @@ def test_a_cell_module_pickles_as_its_file_and_compiles_again(tmp_path):
 def test_used_names_are_the_notebook_names_the_cell_mentions_but_not_replica_names():
     ns = {"model": 1, "lr": 2, "index": 3, "device": 4, "unused": 5}
     source = "def step():\n    return model(lr)\nprint(index, device, undefined_here)"
-    assert namespace.used_names(source, ns) == ["lr", "model"]
+    assert names.used_names(source, ns) == ["lr", "model"]
 
 
 def test_names_that_cannot_be_sent_are_each_named_with_type_and_reason():
     ns = {"lk": threading.Lock(), "fine": [1, 2], "gen": (x for x in [])}
-    with pytest.raises(namespace.UnsendableNames) as info:
-        namespace.pack(["fine", "gen", "lk"], ns, "forkserver")
+    with pytest.raises(names.UnsendableNames) as info:
+        names.pack(["fine", "gen", "lk"], ns, "forkserver")
     failures = info.value.failures
     assert [(name, kind) for name, kind, _ in failures] == [("gen", "generator"), ("lk", "lock")]
     assert all(reason for _, _, reason in failures)
@@ -407,7 +409,7 @@ def test_names_that_cannot_be_sent_are_each_named_with_type_and_reason():
 
 def test_names_sent_together_keep_the_objects_they_share():
     shared = [1, 2]
-    loaded = namespace.unpack(namespace.pack(["a", "b"], {"a": shared, "b": {"x": shared}}))
+    loaded = names.unpack(names.pack(["a", "b"], {"a": shared, "b": {"x": shared}}))
     assert loaded["a"] is loaded["b"]["x"]
 
 

@@ -26,7 +26,7 @@ from typing import Dict, Iterable, List, Mapping, Tuple
 
 import cloudpickle
 
-from .preflight import PreflightError, Problem
+from ..preflight import PreflightError, Problem
 
 # Names every replica gets from colab_xla itself (see colab_xla.replica); get_ipython is
 # what IPython's magic lines in the cell (``%time``, ``%env``) call.
