@@ -10,7 +10,7 @@ process (Linux parent-death signal), and its replicas die with it.
 
 import os
 
-from .replica import die_with_parent
+from .processes import die_with_parent
 
 NOTEBOOK_PID = "COLAB_XLA_NOTEBOOK_PID"  # set by launch.warm_forkserver for the server only
 

@@ -216,7 +216,7 @@ def plan_replicas(requested: Optional[int], hw: Hardware) -> ReplicaPlan:
             env["XLA_THREAD_POOL_SIZE"] = str(max(n + 2, 8))
         if n > 1 and hw.param_aliasing is None:
             # Replica threads run each collective as a program of its own (see
-            # replica._serialize_cpu_compiles); with parameter buffers donated to the step
+            # colab_xla.cpu_sim); with parameter buffers donated to the step
             # that updates them, a training loop that never calls torch_xla.sync() after
             # xm.optimizer_step meets a deleted buffer at its second step.
             env["XLA_ENABLE_PARAM_ALIASING"] = "0"

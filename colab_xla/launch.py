@@ -36,7 +36,7 @@ LAUNCHERS = ("xmp", "launch")
 
 # What the forkserver imports once, so that the replicas it forks start warm; first, what
 # makes it die with the notebook's process.
-FORKSERVER_PRELOAD = ("colab_xla.forkserver_init", "colab_xla.replica", "colab_xla.run",
+FORKSERVER_PRELOAD = ("colab_xla.forkserver_init", "colab_xla.replica.job", "colab_xla.run",
                       "torch", "torch_xla", "torch_xla.runtime", "torch_xla.core.xla_model",
                       "torch_xla.distributed.xla_multiprocessing")
 
@@ -98,7 +98,7 @@ def warm_forkserver() -> Tuple[int, bool]:
     call started it.
 
     Its environment is the notebook's at that moment; each run's own variables are set in
-    its replicas when they arrive (see ``colab_xla.replica.ReplicaJob``). If something
+    its replicas when they arrive (see ``colab_xla.replica.job.ReplicaJob``). If something
     else started the forkserver first, it is used as it is, without the preloaded modules.
     """
     from multiprocessing import forkserver

@@ -13,14 +13,18 @@ else owns it or can write to it (a predictable path another user could pre-creat
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
+import signal
+import sys
 from dataclasses import dataclass
 from typing import Dict, List
 
 import psutil
 
 from . import state
+
 
 def _identity(proc: psutil.Process) -> List[float]:
     return [proc.pid, proc.create_time()]
@@ -98,3 +102,47 @@ def kill_leftovers() -> List[Leftover]:
     psutil.wait_procs(procs, timeout=3)
     leftovers()  # removes the records that are now empty
     return killed
+
+
+# --- how a process started for a run ends with it ---------------------------------------------
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def adopt_orphans() -> None:
+    """Make this replica process the parent of every orphan among its descendants (Linux).
+
+    ``os.system('server &')`` or a double fork leaves a process whose parent has exited:
+    it would go to init and out of reach. Adopted, it stays a descendant of the replica,
+    which the run ends with everything else it started.
+    """
+    if sys.platform.startswith("linux"):
+        _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def end_descendants() -> None:
+    """SIGKILL every process this one started, and their own (by pid, never by name).
+
+    Called when the last replica of the process has finished its cell: a subprocess, a
+    forked child or a DataLoader worker the cell left running must not outlive the run,
+    however short it was (the notebook's own clean-up comes after this process has gone,
+    when its orphans would no longer be found).
+    """
+    import psutil
+
+    victims = psutil.Process().children(recursive=True)
+    for victim in victims:
+        with contextlib.suppress(psutil.Error):
+            victim.kill()
+    psutil.wait_procs(victims, timeout=3)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when the notebook's process dies (Linux), so no replica
+    outlives a kernel restart holding a TPU."""
+    if sys.platform.startswith("linux"):
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)

@@ -24,7 +24,6 @@ import math
 import multiprocessing
 import multiprocessing.managers
 import os
-import pickle
 import re
 import secrets
 import select
@@ -38,8 +37,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import psutil
 
-from . import hardware, interrupts, preflight, processes, replica, state
-from .transport import frames, names, shared_tensors
+from . import hardware, interrupts, preflight, processes, state
+from .replica import job as replica_job
+from .replica.process import inherit
+from .transport import frames, names, shared_tensors, values
 from .cell import CellModule
 from .launch import Launch, environ, replica_environ, start, warm_forkserver
 from .options import is_name
@@ -278,7 +279,7 @@ class _Run:
         # Taken after the manager exists: every child that appears from now on is ours.
         self._children_before = set(multiprocessing.active_children())
         forked = opts.launch.start_method == "fork"
-        job = replica.ReplicaJob(
+        job = replica_job.ReplicaJob(
             run_id=self.run_id, run_dir=self.run_dir, channel_path=channel_path,
             parent_pid=opts.parent_pid, lock=lock, fd_paths=tuple(fd_paths),
             startup_path=startup_path,
@@ -286,13 +287,13 @@ class _Run:
             cell=None if forked else self.cell, names=None if forked else opts.names,
             cache_dir=opts.cache_dir, pull=opts.pull, pull_from=opts.pull_from,
             shm_dir=self._shm_dir)
-        if forked:
-            replica._FORKED[self.run_id] = replica.ForkedState(self.user_ns, self.cell)
         driver = threading.Thread(target=self._drive, args=(job, done_w),
                                   name="colab_xla-driver", daemon=True)
         # From here on an Interrupt is a flag the read loop checks (see colab_xla.interrupts):
         # a second one during the clean-up cannot break it either.
-        with interrupts.held() as self._interrupts:
+        inherited = (inherit(self.run_id, self.user_ns, self.cell) if forked
+                     else contextlib.nullcontext())
+        with inherited, interrupts.held() as self._interrupts:
             try:
                 self.observer.opened(self.outcome)
                 driver.start()
@@ -318,7 +319,6 @@ class _Run:
                 self._kill_processes()  # nothing of the run outlives it, whatever happened
                 if driver.is_alive():  # an error above: let it see its pool end first
                     driver.join(_DRIVER_JOIN_SECONDS)
-                replica._FORKED.pop(self.run_id, None)
                 shared_tensors.remove_dir(self._shm_dir)  # tensors already mapped stay valid
                 for fd in (read_fd, write_fd, done_r, done_w,
                            *(fd for pair in fd_pipes for pipe in pair for fd in pipe)):
@@ -330,10 +330,10 @@ class _Run:
                 self._driver_error = None
         return self.outcome
 
-    def _drive(self, job: replica.ReplicaJob, done_w: int) -> None:
+    def _drive(self, job: replica_job.ReplicaJob, done_w: int) -> None:
         try:
             with environ(self.plan.env):
-                start(self.options.launch, replica.main, job)
+                start(self.options.launch, replica_job.main, job)
         except BaseException as exc:  # noqa: BLE001 - reported through the outcome
             self._driver_error = exc  # (let go of when the run ends: see run)
         finally:
@@ -490,8 +490,7 @@ class _Run:
 
     def _load_report(self, ordinal: int) -> None:
         rep = self.outcome.replica(ordinal)
-        with open(replica.report_path(self.run_dir, ordinal), "rb") as f:
-            report = pickle.load(f)
+        report = values.read_report(self.run_dir, ordinal)
         # Wall time as the person waiting sees it: from the run's start (fork, runtime
         # start-up included) to this replica's report.
         rep.elapsed = time.monotonic() - self._started
@@ -499,13 +498,13 @@ class _Run:
         problems = []
         if report.value is not None:
             try:
-                rep.value, rep.has_value = replica.load_value(report.value, self.user_ns), True
+                rep.value, rep.has_value = values.load_value(report.value, self.user_ns), True
             except Exception as exc:  # noqa: BLE001
                 problems.append(f"the cell's value arrived but could not be loaded in the "
                                 f"notebook: {type(exc).__name__}: {exc}")
         for name, data in report.pulled.items():
             try:
-                rep.pulled[name] = replica.load_value(data, self.user_ns)
+                rep.pulled[name] = values.load_value(data, self.user_ns)
             except Exception as exc:  # noqa: BLE001
                 problems.append(f"--pull {name} arrived but could not be loaded in the "
                                 f"notebook: {type(exc).__name__}: {exc}")
@@ -694,7 +693,7 @@ def _lock_manager() -> multiprocessing.managers.SyncManager:
 def _manager_process_init(parent_pid: int) -> None:
     # The notebook's Interrupt reaches its whole process group; the manager must outlive it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    replica.die_with_parent(parent_pid)
+    processes.die_with_parent(parent_pid)
 
 
 def shutdown() -> None:

@@ -72,7 +72,7 @@ def test_each_thread_assigns_its_own_stream():
     import threading
     import types
 
-    from colab_xla.replica import _ReplicaSys, _ThreadStream
+    from colab_xla.replica.capture import _ReplicaSys, _ThreadStream
 
     default = _Sink()
     fake_sys = types.ModuleType("fake_sys")
@@ -97,7 +97,7 @@ def test_each_thread_assigns_its_own_stream():
 
 
 def test_bytes_split_inside_a_character_arrive_as_one_character():
-    from colab_xla.replica import _ReplicaBuffer
+    from colab_xla.replica.capture import _ReplicaBuffer
 
     sink = _Sink()
     buffer = _ReplicaBuffer(sink)
@@ -146,7 +146,7 @@ def test_a_thread_gets_the_replica_streams_back_when_its_cell_ends():
     import io
     import types
 
-    from colab_xla.replica import _ReplicaSys, _restore_thread_streams, _ThreadStream
+    from colab_xla.replica.capture import _ReplicaSys, _restore_thread_streams, _ThreadStream
 
     default_out, default_err = _Sink(), _Sink()
     fake_sys = types.ModuleType("fake_sys")

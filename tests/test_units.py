@@ -9,7 +9,9 @@ import threading
 
 import pytest
 
-from colab_xla import hardware, replica
+from colab_xla import hardware
+from colab_xla.replica import job as replica_job
+from colab_xla.transport import values
 from colab_xla.transport import frames
 from colab_xla.views import text as text_view
 from colab_xla.cell import CellModule, EmptyCellError
@@ -301,7 +303,7 @@ def test_traceback_starts_at_the_cell_and_names_its_lines(tmp_path):
     try:
         exec(cell.body, {})
     except KeyError as exc:
-        error = replica.error_from_exception(exc, cell)
+        error = replica_job.error_from_exception(exc, cell)
     assert (error.kind, error.ename, error.evalue) == ("exception", "KeyError", "'k'")
     assert "Cell In[9], line 4, in <module>" in error.traceback
     assert "Cell In[9], line 3, in f" in error.traceback
@@ -312,7 +314,7 @@ def test_pack_value_keeps_nested_cpu_tensors():
     import torch
 
     value = {"w": [torch.arange(3.0)], "n": 2}
-    back = pickle.loads(replica.pack_value(value))
+    back = pickle.loads(values.pack_value(value))
     assert back["n"] == 2 and torch.equal(back["w"][0], torch.arange(3.0))
 
 
@@ -322,7 +324,7 @@ def test_replica_globals_resolve_device_only_when_used(monkeypatch):
     calls = []
     fake = types.SimpleNamespace(device=lambda: calls.append(1) or "xla:7")
     monkeypatch.setitem(sys.modules, "torch_xla", fake)
-    ns = replica.ReplicaGlobals(x=1)
+    ns = replica_job.ReplicaGlobals(x=1)
     exec("y = x + 1", ns)
     assert calls == [] and "device" not in ns
     exec("d = device\nd2 = device", ns)
@@ -460,7 +462,7 @@ def test_environ_sets_and_restores_variables(monkeypatch):
 
 
 def test_a_replica_job_sets_its_environment_where_it_is_unpickled(tmp_path):
-    job = replica.ReplicaJob(run_id="r", run_dir=str(tmp_path), channel_path="c", parent_pid=1,
+    job = replica_job.ReplicaJob(run_id="r", run_dir=str(tmp_path), channel_path="c", parent_pid=1,
                              environ={"PATH": os.environ["PATH"], "ONLY_IN_JOB": "yes"})
     (tmp_path / "job.pkl").write_bytes(pickle.dumps(job))
     script = ("import os, pickle, sys; os.environ['DROPPED'] = '1'; "
@@ -571,11 +573,11 @@ def test_a_full_shared_memory_falls_back_to_inline_and_leaves_no_file(shm_dir, m
 
 def test_pickled_values_use_shared_memory_for_big_tensors_inside_containers(shm_dir):
     value = {"w": torch.ones(1 << 20), "small": torch.zeros(3), "n": 1}
-    data = replica.pack_value(value, shm_dir)
+    data = values.pack_value(value, shm_dir)
     assert len(data) < 10_000 and len(os.listdir(shm_dir)) == 1
     back = pickle.loads(data)
     assert torch.equal(back["w"], value["w"]) and torch.equal(back["small"], value["small"])
-    assert len(replica.pack_value(value)) > 4 << 20  # without a directory: inline
+    assert len(values.pack_value(value)) > 4 << 20  # without a directory: inline
 
 
 # --- devices this machine does not have ------------------------------------------------------

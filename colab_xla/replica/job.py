@@ -1,0 +1,251 @@
+"""The job of a replica: the function xmp.spawn calls, and the cell it runs.
+
+:func:`main` is called as ``main(index, job)`` in every replica; it is module-level in an
+importable module, so it pickles. It runs the cell in the replica's own globals (the
+notebook's names, ``index``, ``device``, ``lock``, ``get_ipython``), as a module of its own,
+and leaves the report for the notebook; it never raises: every failure is data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import threading
+import time
+import traceback
+import types
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+import cloudpickle
+
+from ..cell import CellModule
+from ..outcome import RETURN_PLAIN_DATA, ReplicaError, ReplicaReport
+from ..processes import end_descendants
+from ..transport.frames import END, START
+from ..transport.names import REPLICA_NAMES
+from ..transport.values import pack_value, pull_names, safe_repr, write_report
+from .capture import capture_startup, flush_all
+from .process import ReplicaProcess
+from .thread import current
+
+
+@dataclass(frozen=True)
+class ReplicaJob:
+    """What xmp.spawn passes (pickled) to every replica process."""
+
+    run_id: str
+    run_dir: str
+    channel_path: str  # the named pipe of frames (see colab_xla.transport.frames)
+    parent_pid: int  # the replica process's parent: the notebook, or the forkserver
+    lock: Any = None  # a Manager lock proxy (pickles, works across processes), if used
+    # Named pipes (stdout, stderr), one pair per replica process (by local rank): C-level
+    # output (XLA, absl, libtpu logs, printf) goes there, read by the notebook.
+    fd_paths: Tuple[Tuple[str, str], ...] = ()
+    # A named pipe for fd 1 and 2 of every replica process from its first moment until its
+    # rank is known (what torch_xla's runtime start-up prints, and its fatal errors).
+    startup_path: Optional[str] = None
+    # The replicas' whole environment: the notebook's, with the run's variables.
+    environ: Optional[Dict[str, str]] = None
+    # Without fork (spawn, forkserver): the cell and the notebook names it uses.
+    cell: Optional[CellModule] = None
+    names: Optional[bytes] = None
+    cache_dir: Optional[str] = None  # --cache: torch_xla's persistent compilation cache
+    pull: Tuple[str, ...] = ()  # --pull: names sent back after the cell
+    pull_from: Optional[int] = None  # --pull-from: only this replica sends them
+    shm_dir: Optional[str] = None  # where large CPU tensors go (colab_xla.transport.shared_tensors)
+
+    def __reduce__(self):
+        return _arrive, (dict(self.__dict__),)
+
+    def apply_environ(self) -> None:
+        """Make this process's environment the one the notebook chose for the replicas."""
+        if self.environ is not None and dict(os.environ) != self.environ:
+            os.environ.clear()
+            os.environ.update(self.environ)
+
+
+def _arrive(fields: Dict[str, Any]) -> ReplicaJob:
+    """Unpickle the job in a replica process, and set its environment there and then.
+
+    Unpickling is the first code of colab_xla that runs in a replica process, before
+    torch_xla starts the runtime (which reads PJRT_DEVICE, CPU_NUM_DEVICES, XLA_FLAGS...).
+    A forkserver's children inherit the server's environment, not the notebook's, so
+    waiting for ``main`` would be too late.
+    """
+    job = ReplicaJob(**fields)
+    job.apply_environ()
+    if job.startup_path:
+        capture_startup(job.startup_path)
+    return job
+
+
+def main(index: int, job: ReplicaJob) -> None:
+    """Run the cell as replica ``index`` and send its report; never raises."""
+    started = time.perf_counter()
+    process = ReplicaProcess.get(job)
+    current.ordinal = index
+    process.enter(index)
+    try:
+        process.writer.send(START, index, json.dumps({"pid": os.getpid(), "rank": process.rank}).encode())
+        report = _run_cell(index, job, process)
+        report.elapsed = time.perf_counter() - started
+        write_report(job.run_dir, report)
+        if process.leave(index):  # the process's last replica: what the cell started ends now
+            end_descendants()
+        process.writer.send(END, index, b"")
+    finally:
+        process.leave(index)
+        current.ordinal = None
+
+# --- the cell -----------------------------------------------------------------------------
+
+
+class ReplicaGlobals(dict):
+    """The cell's globals: ``device`` is resolved on first use, in the replica's thread."""
+
+    def __missing__(self, key):
+        if key == "device":
+            import torch_xla
+
+            value = self["device"] = torch_xla.device()
+            return value
+        raise KeyError(key)
+
+
+class _ReplicaModule(types.ModuleType):
+    """The replica's ``sys.modules`` entry for the cell: attributes are its globals.
+
+    Each replica has its own module name (``<cell>_r<ordinal>``), because replicas that
+    are threads of one process share ``sys.modules``, and pickling by reference must
+    find each replica's own definitions from any thread (a Pool's feeder thread, say).
+    """
+
+    def __init__(self, name: str, path: str, namespace: dict):
+        super().__init__(name)
+        self.__dict__.update(__file__=path, _replica_globals=namespace)
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__["_replica_globals"][name]
+        except KeyError:
+            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}") from None
+
+
+def module_name(cell: CellModule, ordinal: int) -> str:
+    return f"{cell.name}_r{ordinal}"
+
+
+def _replica_module(cell: CellModule, ordinal: int, run_dir: str, ns: dict) -> types.ModuleType:
+    """Register the replica's module; its file (a link to the cell's) imports by name."""
+    name = module_name(cell, ordinal)
+    path = os.path.join(run_dir, name + ".py")
+    if not os.path.exists(path):
+        os.link(cell.path, path)
+    module = sys.modules[name] = _ReplicaModule(name, path, ns)
+    cloudpickle.register_pickle_by_value(module)  # the notebook gets the cell's classes
+    return module
+
+
+def _run_cell(index: int, job: ReplicaJob, process: "ReplicaProcess") -> ReplicaReport:
+    report = ReplicaReport(ordinal=index, pid=os.getpid(), elapsed=0.0)
+    if process.names_error is not None:
+        report.error = process.names_error
+        return report
+    cell = process.cell
+    ns = ReplicaGlobals({k: v for k, v in process.user_ns.items() if k not in REPLICA_NAMES})
+    name = module_name(cell, index)
+    ns.update(__name__=name, __file__=cell.path, __builtins__=__builtins__,
+              __doc__=None, __package__=None, __spec__=None, __loader__=None, index=index,
+              get_ipython=replica_shell)
+    if job.lock is not None:  # made only for cells that name it
+        ns["lock"] = job.lock
+    _replica_module(cell, index, job.run_dir, ns)
+    value = None
+    try:
+        exec(cell.body, ns)
+        value = eval(cell.last_expr, ns) if cell.last_expr is not None else None
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            report.error = ReplicaError("exit", "SystemExit", str(exc.code),
+                                        f"the cell called sys.exit({exc.code!r})")
+            return report
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes data
+        # KeyboardInterrupt included: a replica runs in a thread the notebook's Interrupt
+        # never reaches (the run kills it), so one here was raised by the cell's code.
+        report.error = error_from_exception(exc, cell)
+        return report
+    finally:
+        flush_all()
+    problems = []
+    if value is not None:
+        report.value_repr = safe_repr(value)
+        try:
+            report.value = pack_value(value, job.shm_dir, process.user_ns)
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"the cell's value ({type(value).__name__}) could not be sent "
+                            f"back to the notebook: {type(exc).__name__}: {exc}")
+    if job.pull and job.pull_from in (None, index):
+        report.pulled, failed = pull_names(ns, job.pull, job.shm_dir, process.user_ns)
+        problems.extend(failed)
+    if problems:
+        report.error = ReplicaError("result", "ResultError",
+                                    "; ".join(problems) + ". " + RETURN_PLAIN_DATA)
+    return report
+
+
+_shell_lock = threading.RLock()
+
+
+def replica_shell():
+    """``get_ipython()`` in a replica, for the IPython magic lines of the cell (``%time``,
+    ``%env``): the notebook's shell when the replica forked, else one made here, once per
+    process. Either way its magic look-up is made safe for replica threads: IPython 8+
+    loads some magics lazily on first use, and replicas racing there found none
+    ("Magic `%time` is registered as lazy ... but loading it did not provide ...").
+    """
+    from IPython.core.interactiveshell import InteractiveShell
+
+    with _shell_lock:
+        if InteractiveShell.initialized():
+            shell = InteractiveShell.instance()
+        else:  # a fresh process: no history file shared by every replica process
+            from traitlets.config import Config
+
+            config = Config()
+            config.HistoryManager.enabled = False
+            shell = InteractiveShell.instance(config=config,
+                                              user_module=sys.modules["__main__"])
+        find = getattr(shell, "_find_with_lazy_load", None)  # IPython 8+
+        if find is not None and not getattr(find, "_colab_xla_locked", False):
+            def locked_find(*args, **kwargs):
+                with _shell_lock:
+                    return find(*args, **kwargs)
+
+            locked_find._colab_xla_locked = True
+            shell._find_with_lazy_load = locked_find
+        return shell
+
+
+def error_from_exception(exc: BaseException, cell: CellModule) -> ReplicaError:
+    """The exception as data; the traceback starts at the cell and names its lines."""
+    te = traceback.TracebackException.from_exception(exc)
+    frames = list(te.stack)
+    first = next((i for i, f in enumerate(frames) if f.filename == cell.path), 0)
+    te.stack = traceback.StackSummary.from_list(frames[first:])
+    text = "".join(te.format())
+    text = text.replace(f'File "{cell.path}", line ', f"{cell.label}, line ")
+    # A class of the cell lives in each replica's own module (``<cell>_r3.B``): shown as the
+    # cell wrote it (``B``), it reads right and the same error groups across replicas.
+    text = re.sub(rf"\b{re.escape(cell.name)}_r\d+\.", "", text)
+    return ReplicaError("exception", type(exc).__qualname__, _safe_str(exc), text)
+
+
+def _safe_str(exc: BaseException) -> str:
+    """``str(exc)``, which runs the exception's own code and may itself raise."""
+    try:
+        return str(exc)
+    except Exception as failure:  # noqa: BLE001
+        return f"<str() failed: {type(failure).__name__}: {_safe_str(failure)}>"

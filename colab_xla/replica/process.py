@@ -1,0 +1,273 @@
+"""A replica process, set up once per run: where its output goes, what it inherits or
+receives from the notebook, and what it changes in torch_xla, tqdm, ``os`` and
+multiprocessing so that a cell behaves there as in a notebook.
+
+:class:`ReplicaProcess` is made by the first replica of a run to start in the process
+(several replicas may be threads of one process) and shared by the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import json
+import os
+import pickle
+import sys
+import threading
+import traceback
+import types
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional
+
+import cloudpickle
+
+from .. import cpu_sim
+from ..cell import CellModule
+from ..outcome import ReplicaError
+from ..processes import adopt_orphans, die_with_parent
+from ..transport import names
+from ..transport.frames import NOTE, STDERR, STDOUT, ChannelWriter
+from ..transport.values import lookup
+from .capture import (ReplicaStream, capture_fds, flush_all, no_stdin, replica_display,
+                      streams_per_thread)
+from .thread import current
+
+if TYPE_CHECKING:
+    from .job import ReplicaJob
+
+# Set in the notebook around the fork (see inherit), read by the replicas: run id -> state.
+_FORKED: Dict[str, "ForkedState"] = {}
+
+
+@dataclass(frozen=True)
+class ForkedState:
+    """What a forked replica inherits instead of receiving it pickled."""
+
+    user_ns: Dict[str, Any]
+    cell: CellModule
+
+
+@contextlib.contextmanager
+def inherit(run_id: str, user_ns: Dict[str, Any], cell: CellModule) -> Iterator[None]:
+    """In the notebook, around the start of forked replicas: what they inherit (the
+    notebook's names and the cell) instead of receiving it pickled."""
+    _FORKED[run_id] = ForkedState(user_ns, cell)
+    try:
+        yield
+    finally:
+        _FORKED.pop(run_id, None)
+
+
+class ReplicaProcess:
+    """Set up once per process and run: streams, parent-death signal, the cell module."""
+
+    _lock = threading.Lock()
+    _current: Optional["ReplicaProcess"] = None
+
+    @classmethod
+    def get(cls, job: ReplicaJob) -> "ReplicaProcess":
+        with cls._lock:
+            if cls._current is None or cls._current.run_id != job.run_id:
+                cls._current = cls(job)
+            return cls._current
+
+    def __init__(self, job: ReplicaJob):
+        self.run_id = job.run_id
+        die_with_parent(job.parent_pid)
+        adopt_orphans()
+        # Named pipes, opened by path: a process started by spawn or a forkserver inherits
+        # no descriptors from the notebook.
+        self.writer = ChannelWriter(os.open(job.channel_path, os.O_WRONLY))
+        self.active: set = set()
+        self.rank = int(os.environ.get("PJRT_LOCAL_PROCESS_RANK", "0"))
+        if job.run_dir not in sys.path:
+            sys.path.insert(0, job.run_dir)  # the cell's module imports by name
+        self._capture_streams()
+        if job.fd_paths:
+            capture_fds(job.fd_paths[self.rank % len(job.fd_paths)])
+        no_stdin()
+        self.names_error: Optional[ReplicaError] = None
+        if job.cell is None:  # forked: the notebook's names and cell are inherited
+            forked = _FORKED[job.run_id]
+            self.user_ns, self.cell = forked.user_ns, forked.cell
+        else:
+            self.user_ns, self.cell = self._load_names(job), job.cell
+        _text_progress_bars()
+        _send_cell_definitions_by_value()
+        _serialize_forks()
+        _report_exits(self.writer)
+        if job.cache_dir:
+            self._initialize_cache(job.cache_dir)
+        self._instrument_torch_xla()
+
+    def _load_names(self, job: ReplicaJob) -> Dict[str, Any]:
+        try:
+            return names.unpack(job.names) if job.names else {}
+        except Exception as exc:  # noqa: BLE001 - every replica of the process says it
+            message = (f"the notebook names the cell uses could not be loaded in the replica "
+                       f"({type(exc).__name__}: {exc}). A module they need must be importable "
+                       "by a fresh interpreter (installed, or on sys.path); or define them in "
+                       "the cell, or use --start-method fork.")
+            self.names_error = ReplicaError(
+                "names", type(exc).__name__, message,
+                "".join(traceback.format_exception(exc)) + message + "\n")
+            return {}
+
+    def _initialize_cache(self, cache_dir: str) -> None:
+        """``--cache``: torch_xla's persistent compilation cache, one directory per replica
+        process (its files are written without atomic renames), set before the process
+        compiles anything, so a rerun loads the executables instead of compiling."""
+        import torch_xla.runtime as xr
+
+        path = os.path.join(cache_dir, f"process-{self.rank}")
+        os.makedirs(path, exist_ok=True)
+        xr.initialize_cache(path, readonly=False)
+
+    def _instrument_torch_xla(self) -> None:
+        """Record each replica's last ``xm.rendezvous`` tag (told when a run is cut), and
+        refuse a nested ``xmp.spawn`` with the reason."""
+        import torch_xla.core.xla_model as xm
+        import torch_xla.distributed.xla_multiprocessing as xmp
+
+        rendezvous, writer = xm.rendezvous, self.writer
+
+        def recorded_rendezvous(tag, *args, **kwargs):
+            ordinal = getattr(current, "ordinal", None)
+            if ordinal is not None:
+                writer.send(NOTE, ordinal, json.dumps({"rendezvous": str(tag)}).encode())
+            return rendezvous(tag, *args, **kwargs)
+
+        def nested_spawn(*args, **kwargs):
+            raise RuntimeError("xmp.spawn was called inside a %%xla_spawn replica, which "
+                               "would start replicas from every replica. Put the function's "
+                               "body in the cell instead (`index` is the ordinal).")
+
+        xm.rendezvous = functools.wraps(rendezvous)(recorded_rendezvous)
+        xmp.spawn = functools.wraps(xmp.spawn)(nested_spawn)
+        if os.environ.get("PJRT_DEVICE") == "CPU" and int(os.environ.get("CPU_NUM_DEVICES", "1")) > 1:
+            cpu_sim.install(xm)
+
+    def enter(self, ordinal: int) -> None:
+        with self._lock:
+            self.active.add(ordinal)
+
+    def leave(self, ordinal: int) -> bool:
+        """True for the call that took the process's last replica out."""
+        with self._lock:
+            was_in = ordinal in self.active
+            self.active.discard(ordinal)
+            return was_in and not self.active
+
+    def default_ordinal(self) -> int:
+        """Where output of a thread that is not a replica goes: its process's replica."""
+        active = self.active
+        return next(iter(active)) if len(active) == 1 else -1
+
+    def _capture_streams(self) -> None:
+        inherited = (sys.stdout, sys.stderr)
+        streams = (ReplicaStream(self, STDOUT, "<replica stdout>"),
+                   ReplicaStream(self, STDERR, "<replica stderr>"))
+        streams_per_thread(*streams)
+        # The "original" streams are the replica's too: the notebook's would write to the
+        # kernel's own stdout, or be lost in its buffer when the process ends.
+        sys.__stdout__, sys.__stderr__ = streams
+        # Objects made before the fork (logging handlers) still hold the notebook's
+        # ipykernel streams; a forked child writing through them loses and mixes text.
+        for old, new in zip(inherited, streams):
+            if type(old).__module__.startswith("ipykernel"):
+                old.write, old.flush = new.write, new.flush
+        replica_display(*streams)
+
+
+def _text_progress_bars() -> None:
+    """Make ``tqdm.auto`` and ``tqdm.notebook`` the text bar in replicas: the notebook bar
+    is a widget, and a forked replica cannot draw widgets (it has no connection to the
+    browser)."""
+    if importlib.util.find_spec("tqdm") is None:
+        return
+    import tqdm.std
+
+    for name in ("tqdm.auto", "tqdm.autonotebook", "tqdm.notebook"):
+        module = types.ModuleType(name)
+        module.tqdm, module.trange = tqdm.std.tqdm, tqdm.std.trange
+        module.tqdm_notebook, module.tnrange = tqdm.std.tqdm, tqdm.std.trange
+        sys.modules[name] = module
+    tqdm_pkg = sys.modules.get("tqdm")
+    for attr in ("auto", "autonotebook", "notebook"):
+        if tqdm_pkg is not None:
+            setattr(tqdm_pkg, attr, sys.modules[f"tqdm.{attr}"])
+
+
+def _report_exits(writer: ChannelWriter) -> None:
+    """``os._exit`` from a replica's thread says who called it before the process ends.
+
+    It ends the whole process at once, and with it every replica that is a thread of it:
+    without this note the notebook could only say that the process ended "without an
+    exit code". (The pid tells a replica from a process it forked, which shares its
+    thread's state and calls ``os._exit`` too when it ends.)
+    """
+    real_exit = os._exit
+
+    def reported_exit(code):
+        ordinal = getattr(current, "ordinal", None)
+        if ordinal is not None:
+            with contextlib.suppress(Exception):
+                flush_all()
+                writer.send(NOTE, ordinal, json.dumps({"exit": code, "pid": os.getpid()}).encode())
+        real_exit(code)
+
+    os._exit = functools.wraps(real_exit)(reported_exit)
+
+
+def _send_cell_definitions_by_value() -> None:
+    """Let processes the cell starts (a DataLoader's workers) receive its classes and
+    functions, under every start method.
+
+    A spawned or forkserver worker unpickles a ``Dataset`` by importing its class's
+    module: for a class of the cell that would run the whole cell again, and a class of
+    the notebook (``__main__`` there) cannot be imported at all. multiprocessing pickles
+    with ``ForkingPickler``; here it sends such classes and functions by value, with
+    cloudpickle, as the notebook's names reach a replica that does not fork. Everything
+    else (tensors, plain data) pickles as before.
+    """
+    from multiprocessing.reduction import ForkingPickler
+
+    def reducer_override(pickler, obj):
+        if isinstance(obj, (type, types.FunctionType)) and not _importable(obj):
+            return cloudpickle.loads, (cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL),)
+        return NotImplemented
+
+    ForkingPickler.reducer_override = reducer_override
+
+
+def _serialize_forks() -> None:
+    """Replicas that are threads of one process fork one at a time (DataLoader workers, a
+    Pool). On Python 3.12+, filelock 4.2 (torch imports it) audits os.fork and makes it raise
+    RuntimeError("os.fork is unsafe while filelock is changing descriptor ownership") while
+    another thread of the process is inside os.fork, which concurrent replicas often are."""
+    if getattr(os.fork, "_colab_xla_serialized", False):
+        return
+    real_fork, lock = os.fork, threading.Lock()
+
+    @functools.wraps(real_fork)
+    def fork():
+        with lock:  # in the child too: the forking thread is the one that goes on there
+            return real_fork()
+
+    fork._colab_xla_serialized = True
+    os.fork = fork
+
+
+def _importable(obj) -> bool:
+    """Whether a fresh process importing ``obj.__module__`` gets ``obj`` without running
+    a cell: not for the cell's own module, nor for what lives in a ``__main__``."""
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    # (a module of the cell holds its globals: see colab_xla.replica.job._ReplicaModule)
+    if module is None or "_replica_globals" in vars(module) or module.__name__ == "__main__":
+        return False
+    try:
+        return lookup(obj.__qualname__, vars(module)) is obj
+    except (AttributeError, KeyError):
+        return False

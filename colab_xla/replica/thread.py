@@ -1,0 +1,11 @@
+"""Which replica the calling thread runs.
+
+On CPU (and TPU v2/v3) several replicas are threads of one process: whatever routes by
+replica (output lines, notes, the in-memory rendezvous of CPU replicas) asks here.
+``current.ordinal`` is the replica's ordinal in its own thread, None elsewhere (a thread
+the cell started, a pool's helper thread).
+"""
+
+import threading
+
+current = threading.local()
