@@ -1,7 +1,7 @@
 """colab_xla: run a notebook cell on every PyTorch/XLA replica with ``%%xla_spawn``.
 
 Load it in a notebook with ``%load_ext colab_xla``. The IPython glue is imported only
-then, so the core (``colab_xla.run``) imports without IPython.
+then, so the core (``colab_xla.run`` and what it uses) imports without IPython.
 """
 
 __version__ = "0.1.0"
@@ -22,9 +22,9 @@ def load_ipython_extension(ipython):
 
 def unload_ipython_extension(ipython):
     """Remove the magics and stop the lock manager (``%unload_ext colab_xla``)."""
-    from . import run
+    from . import shared_lock
 
     ipython.magics_manager.magics["cell"].pop("xla_spawn", None)
     ipython.magics_manager.magics["line"].pop("xla_doctor", None)
     ipython.magics_manager.registry.pop("XlaMagics", None)
-    run.shutdown()
+    shared_lock.shutdown()

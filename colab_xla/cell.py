@@ -31,10 +31,12 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Optional
 
+from .errors import SetupError
+
 _counter = itertools.count(1)
 
 
-class EmptyCellError(ValueError):
+class EmptyCellError(SetupError):
     """The cell has no code to run."""
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from . import interrupts
+from .errors import SetupError
 
 # A simulated host has as many replicas as a TPU v2-8/v3-8 host, so notebooks written for
 # Colab's TPU run unchanged on a laptop.
@@ -66,7 +67,7 @@ PCI_DEVICES_GLOB = "/sys/bus/pci/devices/*/vendor"
 METADATA_TIMEOUT = 2.0  # seconds: torch_xla's own metadata query has no timeout
 
 
-class ReplicaCountError(ValueError):
+class ReplicaCountError(SetupError, ValueError):
     """The hardware cannot run the number of replicas asked for (the message says why)."""
 
 
@@ -279,7 +280,7 @@ TORCH_XLA_MISSING = ("torch_xla is not installed in this kernel's environment, a
                      "%%xla_spawn runs on it. " + TORCH_XLA_INSTALL_HINT)
 
 
-class TorchXlaMissing(ImportError):
+class TorchXlaMissing(SetupError, ImportError):
     """torch_xla cannot be imported (the message says how to install it)."""
 
 

@@ -27,9 +27,10 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-import shlex
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple
+
+from .errors import OptionError
 
 START_METHODS = ("fork", "spawn", "forkserver")
 LAUNCHERS = ("xmp", "launch")
@@ -51,10 +52,10 @@ class Launch:
 
     def __post_init__(self):
         if self.start_method not in START_METHODS:
-            raise ValueError(f"--start-method {self.start_method}: use one of "
+            raise OptionError(f"--start-method {self.start_method}: use one of "
                              f"{', '.join(START_METHODS)}.")
         if self.launcher not in LAUNCHERS:
-            raise ValueError(f"--launcher {self.launcher}: use xmp (xmp.spawn) or launch "
+            raise OptionError(f"--launcher {self.launcher}: use xmp (xmp.spawn) or launch "
                              "(torch_xla.launch).")
 
     def describe(self) -> str:
@@ -113,21 +114,6 @@ def warm_forkserver() -> Tuple[int, bool]:
         forkserver.ensure_running()  # (starts it again if it died)
     now = forkserver_pid()
     return now, now != before
-
-
-def parse_env(assignments) -> Dict[str, str]:
-    """``["XLA_IR_DEBUG=1", "A=b=c"]`` -> ``{"XLA_IR_DEBUG": "1", "A": "b=c"}``; a KEY
-    given twice with two values is refused (which one was meant cannot be told)."""
-    env: Dict[str, str] = {}
-    for item in assignments:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--env {item}: write KEY=VALUE, e.g. --env XLA_IR_DEBUG=1.")
-        if env.get(key, value) != value:
-            first, second = (shlex.quote(f"{key}={v}") for v in (env[key], value))
-            raise ValueError(f"--env {first} and --env {second} set {key} twice: keep one.")
-        env[key] = value
-    return env
 
 
 def forkserver_pid() -> Optional[int]:

@@ -11,13 +11,12 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from . import doctor, processes, views
 from .cell import EmptyCellError
-from .hardware import ReplicaCountError, TorchXlaMissing
-from .launch import LAUNCHERS, START_METHODS, Launch, parse_env
-from .options import LineError, check_output, pull_names, split_line
+from .errors import SetupError
+from .launch import LAUNCHERS, START_METHODS, Launch
+from .options import check_output, parse_env, pull_names, split_line
 from .outcome import XlaSpawnError
-from .preflight import PreflightError
+from .preflight import RuntimeInitializedError
 from .run import run_cell
-from .state import UnsafeStateDir
 
 
 @magics_class
@@ -36,7 +35,8 @@ class XlaMagics(Magics):
                    "variable NAME (XLA tensors arrive as CPU tensors).")
     @argument("-t", "--timeout", type=float, metavar="SECONDS", default=None,
               help="stop the run after SECONDS (default: none, training can take hours); "
-                   "replicas still running are killed and reported with their last output line.")
+                   "replicas still running are stopped (their processes killed) and reported "
+                   "with their last output line.")
     @argument("--no-widget", action="store_true",
               help="show live output as text lines ([replica 3] ...) instead of the widget "
                    "(also: COLAB_XLA_VIEW=text in the environment).")
@@ -112,7 +112,7 @@ class XlaMagics(Magics):
             how = Launch(args.start_method or os.environ.get("COLAB_XLA_START_METHOD", "fork"),
                          launcher=args.launcher, debug_single=args.debug_single)
             env = parse_env(args.env)
-        except ValueError as exc:
+        except SetupError as exc:
             raise UsageError(str(exc)) from None
         view = self._view(args.no_widget)
         try:
@@ -130,15 +130,8 @@ class XlaMagics(Magics):
                 pull=pull,
                 pull_from=args.pull_from,
             )
-        except EmptyCellError:
-            raise UsageError("The %%xla_spawn cell is empty: write the code every replica "
-                             "runs below the %%xla_spawn line.") from None
-        except PreflightError as exc:
-            cause = (doctor.likely_cause(self.shell.user_ns.get("In", ()))
-                     if exc.problem.code == "runtime-initialized" else None)
-            raise UsageError(str(exc) + (f"\nLikely: {cause}." if cause else "")) from None
-        except (ReplicaCountError, TorchXlaMissing, UnsafeStateDir, ValueError) as exc:
-            raise UsageError(str(exc)) from None
+        except SetupError as exc:  # refused before anything started; nothing else is caught
+            raise UsageError(self._refusal(exc)) from None
         # Values first, then the closing draw: a view that fails cannot lose them.
         kept = self._store(outcome, args.output, pull, args.pull_from)
         view.closed(outcome)
@@ -149,6 +142,16 @@ class XlaMagics(Magics):
             raise KeyboardInterrupt
         if not outcome.ok:
             raise XlaSpawnError(outcome)
+
+    def _refusal(self, exc: SetupError) -> str:
+        """What the person reads when a run is refused."""
+        if isinstance(exc, EmptyCellError):
+            return ("The %%xla_spawn cell is empty: write the code every replica runs below "
+                    "the %%xla_spawn line.")
+        if isinstance(exc, RuntimeInitializedError):
+            cause = doctor.likely_cause(self.shell.user_ns.get("In", ()))
+            return str(exc) + (f"\nLikely: {cause}." if cause else "")
+        return str(exc)
 
     def _store(self, outcome, output, pull, pull_from) -> list:
         """Put ``-o`` and ``--pull`` values in the notebook. A run that failed or was
@@ -220,6 +223,6 @@ def _parse(magic, line: str, name: str):
     quotes are UsageErrors."""
     try:
         argv = split_line(line, name)
-    except LineError as exc:
+    except SetupError as exc:
         raise UsageError(str(exc)) from None
     return magic.parser.parse_args(argv)

@@ -25,7 +25,7 @@ RETURN_PLAIN_DATA = ("Return plain data instead (numbers, strings, lists, dicts,
                      "a state_dict()).")
 
 # A replica's life: running until its report arrives, then exactly one of the others.
-RUNNING, DONE, FAILED, KILLED = "running", "done", "failed", "killed"
+RUNNING, DONE, FAILED, STOPPED = "running", "done", "failed", "stopped"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,9 +132,9 @@ class RunOutcome:
         return sorted(o for o, r in self.replicas.items() if r.state == FAILED)
 
     @property
-    def killed(self) -> List[int]:
+    def stopped(self) -> List[int]:
         """Replicas the run stopped: Interrupt, ``--timeout``, or another replica failed."""
-        return sorted(o for o, r in self.replicas.items() if r.state == KILLED)
+        return sorted(o for o, r in self.replicas.items() if r.state == STOPPED)
 
     @property
     def ok(self) -> bool:
@@ -152,7 +152,7 @@ class RunOutcome:
     def error_groups(self) -> List[Tuple[ReplicaError, List[int]]]:
         """Each distinct error once, with the sorted ordinals of the replicas that hit it."""
         groups: Dict[Tuple[str, str], Tuple[ReplicaError, List[int]]] = {}
-        for ordinal in self.failed + self.killed:
+        for ordinal in self.failed + self.stopped:
             error = self.replicas[ordinal].error
             shared = dataclasses.replace(error, where="")  # whereabouts differ per replica
             key = (shared.kind, shared.render())
@@ -230,10 +230,10 @@ class XlaSpawnError(Exception):
                          "where (a PJRT_DEVICE this torch_xla cannot start, a broken install)")
         if out.failed:
             parts.append(f"{len(out.failed)} of {total} failed ({kinds(out.failed)})")
-        if out.killed:
-            were = "was" if len(out.killed) == 1 else "were"
+        if out.stopped:
+            were = "was" if len(out.stopped) == 1 else "were"
             of = "" if out.failed else f" of {total}"
-            parts.append(f"{len(out.killed)}{of} {were} stopped ({kinds(out.killed)})")
+            parts.append(f"{len(out.stopped)}{of} {were} stopped ({kinds(out.stopped)})")
         return "; ".join(parts)
 
     def render(self) -> str:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from . import hardware
+from .errors import SetupError
 
 # What torch_xla sets for each replica process on a TPU host (torch_xla/_internal/pjrt.py
 # initialize_multiprocess; tpu.py configure_topology), all with os.environ.setdefault, so a
@@ -59,12 +60,22 @@ class Problem:
         return f"{self.message}\nFix: {self.fix}"
 
 
-class PreflightError(RuntimeError):
+class PreflightError(SetupError):
     """A fatal problem found before starting replicas (the message says what to do)."""
 
     def __init__(self, problem: Problem):
         self.problem = problem
         super().__init__(problem.render())
+
+
+class RuntimeInitializedError(PreflightError):
+    """The notebook's process already initialized XLA; replicas cannot start."""
+
+
+def refusal(problem: Problem) -> PreflightError:
+    """The error that refuses a run for the fatal ``problem``."""
+    kind = RuntimeInitializedError if problem.code == "runtime-initialized" else PreflightError
+    return kind(problem)
 
 
 def environment_problems(environ: Mapping[str, str]) -> List[Problem]:

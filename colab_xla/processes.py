@@ -1,13 +1,15 @@
-"""Which processes colab_xla started, kept on disk, so that leftovers can be found later.
+"""The processes colab_xla starts: tracked, killed with their run, never left behind.
 
-A run records the processes it starts in a file of a private per-user directory, and
-removes the file when every one of them is gone. If the notebook's process dies first
-(killed, out of memory) the file stays; a later run, or ``%xla_doctor``, finds the
-processes still alive and offers to kill them. A process is only ever identified by pid
-*and* start time, so a recycled pid is never mistaken for ours.
-
-The directory is ``$TMPDIR/colab_xla-<uid>``, created mode 0700 and refused if someone
-else owns it or can write to it (a predictable path another user could pre-create).
+* :class:`RunProcesses` follows one run's processes from the notebook, by pid as they
+  appear, and kills them all when the run ends.
+* The pid registry keeps them on disk: a run records its processes in a file of the
+  private state directory (:mod:`colab_xla.state`) and removes it when every one is gone.
+  If the notebook's process dies first (killed, out of memory) the file stays; a later
+  run, or ``%xla_doctor``, finds those still alive and offers to kill them. A process is
+  only ever identified by pid *and* start time, so a recycled pid is never mistaken for
+  ours.
+* :func:`die_with_parent`, :func:`adopt_orphans` and :func:`end_descendants` make a
+  process started for a run end with the notebook's process, or with its replica.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import multiprocessing
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from typing import Dict, List
 
@@ -102,6 +106,86 @@ def kill_leftovers() -> List[Leftover]:
     psutil.wait_procs(procs, timeout=3)
     leftovers()  # removes the records that are now empty
     return killed
+
+
+# --- the processes of one run, seen from the notebook ------------------------------------------
+
+
+class RunProcesses:
+    """Every process one run started: the pool's replica processes and what they started
+    (a DataLoader's workers, a subprocess in its own session), tracked by pid as they
+    appear, recorded in the pid registry, and killed together when the run ends."""
+
+    def __init__(self, run_id: str):
+        self._record = RunRecord(run_id)
+        self._tracked: Dict[int, psutil.Process] = {}
+        self._children_before: set = set()
+        self._children: Dict[int, multiprocessing.process.BaseProcess] = {}
+
+    def begin(self) -> None:
+        """Call just before the run starts processes: every child of the notebook's
+        process that appears from now on is the run's."""
+        self._children_before = set(multiprocessing.active_children())
+
+    def new_children(self) -> List[multiprocessing.process.BaseProcess]:
+        """Processes started since the run began (the pool's) and still running;
+        remembered, so that their exit codes can be told after they are reaped."""
+        for p in multiprocessing.active_children():
+            if p not in self._children_before:
+                self._children.setdefault(p.pid, p)
+        return [p for p in self._children.values() if p.exitcode is None]
+
+    def exit_codes(self) -> List[int]:
+        """The non-zero exit codes of the pool's processes that have ended (a negative
+        code is the signal that killed it)."""
+        self.new_children()
+        for p in self._children.values():
+            p.join(0)  # sets exitcode if the process is gone
+        return sorted({p.exitcode for p in self._children.values() if p.exitcode})
+
+    def track(self, pid: int) -> None:
+        if pid not in self._tracked:
+            with contextlib.suppress(psutil.Error):
+                self._tracked[pid] = psutil.Process(pid)
+                self._record.add(self._tracked[pid])
+
+    def track_descendants(self) -> None:
+        """Record the pool's processes and what they started: all killed with the run,
+        all in the pid registry."""
+        for child in self.new_children():
+            self.track(child.pid)
+        for process in list(self._tracked.values()):
+            with contextlib.suppress(psutil.Error):
+                for descendant in process.children(recursive=True):
+                    self.track(descendant.pid)
+
+    def kill(self) -> None:
+        """SIGKILL every process of the run (by pid, never by name) and reap them."""
+        children = self.new_children()
+        for child in children:
+            self.track(child.pid)
+        victims: List[psutil.Process] = []
+        for process in list(self._tracked.values()):
+            with contextlib.suppress(psutil.Error):
+                victims.extend(process.children(recursive=True))
+                victims.append(process)
+        for victim in victims:
+            with contextlib.suppress(psutil.Error):
+                victim.kill()  # psutil refuses if the pid now belongs to another process
+        # The pool's processes are reaped by multiprocessing, not by psutil: a child that
+        # psutil's waitpid reaped stays in multiprocessing's own list for good (its poll
+        # sees ECHILD as "still running"), and with it the pipe fd of its sentinel - one
+        # leaked fd per replica process of every interrupted or timed-out run.
+        deadline = time.monotonic() + 3
+        for child in children:
+            child.join(max(0.0, deadline - time.monotonic()))
+        ours = {child.pid for child in children}
+        gone, alive = psutil.wait_procs([p for p in victims if p.pid not in ours],
+                                        timeout=max(0.0, deadline - time.monotonic()))
+        alive += [child for child in children if child.exitcode is None]
+        self._tracked.clear()
+        if not alive:
+            self._record.close()
 
 
 # --- how a process started for a run ends with it ---------------------------------------------

@@ -13,8 +13,9 @@ import psutil
 import pytest
 
 from colab_xla import doctor, preflight, processes, state
-from colab_xla.outcome import DONE, KILLED, XlaSpawnError
-from colab_xla.run import FAIL_FAST_SECONDS, run_cell
+from colab_xla.outcome import DONE, STOPPED, XlaSpawnError
+from colab_xla.run import run_cell
+from colab_xla.supervisor import FAIL_FAST_SECONDS
 
 _PY = [sys.executable, "-u", "-c"]
 
@@ -152,7 +153,7 @@ def test_a_failure_ends_the_run_even_when_the_others_wait_in_a_collective():
         """, 4)
     took = time.monotonic() - started
     assert took < FAIL_FAST_SECONDS + 30  # not forever (pytorch/xla#7974)
-    assert outcome.failed == [2] and outcome.killed == [0, 1, 3]
+    assert outcome.failed == [2] and outcome.stopped == [0, 1, 3]
     for o in (0, 1, 3):
         error = outcome.replicas[o].error
         assert error.kind == "stopped" and "replica 2 failed (ValueError)" in error.evalue
@@ -197,7 +198,7 @@ def test_timeout_kills_the_run_and_reports_the_last_line():
             time.sleep(600)
         """, 2, timeout=3)
     assert outcome.replicas[0].state == DONE
-    assert outcome.replicas[1].state == KILLED
+    assert outcome.replicas[1].state == STOPPED
     error = outcome.replicas[1].error
     assert error.kind == "timeout" and "--timeout 3 s" in error.evalue
     assert error.where == "last output: 'epoch 1 done'"

@@ -306,7 +306,7 @@ def test_a_timeout_shorter_than_the_start_up_says_timeout_not_done(ip, capsys):
     result = cell(ip, "-n 2 -t 0.001 -o late", "index")
     error = result.error_in_exec
     assert isinstance(error, XlaSpawnError), error
-    assert error.outcome.ok is False and error.outcome.killed == [0, 1]
+    assert error.outcome.ok is False and error.outcome.stopped == [0, 1]
     for rep in error.outcome.replicas.values():
         assert rep.error.kind == "timeout" and "--timeout 0.001 s" in rep.error.evalue
     assert ip.user_ns["late"] == {}

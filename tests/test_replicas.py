@@ -255,7 +255,8 @@ def test_refuses_before_forking_when_the_runtime_is_already_initialized():
     script = textwrap.dedent("""
         import torch_xla, multiprocessing
         torch_xla.device()   # initializes the runtime in this (the "notebook's") process
-        from colab_xla.run import run_cell, RuntimeInitializedError
+        from colab_xla.preflight import RuntimeInitializedError
+        from colab_xla.run import run_cell
         try:
             run_cell("index", nprocs=2, announce=None)
         except RuntimeInitializedError as exc:
@@ -294,7 +295,7 @@ def test_interrupt_kills_every_replica_process_and_returns_promptly(tmp_path):
     replica_pids = {int(f.read_text()) for f in files}
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=15)  # answered within seconds, not hung
-    assert "interrupted: True [(0, 'killed'), (1, 'killed')]" in out, out + err
+    assert "interrupted: True [(0, 'stopped'), (1, 'stopped')]" in out, out + err
     assert not any(psutil.pid_exists(p) for p in replica_pids)
 
 

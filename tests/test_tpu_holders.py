@@ -268,7 +268,7 @@ def fake_tpu_host(monkeypatch, scan):
     def started(*args, **kwargs):
         raise AssertionError("replicas were started")
 
-    monkeypatch.setattr(run, "_Run", started)
+    monkeypatch.setattr(run, "Supervisor", started)
 
 
 def test_run_cell_on_a_held_tpu_is_refused_before_anything_starts(monkeypatch, private_state):

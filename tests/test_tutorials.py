@@ -217,8 +217,8 @@ def test_replica_errors_are_grouped_with_their_replicas(wrong):
 def test_replicas_waiting_in_rendezvous_are_stopped_soon_after_a_failure(wrong):
     nb, html_path, _ = wrong
     c = cell(nb, "rendezvous")
-    blocks, took = summary(text_of(c), "1 failed, 3 killed",
-                           {0: "killed", 1: "failed", 2: "killed", 3: "killed"})
+    blocks, took = summary(text_of(c), "1 failed, 3 stopped",
+                           {0: "stopped", 1: "failed", 2: "stopped", 3: "stopped"})
     assert 3.0 <= took < 15.0, took  # 3 s of grace, then stopped: not a hang
     assert blocks[1][1] == ["replica 1: epoch 1 trained", "RuntimeError: replica 1 ran out of data"]
     for i in (0, 2, 3):
@@ -237,7 +237,7 @@ def test_replicas_waiting_in_rendezvous_are_stopped_soon_after_a_failure(wrong):
 def test_timeout_stops_a_hang(wrong):
     nb = wrong[0]
     c = cell(nb, "timeout")
-    blocks, took = summary(text_of(c), f"{REPLICAS} killed", {i: "killed" for i in range(REPLICAS)})
+    blocks, took = summary(text_of(c), f"{REPLICAS} stopped", {i: "stopped" for i in range(REPLICAS)})
     assert 3.0 <= took < 15.0, took
     for i, (_, lines) in blocks.items():
         waiting = f"replica {i}: waiting for /nonexistent/ready"

@@ -380,7 +380,14 @@ def test_combined_view_labels_lines_and_merges_identical_ones_across_replicas():
 
 from colab_xla import launch, preflight  # noqa: E402
 from colab_xla.transport import names, shared_tensors  # noqa: E402
-from colab_xla.run import check_options  # noqa: E402
+from colab_xla.errors import OptionError  # noqa: E402
+from colab_xla.options import check_run, parse_env  # noqa: E402
+
+
+def check_options(env, pull, pull_from, nprocs=None, timeout=None, cache_dir=None,
+                  how=launch.Launch()):
+    return check_run(nprocs=nprocs, timeout=timeout, env=env, pull=pull, pull_from=pull_from,
+                     cache_dir=cache_dir, launch=how)
 
 
 def test_a_cell_module_pickles_as_its_file_and_compiles_again(tmp_path):
@@ -420,13 +427,13 @@ def test_names_sent_together_keep_the_objects_they_share():
     (["XLA_FLAGS=--a=1 --b=2", "EMPTY="], {"XLA_FLAGS": "--a=1 --b=2", "EMPTY": ""}),
 ])
 def test_env_assignments_are_parsed_at_the_first_equals_sign(items, expected):
-    assert launch.parse_env(items) == expected
+    assert parse_env(items) == expected
 
 
 @pytest.mark.parametrize("bad", ["NOEQUALS", "=value"])
 def test_env_assignments_without_a_key_are_refused(bad):
-    with pytest.raises(ValueError, match="KEY=VALUE"):
-        launch.parse_env([bad])
+    with pytest.raises(OptionError, match="KEY=VALUE"):
+        parse_env([bad])
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -437,14 +444,14 @@ def test_env_assignments_without_a_key_are_refused(bad):
 ])
 def test_bad_options_are_refused_with_the_option_named(kwargs, match):
     args = {"env": {}, "pull": (), "pull_from": None, **kwargs}
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(OptionError, match=match):
         check_options(**args)
 
 
 def test_unknown_start_methods_and_launchers_are_refused():
-    with pytest.raises(ValueError, match="fork, spawn, forkserver"):
+    with pytest.raises(OptionError, match="fork, spawn, forkserver"):
         launch.Launch("thread")
-    with pytest.raises(ValueError, match="--launcher torchrun"):
+    with pytest.raises(OptionError, match="--launcher torchrun"):
         launch.Launch(launcher="torchrun")
 
 
@@ -677,19 +684,19 @@ def test_output_names_the_notebook_cannot_use_or_that_pull_overwrites_are_refuse
 
 
 def test_an_env_key_given_twice_with_two_values_is_refused_and_the_same_twice_is_fine():
-    assert launch.parse_env(["A=1", "A=1"]) == {"A": "1"}
-    with pytest.raises(ValueError, match=r"--env A=1 and --env 'A=x y' set A twice: keep one"):
-        launch.parse_env(["A=1", "A=x y"])
+    assert parse_env(["A=1", "A=1"]) == {"A": "1"}
+    with pytest.raises(OptionError, match=r"--env A=1 and --env 'A=x y' set A twice: keep one"):
+        parse_env(["A=1", "A=x y"])
 
 
 def test_a_pull_of_a_keyword_is_refused():
-    with pytest.raises(ValueError, match="--pull for: each NAME must be a Python identifier"):
+    with pytest.raises(OptionError, match="--pull for: each NAME must be a Python identifier"):
         check_options({}, ["for"], None)
 
 
 def test_an_empty_cache_directory_is_refused_not_taken_for_the_working_directory(tmp_path,
                                                                                  monkeypatch):
-    from colab_xla.run import _cache_dir
+    from colab_xla.options import _cache_dir
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="--cache '': give a directory"):
@@ -702,7 +709,7 @@ def test_an_empty_cache_directory_is_refused_not_taken_for_the_working_directory
 ])
 def test_xla_fatal_lines_are_found_in_a_crashed_process_output(line):
     from colab_xla.output_log import OutputLog
-    from colab_xla.run import native_crash
+    from colab_xla.endings import native_crash
 
     log = OutputLog(None)
     log.write("stderr", f"some output\n{line}\nFatal Python error: Aborted\n\nThread 0x1:\n")

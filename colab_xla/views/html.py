@@ -6,10 +6,10 @@ from __future__ import annotations
 import html
 
 from . import text as text_view
-from ..outcome import DONE, FAILED, KILLED, RunOutcome, format_ordinals
+from ..outcome import DONE, FAILED, STOPPED, RunOutcome, format_ordinals
 
-MARKS = {DONE: "✓", FAILED: "✗", KILLED: "■"}
-_COLORS = {DONE: "#1a7f37", FAILED: "#cf222e", KILLED: "#9a6700"}
+MARKS = {DONE: "✓", FAILED: "✗", STOPPED: "■"}
+_COLORS = {DONE: "#1a7f37", FAILED: "#cf222e", STOPPED: "#9a6700"}
 # Inline styles: notebook renderers (nbconvert, GitHub) bring their own table CSS.
 _PRE = "margin:0;font-family:monospace;text-align:left;white-space:pre-wrap"
 _TD = "text-align:left;vertical-align:top"

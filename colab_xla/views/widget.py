@@ -144,7 +144,7 @@ class WidgetView(RunObserver):
                  "failed" if not outcome.ok else "done")
         failed = "".join(
             f" · <span style='color:#cf222e'>{what}: replica {format_ordinals(ordinals)}</span>"
-            for what, ordinals in (("failed", outcome.failed), ("stopped", outcome.killed))
+            for what, ordinals in (("failed", outcome.failed), ("stopped", outcome.stopped))
             if ordinals)
         counts = text_view.headline(outcome).split(": ", 1)[-1].split(" in ")[0]
         logs = (f"<br><span style='font-size:smaller'>full logs: <code>"

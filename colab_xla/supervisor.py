@@ -1,0 +1,369 @@
+"""The run loop, on the notebook's side: one :class:`Supervisor` per run.
+
+It makes the run's pipes (one for frames, a pair per replica process for C-level output,
+one for what processes print before their rank is known), starts the replicas through
+:mod:`colab_xla.launch` in a driver thread, and reads every pipe in the calling thread
+(the kernel's main thread, so it stays interruptible) until the replicas have ended: frames
+become the outcome's output lines, starts, reports and notes, and the observer (a view)
+hears of each. It cuts the run on Interrupt, ``--timeout`` or :data:`FAIL_FAST_SECONDS`
+after a replica failed, settles every replica that sent no report
+(:mod:`colab_xla.endings`), and kills every process of the run
+(:class:`colab_xla.processes.RunProcesses`) whatever happened.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import dataclasses
+import json
+import os
+import secrets
+import select
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import endings, hardware, interrupts, processes, shared_lock, state
+from .cell import CellModule
+from .launch import Launch, environ, replica_environ, start
+from .outcome import (DONE, FAILED, RETURN_PLAIN_DATA, STOPPED, ReplicaError, RunObserver,
+                      RunOutcome)
+from .replica import job as replica_job
+from .replica.process import inherit
+from .transport import frames, shared_tensors, values
+
+# Live views draw every TICK_SECONDS while output flows (a few updates a second keep the
+# browser responsive), and FIRST_DRAW_SECONDS after the first output of a quiet spell.
+TICK_SECONDS = 0.25
+FIRST_DRAW_SECONDS = 0.05
+# After a kill, how long to wait for the driver thread to see its pool broken.
+_DRIVER_JOIN_SECONDS = 5.0
+# Once a replica has failed, how long the others may go on before the run is stopped:
+# they are usually blocked in a collective waiting for it and would wait forever
+# (pytorch/xla#7974).
+FAIL_FAST_SECONDS = 3.0
+
+
+# The output source of replica processes before their replicas start (see _Run.run).
+STARTUP, STARTUP_LABEL = -1, "process start-up"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRequest:
+    """What a run does besides running the cell (see :func:`colab_xla.run.run_cell`)."""
+
+    launch: Launch
+    parent_pid: int  # the replica processes' parent: this process, or the forkserver
+    cell: CellModule
+    names: Optional[bytes]  # without fork: the notebook names the cell uses, pickled
+    cache_dir: Optional[str]
+    pull: Tuple[str, ...]
+    pull_from: Optional[int]
+
+
+class Supervisor:
+    """One run, from the notebook's side: start the replicas in a driver thread, read what
+    they send until they end (or the run is cut), settle every replica in the outcome, and
+    leave nothing running. Call :meth:`run` once."""
+
+    def __init__(self, options: RunRequest, plan: hardware.ReplicaPlan, run_dir: str,
+                 user_ns: Dict[str, Any], observer: RunObserver, timeout: Optional[float]):
+        self.options, self.cell = options, options.cell
+        self.plan, self.run_dir, self.observer = plan, run_dir, observer
+        self.timeout = timeout
+        self._timeout_at = time.monotonic() + timeout if timeout else None
+        self._fail_at: Optional[float] = None
+        self._first_failed: Optional[int] = None
+        self._stop: Optional[str] = None  # why the run was cut: interrupted, timeout, failed
+        self.user_ns = user_ns
+        self.run_id = secrets.token_hex(8)
+        self.outcome = RunOutcome(device_type=plan.device_type, log_dir=state.new_log_dir())
+        self._decoders: Dict[tuple, Any] = {}
+        self._ranks: Dict[int, set] = {}  # local process rank -> ordinals it runs
+        self._pid_rank: Dict[int, int] = {}
+        self._processes = processes.RunProcesses(self.run_id)
+        self._driver_error: Optional[BaseException] = None
+        self._output_since_draw = False
+        self._exits: Dict[int, Tuple[int, int]] = {}  # pid -> (replica, code) of os._exit
+        self._interrupts = interrupts.Interrupts(None)  # held while the run goes on
+        self._decoder = frames.FrameDecoder()  # (an Interrupt may come before reading starts)
+
+    # -- the run --------------------------------------------------------------------------
+
+    def run(self) -> RunOutcome:
+        self._started = time.monotonic()
+        opts = self.options
+        channel_path = os.path.join(self.run_dir, "channel")
+        read_fd, write_fd = frames.make_fifo(channel_path)
+        done_r, done_w = os.pipe()
+        fd_paths = [tuple(os.path.join(self.run_dir, f"process-{rank}.{kind}")
+                          for kind in ("stdout", "stderr"))
+                    for rank in range(self.plan.processes)]
+        fd_pipes = [tuple(frames.make_fifo(path) for path in pair) for pair in fd_paths]
+        self._fd_sources = {pipe[0]: (rank, kind)
+                            for rank, pair in enumerate(fd_pipes)
+                            for kind, pipe in zip((frames.STDOUT, frames.STDERR), pair)}
+        # What a replica process prints before its rank is known (torch_xla starting its
+        # runtime: XLA's fatal message for a bad XLA_FLAGS, say) goes to one more pipe.
+        startup_path = os.path.join(self.run_dir, "startup")
+        startup = frames.make_fifo(startup_path)
+        self._fd_sources[startup[0]] = (STARTUP, frames.STDERR)
+        fd_pipes.append((startup,))
+        self._shm_dir = shared_tensors.make_dir(self.run_id)
+        # A Manager lock costs ~5 ms of connections per run: only cells that use it pay.
+        lock = shared_lock.new_lock() if "lock" in self.cell.source else None
+        self._processes.begin()  # after the manager exists: every new child is the run's
+        forked = opts.launch.start_method == "fork"
+        job = replica_job.ReplicaJob(
+            run_id=self.run_id, run_dir=self.run_dir, channel_path=channel_path,
+            parent_pid=opts.parent_pid, lock=lock, fd_paths=tuple(fd_paths),
+            startup_path=startup_path,
+            environ=replica_environ(self.plan.env),
+            cell=None if forked else self.cell, names=None if forked else opts.names,
+            cache_dir=opts.cache_dir, pull=opts.pull, pull_from=opts.pull_from,
+            shm_dir=self._shm_dir)
+        driver = threading.Thread(target=self._drive, args=(job, done_w),
+                                  name="colab_xla-driver", daemon=True)
+        # From here on an Interrupt is a flag the read loop checks (see colab_xla.interrupts):
+        # a second one during the clean-up cannot break it either.
+        inherited = (inherit(self.run_id, self.user_ns, self.cell) if forked
+                     else contextlib.nullcontext())
+        with inherited, interrupts.held() as self._interrupts:
+            try:
+                self.observer.opened(self.outcome)
+                driver.start()
+                try:
+                    self._read_until_done(read_fd, done_r)
+                except KeyboardInterrupt:  # raised by a view's own code: an Interrupt too
+                    self._interrupts.requested = True
+                if self._interrupts.requested:
+                    self.outcome.interrupted = True
+                    self._cut("interrupted", read_fd)
+                if self._stop:
+                    self._stop_processes(driver)
+                else:
+                    driver.join()
+                self._drain(read_fd)
+                self._settle_unreported()
+                if (self._driver_error is not None and not self.outcome.replicas
+                        and not self._stop):
+                    self.outcome.launch_error = endings.launch_error(self._driver_error)
+                # Replicas arrive in any order; the outcome a person reads is by ordinal.
+                self.outcome.replicas = dict(sorted(self.outcome.replicas.items()))
+            finally:
+                self._processes.kill()  # nothing of the run outlives it, whatever happened
+                if driver.is_alive():  # an error above: let it see its pool end first
+                    driver.join(_DRIVER_JOIN_SECONDS)
+                shared_tensors.remove_dir(self._shm_dir)  # tensors already mapped stay valid
+                for fd in (read_fd, write_fd, done_r, done_w,
+                           *(fd for pair in fd_pipes for pipe in pair for fd in pipe)):
+                    os.close(fd)
+                self.outcome.elapsed = time.monotonic() - self._started
+                self._finish_logs()
+                # Its traceback's frames hold the pool (each process's sentinel pipe) and this
+                # run: a cycle that kept those fds open until a garbage collection.
+                self._driver_error = None
+        return self.outcome
+
+    def _drive(self, job: replica_job.ReplicaJob, done_w: int) -> None:
+        try:
+            with environ(self.plan.env):
+                start(self.options.launch, replica_job.main, job)
+        except BaseException as exc:  # noqa: BLE001 - reported through the outcome
+            self._driver_error = exc  # (let go of when the run ends: see run)
+        finally:
+            os.write(done_w, b"x")
+
+    def _read_until_done(self, read_fd: int, done_r: int) -> None:
+        fds = [read_fd, done_r, *self._fd_sources]
+        if self._interrupts.wake_fd is not None:
+            fds.append(self._interrupts.wake_fd)
+        next_tick = time.monotonic() + TICK_SECONDS
+        quiet = True  # the last draw showed no new output: new output is drawn soon
+        while True:
+            if self._interrupts.requested:
+                return
+            now = time.monotonic()
+            for reason, at in (("timeout", self._timeout_at), ("failed", self._fail_at)):
+                if at is not None and now >= at:
+                    self._cut(reason, read_fd)
+                    return
+            wake = min(t for t in (next_tick, self._timeout_at, self._fail_at) if t is not None)
+            readable, _, _ = select.select(fds, [], [], max(0.0, wake - now))
+            for fd in readable:
+                if fd not in (done_r, self._interrupts.wake_fd):
+                    self._read(fd, read_fd)
+            if self._output_since_draw and quiet:
+                # First output after a quiet spell: draw it soon (with what the other
+                # replicas print in the same moment), not a whole tick later.
+                next_tick, quiet = min(next_tick, time.monotonic() + FIRST_DRAW_SECONDS), False
+            if time.monotonic() >= next_tick:
+                self._processes.track_descendants()
+                self.observer.tick(self.outcome)
+                quiet, self._output_since_draw = not self._output_since_draw, False
+                next_tick = time.monotonic() + TICK_SECONDS
+            if readable == [done_r]:
+                return  # the driver ended and the pipes hold nothing more right now
+
+    def _cut(self, reason: str, read_fd: int) -> None:
+        """Stop the run now: what the pipes hold was written before this moment and counts
+        (a replica that reported its end in time is done); a report read after it is late
+        and ignored, so the replica is settled as stopped for ``reason``, even if the kill
+        comes too late to stop it (a --timeout shorter than the start-up)."""
+        for fd in [read_fd, *self._fd_sources]:
+            if select.select([fd], [], [], 0)[0]:
+                self._read(fd, read_fd)
+        self._stop = reason
+
+    def _stop_processes(self, driver: threading.Thread) -> None:
+        """Kill the run's processes until the driver has seen its pool end: the pool may
+        still be starting replicas when the run is stopped (a short --timeout)."""
+        deadline = time.monotonic() + _DRIVER_JOIN_SECONDS
+        while True:
+            self._processes.kill()
+            driver.join(0.05)
+            if not driver.is_alive() or time.monotonic() >= deadline:
+                return
+
+    def _read(self, fd: int, read_fd: int) -> bool:
+        """Read what ``fd`` has; False at end of file."""
+        data = os.read(fd, 1 << 16)
+        if fd == read_fd:
+            self._handle_all(self._decoder.feed(data))
+        elif data:
+            rank, kind = self._fd_sources[fd]
+            self._text(self._fd_owner(rank), kind, data)
+        return bool(data)
+
+    def _drain(self, read_fd: int) -> None:
+        # Every replica process has exited: what they wrote is in the pipes already.
+        for fd in [read_fd, *self._fd_sources]:
+            while select.select([fd], [], [], 0)[0] and self._read(fd, read_fd):
+                pass
+        for (source, kind), dec in self._decoders.items():
+            self._emit(source, kind, dec.decode(b"", final=True))
+
+    def _fd_owner(self, rank: int):
+        """C-level output of a process belongs to its replica if it runs only one."""
+        if rank == STARTUP:
+            return STARTUP_LABEL
+        ordinals = self._ranks.get(rank, ())
+        per_process = (self.plan.replicas or 0) // max(1, self.plan.processes)
+        if len(ordinals) == 1 and per_process == 1:
+            return next(iter(ordinals))
+        return f"process {rank}"
+
+    # -- frames -----------------------------------------------------------------------------
+
+    def _handle_all(self, batch: List[frames.Frame]) -> None:
+        # Consecutive output of one replica is handled as one chunk: a chatty replica
+        # sends a frame per line, and per-frame work would cap throughput.
+        run: List[frames.Frame] = []
+        for frame in batch:
+            if run and (frame.kind, frame.ordinal, frame.pid) != (run[0].kind, run[0].ordinal, run[0].pid):
+                self._handle(run[0]._replace(payload=b"".join(f.payload for f in run)))
+                run = []
+            if frame.kind in frames.STREAMS:
+                run.append(frame)
+            else:
+                self._handle(frame)
+        if run:
+            self._handle(run[0]._replace(payload=b"".join(f.payload for f in run)))
+
+    def _handle(self, frame: frames.Frame) -> None:
+        if frame.kind in frames.STREAMS:
+            source = frame.ordinal
+            if source < 0:  # a thread of the process that is not a replica
+                source = f"process {self._pid_rank.get(frame.pid, '?')}"
+            self._text(source, frame.kind, frame.payload)
+        elif frame.kind == frames.START:
+            info = json.loads(frame.payload)
+            rep = self.outcome.replica(frame.ordinal)
+            rep.pid = frame.pid
+            self._pid_rank[frame.pid] = info["rank"]
+            self._ranks.setdefault(info["rank"], set()).add(frame.ordinal)
+            self._processes.track(frame.pid)
+            self._processes.new_children()
+            self.observer.started(self.outcome, frame.ordinal)
+        elif frame.kind == frames.END:
+            if self._stop:  # it ended after the run was stopped: not in time (see _cut)
+                return
+            self._load_report(frame.ordinal)
+            if self.outcome.replicas[frame.ordinal].error and self._fail_at is None:
+                self._first_failed = frame.ordinal
+                self._fail_at = time.monotonic() + FAIL_FAST_SECONDS
+            self.observer.finished(self.outcome, frame.ordinal)
+        elif frame.kind == frames.NOTE:
+            note = json.loads(frame.payload)
+            if "rendezvous" in note:
+                self.outcome.replica(frame.ordinal).last_rendezvous = note["rendezvous"]
+            if "exit" in note:  # os._exit: the process ends now, with its replicas
+                self._exits[note["pid"]] = (frame.ordinal, note["exit"])
+
+    def _text(self, source, kind: int, data: bytes) -> None:
+        key = (source, kind)
+        dec = self._decoders.get(key)
+        if dec is None:
+            dec = self._decoders[key] = codecs.getincrementaldecoder("utf-8")("replace")
+        self._emit(source, kind, dec.decode(data))
+
+    def _log(self, source):
+        return (self.outcome.replica(source).log if isinstance(source, int)
+                else self.outcome.process(source))
+
+    def _emit(self, source, kind: int, text: str) -> None:
+        if text:
+            self._output_since_draw = True
+            lines = self._log(source).write(frames.STREAMS[kind], text)
+            self.observer.output(self.outcome, source, lines)
+
+    def _finish_logs(self) -> None:
+        for source in [*self.outcome.replicas, *self.outcome.processes]:
+            lines = self._log(source).finish()
+            if lines:
+                self.observer.output(self.outcome, source, lines)
+
+    def _load_report(self, ordinal: int) -> None:
+        rep = self.outcome.replica(ordinal)
+        report = values.read_report(self.run_dir, ordinal)
+        # Wall time as the person waiting sees it: from the run's start (fork, runtime
+        # start-up included) to this replica's report.
+        rep.elapsed = time.monotonic() - self._started
+        rep.error, rep.value_repr = report.error, report.value_repr
+        problems = []
+        if report.value is not None:
+            try:
+                rep.value, rep.has_value = values.load_value(report.value, self.user_ns), True
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"the cell's value arrived but could not be loaded in the "
+                                f"notebook: {type(exc).__name__}: {exc}")
+        for name, data in report.pulled.items():
+            try:
+                rep.pulled[name] = values.load_value(data, self.user_ns)
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"--pull {name} arrived but could not be loaded in the "
+                                f"notebook: {type(exc).__name__}: {exc}")
+        if problems:  # with what the replica itself could not send, if anything
+            rest = f"; {rep.error.evalue}" if rep.error else ". " + RETURN_PLAIN_DATA
+            rep.error = ReplicaError("result", "ResultError", "; ".join(problems) + rest)
+        rep.state = FAILED if rep.error else DONE
+
+    def _settle_unreported(self) -> None:
+        """Replicas that never sent a report: stopped with the run, or their process died."""
+        expected = range(self.plan.replicas) if self.plan.replicas else ()
+        for ordinal in sorted(set(expected) | set(self.outcome.replicas)):
+            rep = self.outcome.replica(ordinal)
+            if rep.state in (DONE, FAILED):
+                continue
+            if self._stop:
+                rep.state, rep.elapsed = STOPPED, time.monotonic() - self._started
+                rep.error = endings.stopped(
+                    self._stop, rep, timeout=self.timeout, grace=FAIL_FAST_SECONDS,
+                    first_failed=self.outcome.replicas.get(self._first_failed))
+            else:
+                rep.state = FAILED
+                rep.error = endings.died(
+                    rep, exits=self._exits, exit_codes=self._processes.exit_codes(),
+                    process_logs=self.outcome.processes.values(),
+                    one_process=self.plan.processes == 1, driver_error=self._driver_error)
