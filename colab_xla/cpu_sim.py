@@ -15,16 +15,58 @@ import collections
 import contextlib
 import functools
 import os
+import sys
 import threading
-from typing import Dict
+from typing import Dict, List
 
 from .replica.thread import current
+
+# What install() patches or calls in torch_xla._XLAC: private, so checked before use.
+XLAC_FUNCTIONS = ("_xla_step_marker", "_xla_sync_multi", "_xla_get_default_device",
+                  "_xla_wait_device_ops", "_xla_real_devices",
+                  "_set_xla_handle_special_scalars", "_set_xla_enable_device_data_cache")
+# The torch_xla releases the simulation was tested with (tests/test_collectives.py).
+TESTED_RELEASES = ("2.8", "2.9")
 
 _COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
 
 
-def install(xm) -> None:
-    """Make collectives work between CPU replicas that are threads of one process.
+def environment(replicas: int, *, thread_pool_set: bool = False,
+                param_aliasing_set: bool = False) -> Dict[str, str]:
+    """The variables of a run of ``replicas`` CPU replicas (those the user set stay theirs)."""
+    env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(replicas)}
+    if not thread_pool_set:
+        # A collective blocks one XLA pool thread per replica until all have arrived:
+        # fewer threads than replicas (the default is the core count) hangs.
+        env["XLA_THREAD_POOL_SIZE"] = str(max(replicas + 2, 8))
+    if replicas > 1 and not param_aliasing_set:
+        # Replica threads run each collective as a program of its own (see install);
+        # with parameter buffers donated to the step that updates them, a training loop
+        # that never calls torch_xla.sync() after xm.optimizer_step meets a deleted buffer
+        # at its second step.
+        env["XLA_ENABLE_PARAM_ALIASING"] = "0"
+    return env
+
+
+def missing(xlac, xm) -> List[str]:
+    """What :func:`install` needs and this torch_xla lacks (a release that renamed it)."""
+    lacking = [f"torch_xla._XLAC.{name}" for name in XLAC_FUNCTIONS if not hasattr(xlac, name)]
+    lacking += [f"xla_model.{name}" for name in ("all_gather", "xla_rendezvous")
+                if not hasattr(xm, name)]
+    return lacking
+
+
+def unsupported_note(lacking: List[str], version: str) -> str:
+    return (f"colab_xla: torch_xla {version} lacks what the CPU simulation of collectives "
+            f"patches ({', '.join(lacking)}; tested with torch_xla "
+            f"{' and '.join(TESTED_RELEASES)}): replicas run without it, and a collective "
+            "between CPU replicas may hang. Use one of those releases for collectives on "
+            "CPU, or run one replica (-n 1).")
+
+
+def install(xm) -> bool:
+    """Make collectives work between CPU replicas that are threads of one process; False
+    (with a note on stderr) if this torch_xla lacks what it patches.
 
     An XLA CPU collective meets its peers by an id taken from the compiled program, and
     every compilation gets a new one: replicas compiling the same step at the same time
@@ -40,6 +82,11 @@ def install(xm) -> None:
     import torch_xla
 
     xlac = torch_xla._XLAC
+    lacking = missing(xlac, xm)
+    if lacking:
+        print(unsupported_note(lacking, getattr(torch_xla, "__version__", "?")),
+              file=sys.stderr, flush=True)
+        return False
     compile_lock = threading.Lock()
     device_locks: Dict[str, threading.Lock] = collections.defaultdict(threading.Lock)
     step_marker, sync_multi = xlac._xla_step_marker, xlac._xla_sync_multi
@@ -98,6 +145,7 @@ def install(xm) -> None:
     for name in _COLLECTIVES:
         if hasattr(xm, name):
             setattr(xm, name, compiled_where_called(getattr(xm, name)))
+    return True
 
 
 class _ThreadRendezvous:

@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
-from . import interrupts
+from . import cpu_sim, interrupts
 from .errors import SetupError
 
 # A simulated host has as many replicas as a TPU v2-8/v3-8 host, so notebooks written for
@@ -210,17 +210,8 @@ def plan_replicas(requested: Optional[int], hw: Hardware) -> ReplicaPlan:
         if hw.pjrt_device is None:
             note = (f"colab_xla: no TPU found, running {n} replica{'s' if n != 1 else ''} on CPU "
                     f"(PJRT_DEVICE=CPU, CPU_NUM_DEVICES={n}).")
-        env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(n)}
-        if hw.xla_thread_pool_size is None:
-            # A collective blocks one XLA pool thread per replica until all have arrived:
-            # fewer threads than replicas (the default is the core count) hangs.
-            env["XLA_THREAD_POOL_SIZE"] = str(max(n + 2, 8))
-        if n > 1 and hw.param_aliasing is None:
-            # Replica threads run each collective as a program of its own (see
-            # colab_xla.cpu_sim); with parameter buffers donated to the step
-            # that updates them, a training loop that never calls torch_xla.sync() after
-            # xm.optimizer_step meets a deleted buffer at its second step.
-            env["XLA_ENABLE_PARAM_ALIASING"] = "0"
+        env = cpu_sim.environment(n, thread_pool_set=hw.xla_thread_pool_size is not None,
+                                  param_aliasing_set=hw.param_aliasing is not None)
         return ReplicaPlan("CPU", n, env, note)
 
     if device in DEVICE_FILES and hw.pjrt_device and not hw.tpu_chips and not hw.device_files:

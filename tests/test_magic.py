@@ -330,3 +330,26 @@ def test_a_failed_rerun_keeps_the_earlier_values_and_says_so(ip, capsys):
     assert isinstance(result.error_in_exec, XlaSpawnError)
     assert ip.user_ns["kept_res"] == {0: "new"}
     assert "kept" not in capsys.readouterr().out
+
+
+def test_only_refusals_are_usage_errors_a_bug_keeps_its_type_and_traceback(ip, monkeypatch):
+    # A ValueError from deep inside a run (a bug, not a refusal) must not be dressed up as
+    # a UsageError, which IPython shows without its traceback.
+    import colab_xla.magics
+    from colab_xla.errors import SetupError
+
+    def buggy(source, **kwargs):
+        raise ValueError("a bug in colab_xla")
+
+    monkeypatch.setattr(colab_xla.magics, "run_cell", buggy)
+    result = cell(ip, "-n 2 --no-widget", "index")
+    assert type(result.error_in_exec) is ValueError, result.error_in_exec
+    assert result.error_in_exec.__traceback__ is not None
+
+    def refused(source, **kwargs):
+        raise SetupError("refused: do this instead")
+
+    monkeypatch.setattr(colab_xla.magics, "run_cell", refused)
+    result = cell(ip, "-n 2 --no-widget", "index")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert str(result.error_in_exec) == "refused: do this instead"

@@ -1,0 +1,61 @@
+"""Units of colab_xla.cpu_sim: the CPU plan's variables, and the check that refuses to patch
+a torch_xla that lacks what the simulation patches (a later release that renamed it)."""
+
+import types
+
+import pytest
+
+from colab_xla import cpu_sim
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 6, 7, 32])
+def test_the_thread_pool_has_room_for_every_replica_in_a_collective(replicas):
+    env = cpu_sim.environment(replicas)
+    assert env["PJRT_DEVICE"] == "CPU" and env["CPU_NUM_DEVICES"] == str(replicas)
+    # each replica blocks a pool thread in a collective: more threads than replicas, and
+    # never fewer than a small machine's default
+    assert int(env["XLA_THREAD_POOL_SIZE"]) > replicas
+    assert int(env["XLA_THREAD_POOL_SIZE"]) >= 8
+    assert ("XLA_ENABLE_PARAM_ALIASING" in env) == (replicas > 1)
+
+
+def test_variables_the_user_set_are_left_to_them():
+    env = cpu_sim.environment(4, thread_pool_set=True, param_aliasing_set=True)
+    assert env == {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}
+
+
+def _fakes(drop=()):
+    xlac = types.SimpleNamespace(**{n: object() for n in cpu_sim.XLAC_FUNCTIONS if n not in drop})
+    xm = types.SimpleNamespace(all_gather=object(), xla_rendezvous=object())
+    return xlac, xm
+
+
+def test_a_torch_xla_with_everything_needs_nothing():
+    assert cpu_sim.missing(*_fakes()) == []
+
+
+def test_a_renamed_private_function_is_named_and_the_note_says_what_to_do():
+    lacking = cpu_sim.missing(*_fakes(drop=("_xla_sync_multi",)))
+    assert lacking == ["torch_xla._XLAC._xla_sync_multi"]
+    note = cpu_sim.unsupported_note(lacking, "9.9.0")
+    assert "torch_xla 9.9.0" in note and "_xla_sync_multi" in note
+    assert all(release in note for release in cpu_sim.TESTED_RELEASES)
+    assert "-n 1" in note
+
+
+def test_install_refuses_and_patches_nothing_when_something_is_missing(monkeypatch, capsys):
+    torch_xla = pytest.importorskip("torch_xla")
+    xlac, xm = _fakes(drop=("_xla_step_marker",))
+    monkeypatch.setattr(torch_xla, "_XLAC", xlac)
+    before = dict(vars(xlac)), dict(vars(xm))
+    assert cpu_sim.install(xm) is False
+    assert (dict(vars(xlac)), dict(vars(xm))) == before
+    assert "_xla_step_marker" in capsys.readouterr().err
+
+
+def test_the_installed_torch_xla_has_everything_the_simulation_patches():
+    torch_xla = pytest.importorskip("torch_xla")
+    import torch_xla.core.xla_model as xm
+
+    assert cpu_sim.missing(torch_xla._XLAC, xm) == []
+    assert torch_xla.__version__.rsplit(".", 1)[0] in cpu_sim.TESTED_RELEASES
