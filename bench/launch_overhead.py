@@ -7,7 +7,7 @@ In one process, for each replica count N, three paths run a trivial cell, interl
          PJRT_DEVICE=CPU and CPU_NUM_DEVICES=N set around the call (then restored);
 * magic: ``shell.run_cell_magic('xla_spawn', '-n N', 'index')`` in a real IPython shell
          after ``%load_ext colab_xla`` (its printed summary goes to a StringIO);
-* core:  ``colab_xla.run.run_cell('index', nprocs=N, announce=None)``, no IPython.
+* core:  ``colab_xla.run.run_cell('index', replicas=N, announce=None)``, no IPython.
 
 Warm-up runs (torch_xla import, the lock Manager's start) are excluded. Reported per
 path: median and p10/p90 in ms; against bare: the median of paired differences (each
@@ -76,10 +76,10 @@ def make_paths(n: int) -> Dict[str, Callable[[], float]]:
 
     def core() -> float:
         t0 = time.perf_counter()
-        outcome = run_cell("index", nprocs=n, announce=None)
+        outcome = run_cell("index", replicas=n, announce=None)
         elapsed = time.perf_counter() - t0
         if outcome.failed or outcome.results() != expected:
-            raise RuntimeError(f"run_cell nprocs={n}: failed={outcome.failed} "
+            raise RuntimeError(f"run_cell replicas={n}: failed={outcome.failed} "
                                f"results={outcome.results()}")
         return elapsed
 
@@ -123,7 +123,7 @@ def render(results: List[dict], info: dict, seconds: float) -> str:
         "",
         "`%%xla_spawn -n N` of the trivial cell `index` (through a real IPython shell) against "
         "a bare `xmp.spawn(trivial, start_method='fork')` of a module-level function, and "
-        "the IPython-free core `run_cell('index', nprocs=N)`, interleaved in one process. "
+        "the IPython-free core `run_cell('index', replicas=N)`, interleaved in one process. "
         "Times in ms: median (p10–p90). Overhead: median of paired differences, each "
         "iteration's time minus that iteration's bare time (p10…p90). Ratio: median over "
         "bare median.",

@@ -60,7 +60,7 @@ def make_observer():
         def opened(self, outcome):
             self.opened_at = time.time()
 
-        def output(self, outcome, source, lines):
+        def output(self, outcome, origin, lines):
             now = time.time()
             for line in lines:
                 m = _STAMP.match(line)
@@ -77,7 +77,7 @@ def run_once(n: int, sleep: float) -> List[Dict[str, float]]:
     from colab_xla.run import run_cell
 
     recorder = make_observer()()
-    outcome = run_cell(CELL.format(sleep=sleep), nprocs=n, announce=None, observer=recorder)
+    outcome = run_cell(CELL.format(sleep=sleep), replicas=n, announce=None, observer=recorder)
     if outcome.failed:
         raise RuntimeError(f"run_cell failed: {[r.error for r in outcome.replicas.values()]}")
     if sorted(o for o, _, _ in recorder.arrivals) != list(range(n)):

@@ -2,7 +2,7 @@
 
 Every replica prints ``r{index} line {i}`` for i in range(LINES). Three paths:
 
-* core:   ``colab_xla.run.run_cell(loop, nprocs=R, announce=None)`` in this process
+* core:   ``colab_xla.run.run_cell(loop, replicas=R, announce=None)`` in this process
           (no IPython), after a warm-up run;
 * magic:  ``%%xla_spawn -n R --no-widget`` of the same loop in a real ipykernel started
           with jupyter_client (the text view prints the first 200 lines of each replica
@@ -145,10 +145,10 @@ class RssSampler:
 def measure_core(replicas: int, n: int, warmup_lines: int) -> dict:
     from colab_xla.run import run_cell
 
-    run_cell(LOOP.format(n=warmup_lines), nprocs=replicas, announce=None)
+    run_cell(LOOP.format(n=warmup_lines), replicas=replicas, announce=None)
     with RssSampler(os.getpid()) as rss:
         t0 = time.perf_counter()
-        outcome = run_cell(LOOP.format(n=n), nprocs=replicas, announce=None)
+        outcome = run_cell(LOOP.format(n=n), replicas=replicas, announce=None)
         wall = time.perf_counter() - t0
     if outcome.failed:
         raise RuntimeError(f"run_cell failed: {[r.error for r in outcome.replicas.values()]}")

@@ -64,7 +64,7 @@ def run_colab_xla(replicas: int, elements: int, shared: bool) -> float:
     if not shared:  # forked replicas inherit this: every tensor goes inline
         shared_tensors.MIN_BYTES = float("inf")
     try:
-        outcome = run_cell(CELL.format(elements=elements), nprocs=replicas, announce=None)
+        outcome = run_cell(CELL.format(elements=elements), replicas=replicas, announce=None)
         done = time.monotonic()
     finally:
         shared_tensors.MIN_BYTES = saved

@@ -1,6 +1,6 @@
 """What each start method costs: a trivial cell under fork, warm forkserver and spawn.
 
-In one process, for each replica count N, ``colab_xla.run.run_cell('index', nprocs=N,
+In one process, for each replica count N, ``colab_xla.run.run_cell('index', replicas=N,
 launch=Launch(method))`` runs interleaved for the three start methods (the order rotates
 every iteration). The forkserver is started (and its torch/torch_xla import waited for) by
 a first run that is timed on its own: the "cold" figure, paid once per notebook process.
@@ -36,7 +36,7 @@ METHODS = ("fork", "forkserver", "spawn")
 
 def timed_run(method: str, n: int) -> float:
     t0 = time.perf_counter()
-    outcome = run_cell("index", nprocs=n, announce=None, launch=Launch(method))
+    outcome = run_cell("index", replicas=n, announce=None, launch=Launch(method))
     elapsed = time.perf_counter() - t0
     if outcome.results() != {i: i for i in range(n)}:
         raise RuntimeError(f"{method} N={n}: {outcome.results()} "

@@ -26,10 +26,11 @@ class XlaMagics(Magics):
     _told_terminal = False
 
     @magic_arguments()
-    @argument("-n", "--nprocs", type=int, metavar="N", default=None,
+    @argument("-n", "--replicas", "--nprocs", type=int, metavar="N", default=None,
               help="number of replicas. On CPU: N simulated replicas (1 to 128), the CPU "
                    "devices of one process (default: $CPU_NUM_DEVICES, else 8). On a TPU "
-                   "host: every TPU core, the only count xmp.spawn accepts (leave -n out).")
+                   "host: every TPU core, the only count xmp.spawn accepts (leave -n out). "
+                   "--nprocs is the same option, under xmp.spawn's name.")
     @argument("-o", "--output", metavar="NAME", default=None,
               help="store {ordinal: value} of the cell's last expression in the notebook "
                    "variable NAME (XLA tensors arrive as CPU tensors).")
@@ -118,7 +119,7 @@ class XlaMagics(Magics):
         try:
             outcome = run_cell(
                 self.shell.transform_cell(cell),
-                nprocs=args.nprocs,
+                replicas=args.replicas,
                 user_ns=self.shell.user_ns,
                 label=f"Cell In[{self._cell_number()}]",
                 header=f"# %%xla_spawn {line}".rstrip(),

@@ -122,7 +122,7 @@ def parse_env(assignments) -> Dict[str, str]:
     return env
 
 
-def check_run(*, nprocs: Optional[int], timeout: Optional[float], env: Mapping[str, str],
+def check_run(*, replicas: Optional[int], timeout: Optional[float], env: Mapping[str, str],
               pull: Sequence[str], pull_from: Optional[int], cache_dir: Optional[str],
               launch) -> Optional[str]:
     """Refuse bad options of :func:`colab_xla.run.run_cell`; return ``cache_dir`` made
@@ -141,8 +141,8 @@ def check_run(*, nprocs: Optional[int], timeout: Optional[float], env: Mapping[s
     if pull_from is not None and (pull_from < 0 or not pull):
         raise OptionError(f"--pull-from {pull_from}: give a replica ordinal (0 or more) "
                           "together with --pull NAME.")
-    if launch.debug_single and nprocs not in (None, 1):
-        raise OptionError(f"-n {nprocs} with --debug-single: it runs one replica; leave -n out.")
+    if launch.debug_single and replicas not in (None, 1):
+        raise OptionError(f"-n {replicas} with --debug-single: it runs one replica; leave -n out.")
     return None if cache_dir is None else _cache_dir(cache_dir)
 
 

@@ -163,7 +163,7 @@ class RunOutcome:
 class RunObserver:
     """Hooks a live view implements, all called in the thread that called run_cell.
 
-    ``source`` of output is a replica ordinal, or a process label ("process 0") for output
+    ``origin`` of output is a replica ordinal, or a process label ("process 0") for output
     no single replica owns; ``lines`` are the lines it completed (``\\r`` collapsed).
     ``tick`` comes about every ``colab_xla.run.TICK_SECONDS`` (a quarter second) while the run goes on.
     ``closed`` is not called by :func:`run_cell`: whoever called it calls ``closed`` once
@@ -175,7 +175,7 @@ class RunObserver:
 
     def started(self, outcome: RunOutcome, ordinal: int) -> None: ...
 
-    def output(self, outcome: RunOutcome, source, lines: List[str]) -> None: ...
+    def output(self, outcome: RunOutcome, origin, lines: List[str]) -> None: ...
 
     def finished(self, outcome: RunOutcome, ordinal: int) -> None: ...
 

@@ -10,7 +10,7 @@ runs a replica.
 
 Example (in a plain Python process with torch_xla installed)::
 
-    >>> outcome = run_cell("print('hi from', index)\\nindex * 10", nprocs=2)
+    >>> outcome = run_cell("print('hi from', index)\\nindex * 10", replicas=2)
     >>> outcome.results()
     {0: 0, 1: 10}
 """
@@ -31,7 +31,7 @@ from .supervisor import RunRequest, Supervisor
 from .transport import names
 
 
-def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Mapping] = None,
+def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[Mapping] = None,
              label: str = "cell", header: str = "# %%xla_spawn",
              observer: Optional[RunObserver] = None, announce=print,
              timeout: Optional[float] = None, launch: Launch = Launch(),
@@ -60,7 +60,7 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
     ``outcome.failed``).
     """
     env = dict(env or {})
-    cache_dir = options.check_run(nprocs=nprocs, timeout=timeout, env=env, pull=pull,
+    cache_dir = options.check_run(replicas=replicas, timeout=timeout, env=env, pull=pull,
                                   pull_from=pull_from, cache_dir=cache_dir, launch=launch)
     user_ns = dict(user_ns or {})
     run_dir = tempfile.mkdtemp(prefix="colab_xla-")  # mode 0700, unpredictable name
@@ -68,7 +68,7 @@ def run_cell(source: str, *, nprocs: Optional[int] = None, user_ns: Optional[Map
         cell = CellModule.create(source, run_dir, label=label, header=header)
         replica_env = replica_environ(env)  # what the replicas will see, --env included
         hw = hardware.detect(replica_env)
-        plan = hardware.plan_replicas(nprocs, hw)
+        plan = hardware.plan_replicas(replicas, hw)
         if launch.debug_single:  # one replica, one process, whatever the host has
             if plan.device_type == "CPU":
                 plan = hardware.plan_replicas(1, hw)

@@ -45,7 +45,7 @@ _DRIVER_JOIN_SECONDS = 5.0
 FAIL_FAST_SECONDS = 3.0
 
 
-# The output source of replica processes before their replicas start (see _Run.run).
+# The origin of output of replica processes before their replicas start (see Supervisor.run).
 STARTUP, STARTUP_LABEL = -1, "process start-up"
 
 
@@ -241,8 +241,8 @@ class Supervisor:
         for fd in [read_fd, *self._fd_sources]:
             while select.select([fd], [], [], 0)[0] and self._read(fd, read_fd):
                 pass
-        for (source, kind), dec in self._decoders.items():
-            self._emit(source, kind, dec.decode(b"", final=True))
+        for (origin, kind), dec in self._decoders.items():
+            self._emit(origin, kind, dec.decode(b"", final=True))
 
     def _fd_owner(self, rank: int):
         """C-level output of a process belongs to its replica if it runs only one."""
@@ -273,10 +273,10 @@ class Supervisor:
 
     def _handle(self, frame: frames.Frame) -> None:
         if frame.kind in frames.STREAMS:
-            source = frame.ordinal
-            if source < 0:  # a thread of the process that is not a replica
-                source = f"process {self._pid_rank.get(frame.pid, '?')}"
-            self._text(source, frame.kind, frame.payload)
+            origin = frame.ordinal
+            if origin < 0:  # a thread of the process that is not a replica
+                origin = f"process {self._pid_rank.get(frame.pid, '?')}"
+            self._text(origin, frame.kind, frame.payload)
         elif frame.kind == frames.START:
             info = json.loads(frame.payload)
             rep = self.outcome.replica(frame.ordinal)
@@ -301,28 +301,28 @@ class Supervisor:
             if "exit" in note:  # os._exit: the process ends now, with its replicas
                 self._exits[note["pid"]] = (frame.ordinal, note["exit"])
 
-    def _text(self, source, kind: int, data: bytes) -> None:
-        key = (source, kind)
+    def _text(self, origin, kind: int, data: bytes) -> None:
+        key = (origin, kind)
         dec = self._decoders.get(key)
         if dec is None:
             dec = self._decoders[key] = codecs.getincrementaldecoder("utf-8")("replace")
-        self._emit(source, kind, dec.decode(data))
+        self._emit(origin, kind, dec.decode(data))
 
-    def _log(self, source):
-        return (self.outcome.replica(source).log if isinstance(source, int)
-                else self.outcome.process(source))
+    def _log(self, origin):
+        return (self.outcome.replica(origin).log if isinstance(origin, int)
+                else self.outcome.process(origin))
 
-    def _emit(self, source, kind: int, text: str) -> None:
+    def _emit(self, origin, kind: int, text: str) -> None:
         if text:
             self._output_since_draw = True
-            lines = self._log(source).write(frames.STREAMS[kind], text)
-            self.observer.output(self.outcome, source, lines)
+            lines = self._log(origin).write(frames.STREAMS[kind], text)
+            self.observer.output(self.outcome, origin, lines)
 
     def _finish_logs(self) -> None:
-        for source in [*self.outcome.replicas, *self.outcome.processes]:
-            lines = self._log(source).finish()
+        for origin in [*self.outcome.replicas, *self.outcome.processes]:
+            lines = self._log(origin).finish()
             if lines:
-                self.observer.output(self.outcome, source, lines)
+                self.observer.output(self.outcome, origin, lines)
 
     def _load_report(self, ordinal: int) -> None:
         rep = self.outcome.replica(ordinal)

@@ -25,7 +25,7 @@ def test_eight_cpu_replicas_on_two_cores_communicate_every_time():
     n = 8
     expected = ([float(sum(range(n)))] * 2, [float(o) for o in range(n)], sum(range(n)), float(n))
     for attempt in range(5):  # a race shows up as a failed attempt, not as a rare flake
-        outcome = run_cell(CELL, nprocs=n, announce=None, timeout=120)
+        outcome = run_cell(CELL, replicas=n, announce=None, timeout=120)
         assert outcome.ok, (attempt, {o: r.error.render() for o, r in outcome.replicas.items()
                                       if r.error},
                             {label: log.tail_text()[-6000:]  # a native crash's stacks
@@ -69,7 +69,7 @@ def test_a_training_loop_with_optimizer_step_keeps_eight_replicas_identical():
     torch.manual_seed(0)
     base = Net()
     for attempt in range(3):
-        outcome = run_cell(TRAIN, nprocs=8, announce=None, timeout=240, user_ns={"BASE": base})
+        outcome = run_cell(TRAIN, replicas=8, announce=None, timeout=240, user_ns={"BASE": base})
         assert outcome.ok, (attempt, {o: r.error.render() for o, r in outcome.replicas.items()
                                       if r.error},
                             {label: log.tail_text()[-6000:]  # a native crash's stacks
@@ -106,7 +106,7 @@ def test_a_plain_loop_without_a_sync_after_the_step_trains_every_replica_alike()
     # With XLA's parameter buffer donation on, the second step met a deleted buffer.
     import torch
 
-    outcome = run_cell(PLAIN_LOOP, nprocs=4, announce=None, timeout=120)
+    outcome = run_cell(PLAIN_LOOP, replicas=4, announce=None, timeout=120)
     assert outcome.ok, {o: r.error.render() for o, r in outcome.replicas.items() if r.error}
     params = outcome.results()
     for o in range(4):

@@ -9,7 +9,7 @@ pytestmark = [pytest.mark.xla, pytest.mark.timeout(180)]
 
 
 def run(source, n=2, **kw):
-    return run_cell(source, nprocs=n, announce=None, **kw)
+    return run_cell(source, replicas=n, announce=None, **kw)
 
 
 def test_an_exception_whose_str_raises_is_reported_not_a_crash():

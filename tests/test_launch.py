@@ -28,7 +28,7 @@ _PY = [sys.executable, "-c"]
 
 def run(source, n=2, **kw):
     kw.setdefault("announce", None)
-    return run_cell(textwrap.dedent(source).lstrip("\n"), nprocs=n, label="Cell In[5]", **kw)
+    return run_cell(textwrap.dedent(source).lstrip("\n"), replicas=n, label="Cell In[5]", **kw)
 
 
 def notebook_namespace():
@@ -114,7 +114,7 @@ def test_forkserver_is_reused_and_survives_an_interrupted_run(tmp_path):
         import os, time
         from colab_xla.run import run_cell
         from colab_xla.launch import Launch, warm_forkserver
-        run_cell("index", nprocs=1, announce=None, launch=Launch("forkserver"))
+        run_cell("index", replicas=1, announce=None, launch=Launch("forkserver"))
         print("server", warm_forkserver()[0], flush=True)
         cell = '''
         import os, time
@@ -123,9 +123,9 @@ def test_forkserver_is_reused_and_survives_an_interrupted_run(tmp_path):
         while True:
             time.sleep(0.1)
         '''
-        outcome = run_cell(cell, nprocs=2, announce=None, launch=Launch("forkserver"))
+        outcome = run_cell(cell, replicas=2, announce=None, launch=Launch("forkserver"))
         print("interrupted:", outcome.interrupted, flush=True)
-        again = run_cell("index * 3", nprocs=2, announce=None, launch=Launch("forkserver"))
+        again = run_cell("index * 3", replicas=2, announce=None, launch=Launch("forkserver"))
         print("again:", again.results(), "server", warm_forkserver()[0], flush=True)
         """)
     proc = subprocess.Popen(_PY + [script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -22,7 +22,7 @@ _PY = [sys.executable, "-u", "-c"]
 
 def run(source, n, **kw):
     kw.setdefault("announce", None)
-    return run_cell(textwrap.dedent(source).lstrip("\n"), nprocs=n, label="Cell In[7]", **kw)
+    return run_cell(textwrap.dedent(source).lstrip("\n"), replicas=n, label="Cell In[7]", **kw)
 
 
 def wait_for(predicate, seconds, what):
@@ -249,7 +249,7 @@ def test_kernel_death_takes_the_replicas_with_it_and_leftovers_are_found(tmp_pat
             open({str(tmp_path)!r} + "/grandchild", "w").write(str(p.pid))
         open({str(tmp_path)!r} + "/replica" + str(index), "w").write(str(os.getpid()))
         time.sleep(600)
-        ''', nprocs=2, announce=None)
+        ''', replicas=2, announce=None)
         """)
     kernel = subprocess.Popen(_PY + [script])
     files = [tmp_path / "replica0", tmp_path / "replica1", tmp_path / "grandchild"]

@@ -43,7 +43,7 @@ def test_help_is_generated_from_the_arguments(ip, capsys):
     ip.run_cell("%%xla_spawn?")
     out = capsys.readouterr().out
     assert "%xla_spawn [-n N] [-o NAME]" in out
-    assert "-n N, --nprocs N" in out and "-o NAME, --output NAME" in out
+    assert "-n N, --replicas N, --nprocs N" in out and "-o NAME, --output NAME" in out
     assert "index" in out and "device" in out and "lock" in out
     for option in ("--pull NAME[,NAME...]", "--pull-from ORDINAL", "--start-method",
                    "--launcher", "--debug-single", "--env KEY=VALUE", "--cache DIR"):
@@ -102,7 +102,7 @@ def test_quoted_values_arrive_as_a_shell_would_pass_them(ip, run_cell_args, line
 
 def test_every_option_takes_quoted_values(ip, run_cell_args, tmp_path):
     args = run_cell_args(cell(ip, f"-n '3' -o \"res\" --pull 'a, b' --cache '{tmp_path}/my cache'", "index"))
-    assert (args["nprocs"], args["pull"], args["cache_dir"]) == (3, ["a", "b"], f"{tmp_path}/my cache")
+    assert (args["replicas"], args["pull"], args["cache_dir"]) == (3, ["a", "b"], f"{tmp_path}/my cache")
 
 
 def test_a_notebook_variable_in_quotes_keeps_its_spaces(ip, run_cell_args):

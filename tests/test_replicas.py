@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.xla, pytest.mark.timeout(180)]
 
 def run(source, n, **kw):
     kw.setdefault("announce", None)
-    return run_cell(textwrap.dedent(source).lstrip("\n"), nprocs=n, label="Cell In[5]", **kw)
+    return run_cell(textwrap.dedent(source).lstrip("\n"), replicas=n, label="Cell In[5]", **kw)
 
 
 @pytest.mark.parametrize("n", [1, 4])
@@ -258,7 +258,7 @@ def test_refuses_before_forking_when_the_runtime_is_already_initialized():
         from colab_xla.preflight import RuntimeInitializedError
         from colab_xla.run import run_cell
         try:
-            run_cell("index", nprocs=2, announce=None)
+            run_cell("index", replicas=2, announce=None)
         except RuntimeInitializedError as exc:
             print("REFUSED", exc)
         print("children:", len(multiprocessing.active_children()))
@@ -281,7 +281,7 @@ def test_interrupt_kills_every_replica_process_and_returns_promptly(tmp_path):
         while True:
             time.sleep(0.1)
         '''
-        outcome = run_cell(cell, nprocs=2, announce=None)
+        outcome = run_cell(cell, replicas=2, announce=None)
         print("interrupted:", outcome.interrupted,
               sorted((o, r.state) for o, r in outcome.replicas.items()))
         """)

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.xla, pytest.mark.timeout(300)]
 
 def run(source, n, **kw):
     kw.setdefault("announce", None)
-    return run_cell(textwrap.dedent(source).lstrip("\n"), nprocs=n, label="Cell In[7]", **kw)
+    return run_cell(textwrap.dedent(source).lstrip("\n"), replicas=n, label="Cell In[7]", **kw)
 
 
 def lines(outcome, ordinal, stream=None):

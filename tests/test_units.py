@@ -384,9 +384,9 @@ from colab_xla.errors import OptionError  # noqa: E402
 from colab_xla.options import check_run, parse_env  # noqa: E402
 
 
-def check_options(env, pull, pull_from, nprocs=None, timeout=None, cache_dir=None,
+def check_options(env, pull, pull_from, replicas=None, timeout=None, cache_dir=None,
                   how=launch.Launch()):
-    return check_run(nprocs=nprocs, timeout=timeout, env=env, pull=pull, pull_from=pull_from,
+    return check_run(replicas=replicas, timeout=timeout, env=env, pull=pull, pull_from=pull_from,
                      cache_dir=cache_dir, launch=how)
 
 
@@ -658,7 +658,7 @@ def test_run_cell_refuses_a_timeout_that_is_not_a_positive_number(timeout):
 
     with pytest.raises(ValueError, match=r"--timeout \S+: the timeout must be more than 0 "
                                          "seconds and finite"):
-        run_cell("index", nprocs=2, timeout=timeout)
+        run_cell("index", replicas=2, timeout=timeout)
 
 
 def test_pull_names_keep_their_order_once_each_and_an_empty_pull_is_refused():

@@ -33,7 +33,8 @@ _REASON_CHARS = 200
 
 def choose(kind: str, has_kernel: bool) -> RunObserver:
     """The view for a run: ``kind`` is "text", "widget" or "auto" (widget where a Jupyter
-    kernel can show it and ipywidgets imports, else text), wrapped in a FallbackView."""
+    kernel can show it and ipywidgets imports, else text). The widget view comes wrapped
+    in a :class:`FallbackView`; the text view is the fallback, so it comes bare."""
     if kind != "text" and has_kernel:
         try:
             from .widget import WidgetView
@@ -41,7 +42,7 @@ def choose(kind: str, has_kernel: bool) -> RunObserver:
             pass
         else:
             return FallbackView(WidgetView())
-    return FallbackView(text_view.TextView())
+    return text_view.TextView()
 
 
 class FallbackView(RunObserver):
@@ -68,8 +69,8 @@ class FallbackView(RunObserver):
     def started(self, outcome: RunOutcome, ordinal: int) -> None:
         self._forward("started", outcome, ordinal)
 
-    def output(self, outcome: RunOutcome, source, lines: List[str]) -> None:
-        self._forward("output", outcome, source, lines)
+    def output(self, outcome: RunOutcome, origin, lines: List[str]) -> None:
+        self._forward("output", outcome, origin, lines)
 
     def finished(self, outcome: RunOutcome, ordinal: int) -> None:
         self._forward("finished", outcome, ordinal)

@@ -106,16 +106,16 @@ class TextView(RunObserver):
         self._batch: List[str] = []
         self._printed: Dict[object, int] = {}
 
-    def output(self, outcome: RunOutcome, source, lines: List[str]) -> None:
-        label = f"[replica {source}]" if isinstance(source, int) else f"[{source}]"
-        count = self._printed.get(source, 0)
+    def output(self, outcome: RunOutcome, origin, lines: List[str]) -> None:
+        label = f"[replica {origin}]" if isinstance(origin, int) else f"[{origin}]"
+        count = self._printed.get(origin, 0)
         for line in lines:
             count += 1
             if count <= LIVE_LINES:
                 self._batch.append(f"{label} {shorten(line)}")
             elif count == LIVE_LINES + 1:
                 self._batch.append(f"{label} ... (more output: only in the full log)")
-        self._printed[source] = count
+        self._printed[origin] = count
 
     def tick(self, outcome: RunOutcome) -> None:
         if self._batch:

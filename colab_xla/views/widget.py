@@ -78,15 +78,15 @@ class WidgetView(RunObserver):
     def started(self, outcome: RunOutcome, ordinal: int) -> None:
         self._ensure_tab(ordinal)
 
-    def output(self, outcome: RunOutcome, source, lines: List[str]) -> None:
+    def output(self, outcome: RunOutcome, origin, lines: List[str]) -> None:
         recent = list(self._lines)[-_MERGE_WINDOW:]
         for line in map(shorten, lines):
             for entry in reversed(recent):
-                if entry[0] == line and source not in entry[1]:
-                    entry[1].add(source)
+                if entry[0] == line and origin not in entry[1]:
+                    entry[1].add(origin)
                     break
             else:
-                entry = [line, {source}]
+                entry = [line, {origin}]
                 self._lines.append(entry)
                 recent.append(entry)
         self._combined_dirty = True
