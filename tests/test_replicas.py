@@ -164,6 +164,14 @@ def test_the_shared_lock_and_a_private_run_directory():
     assert outcome.replicas[1].text == "holding the lock 1"
 
 
+def test_the_lock_is_there_only_for_a_cell_whose_text_names_it():
+    # What the README says: a Manager lock costs a few ms per run, so only such cells get one.
+    outcome = run("('lo' + 'ck') in globals()", 2)
+    assert outcome.results() == {0: False, 1: False}
+    outcome = run("lock  # named\n'lock' in globals() and hasattr(lock, 'acquire')", 2)
+    assert outcome.results() == {0: True, 1: True}
+
+
 def test_no_process_of_a_run_outlives_it():
     outcome = run("import os\nos.getpid()", 2)
     pid = outcome.results()[0]
