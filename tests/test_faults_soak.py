@@ -130,8 +130,8 @@ def test_five_hundred_mixed_runs_leave_the_kernel_flat(tmp_path):
                 end = sample(k)
             if run < RUNS:
                 run_one(k, kinds[run % len(kinds)], tmp_path / f"mark{run}")
-        manager = k.run("from colab_xla import run as _r\n"
-                        "print(_r._manager._process.pid if _r._manager else -1)")
+        manager = k.run("from colab_xla import shared_lock as _s\n"
+                        "print(_s._manager._process.pid if _s._manager else -1)")
         # The lock's Manager stays for the kernel's life; nothing else of any run does.
         left = [p for p in k.process.children(recursive=True)
                 if p.pid != int(manager.stdout.split()[-1]) and p.status() != psutil.STATUS_ZOMBIE]
