@@ -135,11 +135,21 @@ def test_concurrent_writers_never_interleave_frames():
 
 def test_cpu_plan_defaults_to_a_simulated_tpu_host_and_says_so():
     plan = hardware.plan_replicas(None, hardware.Hardware(pjrt_device=None))
-    assert (plan.device_type, plan.replicas) == ("CPU", hardware.DEFAULT_CPU_REPLICAS)
-    assert plan.env == {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8",
-                        "XLA_THREAD_POOL_SIZE": "10",  # a collective holds a thread per replica
+    n = hardware.DEFAULT_CPU_REPLICAS
+    assert (plan.device_type, plan.replicas) == ("CPU", n)
+    assert plan.env == {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(n),
+                        "XLA_THREAD_POOL_SIZE": str(max(n + 2, 8)),  # see the next test
                         "XLA_ENABLE_PARAM_ALIASING": "0"}  # see test_collectives
-    assert "no TPU found" in plan.note and "8 replicas on CPU" in plan.note
+    assert "no TPU found" in plan.note and f"{n} replicas on CPU" in plan.note
+
+
+@pytest.mark.parametrize("n", [1, 2, 6, 7, 16])
+def test_cpu_plan_gives_xla_a_pool_thread_per_replica_and_two_more_and_at_least_8(n):
+    # A collective holds one XLA pool thread per replica until all have arrived; the rule
+    # hardware.plan_replicas applies is max(n + 2, 8).
+    env = hardware.plan_replicas(n, hardware.Hardware(pjrt_device="CPU")).env
+    assert int(env["XLA_THREAD_POOL_SIZE"]) >= n + 2 and int(env["XLA_THREAD_POOL_SIZE"]) >= 8
+    assert env["XLA_THREAD_POOL_SIZE"] == str(max(n + 2, 8))
 
 
 def test_cpu_plan_honours_n_and_cpu_num_devices_and_explicit_device():
