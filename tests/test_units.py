@@ -3,6 +3,7 @@
 import multiprocessing
 import os
 import pickle
+import select
 import stat
 import sys
 import threading
@@ -116,10 +117,21 @@ def test_concurrent_writers_never_interleave_frames():
         t.start()
     decoder, frames = channel.FrameDecoder(), []
     expected = 5 * 400
-    while len(frames) < expected:
-        frames += decoder.feed(os.read(r, 65536))
+    while len(frames) < expected:  # a lost frame: stop once the writers ended, not hang
+        ended = not any(t.is_alive() for t in procs + threads)  # before looking at the pipe
+        if select.select([r], [], [], 0.1)[0]:
+            frames += decoder.feed(os.read(r, 65536))
+        elif ended:  # everything the writers sent was in the pipe, and it is empty
+            break
     for t in procs + threads:
         t.join()
+    last = {}
+    for f in frames:
+        last[f.ordinal] = f.payload.split(b":", 2)[1].decode()
+    assert len(frames) == expected, (
+        f"the writers ended and {len(frames)} of {expected} frames arrived (last index per "
+        f"writer: {last}; {decoder.pending} bytes of an unfinished frame)")
+    assert [p.exitcode for p in procs] == [0, 0, 0]
     seen = {}
     for f in frames:
         o, i, rest = f.payload.split(b":", 2)
