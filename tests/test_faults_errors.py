@@ -2,19 +2,16 @@
 
 import pytest
 
+from _runs import run  # tests/ is on sys.path
+
 from colab_xla.outcome import XlaSpawnError
-from colab_xla.run import run_cell
 
 pytestmark = [pytest.mark.xla, pytest.mark.timeout(180)]
 
 
-def run(source, n=2, **kw):
-    return run_cell(source, nprocs=n, announce=None, **kw)
-
-
 def test_an_exception_whose_str_raises_is_reported_not_a_crash():
     outcome = run("class Odd(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\n"
-                  "raise Odd()")
+                  "raise Odd()", 2)
     assert outcome.failed == [0, 1]
     for rep in outcome.replicas.values():
         assert rep.error.kind == "exception" and rep.error.ename == "Odd", rep.error
@@ -23,7 +20,7 @@ def test_an_exception_whose_str_raises_is_reported_not_a_crash():
 
 
 def test_keyboard_interrupt_raised_by_the_cell_is_an_error_of_the_cell_not_an_interrupt():
-    outcome = run("if index == 1:\n    raise KeyboardInterrupt('from the cell')\nindex")
+    outcome = run("if index == 1:\n    raise KeyboardInterrupt('from the cell')\nindex", 2)
     assert not outcome.interrupted
     error = outcome.replicas[1].error
     assert error.kind == "exception" and error.ename == "KeyboardInterrupt"
@@ -52,7 +49,7 @@ def test_os_exit_in_one_replica_names_that_replica_and_the_call():
 
 
 def test_an_xla_abort_names_the_signal_and_what_xla_said():
-    outcome = run("import torch\ntorch.ones(2, device=device).sum().item()",
+    outcome = run("import torch\ntorch.ones(2, device=device).sum().item()", 2,
                   env={"XLA_FLAGS": "--xla_bogus_flag"})
     assert outcome.failed == [0, 1]
     for rep in outcome.replicas.values():

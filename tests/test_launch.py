@@ -13,21 +13,17 @@ import time
 import psutil
 import pytest
 
+from _runs import run  # tests/ is on sys.path
+
 from colab_xla import hardware, launch, shared_tensors
 from colab_xla.launch import Launch
 from colab_xla.namespace import UnsendableNames
 from colab_xla.outcome import DONE
 from colab_xla.preflight import PreflightError
-from colab_xla.run import run_cell
 
 pytestmark = [pytest.mark.xla, pytest.mark.timeout(240)]
 
 _PY = [sys.executable, "-c"]
-
-
-def run(source, n=2, **kw):
-    kw.setdefault("announce", None)
-    return run_cell(textwrap.dedent(source).lstrip("\n"), nprocs=n, label="Cell In[5]", **kw)
 
 
 def notebook_namespace():

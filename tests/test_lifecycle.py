@@ -12,16 +12,13 @@ import time
 import psutil
 import pytest
 
+from _runs import run  # tests/ is on sys.path
+
 from colab_xla import doctor, preflight, registry
 from colab_xla.outcome import DONE, KILLED, XlaSpawnError
-from colab_xla.run import FAIL_FAST_SECONDS, run_cell
+from colab_xla.run import FAIL_FAST_SECONDS
 
 _PY = [sys.executable, "-u", "-c"]
-
-
-def run(source, n, **kw):
-    kw.setdefault("announce", None)
-    return run_cell(textwrap.dedent(source).lstrip("\n"), nprocs=n, label="Cell In[7]", **kw)
 
 
 def wait_for(predicate, seconds, what):

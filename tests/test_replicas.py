@@ -11,16 +11,12 @@ import time
 import psutil
 import pytest
 
+from _runs import LABEL, run  # tests/ is on sys.path
+
 from colab_xla import hardware, replica
 from colab_xla.outcome import DONE, FAILED, XlaSpawnError
-from colab_xla.run import run_cell
 
 pytestmark = [pytest.mark.xla, pytest.mark.timeout(180)]
-
-
-def run(source, n, **kw):
-    kw.setdefault("announce", None)
-    return run_cell(textwrap.dedent(source).lstrip("\n"), nprocs=n, label="Cell In[5]", **kw)
 
 
 @pytest.mark.parametrize("n", [1, 4])
@@ -118,7 +114,7 @@ def test_one_replica_raising_fails_only_that_replica_with_the_cells_line():
     bad = outcome.replicas[2]
     assert bad.state == FAILED and bad.text == "before 2"
     assert bad.error.ename == "ValueError" and "bad replica 2" in bad.error.evalue
-    assert "Cell In[5], line 4, in <module>" in bad.error.traceback
+    assert f"{LABEL}, line 4, in <module>" in bad.error.traceback
     assert outcome.results() == {0: 0, 1: 1, 3: 3}
     text = XlaSpawnError(outcome).render()
     assert "[replica 2]" in text and text.count("Traceback") == 1
