@@ -3,9 +3,11 @@ whose ``%%xla_spawn -n 4`` cell has one failing replica, and the rendered widget
 the header, the combined "all" tab and one tab per replica with the right marks, output,
 result and traceback; the cell itself ends with an XlaSpawnError.
 
-Needs chromium at /usr/lib/chromium/chromium (``scripts/env --browser`` installs it) and the
-playwright Python package; either missing is a failure, not a skip. A full-page screenshot
-is left in ``test-artifacts/widget.png`` whatever the outcome.
+Needs torch_xla (the cell runs real replicas), chromium at /usr/lib/chromium/chromium
+(``scripts/env --browser`` installs it) and the playwright Python package; any of them
+missing is a failure that says how to install it, not a skip (tests/test_browser_classic.py
+shares this check). A full-page screenshot is left in ``test-artifacts/widget.png`` whatever
+the outcome.
 """
 
 from __future__ import annotations
@@ -17,9 +19,6 @@ from pathlib import Path
 import pytest
 
 import _jupyterlab as lab  # tests/ is on sys.path (rootdir-relative import mode)
-
-if importlib.util.find_spec("torch_xla") is None:  # found, not imported: no PJRT_DEVICE side effect
-    pytest.skip("torch_xla is not installed", allow_module_level=True)
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
@@ -47,6 +46,10 @@ def write_notebook(path: Path) -> None:
 
 
 def require_browser_stack():
+    if importlib.util.find_spec("torch_xla") is None:  # found, not imported: no PJRT_DEVICE side effect
+        pytest.fail("torch_xla is not installed: the browser tests run real replicas (install "
+                    "the pinned torch/torch_xla pair with `pip install -r requirements-dev.txt`, "
+                    "or `scripts/env`)", pytrace=False)
     if not lab.CHROMIUM.exists():
         pytest.fail(f"chromium is not installed at {lab.CHROMIUM}: the browser tests need it "
                     "(install it with `scripts/env --browser`, or apt-get install chromium)",

@@ -11,6 +11,9 @@ widgetsnbextension 3.6.1, the release made with ipywidgets 7.7.1, from the direc
 image pins (and never serves: Colab draws widgets itself) cannot create ipywidgets 7.7.1's
 Output model in this frontend ("_deserialize_state is not a function"), whoever made the
 widget. A full-page screenshot is left in ``test-artifacts/widget-classic.png``.
+
+A missing piece (torch_xla, chromium, playwright, ipywidgets 7, the frontend directory) is a
+failure that says how to get it, not a skip, as in tests/test_browser.py.
 """
 
 from __future__ import annotations

@@ -5,21 +5,19 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import psutil
 import pytest
 
+from _runs import LABEL, run  # tests/ is on sys.path
+
 from colab_xla import hardware
+from colab_xla.replica import job as replica_job
 from colab_xla.outcome import DONE, FAILED, XlaSpawnError
-from colab_xla.run import run_cell
 
 pytestmark = [pytest.mark.xla, pytest.mark.timeout(180)]
-
-
-def run(source, n, **kw):
-    kw.setdefault("announce", None)
-    return run_cell(textwrap.dedent(source).lstrip("\n"), replicas=n, label="Cell In[5]", **kw)
 
 
 @pytest.mark.parametrize("n", [1, 4])
@@ -117,7 +115,7 @@ def test_one_replica_raising_fails_only_that_replica_with_the_cells_line():
     bad = outcome.replicas[2]
     assert bad.state == FAILED and bad.text == "before 2"
     assert bad.error.ename == "ValueError" and "bad replica 2" in bad.error.evalue
-    assert "Cell In[5], line 4, in <module>" in bad.error.traceback
+    assert f"{LABEL}, line 4, in <module>" in bad.error.traceback
     assert outcome.results() == {0: 0, 1: 1, 3: 3}
     text = XlaSpawnError(outcome).render()
     assert "[replica 2]" in text and text.count("Traceback") == 1
@@ -332,9 +330,43 @@ def test_instances_of_notebook_classes_come_back_as_those_classes():
         assert type(value) is Counter and value.n == o
 
 
-def test_the_outcome_lists_replicas_by_ordinal_whatever_order_they_finished_in():
-    outcome = run("import time\ntime.sleep(0.05 * (3 - index))\nindex", 4)  # 3 finishes first
-    assert list(outcome.replicas) == [0, 1, 2, 3]
+# Replica 0 of the run below sends its START frame (which makes its entry in the outcome)
+# only once replicas 1-3 run their cell, which they do after sending theirs: its entry comes
+# last whatever the threads' timing. The replicas run in a process forked from this one,
+# with its own copy of these.
+_REAL_MAIN = replica_job.main
+_RUNNING = threading.Semaphore(0)
+_ZERO_WAITED = []
+
+
+def _replica_0_starts_last(index, job):
+    if index == 0:
+        _ZERO_WAITED.append(all(_RUNNING.acquire(timeout=60) for _ in range(3)))
+    _REAL_MAIN(index, job)
+
+
+def _cell_ran(index):
+    if index == 0:
+        return list(_ZERO_WAITED)  # [True]: it started after 1, 2 and 3 ran
+    _RUNNING.release()
+    return index
+
+
+def test_the_outcome_lists_replicas_by_ordinal_whatever_order_they_started_in(monkeypatch):
+    from colab_xla.outcome import RunObserver
+
+    class Starts(RunObserver):
+        order = []
+
+        def started(self, outcome, ordinal):
+            self.order.append(ordinal)
+
+    monkeypatch.setattr(replica_job, "main", _replica_0_starts_last)
+    outcome = run("import time\ntime.sleep(0.05 * (3 - index))\nran(index)", 4,
+                  user_ns={"ran": _cell_ran}, observer=Starts())  # and 3 finishes first
+    assert outcome.results() == {0: [True], 1: 1, 2: 2, 3: 3}
+    assert Starts.order[-1] == 0 and sorted(Starts.order) == [0, 1, 2, 3]  # 0 came last...
+    assert list(outcome.replicas) == [0, 1, 2, 3]  # ...and is listed first
 
 
 def test_an_error_in_a_view_ends_the_run_cleanly(monkeypatch):

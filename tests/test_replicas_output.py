@@ -1,18 +1,12 @@
 """Output faults of issue #12 in real torch_xla CPU replicas (threads of one process):
 each replica's own redirection, every way of writing, long lines, text progress bars."""
 
-import textwrap
-
 import pytest
 
-from colab_xla.run import run_cell
+from _runs import run  # tests/ is on sys.path
+
 
 pytestmark = [pytest.mark.xla, pytest.mark.timeout(300)]
-
-
-def run(source, n, **kw):
-    kw.setdefault("announce", None)
-    return run_cell(textwrap.dedent(source).lstrip("\n"), replicas=n, label="Cell In[7]", **kw)
 
 
 def lines(outcome, ordinal, stream=None):
