@@ -14,7 +14,7 @@ import pytest
 
 import nbformat  # the test command installs every layer's tools: a missing one fails
 
-from colab_xla.tools import run_notebooks  # noqa: E402
+import run_notebooks  # noqa: E402  (tools/ is on sys.path: conftest.py)
 
 pytestmark = [pytest.mark.notebook, pytest.mark.timeout(600)]
 

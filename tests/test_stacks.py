@@ -111,7 +111,7 @@ def test_kernels_the_tests_start_are_this_envs_python():
     import nbformat
     from nbclient import NotebookClient
 
-    from colab_xla.tools import run_notebooks
+    import run_notebooks  # tools/ is on sys.path (conftest.py)
 
     probe = ("import json, sys\nfrom importlib import metadata\n"
              f"names = {list(REPORTED)!r}\n"

@@ -2,8 +2,7 @@
 
 Usage::
 
-    python -m colab_xla.tools.run_notebooks [NOTEBOOK ...] [--out DIR] [--timeout S]
-                                            [--html-widgets]
+    python tools/run_notebooks.py [NOTEBOOK ...] [--out DIR] [--timeout S] [--html-widgets]
 
 Without NOTEBOOK, every ``notebooks/*.ipynb`` of the repository runs, in name order.
 Each notebook runs in a fresh ``python3`` kernel (this interpreter's ipykernel) with the
@@ -23,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 DEFAULT_OUT = REPO_ROOT / "build" / "notebooks"
 DEFAULT_TIMEOUT = 300  # seconds per cell
@@ -161,7 +160,7 @@ def _show(path: Path) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m colab_xla.tools.run_notebooks",
+        prog="python tools/run_notebooks.py",
         description="Execute notebooks headless; write executed copies and HTML.")
     parser.add_argument("notebooks", nargs="*", type=Path, metavar="NOTEBOOK",
                         help="notebooks to run (default: notebooks/*.ipynb of the repository)")
