@@ -1,8 +1,10 @@
 """A real ipykernel driven by jupyter_client, for tests of what happens inside a kernel.
 
 ``with Kernel() as k:`` starts one (PYTEST_CURRENT_TEST removed from its environment:
-ipykernel turns its fd capture off when it sees it) and shuts it down afterwards, killing
-exactly the processes it started that are still alive (by pid, never by name).
+ipykernel turns its fd capture off when it sees it), reached over IPC in a private temporary
+directory as run_notebooks starts its kernels (no TCP, no warning about it), and shuts it
+down afterwards, killing exactly the processes it started that are still alive (by pid,
+never by name).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Dict, List, Optional
 import psutil
 import zmq
 from jupyter_client import KernelManager
+from run_notebooks import ipc_connection  # tools/ is on sys.path (conftest.py)
 
 
 def shell_msg_ready(kc) -> bool:
@@ -55,7 +58,9 @@ class Kernel:
         self.km: Optional[KernelManager] = None
 
     def __enter__(self) -> "Kernel":
-        self.km = KernelManager(kernel_name=self._name, transport="ipc")
+        self._ipc = contextlib.ExitStack()
+        self.km = KernelManager(kernel_name=self._name,
+                                **self._ipc.enter_context(ipc_connection()))
         self.km.start_kernel(env=self._env)
         self.kc = self.km.client()
         self.kc.start_channels()
@@ -73,6 +78,7 @@ class Kernel:
         for proc in started:  # whatever outlived the kernel: ours, by pid and start time
             with contextlib.suppress(psutil.Error):
                 proc.kill()
+        self._ipc.close()  # the connection file's and sockets' directory
 
     # -- running code ---------------------------------------------------------------------
 

@@ -4,8 +4,8 @@ import os
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
+import run_notebooks  # tools/ is on sys.path (conftest.py)
 from _kernel import shell_msg_ready  # tests/ is on sys.path
 
 pytestmark = [pytest.mark.notebook, pytest.mark.timeout(300)]
@@ -20,8 +20,8 @@ def execute(*sources, env=None):
     # ipykernel turns its fd capture off when it sees PYTEST_CURRENT_TEST.
     kernel_env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
     kernel_env.update(env or {})
-    NotebookClient(nb, kernel_name="python3", timeout=240, allow_errors=True,
-                   store_widget_state=True).execute(env=kernel_env)
+    run_notebooks.execute(nb, env=kernel_env, timeout=240, allow_errors=True,
+                          store_widget_state=True)
     return nb
 
 
