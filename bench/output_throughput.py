@@ -36,6 +36,7 @@ import queue
 import re
 import shutil
 import sys
+import tempfile
 import threading
 import time
 from typing import Callable, Iterable, List, Optional
@@ -170,7 +171,13 @@ class Kernel:
 
         env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
         env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(replicas))
-        self.km = KernelManager(kernel_name="python3")
+        # Over IPC, its sockets and connection file in a private directory (as
+        # tools/run_notebooks.py starts kernels): ipykernel 7 warns at every start over TCP.
+        # Absolute paths: the kernel starts in BENCH_DIR, jupyter_client's default is relative.
+        self.ipc_dir = tempfile.mkdtemp(prefix="colab_xla-bench-kernel-")
+        self.km = KernelManager(kernel_name="python3", transport="ipc",
+                                ip=os.path.join(self.ipc_dir, "kernel"),
+                                connection_file=os.path.join(self.ipc_dir, "kernel.json"))
         self.km.start_kernel(env=env, cwd=BENCH_DIR)
         self.kc = self.km.client()
         self.kc.start_channels()
@@ -255,7 +262,10 @@ class Kernel:
         try:
             self.kc.stop_channels()
         finally:
-            self.km.shutdown_kernel(now=True)
+            try:
+                self.km.shutdown_kernel(now=True)
+            finally:
+                shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
 
 SETUP = f"""\

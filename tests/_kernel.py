@@ -1,8 +1,10 @@
 """A real ipykernel driven by jupyter_client, for tests of what happens inside a kernel.
 
 ``with Kernel() as k:`` starts one (PYTEST_CURRENT_TEST removed from its environment:
-ipykernel turns its fd capture off when it sees it) and shuts it down afterwards, killing
-exactly the processes it started that are still alive (by pid, never by name).
+ipykernel turns its fd capture off when it sees it), reached over IPC in a private temporary
+directory as run_notebooks starts its kernels (no TCP, no warning about it), and shuts it
+down afterwards, killing exactly the processes it started that are still alive (by pid,
+never by name).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Dict, List, Optional
 import psutil
 import zmq
 from jupyter_client import KernelManager
+from run_notebooks import ipc_connection  # tools/ is on sys.path (conftest.py)
 
 
 def shell_msg_ready(kc) -> bool:
@@ -55,7 +58,9 @@ class Kernel:
         self.km: Optional[KernelManager] = None
 
     def __enter__(self) -> "Kernel":
-        self.km = KernelManager(kernel_name=self._name, transport="ipc")
+        self._ipc = contextlib.ExitStack()
+        self.km = KernelManager(kernel_name=self._name,
+                                **self._ipc.enter_context(ipc_connection()))
         self.km.start_kernel(env=self._env)
         self.kc = self.km.client()
         self.kc.start_channels()
@@ -73,6 +78,7 @@ class Kernel:
         for proc in started:  # whatever outlived the kernel: ours, by pid and start time
             with contextlib.suppress(psutil.Error):
                 proc.kill()
+        self._ipc.close()  # the connection file's and sockets' directory
 
     # -- running code ---------------------------------------------------------------------
 
@@ -81,30 +87,50 @@ class Kernel:
         self.descendants()
         return self.kc.execute(code, stop_on_error=False)
 
-    def wait(self, msg_id: str, timeout: float = 180) -> Reply:
-        """The reply to ``msg_id`` and everything the cell printed or displayed."""
+    def wait(self, msg_id: str, timeout: float = 180, *, first: bool = False) -> Reply:
+        """The reply to ``msg_id`` and everything the cell printed or displayed.
+        ``first``: see :meth:`reply`."""
         deadline = time.monotonic() + timeout
-        reply = None
-        while reply is None:
+        return self.outputs(msg_id, self.reply(msg_id, timeout, first=first),
+                            max(1.0, deadline - time.monotonic()))
+
+    def reply(self, msg_id: str, timeout: float = 180, *, first: bool = False) -> Reply:
+        """The reply to ``msg_id`` (status and error), without reading what the cell showed
+        (:meth:`outputs` reads that). Replies to other requests are passed over, unless
+        ``first``: then the next reply must be this one (an AssertionError says what came
+        instead). Either way the kernel_info_replies to the requests ``wait_for_ready``
+        repeats each second the kernel is not ready (they arrive late, before the first
+        execute_reply) are passed over."""
+        deadline = time.monotonic() + timeout
+        while True:
             msg = self.kc.get_shell_msg(timeout=max(1.0, deadline - time.monotonic()))
+            if msg["msg_type"] == "kernel_info_reply":
+                continue
             if msg["parent_header"].get("msg_id") == msg_id:
                 reply = msg["content"]
-        out = Reply(reply["status"], reply.get("ename"), reply.get("evalue"),
-                    reply.get("traceback", []))
-        while True:  # iopub: everything up to the cell's idle status
+                return Reply(reply["status"], reply.get("ename"), reply.get("evalue"),
+                             reply.get("traceback", []))
+            assert not first, (f"{msg['msg_type']} to another request ({msg['content']}) "
+                               f"came before the reply to {msg_id}")
+
+    def outputs(self, msg_id: str, reply: Reply, timeout: float = 180) -> Reply:
+        """``reply`` with everything the cell of ``msg_id`` printed or displayed: its iopub
+        messages up to its idle status."""
+        deadline = time.monotonic() + timeout
+        while True:
             msg = self.kc.get_iopub_msg(timeout=max(1.0, deadline - time.monotonic()))
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
             if kind == "stream":
-                out.stdout += content["text"]
+                reply.stdout += content["text"]
             elif kind in ("display_data", "update_display_data", "execute_result"):
-                out.data.append(content["data"])
+                reply.data.append(content["data"])
             elif kind == "status" and content["execution_state"] == "idle":
-                return out
+                return reply
 
-    def run(self, code: str, timeout: float = 180) -> Reply:
-        return self.wait(self.submit(code), timeout)
+    def run(self, code: str, timeout: float = 180, *, first: bool = False) -> Reply:
+        return self.wait(self.submit(code), timeout, first=first)
 
     def interrupt(self) -> None:
         self.km.interrupt_kernel()

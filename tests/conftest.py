@@ -1,10 +1,17 @@
-"""Fixtures shared by several test modules."""
+"""Fixtures shared by several test modules; the repository's tools/ on sys.path (the test
+modules import ``run_notebooks`` from there, as they import helpers from tests/)."""
 
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
 from colab_xla import state
+
+TOOLS = str(Path(__file__).resolve().parents[1] / "tools")
+if TOOLS not in sys.path:
+    sys.path.insert(0, TOOLS)
 
 
 @pytest.fixture

@@ -81,7 +81,7 @@ def show_tab(widget, label: str) -> str:
 @pytest.mark.timeout(300)
 def test_widget_in_jupyterlab(tmp_path):
     sync_playwright = require_browser_stack()
-    from colab_xla.tools.run_notebooks import kernel_env
+    from run_notebooks import kernel_env  # tools/ is on sys.path (conftest.py)
 
     root = tmp_path / "root"
     root.mkdir()

@@ -43,7 +43,7 @@ def test_widget_in_the_classic_notebook_under_ipywidgets_7(tmp_path):
     import ipywidgets
 
     sync_playwright = require_browser_stack()
-    from colab_xla.tools.run_notebooks import kernel_env
+    from run_notebooks import kernel_env  # tools/ is on sys.path (conftest.py)
 
     assert ipywidgets.__version__.startswith("7."), (
         f"this test is for ipywidgets 7 (Colab's); this stack has {ipywidgets.__version__}")

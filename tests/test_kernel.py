@@ -4,9 +4,9 @@ import os
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
-from _kernel import shell_msg_ready  # tests/ is on sys.path
+import run_notebooks  # tools/ is on sys.path (conftest.py)
+from _kernel import Kernel, shell_msg_ready  # tests/ is on sys.path
 
 pytestmark = [pytest.mark.notebook, pytest.mark.timeout(300)]
 
@@ -20,8 +20,8 @@ def execute(*sources, env=None):
     # ipykernel turns its fd capture off when it sees PYTEST_CURRENT_TEST.
     kernel_env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
     kernel_env.update(env or {})
-    NotebookClient(nb, kernel_name="python3", timeout=240, allow_errors=True,
-                   store_widget_state=True).execute(env=kernel_env)
+    run_notebooks.execute(nb, env=kernel_env, timeout=240, allow_errors=True,
+                          store_widget_state=True)
     return nb
 
 
@@ -99,82 +99,45 @@ def test_twenty_interrupts_leave_no_process_and_the_kernel_stays_usable(tmp_path
     import time
 
     import psutil
-    from jupyter_client import KernelManager
 
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel(env={k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"})
-    kc = km.client()
-    kc.start_channels()
-    kernel = psutil.Process(km.provisioner.process.pid)
-
-    def shell_reply(timeout):
-        # wait_for_ready asks kernel_info again each second the kernel is not ready: the
-        # replies to the extra requests arrive later, before the first execute_reply.
-        while True:
-            msg = kc.get_shell_msg(timeout=timeout)
-            if msg["msg_type"] != "kernel_info_reply":
-                return msg
-
-    def run(code, timeout=120):
-        msg_id = kc.execute(code)
-        reply = shell_reply(timeout)
-        assert reply["parent_header"]["msg_id"] == msg_id
-        return reply["content"]
-
-    def stream_of(msg_id):
-        text = []
-        while True:
-            msg = kc.get_iopub_msg(timeout=30)
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            if msg["msg_type"] == "stream":
-                text.append(msg["content"]["text"])
-            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                return "".join(text)
-
-    try:
-        kc.wait_for_ready(timeout=120)
-        assert run("%load_ext colab_xla")["status"] == "ok"
+    with Kernel() as k:
+        # first=True: each reply is the next one the kernel sends, not merely one that came.
+        assert k.run("%load_ext colab_xla", timeout=120, first=True).status == "ok"
         cell = ("%%xla_spawn -n 2 --no-widget\nimport os, time\nprint('started', index)\n"
                 f"open({str(tmp_path)!r} + f'/pid{{index}}', 'w').write(str(os.getpid()))\n"
                 "time.sleep(600)")
         for cycle in range(20):
             files = [tmp_path / "pid0", tmp_path / "pid1"]
-            # stop_on_error=False: the previous cell ended in an error (the interrupt), and
-            # ipykernel aborts requests that arrive right after one (that is Run All stopping).
-            msg_id = kc.execute(cell, stop_on_error=False)
+            # submit() sends stop_on_error=False: the previous cell ended in an error (the
+            # interrupt), and ipykernel aborts requests that arrive right after one (that is
+            # Run All stopping).
+            msg_id = k.submit(cell)
             deadline = time.monotonic() + 120
             while not all(f.exists() and f.read_text() for f in files):
                 assert time.monotonic() < deadline, f"cycle {cycle}: replicas did not start"
-                if shell_msg_ready(kc):  # the cell ended before its replicas ran
-                    msg = shell_reply(1)
-                    reply = msg["content"]
-                    pytest.fail(f"cycle {cycle}: {msg['msg_type']} for "
-                                f"{msg['parent_header'].get('msg_id') == msg_id and 'this cell'}: "
-                                f"{reply.get('status')} {reply.get('ename')}: {reply.get('evalue')}"
-                                f"\n" + "\n".join(reply.get("traceback", [])) + stream_of(msg_id))
+                if shell_msg_ready(k.kc):  # the cell ended before its replicas ran
+                    reply = k.wait(msg_id, 30, first=True)
+                    pytest.fail(f"cycle {cycle}: the cell ended before its replicas ran: "
+                                f"{reply.status} {reply.ename}: {reply.evalue}\n"
+                                + "\n".join(reply.traceback) + reply.stdout)
                 time.sleep(0.05)
             pids = {int(f.read_text()) for f in files}
-            km.interrupt_kernel()
-            reply = shell_reply(30)  # answered, not hung
-            assert reply["parent_header"]["msg_id"] == msg_id
-            assert reply["content"]["status"] == "error"
-            assert reply["content"]["ename"] == "KeyboardInterrupt"
+            k.interrupt()
+            reply = k.reply(msg_id, 30, first=True)  # answered, not hung
+            assert reply.status == "error"
+            assert reply.ename == "KeyboardInterrupt"
             # Every process the run started is gone by the time the cell has ended.
             assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
                            for p in pids), f"cycle {cycle}: replica left behind"
             if cycle == 0:
-                text = stream_of(msg_id)
+                text = k.outputs(msg_id, reply, 30).stdout
                 for o in range(2):
                     assert f"── replica {o} · killed" in text
                     assert f"interrupted while running; last output: 'started {o}'" in text
             for f in files:
                 f.unlink()
         # No replica, no pool process (these cells use no `lock`: no Manager either).
-        leftovers = [p for p in kernel.children(recursive=True) if p.status() != "zombie"]
+        leftovers = [p for p in k.process.children(recursive=True) if p.status() != "zombie"]
         assert leftovers == [], [(p.pid, p.cmdline()) for p in leftovers]
-        assert run("%%xla_spawn -n 2 -o r\nindex")["status"] == "ok"
-        assert run("assert r == {0: 0, 1: 1}")["status"] == "ok"
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
+        assert k.run("%%xla_spawn -n 2 -o r\nindex", 120, first=True).status == "ok"
+        assert k.run("assert r == {0: 0, 1: 1}", 120, first=True).status == "ok"

@@ -9,12 +9,13 @@ raise through ``run_notebooks.main`` and checks that it fails loudly but keeps t
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
 import nbformat  # the test command installs every layer's tools: a missing one fails
 
-from colab_xla.tools import run_notebooks  # noqa: E402
+import run_notebooks  # noqa: E402  (tools/ is on sys.path: conftest.py)
 
 pytestmark = [pytest.mark.notebook, pytest.mark.timeout(600)]
 
@@ -203,3 +204,28 @@ def test_failing_notebook_exits_nonzero_and_keeps_its_output(tmp_path, capsys):
     for i in range(2):
         assert f"replica {i} before the error" in replica_blocks(summary)[i][1]
     assert cell(executed, "after").execution_count is None
+
+
+def test_kernels_are_reached_over_ipc_and_start_without_a_transport_warning(tmp_path, capfd):
+    """The runner's kernels listen on Unix sockets in a private directory, removed when the
+    notebook is done: over TCP, ipykernel 7 warns on stderr at each start that the kernel
+    runs "over TCP without encryption" (once per notebook of scripts/run-notebooks)."""
+    v4 = nbformat.v4
+    probe = ("import os\nfrom ipykernel.kernelapp import IPKernelApp\n"
+             "app = IPKernelApp.instance()\n"
+             "where = os.path.dirname(app.connection_file)\n"
+             "print(app.transport, app.connection_file, oct(os.stat(where).st_mode & 0o777),\n"
+             "      app.ip.startswith(where + os.sep))")
+    nb = v4.new_notebook(cells=[v4.new_code_cell(probe, id="probe")],
+                         metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                  "language": "python"}})
+    path = tmp_path / "probe.ipynb"
+    nbformat.write(nb, path)
+
+    executed, _, _ = run_notebooks.execute_notebook(path, tmp_path / "out", TIMEOUT)
+
+    transport, connection_file, mode, sockets_there = text_of(cell(executed, "probe")).split()
+    assert (transport, mode, sockets_there) == ("ipc", "0o700", "True")
+    assert not Path(connection_file).parent.exists()  # removed with its sockets
+    err = capfd.readouterr().err
+    assert "TCP" not in err and "encryption" not in err, err

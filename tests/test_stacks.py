@@ -109,16 +109,15 @@ def test_kernels_the_tests_start_are_this_envs_python():
     """The kernel nbclient starts by the name the tests and run_notebooks use ("python3") runs
     this env's interpreter with this env's IPython/ipykernel/ipywidgets/torch_xla."""
     import nbformat
-    from nbclient import NotebookClient
 
-    from colab_xla.tools import run_notebooks
+    import run_notebooks  # tools/ is on sys.path (conftest.py)
 
     probe = ("import json, sys\nfrom importlib import metadata\n"
              f"names = {list(REPORTED)!r}\n"
              "print(json.dumps({'prefix': sys.prefix, 'version': list(sys.version_info[:3]),\n"
              "    'packages': {n: metadata.version(n) for n in names}}))")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(probe)])
-    NotebookClient(nb, kernel_name="python3", timeout=120).execute(env=run_notebooks.kernel_env())
+    run_notebooks.execute(nb, timeout=120)  # nbclient, kernel "python3", env kernel_env()
     [out] = [o for o in nb.cells[0].outputs if o.output_type == "stream"]
     kernel = json.loads(out.text)
     assert Path(kernel["prefix"]).resolve() == Path(sys.prefix).resolve(), kernel

@@ -12,7 +12,7 @@ import re
 import nbformat
 import pytest
 
-from colab_xla.tools import run_notebooks
+import run_notebooks  # tools/ is on sys.path (conftest.py)
 from test_notebooks import assert_every_cell_ran, cell, replica_blocks, text_of  # noqa: E402
 
 pytestmark = [pytest.mark.notebook, pytest.mark.timeout(600)]

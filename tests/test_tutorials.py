@@ -15,7 +15,7 @@ import pytest
 
 import nbformat  # the test command installs every layer's tools: a missing one fails
 
-from colab_xla.tools import run_notebooks  # noqa: E402
+import run_notebooks  # noqa: E402  (tools/ is on sys.path: conftest.py)
 # tests/ is on sys.path (rootdir-relative import mode): the notebook readers of test_notebooks
 from test_notebooks import assert_every_cell_ran, cell, errors_of, replica_blocks, text_of  # noqa: E402
 

@@ -2,12 +2,12 @@
 
 Usage::
 
-    python -m colab_xla.tools.run_notebooks [NOTEBOOK ...] [--out DIR] [--timeout S]
-                                            [--html-widgets]
+    python tools/run_notebooks.py [NOTEBOOK ...] [--out DIR] [--timeout S] [--html-widgets]
 
 Without NOTEBOOK, every ``notebooks/*.ipynb`` of the repository runs, in name order.
 Each notebook runs in a fresh ``python3`` kernel (this interpreter's ipykernel) with the
-notebook's directory as working directory. The executed copy goes to ``DIR/NAME.ipynb``
+notebook's directory as working directory, reached over IPC (Unix sockets in a private
+temporary directory), not TCP. The executed copy goes to ``DIR/NAME.ipynb``
 and an HTML rendering to ``DIR/NAME.html`` (default DIR: ``build/notebooks``), also when a
 cell fails; one line per notebook says how it went. The exit status is non-zero if any
 notebook failed.
@@ -16,14 +16,17 @@ notebook failed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 DEFAULT_OUT = REPO_ROOT / "build" / "notebooks"
 DEFAULT_TIMEOUT = 300  # seconds per cell
@@ -61,6 +64,41 @@ def kernel_env(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     return env
 
 
+@contextlib.contextmanager
+def ipc_connection() -> Iterator[Dict[str, str]]:
+    """KernelManager settings for a kernel reached over IPC: its connection file and Unix
+    sockets in a private temporary directory (mode 0700), removed afterwards.
+
+    Over TCP, ipykernel 7 warns at every start that code and outputs go unencrypted; over
+    IPC only this user can reach the sockets. The paths are absolute: jupyter_client's
+    default for IPC is ``kernel-ipc`` (or one next to a connection file that is not yet
+    named when it is read), relative to the client's working directory, which the kernel,
+    started in the notebook's directory, would resolve differently.
+    """
+    directory = tempfile.mkdtemp(prefix="colab_xla-kernel-")
+    try:
+        yield {"transport": "ipc", "ip": os.path.join(directory, "kernel"),
+               "connection_file": os.path.join(directory, "kernel.json")}
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def execute(nb, *, env: Optional[Mapping[str, str]] = None, **options) -> None:
+    """Run ``nb`` (a NotebookNode, changed in place) in a fresh ``python3`` kernel reached
+    over IPC (:func:`ipc_connection`); raises what ``NotebookClient.execute`` raises.
+    ``options`` go to nbclient's ``NotebookClient``; ``env`` defaults to :func:`kernel_env`.
+    """
+    from nbclient import NotebookClient
+    from traitlets.config import Config
+
+    with ipc_connection() as connection:
+        # nbclient makes its kernel manager with its own config: the KernelManager section
+        # reaches the AsyncKernelManager it makes (a subclass).
+        client = NotebookClient(nb, kernel_name="python3",
+                                config=Config({"KernelManager": connection}), **options)
+        client.execute(env=kernel_env() if env is None else dict(env))
+
+
 def execute_notebook(path, out_dir, timeout: float = DEFAULT_TIMEOUT, *,
                      env: Optional[Mapping[str, str]] = None,
                      html_widgets: bool = False) -> Tuple[object, Path, Path]:
@@ -76,7 +114,6 @@ def execute_notebook(path, out_dir, timeout: float = DEFAULT_TIMEOUT, *,
     only the widget, which JavaScript draws from a CDN when the page is opened.
     """
     import nbformat
-    from nbclient import NotebookClient
 
     path = Path(path).resolve()
     out_dir = Path(out_dir)
@@ -87,13 +124,10 @@ def execute_notebook(path, out_dir, timeout: float = DEFAULT_TIMEOUT, *,
     nb = nbformat.read(path, as_version=4)
     # nbclient's timeout is an Integer trait: traitlets 5.7.1 (Colab's pin) refuses
     # a float such as --timeout 240's 240.0 (newer traitlets take it).
-    client = NotebookClient(nb, kernel_name="python3",
-                            timeout=None if timeout is None else math.ceil(timeout),
-                            store_widget_state=True,
-                            resources={"metadata": {"path": str(path.parent)}})
     failure: Optional[BaseException] = None
     try:
-        client.execute(env=kernel_env() if env is None else dict(env))
+        execute(nb, env=env, timeout=None if timeout is None else math.ceil(timeout),
+                store_widget_state=True, resources={"metadata": {"path": str(path.parent)}})
     except Exception as exc:  # CellExecutionError, CellTimeoutError, DeadKernelError, ...
         failure = exc
 
@@ -161,7 +195,7 @@ def _show(path: Path) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m colab_xla.tools.run_notebooks",
+        prog="python tools/run_notebooks.py",
         description="Execute notebooks headless; write executed copies and HTML.")
     parser.add_argument("notebooks", nargs="*", type=Path, metavar="NOTEBOOK",
                         help="notebooks to run (default: notebooks/*.ipynb of the repository)")

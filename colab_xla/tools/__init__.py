@@ -1,1 +1,0 @@
-"""Developer tools of colab_xla (not needed in a notebook)."""
