@@ -132,7 +132,7 @@ def test_twenty_interrupts_leave_no_process_and_the_kernel_stays_usable(tmp_path
             if cycle == 0:
                 text = k.outputs(msg_id, reply, 30).stdout
                 for o in range(2):
-                    assert f"── replica {o} · killed" in text
+                    assert f"── replica {o} · stopped" in text
                     assert f"interrupted while running; last output: 'started {o}'" in text
             for f in files:
                 f.unlink()
