@@ -132,6 +132,7 @@ def test_five_hundred_mixed_runs_leave_the_kernel_flat(tmp_path):
                 run_one(k, kinds[run % len(kinds)], tmp_path / f"mark{run}")
         manager = k.run("from colab_xla import shared_lock as _s\n"
                         "print(_s._manager._process.pid if _s._manager else -1)")
+        assert manager.status == "ok" and manager.stdout.strip(), manager.text
         # The lock's Manager stays for the kernel's life; nothing else of any run does.
         left = [p for p in k.process.children(recursive=True)
                 if p.pid != int(manager.stdout.split()[-1]) and p.status() != psutil.STATUS_ZOMBIE]

@@ -675,3 +675,25 @@ def test_xla_fatal_lines_are_found_in_a_crashed_process_output(line):
     quiet = OutputLog(None)
     quiet.write("stdout", "F is a letter: nothing fatal] here\n")
     assert native_crash([quiet]) is None
+
+
+def test_the_core_imports_without_ipython_and_the_text_view_without_the_runtime():
+    # What README and docs/architecture.md say: only magics.py and views/widget.py need
+    # IPython; the text view (a pure renderer) pulls in neither the run loop nor torch.
+    import subprocess
+    import sys
+
+    code = """
+import importlib, pkgutil, sys
+sys.modules["IPython"] = sys.modules["ipywidgets"] = None  # importing them fails
+import colab_xla.views.text
+assert not {"colab_xla.supervisor", "colab_xla.run", "torch"} & set(sys.modules), sorted(sys.modules)
+import colab_xla
+for info in pkgutil.walk_packages(colab_xla.__path__, "colab_xla."):
+    if info.name not in ("colab_xla.magics", "colab_xla.views.widget"):
+        importlib.import_module(info.name)
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr
