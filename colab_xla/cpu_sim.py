@@ -1,12 +1,21 @@
-"""The CPU simulation of a TPU host: N replicas as N CPU devices, threads of one process.
+"""The CPU simulation of a TPU host, in one of two models (:data:`SIMULATIONS`).
 
-torch_xla's CPU backend runs each replica as a thread of one process
-(``PJRT_DEVICE=CPU``, ``CPU_NUM_DEVICES=N``). Its collectives between those threads hang
-or abort as torch_xla ships them; :func:`install` makes them work by patching private
-functions of ``torch_xla._XLAC`` and of ``xla_model``. Every such patch is here and
-nowhere else, and :func:`install` checks first that this torch_xla has what it patches:
-a release that renamed one gets a clear note, and runs without the patches, instead
-of a crash deep in a replica.
+* ``processes`` (the default): one process per replica, each with one CPU device, as on
+  every TPU since v4 (one process per chip). Each replica has its own interpreter state:
+  random generators, torch.distributed's process group, module objects. XLA's CPU client
+  cannot connect processes, so their collectives go through gloo
+  (:mod:`colab_xla.gloo_collectives`, :func:`install_processes`). xmp.spawn runs a single
+  process on CPU whatever the count, so colab_xla starts these processes itself
+  (:func:`colab_xla.launch.start`).
+* ``threads``: the replicas are N CPU devices of one process (``CPU_NUM_DEVICES=N``),
+  threads, as torch_xla's CPU backend runs them and as TPU v2/v3 hosts did. Its
+  collectives between those threads hang or abort as torch_xla ships them;
+  :func:`install` makes them work by patching private functions of ``torch_xla._XLAC``
+  and of ``xla_model``.
+
+Every patch is checked first against the running torch_xla: a release that renamed
+what one needs gets a clear note, and runs without it, instead of a crash deep in a
+replica.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import sys
 import threading
 from typing import Dict, List
 
+from .options import SIMULATIONS  # the models, checked with the other options
 from .replica.thread import current
 
 # What install() patches or calls in torch_xla._XLAC: private, so checked before use.
@@ -28,23 +38,28 @@ XLAC_FUNCTIONS = ("_xla_step_marker", "_xla_sync_multi", "_xla_get_default_devic
 # The torch_xla releases the simulation was tested with (tests/test_collectives.py).
 TESTED_RELEASES = ("2.8", "2.9")
 
+DEFAULT_SIMULATION = SIMULATIONS[0]
+
 _COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
 
 
-def environment(replicas: int, *, thread_pool_set: bool = False,
-                param_aliasing_set: bool = False) -> Dict[str, str]:
+def environment(replicas: int, *, simulation: str = DEFAULT_SIMULATION,
+                thread_pool_set: bool = False, param_aliasing_set: bool = False) -> Dict[str, str]:
     """The variables of a run of ``replicas`` CPU replicas (those the user set stay theirs)."""
-    env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(replicas)}
+    processes = simulation == "processes" and replicas > 1
+    env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1" if processes else str(replicas)}
+    if replicas > 1 and not param_aliasing_set:
+        # A collective runs as a program of its own (see install; between processes, on
+        # CPU copies): with parameter buffers donated to the step that updates them, a
+        # training loop that never calls torch_xla.sync() after xm.optimizer_step meets
+        # a deleted buffer at its second step.
+        env["XLA_ENABLE_PARAM_ALIASING"] = "0"
+    if processes:
+        return env
     if not thread_pool_set:
         # A collective blocks one XLA pool thread per replica until all have arrived:
         # fewer threads than replicas (the default is the core count) hangs.
         env["XLA_THREAD_POOL_SIZE"] = str(max(replicas + 2, 8))
-    if replicas > 1 and not param_aliasing_set:
-        # Replica threads run each collective as a program of its own (see install);
-        # with parameter buffers donated to the step that updates them, a training loop
-        # that never calls torch_xla.sync() after xm.optimizer_step meets a deleted buffer
-        # at its second step.
-        env["XLA_ENABLE_PARAM_ALIASING"] = "0"
     return env
 
 
@@ -60,12 +75,33 @@ def unsupported_note(lacking: List[str], version: str) -> str:
     return (f"colab_xla: torch_xla {version} lacks what the CPU simulation of collectives "
             f"patches ({', '.join(lacking)}; tested with torch_xla "
             f"{' and '.join(TESTED_RELEASES)}): replicas run without it, and a collective "
-            "between CPU replicas may hang. Use one of those releases for collectives on "
-            "CPU, or run one replica (-n 1).")
+            "between CPU replicas may hang or see one replica. Use one of those releases "
+            "for collectives on CPU, or run one replica (-n 1).")
+
+
+def install_processes(rank: int, world: int, store_path: str) -> bool:
+    """Make this process replica ``rank`` of ``world`` replica processes, collectives
+    included (through gloo, met at the file ``store_path``); False (with a note on
+    stderr) if this torch_xla lacks what it needs."""
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
+
+    from . import gloo_collectives
+
+    lacking = gloo_collectives.missing(xr, xm, torch_xla._XLAC)
+    if lacking:
+        print(unsupported_note(lacking, getattr(torch_xla, "__version__", "?")),
+              file=sys.stderr, flush=True)
+        return False
+    store = gloo_collectives.file_store(store_path, world)
+    gloo_collectives.install(gloo_collectives.GlooGroup(store, rank, world))
+    return True
 
 
 def install(xm) -> bool:
-    """Make collectives work between CPU replicas that are threads of one process; False
+    """The ``threads`` model: make collectives work between CPU replicas that are threads
+    of one process; False
     (with a note on stderr) if this torch_xla lacks what it patches.
 
     An XLA CPU collective meets its peers by an id taken from the compiled program, and

@@ -133,7 +133,15 @@ class ReplicaPlan:
     replicas: Optional[int]  # None: xmp.spawn's own count (unknown here)
     env: Dict[str, Optional[str]] = field(default_factory=dict)  # None: unset it
     note: Optional[str] = None  # one line to tell the user, or None
-    processes: int = 1  # replica processes xmp.spawn starts (one per TPU chip)
+    processes: int = 1  # replica processes (one per TPU chip; on CPU, see simulation)
+    # On CPU, the model simulated (colab_xla.cpu_sim.SIMULATIONS); None on other devices.
+    simulation: Optional[str] = None
+
+    @property
+    def own_processes(self) -> bool:
+        """Whether colab_xla starts one process per replica itself: xmp.spawn runs one
+        CPU process whatever the count."""
+        return self.simulation == "processes" and self.processes > 1
 
 
 # The topology of one process on one chip, as torch_xla sets it itself for a one-chip run
@@ -180,11 +188,12 @@ def _unsupported_tpu(hw: Hardware) -> str:
             "cell before.")
 
 
-def plan_replicas(requested: Optional[int], hw: Hardware) -> ReplicaPlan:
+def plan_replicas(requested: Optional[int], hw: Hardware,
+                  simulation: str = cpu_sim.DEFAULT_SIMULATION) -> ReplicaPlan:
     """Decide device and replica count, or raise :class:`ReplicaCountError`.
 
-    On CPU, N replicas are N CPU devices of one process (``CPU_NUM_DEVICES``), so any
-    N >= 1 works. A TPU host always runs every local TPU core (xmp.spawn accepts no other
+    On CPU any N >= 1 works: N processes of one CPU device each (``simulation``
+    "processes"), or N CPU devices of one process (``CPU_NUM_DEVICES``, "threads"). A TPU host always runs every local TPU core (xmp.spawn accepts no other
     count). Other PJRT devices run xmp.spawn's default.
     """
     if requested is not None and requested < 1:
@@ -206,13 +215,17 @@ def plan_replicas(requested: Optional[int], hw: Hardware) -> ReplicaPlan:
                 f"{given}: at most {MAX_CPU_REPLICAS} replicas can be simulated on CPU (XLA's "
                 f"CPU collectives abort beyond that: only {MAX_CPU_REPLICAS} replicas reach "
                 f"them); ask for {MAX_CPU_REPLICAS} or fewer.")
+        processes = n if simulation == "processes" else 1
         note = None
         if hw.pjrt_device is None:
-            note = (f"colab_xla: no TPU found, running {n} replica{'s' if n != 1 else ''} on CPU "
-                    f"(PJRT_DEVICE=CPU, CPU_NUM_DEVICES={n}).")
-        env = cpu_sim.environment(n, thread_pool_set=hw.xla_thread_pool_size is not None,
+            how = ("one process each, like a TPU v4 or later host" if processes > 1 else
+                   "threads of one process, like a TPU v2/v3 host" if n > 1 else "one process")
+            note = (f"colab_xla: no TPU found, running {_plural(n, 'replica')} on CPU ({how}; "
+                    "--simulate processes|threads chooses).")
+        env = cpu_sim.environment(n, simulation=simulation,
+                                  thread_pool_set=hw.xla_thread_pool_size is not None,
                                   param_aliasing_set=hw.param_aliasing is not None)
-        return ReplicaPlan("CPU", n, env, note)
+        return ReplicaPlan("CPU", n, env, note, processes=processes, simulation=simulation)
 
     if device in DEVICE_FILES and hw.pjrt_device and not hw.tpu_chips and not hw.device_files:
         raise DeviceMissing(_device_missing(device, hw.pjrt_device))

@@ -9,7 +9,11 @@
   spawn's safety at fork's speed once it is warm.
 
 The launcher is ``xmp.spawn`` (``"xmp"``) or ``torch_xla.launch`` (``"launch"``), which
-calls it. With ``debug_single``, one replica runs through
+calls it. On CPU, xmp.spawn runs every replica as a thread of a single process whatever
+the count; for the default simulation, one process per replica as on a TPU v4 or later
+host (:mod:`colab_xla.cpu_sim`), :func:`start` starts the processes itself, one
+``multiprocessing`` process per replica with the same start method, each told its rank
+the way xmp.spawn tells its own (``PJRT_LOCAL_PROCESS_RANK``/``COUNT``). With ``debug_single``, one replica runs through
 ``torch_xla.launch(..., debug_single_process=True)``, which runs it in the calling
 process: here that is a child process of its own, so the notebook's process still never
 touches the XLA runtime.
@@ -26,7 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import multiprocessing.connection
 import os
+import socket
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple
 
@@ -67,8 +73,17 @@ class Launch:
         return ", ".join(parts)
 
 
-def start(how: Launch, entry: Callable, job) -> None:
-    """Run ``entry(index, job)`` on every replica; return when all of them have ended."""
+def start(how: Launch, entry: Callable, job, *, processes: int = 0,
+          died: Optional[Callable[[int, int], None]] = None) -> None:
+    """Run ``entry(index, job)`` on every replica; return when all of them have ended.
+
+    With ``processes``, start that many processes of one replica each here (the CPU
+    simulation's default) and call ``died(index, exit code)`` for each that ends with a
+    non-zero code, as it ends: its replica is gone, and the others may wait for it in a
+    collective."""
+    if processes:
+        _start_processes(how, entry, job, processes, died)
+        return
     if how.debug_single:
         process = multiprocessing.get_context(how.start_method).Process(
             target=_single_replica, args=(entry, job), name="colab_xla-debug-single")
@@ -83,6 +98,48 @@ def start(how: Launch, entry: Callable, job) -> None:
         import torch_xla.distributed.xla_multiprocessing as xmp
 
         xmp.spawn(entry, args=(job,), nprocs=None, start_method=how.start_method)
+
+
+def _start_processes(how: Launch, entry: Callable, job, count: int,
+                     died: Optional[Callable[[int, int], None]]) -> None:
+    context = multiprocessing.get_context(how.start_method)
+    rank_env = {"PJRT_LOCAL_PROCESS_COUNT": str(count)}
+    # torch.distributed's `xla://` and `env://` meet at MASTER_ADDR:MASTER_PORT; a port
+    # of this run's own lets two notebooks (or two runs) train side by side.
+    if job.environ is not None:
+        for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):
+            if key not in job.environ:
+                rank_env[key] = value
+    replicas = [context.Process(target=_replica_process, name=f"colab_xla-replica-{index}",
+                                args=(entry, index, job, rank_env, how.start_method == "fork"))
+                for index in range(count)]
+    for process in replicas:
+        process.start()
+    pending = {process.sentinel: (index, process) for index, process in enumerate(replicas)}
+    while pending:
+        for sentinel in multiprocessing.connection.wait(list(pending)):
+            index, process = pending.pop(sentinel)
+            process.join()
+            if process.exitcode and died is not None:
+                died(index, process.exitcode)
+
+
+def _replica_process(entry: Callable, index: int, job, rank_env: Dict[str, str],
+                     forked: bool) -> None:
+    """A replica process of the CPU simulation: its rank, then the replica."""
+    if forked:  # its arguments were not pickled, so the job has not arrived yet
+        from .replica.job import arrived
+
+        arrived(job)
+    os.environ.update(rank_env, PJRT_LOCAL_PROCESS_RANK=str(index))
+    entry(index, job)
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _single_replica(entry: Callable, job) -> None:

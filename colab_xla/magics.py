@@ -13,7 +13,7 @@ from . import doctor, processes, views
 from .cell import EmptyCellError
 from .errors import SetupError
 from .launch import LAUNCHERS, START_METHODS, Launch
-from .options import check_output, parse_env, pull_names, split_line
+from .options import SIMULATIONS, check_output, parse_env, pull_names, split_line
 from .outcome import XlaSpawnError
 from .preflight import RuntimeInitializedError
 from .run import run_cell
@@ -27,8 +27,8 @@ class XlaMagics(Magics):
 
     @magic_arguments()
     @argument("-n", "--replicas", "--nprocs", type=int, metavar="N", default=None,
-              help="number of replicas. On CPU: N simulated replicas (1 to 128), the CPU "
-                   "devices of one process (default: $CPU_NUM_DEVICES, else 8). On a TPU "
+              help="number of replicas. On CPU: N simulated replicas (1 to 128; default: "
+                   "$CPU_NUM_DEVICES, else 8), see --simulate. On a TPU "
                    "host: every TPU core, the only count xmp.spawn accepts (leave -n out). "
                    "--nprocs is the same option, under xmp.spawn's name.")
     @argument("-o", "--output", metavar="NAME", default=None,
@@ -56,8 +56,16 @@ class XlaMagics(Magics):
                    "torch and torch_xla imported (first run waits for it, then fast). "
                    "Without fork, replicas get the notebook names the cell mentions, sent "
                    "with cloudpickle.")
+    @argument("--simulate", choices=SIMULATIONS, default=None,
+              help="how replicas on CPU (no TPU) simulate a TPU host. processes (default; "
+                   "also $COLAB_XLA_SIMULATE): one process per replica, as on TPU v4 and "
+                   "later, each with its own random generators, process group and modules; "
+                   "collectives go through gloo. threads: one process whose CPU devices are "
+                   "the replicas, threads, as on TPU v2/v3.")
     @argument("--launcher", choices=LAUNCHERS, default="xmp",
-              help="xmp (default): xmp.spawn. launch: torch_xla.launch (same results).")
+              help="xmp (default): xmp.spawn. launch: torch_xla.launch (same results). "
+                   "(Several CPU replicas as processes are started by colab_xla itself: "
+                   "xmp.spawn runs one CPU process.)")
     @argument("--debug-single", action="store_true",
               help="run one replica (index 0) in a process of its own, through "
                    "torch_xla.launch(debug_single_process=True), for debugging.")
@@ -95,7 +103,8 @@ class XlaMagics(Magics):
         (also when they wait in a collective for the failed one), and the cell raises one
         XlaSpawnError showing each distinct traceback once with the replicas that hit it,
         and where the stopped ones were. Interrupt or --timeout kill every process the run
-        started. With no TPU, N replicas are simulated on CPU and their collectives work.
+        started. With no TPU, N replicas are simulated on CPU, one process each by default
+        (``--simulate threads``: threads of one process), and their collectives work.
 
         Example::
 
@@ -130,6 +139,7 @@ class XlaMagics(Magics):
                 cache_dir=args.cache,
                 pull=pull,
                 pull_from=args.pull_from,
+                simulate=args.simulate,
             )
         except SetupError as exc:  # refused before anything started; nothing else is caught
             raise UsageError(self._refusal(exc)) from None

@@ -26,6 +26,8 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 from .errors import OptionError
 
+SIMULATIONS = ("processes", "threads")  # how CPU replicas simulate a TPU host (cpu_sim)
+
 
 class LineError(OptionError):
     """The line cannot be split into arguments (the message says where and what to do)."""
@@ -124,7 +126,7 @@ def parse_env(assignments) -> Dict[str, str]:
 
 def check_run(*, replicas: Optional[int], timeout: Optional[float], env: Mapping[str, str],
               pull: Sequence[str], pull_from: Optional[int], cache_dir: Optional[str],
-              launch) -> Optional[str]:
+              launch, simulate: str = "processes") -> Optional[str]:
     """Refuse bad options of :func:`colab_xla.run.run_cell`; return ``cache_dir`` made
     absolute (and created, checked writable), or None."""
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):  # nan > 0 is False
@@ -141,6 +143,10 @@ def check_run(*, replicas: Optional[int], timeout: Optional[float], env: Mapping
     if pull_from is not None and (pull_from < 0 or not pull):
         raise OptionError(f"--pull-from {pull_from}: give a replica ordinal (0 or more) "
                           "together with --pull NAME.")
+    if simulate not in SIMULATIONS:
+        raise OptionError(f"--simulate {simulate}: give processes (one process per replica, "
+                          "as on TPU v4 and later; the default) or threads (one process, a "
+                          "thread per replica, as on TPU v2/v3).")
     if launch.debug_single and replicas not in (None, 1):
         raise OptionError(f"-n {replicas} with --debug-single: it runs one replica; leave -n out.")
     return None if cache_dir is None else _cache_dir(cache_dir)

@@ -23,7 +23,7 @@ import shutil
 import tempfile
 from typing import Mapping, Optional, Sequence
 
-from . import hardware, options, preflight, processes
+from . import cpu_sim, hardware, options, preflight, processes
 from .cell import CellModule
 from .launch import Launch, replica_environ, warm_forkserver
 from .outcome import RunObserver, RunOutcome
@@ -36,13 +36,16 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
              observer: Optional[RunObserver] = None, announce=print,
              timeout: Optional[float] = None, launch: Launch = Launch(),
              env: Optional[Mapping[str, str]] = None, cache_dir: Optional[str] = None,
-             pull: Sequence[str] = (), pull_from: Optional[int] = None) -> RunOutcome:
+             pull: Sequence[str] = (), pull_from: Optional[int] = None,
+             simulate: Optional[str] = None) -> RunOutcome:
     """Run ``source`` on every replica and return the :class:`RunOutcome`.
 
     ``launch`` says how replicas start (start method, launcher, one-replica debugging);
     ``env`` adds variables for the replicas only (the replica count and device are
     planned with them); ``cache_dir`` turns on torch_xla's persistent compilation cache,
-    a sub-directory per replica process; ``pull`` names are sent back from every replica
+    a sub-directory per replica process; ``simulate`` is how replicas on CPU simulate a TPU
+    host (:mod:`colab_xla.cpu_sim`: "processes", the default, or "threads"; default
+    ``$COLAB_XLA_SIMULATE``); ``pull`` names are sent back from every replica
     (or only from replica ``pull_from``) into ``outcome.pulled(name)``.
 
     The run ends when every replica has ended; or
@@ -60,18 +63,20 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
     ``outcome.failed``).
     """
     env = dict(env or {})
+    simulate = simulate or os.environ.get("COLAB_XLA_SIMULATE") or cpu_sim.DEFAULT_SIMULATION
     cache_dir = options.check_run(replicas=replicas, timeout=timeout, env=env, pull=pull,
-                                  pull_from=pull_from, cache_dir=cache_dir, launch=launch)
+                                  pull_from=pull_from, cache_dir=cache_dir, launch=launch,
+                                  simulate=simulate)
     user_ns = dict(user_ns or {})
     run_dir = tempfile.mkdtemp(prefix="colab_xla-")  # mode 0700, unpredictable name
     try:
         cell = CellModule.create(source, run_dir, label=label, header=header)
         replica_env = replica_environ(env)  # what the replicas will see, --env included
         hw = hardware.detect(replica_env)
-        plan = hardware.plan_replicas(replicas, hw)
+        plan = hardware.plan_replicas(replicas, hw, simulate)
         if launch.debug_single:  # one replica, one process, whatever the host has
             if plan.device_type == "CPU":
-                plan = hardware.plan_replicas(1, hw)
+                plan = hardware.plan_replicas(1, hw, simulate)
             plan = dataclasses.replace(plan, replicas=1, processes=1)
         options.check_pull_from(pull_from, plan.replicas)
         hardware.import_torch_xla()

@@ -86,6 +86,7 @@ class Supervisor:
         self._driver_error: Optional[BaseException] = None
         self._output_since_draw = False
         self._exits: Dict[int, Tuple[int, int]] = {}  # pid -> (replica, code) of os._exit
+        self._died: Dict[int, int] = {}  # replica -> exit code of its own process
         self._interrupts = interrupts.Interrupts(None)  # held while the run goes on
         self._decoder = frames.FrameDecoder()  # (an Interrupt may come before reading starts)
 
@@ -123,7 +124,7 @@ class Supervisor:
             cell=None if forked else self.cell, names=None if forked else opts.names,
             cache_dir=opts.cache_dir, pull=opts.pull, pull_from=opts.pull_from,
             shm_dir=self._shm_dir)
-        driver = threading.Thread(target=self._drive, args=(job, done_w),
+        driver = threading.Thread(target=self._drive, args=(job, done_w, write_fd),
                                   name="colab_xla-driver", daemon=True)
         # From here on an Interrupt is a flag the read loop checks (see colab_xla.interrupts):
         # a second one during the clean-up cannot break it either.
@@ -166,10 +167,17 @@ class Supervisor:
                 self._driver_error = None
         return self.outcome
 
-    def _drive(self, job: replica_job.ReplicaJob, done_w: int) -> None:
+    def _drive(self, job: replica_job.ReplicaJob, done_w: int, write_fd: int) -> None:
+        writer = frames.ChannelWriter(write_fd)
+
+        def died(ordinal: int, code: int) -> None:  # told in order with its own frames
+            writer.send(frames.NOTE, ordinal, json.dumps({"died": code}).encode())
+
         try:
             with environ(self.plan.env):
-                start(self.options.launch, replica_job.main, job)
+                start(self.options.launch, replica_job.main, job,
+                      processes=self.plan.processes if self.plan.own_processes else 0,
+                      died=died)
         except BaseException as exc:  # noqa: BLE001 - reported through the outcome
             self._driver_error = exc  # (let go of when the run ends: see run)
         finally:
@@ -300,6 +308,20 @@ class Supervisor:
                 self.outcome.replica(frame.ordinal).last_rendezvous = note["rendezvous"]
             if "exit" in note:  # os._exit: the process ends now, with its replicas
                 self._exits[note["pid"]] = (frame.ordinal, note["exit"])
+            if "died" in note:  # the process of this replica alone ended (see _drive)
+                self._died_replica(frame.ordinal, note["died"])
+
+    def _died_replica(self, ordinal: int, code: int) -> None:
+        """A replica's own process ended with ``code`` before a report: the others get
+        :data:`FAIL_FAST_SECONDS`, as after a failure (they may wait for it in a
+        collective). Processes the run kills after it was cut do not count."""
+        rep = self.outcome.replica(ordinal)
+        if self._stop or rep.state in (DONE, FAILED):
+            return
+        self._died[ordinal] = code
+        if self._fail_at is None:
+            self._first_failed = ordinal
+            self._fail_at = time.monotonic() + FAIL_FAST_SECONDS
 
     def _text(self, origin, kind: int, data: bytes) -> None:
         key = (origin, kind)
@@ -352,11 +374,18 @@ class Supervisor:
     def _settle_unreported(self) -> None:
         """Replicas that never sent a report: stopped with the run, or their process died."""
         expected = range(self.plan.replicas) if self.plan.replicas else ()
-        for ordinal in sorted(set(expected) | set(self.outcome.replicas)):
+        ordinals = sorted(set(expected) | set(self.outcome.replicas))
+        # Those whose process died first: a replica stopped after it names its error.
+        for ordinal in sorted(ordinals, key=lambda o: o not in self._died):
             rep = self.outcome.replica(ordinal)
             if rep.state in (DONE, FAILED):
                 continue
-            if self._stop:
+            if ordinal in self._died:
+                rep.state, rep.elapsed = FAILED, time.monotonic() - self._started
+                rep.error = endings.died(
+                    rep, exits=self._exits, exit_codes=[self._died[ordinal]],
+                    process_logs=self.outcome.processes.values(), one_process=True)
+            elif self._stop:
                 rep.state, rep.elapsed = STOPPED, time.monotonic() - self._started
                 rep.error = endings.stopped(
                     self._stop, rep, timeout=self.timeout, grace=FAIL_FAST_SECONDS,

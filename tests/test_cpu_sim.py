@@ -10,7 +10,7 @@ from colab_xla import cpu_sim
 
 @pytest.mark.parametrize("replicas", [1, 2, 6, 7, 32])
 def test_the_thread_pool_has_room_for_every_replica_in_a_collective(replicas):
-    env = cpu_sim.environment(replicas)
+    env = cpu_sim.environment(replicas, simulation="threads")
     assert env["PJRT_DEVICE"] == "CPU" and env["CPU_NUM_DEVICES"] == str(replicas)
     # each replica blocks a pool thread in a collective: more threads than replicas, and
     # never fewer than a small machine's default
@@ -19,9 +19,26 @@ def test_the_thread_pool_has_room_for_every_replica_in_a_collective(replicas):
     assert ("XLA_ENABLE_PARAM_ALIASING" in env) == (replicas > 1)
 
 
+@pytest.mark.parametrize("replicas", [2, 8, 32])
+def test_replica_processes_have_one_cpu_device_each_and_no_thread_pool_to_size(replicas):
+    env = cpu_sim.environment(replicas)  # the default model
+    assert cpu_sim.DEFAULT_SIMULATION == "processes"
+    assert env == {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1",
+                   "XLA_ENABLE_PARAM_ALIASING": "0"}
+
+
+def test_one_replica_is_one_device_whatever_the_model():
+    for simulation in cpu_sim.SIMULATIONS:
+        env = cpu_sim.environment(1, simulation=simulation)
+        assert env["CPU_NUM_DEVICES"] == "1" and "XLA_ENABLE_PARAM_ALIASING" not in env
+
+
 def test_variables_the_user_set_are_left_to_them():
-    env = cpu_sim.environment(4, thread_pool_set=True, param_aliasing_set=True)
+    env = cpu_sim.environment(4, simulation="threads", thread_pool_set=True,
+                              param_aliasing_set=True)
     assert env == {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}
+    env = cpu_sim.environment(4, param_aliasing_set=True)
+    assert env == {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1"}
 
 
 def _fakes(drop=()):

@@ -46,10 +46,12 @@ def test_help_is_generated_from_the_arguments(ip, capsys):
     assert "-n N, --replicas N, --nprocs N" in out and "-o NAME, --output NAME" in out
     assert "index" in out and "device" in out and "lock" in out
     for option in ("--pull NAME[,NAME...]", "--pull-from ORDINAL", "--start-method",
-                   "--launcher", "--debug-single", "--env KEY=VALUE", "--cache DIR"):
+                   "--launcher", "--debug-single", "--env KEY=VALUE", "--cache DIR",
+                   "--simulate {processes,threads}"):
         assert option in out
     words = " ".join(out.split())  # argparse wraps the help
-    assert "simulated replicas (1 to 128)" in words and "quote a value with spaces" in words
+    assert "simulated replicas (1 to 128" in words and "quote a value with spaces" in words
+    assert "one process per replica, as on TPU v4 and later" in words
 
 
 @pytest.mark.parametrize("line, message", [
@@ -58,6 +60,7 @@ def test_help_is_generated_from_the_arguments(ip, capsys):
     ("-o 2fast", "NAME must be a Python identifier"),
     ("--start-method thread", "argument --start-method: invalid choice: 'thread'"),
     ("--launcher torchrun", "argument --launcher: invalid choice: 'torchrun'"),
+    ("--simulate fibers", "argument --simulate: invalid choice: 'fibers'"),
     ("--env NOVALUE", "--env NOVALUE: write KEY=VALUE"),
     ("--pull a-b", "--pull a-b: each NAME must be a Python identifier"),
     ("--pull-from 0", "together with --pull NAME"),

@@ -152,18 +152,35 @@ def test_concurrent_writers_never_interleave_frames():
 def test_cpu_plan_defaults_to_a_simulated_tpu_host_and_says_so():
     plan = hardware.plan_replicas(None, hardware.Hardware(pjrt_device=None))
     n = hardware.DEFAULT_CPU_REPLICAS
-    assert (plan.device_type, plan.replicas) == ("CPU", n)
-    assert plan.env == {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(n),
-                        "XLA_THREAD_POOL_SIZE": str(max(n + 2, 8)),  # see the next test
+    assert (plan.device_type, plan.replicas, plan.processes) == ("CPU", n, n)
+    assert plan.simulation == "processes" and plan.own_processes
+    assert plan.env == {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1",
                         "XLA_ENABLE_PARAM_ALIASING": "0"}  # see test_collectives
     assert "no TPU found" in plan.note and f"{n} replicas on CPU" in plan.note
+    assert "one process each, like a TPU v4 or later host" in plan.note
+
+
+def test_cpu_plan_of_threads_is_one_process_with_a_device_per_replica():
+    plan = hardware.plan_replicas(None, hardware.Hardware(pjrt_device=None), "threads")
+    n = hardware.DEFAULT_CPU_REPLICAS
+    assert (plan.replicas, plan.processes, plan.own_processes) == (n, 1, False)
+    assert plan.env == {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(n),
+                        "XLA_THREAD_POOL_SIZE": str(max(n + 2, 8)),  # see the next test
+                        "XLA_ENABLE_PARAM_ALIASING": "0"}
+    assert "threads of one process, like a TPU v2/v3 host" in plan.note
+
+
+def test_one_cpu_replica_is_one_process_started_by_xmp_spawn():
+    plan = hardware.plan_replicas(1, hardware.Hardware(pjrt_device=None))
+    assert (plan.replicas, plan.processes, plan.own_processes) == (1, 1, False)
+    assert "running 1 replica on CPU (one process;" in plan.note
 
 
 @pytest.mark.parametrize("n", [1, 2, 6, 7, 16])
 def test_cpu_plan_gives_xla_a_pool_thread_per_replica_and_two_more_and_at_least_8(n):
     # A collective holds one XLA pool thread per replica until all have arrived; the rule
     # hardware.plan_replicas applies is max(n + 2, 8).
-    env = hardware.plan_replicas(n, hardware.Hardware(pjrt_device="CPU")).env
+    env = hardware.plan_replicas(n, hardware.Hardware(pjrt_device="CPU"), "threads").env
     assert int(env["XLA_THREAD_POOL_SIZE"]) >= n + 2 and int(env["XLA_THREAD_POOL_SIZE"]) >= 8
     assert env["XLA_THREAD_POOL_SIZE"] == str(max(n + 2, 8))
 
@@ -172,10 +189,11 @@ def test_cpu_plan_honours_n_and_cpu_num_devices_and_explicit_device():
     hw = hardware.Hardware(pjrt_device="CPU", cpu_num_devices=3)
     assert hardware.plan_replicas(None, hw).replicas == 3
     plan = hardware.plan_replicas(5, hw)
-    assert plan.replicas == 5 and plan.env["CPU_NUM_DEVICES"] == "5"
+    assert (plan.replicas, plan.processes, plan.env["CPU_NUM_DEVICES"]) == (5, 5, "1")
+    assert hardware.plan_replicas(5, hw, "threads").env["CPU_NUM_DEVICES"] == "5"
     assert plan.note is None  # the user chose CPU: nothing to announce
     mine = hardware.Hardware(pjrt_device="CPU", xla_thread_pool_size="3", param_aliasing="1")
-    env = hardware.plan_replicas(4, mine).env
+    env = hardware.plan_replicas(4, mine, "threads").env
     assert "XLA_THREAD_POOL_SIZE" not in env and "XLA_ENABLE_PARAM_ALIASING" not in env  # the user's stay
     assert "XLA_ENABLE_PARAM_ALIASING" not in hardware.plan_replicas(1, hw).env  # nothing to simulate
 
@@ -234,7 +252,7 @@ def test_a_cpu_num_devices_that_is_not_a_count_is_refused_unless_n_is_given(valu
     assert str(info.value).startswith(
         f"CPU_NUM_DEVICES='{value}': the number of replicas to simulate on CPU must be a whole "
         "number, 1 or more. Set one (os.environ['CPU_NUM_DEVICES'] = '4')")
-    assert hardware.plan_replicas(3, hw).env["CPU_NUM_DEVICES"] == "3"  # -n takes its place
+    assert hardware.plan_replicas(3, hw).replicas == 3  # -n takes its place
 
 
 def test_a_replica_count_beyond_what_cpu_collectives_can_join_is_refused():

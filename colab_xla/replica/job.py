@@ -75,7 +75,13 @@ def _arrive(fields: Dict[str, Any]) -> ReplicaJob:
     A forkserver's children inherit the server's environment, not the notebook's, so
     waiting for ``main`` would be too late.
     """
-    job = ReplicaJob(**fields)
+    return arrived(ReplicaJob(**fields))
+
+
+def arrived(job: ReplicaJob) -> ReplicaJob:
+    """What a replica process does with its job first: the replicas' environment, and its
+    start-up output captured. (A forked process that got the job without pickling calls
+    it itself.)"""
     job.apply_environ()
     if job.startup_path:
         capture_startup(job.startup_path)

@@ -100,7 +100,7 @@ class ReplicaProcess:
         _report_exits(self.writer)
         if job.cache_dir:
             self._initialize_cache(job.cache_dir)
-        self._instrument_torch_xla()
+        self._instrument_torch_xla(job.run_dir)
 
     def _load_names(self, job: ReplicaJob) -> Dict[str, Any]:
         try:
@@ -125,7 +125,7 @@ class ReplicaProcess:
         os.makedirs(path, exist_ok=True)
         xr.initialize_cache(path, readonly=False)
 
-    def _instrument_torch_xla(self) -> None:
+    def _instrument_torch_xla(self, run_dir: str) -> None:
         """Record each replica's last ``xm.rendezvous`` tag (told when a run is cut), and
         refuse a nested ``xmp.spawn`` with the reason."""
         import torch_xla.core.xla_model as xm
@@ -146,8 +146,13 @@ class ReplicaProcess:
 
         xm.rendezvous = functools.wraps(rendezvous)(recorded_rendezvous)
         xmp.spawn = functools.wraps(xmp.spawn)(nested_spawn)
-        if os.environ.get("PJRT_DEVICE") == "CPU" and int(os.environ.get("CPU_NUM_DEVICES", "1")) > 1:
-            cpu_sim.install(xm)
+        if os.environ.get("PJRT_DEVICE") == "CPU":
+            processes = int(os.environ.get("PJRT_LOCAL_PROCESS_COUNT", "1"))
+            if processes > 1:  # one process per replica (see colab_xla.launch)
+                cpu_sim.install_processes(self.rank, processes,
+                                          os.path.join(run_dir, "replicas.store"))
+            elif int(os.environ.get("CPU_NUM_DEVICES", "1")) > 1:
+                cpu_sim.install(xm)
 
     def enter(self, ordinal: int) -> None:
         with self._lock:
