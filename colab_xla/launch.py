@@ -74,15 +74,15 @@ class Launch:
 
 
 def start(how: Launch, entry: Callable, job, *, processes: int = 0,
-          died: Optional[Callable[[int, int], None]] = None) -> None:
+          ended: Optional[Callable[[int, int], None]] = None) -> None:
     """Run ``entry(index, job)`` on every replica; return when all of them have ended.
 
     With ``processes``, start that many processes of one replica each here (the CPU
-    simulation's default) and call ``died(index, exit code)`` for each that ends with a
-    non-zero code, as it ends: its replica is gone, and the others may wait for it in a
-    collective."""
+    simulation's default) and call ``ended(index, exit code)`` as each one ends: a
+    replica whose process ended before its report is gone, and the others may wait for
+    it in a collective."""
     if processes:
-        _start_processes(how, entry, job, processes, died)
+        _start_processes(how, entry, job, processes, ended)
         return
     if how.debug_single:
         process = multiprocessing.get_context(how.start_method).Process(
@@ -101,7 +101,7 @@ def start(how: Launch, entry: Callable, job, *, processes: int = 0,
 
 
 def _start_processes(how: Launch, entry: Callable, job, count: int,
-                     died: Optional[Callable[[int, int], None]]) -> None:
+                     ended: Optional[Callable[[int, int], None]]) -> None:
     context = multiprocessing.get_context(how.start_method)
     rank_env = {"PJRT_LOCAL_PROCESS_COUNT": str(count)}
     # torch.distributed's `xla://` and `env://` meet at MASTER_ADDR:MASTER_PORT; a port
@@ -120,8 +120,8 @@ def _start_processes(how: Launch, entry: Callable, job, count: int,
         for sentinel in multiprocessing.connection.wait(list(pending)):
             index, process = pending.pop(sentinel)
             process.join()
-            if process.exitcode and died is not None:
-                died(index, process.exitcode)
+            if ended is not None:
+                ended(index, process.exitcode)
 
 
 def _replica_process(entry: Callable, index: int, job, rank_env: Dict[str, str],

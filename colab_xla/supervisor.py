@@ -170,14 +170,14 @@ class Supervisor:
     def _drive(self, job: replica_job.ReplicaJob, done_w: int, write_fd: int) -> None:
         writer = frames.ChannelWriter(write_fd)
 
-        def died(ordinal: int, code: int) -> None:  # told in order with its own frames
-            writer.send(frames.NOTE, ordinal, json.dumps({"died": code}).encode())
+        def ended(ordinal: int, code: int) -> None:  # told after its own frames
+            writer.send(frames.NOTE, ordinal, json.dumps({"ended": code}).encode())
 
         try:
             with environ(self.plan.env):
                 start(self.options.launch, replica_job.main, job,
                       processes=self.plan.processes if self.plan.own_processes else 0,
-                      died=died)
+                      ended=ended)
         except BaseException as exc:  # noqa: BLE001 - reported through the outcome
             self._driver_error = exc  # (let go of when the run ends: see run)
         finally:
@@ -308,13 +308,13 @@ class Supervisor:
                 self.outcome.replica(frame.ordinal).last_rendezvous = note["rendezvous"]
             if "exit" in note:  # os._exit: the process ends now, with its replicas
                 self._exits[note["pid"]] = (frame.ordinal, note["exit"])
-            if "died" in note:  # the process of this replica alone ended (see _drive)
-                self._died_replica(frame.ordinal, note["died"])
+            if "ended" in note:  # the process of this replica alone ended (see _drive)
+                self._process_ended(frame.ordinal, note["ended"])
 
-    def _died_replica(self, ordinal: int, code: int) -> None:
-        """A replica's own process ended with ``code`` before a report: the others get
-        :data:`FAIL_FAST_SECONDS`, as after a failure (they may wait for it in a
-        collective). Processes the run kills after it was cut do not count."""
+    def _process_ended(self, ordinal: int, code: int) -> None:
+        """A replica's own process ended with ``code``. Before its report, the replica
+        died: the others get :data:`FAIL_FAST_SECONDS`, as after a failure (they may wait
+        for it in a collective). Processes the run kills after it was cut do not count."""
         rep = self.outcome.replica(ordinal)
         if self._stop or rep.state in (DONE, FAILED):
             return

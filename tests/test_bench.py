@@ -18,6 +18,7 @@ pytestmark = [pytest.mark.xla, pytest.mark.timeout(300)]
     ("output_latency.py", ["--repeats", "2", "--replicas", "2"]),
     ("output_throughput.py", ["--lines", "300", "--plain-lines", "20", "--replicas", "2"]),
     ("start_methods.py", ["--repeats", "2", "--spawn-repeats", "2", "--replicas", "2"]),
+    ("simulation.py", ["--repeats", "1", "--replicas", "2", "--steps", "4"]),
     ("result_return.py", ["--mib", "2", "--replicas", "2", "--repeats", "2"]),
     ("peers.py", ["--replicas", "2", "--repeats", "2", "--latency-repeats", "1",
                   "--throughput-replicas", "2", "--lines", "200", "--slow-lines", "10",

@@ -40,14 +40,21 @@ def test_an_exception_class_of_the_cell_reads_as_the_cell_wrote_it_and_groups():
     assert str(XlaSpawnError(outcome)).startswith("3 of 3 replicas failed (B)")
 
 
-def test_os_exit_in_one_replica_names_that_replica_and_the_call():
-    outcome = run("import os, time\nif index == 1:\n    os._exit(0)\ntime.sleep(30)", n=3)
+@pytest.mark.parametrize("simulate", ["processes", "threads"])
+def test_os_exit_in_one_replica_names_that_replica_and_the_call(simulate):
+    outcome = run("import os, time\nif index == 1:\n    os._exit(0)\ntime.sleep(30)", n=3,
+                  simulate=simulate)
     died = outcome.replicas[1].error
     assert died.kind == "died"
     assert "replica 1 called os._exit(0)" in died.evalue
-    for other in (0, 2):  # threads of the same process: they went with it
-        assert "replica 1 called os._exit(0)" in outcome.replicas[other].error.evalue
+    for other in (0, 2):
+        error = outcome.replicas[other].error
+        if simulate == "threads":  # threads of the same process: they went with it
+            assert "replica 1 called os._exit(0)" in error.evalue
+        else:  # a process each: stopped soon after, as after any failure
+            assert error.kind == "stopped" and "after replica 1 failed (ReplicaDied)" in error.evalue
     assert "without an exit code" not in str(XlaSpawnError(outcome))
+    assert outcome.elapsed < 25  # not the 30 s the others would sleep
 
 
 def test_an_xla_abort_names_the_signal_and_what_xla_said():

@@ -59,8 +59,11 @@ def test_device_is_created_on_first_use_only():
         d = device
         (before, 'device' in globals(), str(d))
         """, 2)
+    # a process per replica, each with its one device (as on a TPU v4 host)
     assert {o: v for o, v in outcome.results().items()} == {0: (False, True, "xla:0"),
-                                                             1: (False, True, "xla:1")}
+                                                             1: (False, True, "xla:0")}
+    outcome = run("str(device)", 2, simulate="threads")  # one process: a device per replica
+    assert outcome.results() == {0: "xla:0", 1: "xla:1"}
 
 
 def test_cell_definitions_pickle_by_reference_in_replicas_and_by_value_to_the_notebook():

@@ -14,10 +14,12 @@ import importlib.util
 import json
 import os
 import pickle
+import re
 import sys
 import threading
 import traceback
 import types
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional
 
@@ -146,6 +148,12 @@ class ReplicaProcess:
 
         xm.rendezvous = functools.wraps(rendezvous)(recorded_rendezvous)
         xmp.spawn = functools.wraps(xmp.spawn)(nested_spawn)
+        _name_removed_apis(xm, REMOVED_XLA_MODEL_APIS)
+        # torch_xla's deprecation warnings name the replacement (xm.xla_device: "Use
+        # torch_xla.device instead"); Python hides them outside __main__: show the cell's.
+        warnings.filterwarnings("default", category=DeprecationWarning,
+                                module=re.escape(self.cell.name))
+        warnings.formatwarning = _cell_lines_named(warnings.formatwarning, self.cell)
         if os.environ.get("PJRT_DEVICE") == "CPU":
             processes = int(os.environ.get("PJRT_LOCAL_PROCESS_COUNT", "1"))
             if processes > 1:  # one process per replica (see colab_xla.launch)
@@ -184,6 +192,39 @@ class ReplicaProcess:
             if type(old).__module__.startswith("ipykernel"):
                 old.write, old.flush = new.write, new.flush
         replica_display(*streams)
+
+
+# What torch_xla 2.x removed (with XRT) that code written for 1.x still calls, and what
+# replaces it: the AttributeError a replica gets names the replacement.
+REMOVED_XLA_MODEL_APIS = {
+    "xrt_world_size": "torch_xla.runtime.world_size()",
+    "get_ordinal": "torch_xla.runtime.global_ordinal()",
+}
+
+
+def _name_removed_apis(module: types.ModuleType, removed: Dict[str, str]) -> None:
+    """``module.NAME`` of a removed API raises an AttributeError that names its
+    replacement (a module ``__getattr__``, called only for names the module lacks)."""
+    def __getattr__(name):
+        if name in removed:
+            raise AttributeError(f"{module.__name__}.{name} was removed in torch_xla 2.x: "
+                                 f"use {removed[name]} instead")
+        raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
+
+    if not hasattr(module, "__getattr__"):
+        module.__getattr__ = __getattr__
+
+
+def _cell_lines_named(formatwarning, cell: CellModule):
+    """A warning from the cell names its line as a traceback does (``Cell In[5], line
+    3``), not the cell's temporary file."""
+    @functools.wraps(formatwarning)
+    def named(message, category, filename, lineno, line=None):
+        text = formatwarning(message, category, filename, lineno, line)
+        if filename == cell.path:
+            text = text.replace(f"{filename}:{lineno}:", f"{cell.label}, line {lineno}:", 1)
+        return text
+    return named
 
 
 def _text_progress_bars() -> None:

@@ -1,0 +1,166 @@
+"""The CPU simulation's two models side by side: one process per replica (the default) and
+threads of one process (``--simulate threads``, the model before processes existed).
+
+In one process, for each replica count N and each model, interleaved (the order alternates):
+* launch: a trivial cell (``index``), start to outcome;
+* first output: from the call to the first output line reaching the notebook (an observer);
+* MNIST step: a small MNIST-shaped model trained with ``xm.optimizer_step`` (the gradients'
+  all-reduce), the median time of the steps after the first two (compiled), in the replica;
+* all_reduce of 1 KiB and of 16 MiB: median time of one ``xm.all_reduce`` made to happen
+  (``torch_xla.sync()`` and waiting for the device), in the replica.
+
+Reported: medians in ms, and processes / threads. Writes the "simulation" section of
+results.md and results/simulation.json.
+
+    python bench/simulation.py [--repeats 5] [--replicas 4,8] [--steps 8]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Dict, List
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+if BENCH_DIR not in sys.path:
+    sys.path.insert(0, BENCH_DIR)
+
+from _results import (bench_parser, machine_info, machine_line, publish,  # noqa: E402
+                      replica_counts, stats)
+
+from colab_xla.outcome import RunObserver  # noqa: E402
+from colab_xla.run import run_cell  # noqa: E402
+
+NAME = "simulation"
+MODELS = ("processes", "threads")
+
+STEP_CELL = '''
+import time, torch, torch.nn as nn, torch.nn.functional as F, torch_xla
+import torch_xla.core.xla_model as xm
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(1, 8, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                      nn.Linear(8 * 13 * 13, 10)).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(32, 1, 28, 28).to(device), torch.randint(0, 10, (32,)).to(device)
+times = []
+for step in range(STEPS):
+    t0 = time.perf_counter()
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    xm.optimizer_step(opt)
+    torch_xla.sync()
+    xm.wait_device_ops()
+    times.append(time.perf_counter() - t0)
+sorted(times[2:])[len(times[2:]) // 2] * 1e3
+'''
+
+COLLECTIVE_CELL = '''
+import time, torch, torch_xla, torch_xla.core.xla_model as xm, torch_xla.runtime as xr
+t = torch.ones(ELEMENTS, device=device)
+times = []
+for _ in range(REPEATS):
+    t0 = time.perf_counter()
+    r = xm.all_reduce(xm.REDUCE_SUM, t)
+    torch_xla.sync()
+    xm.wait_device_ops()
+    times.append(time.perf_counter() - t0)
+assert r.cpu()[0].item() == xr.world_size()  # it really reduced
+sorted(times[1:])[len(times[1:]) // 2] * 1e3
+'''
+
+
+class FirstOutput(RunObserver):
+    def __init__(self):
+        self.started = time.perf_counter()
+        self.first = None
+
+    def output(self, outcome, origin, lines):
+        if self.first is None:
+            self.first = time.perf_counter() - self.started
+
+
+def _run(cell: str, n: int, model: str, observer=None):
+    outcome = run_cell(cell, replicas=n, announce=None, simulate=model, observer=observer,
+                       timeout=600)
+    if not outcome.ok:
+        raise RuntimeError(f"{model} N={n}: {[r.error for r in outcome.replicas.values()]}")
+    return outcome
+
+
+def measure(n: int, repeats: int, steps: int) -> dict:
+    samples: Dict[str, Dict[str, List[float]]] = {
+        m: {"launch": [], "first_output": [], "step": [], "all_reduce_1k": [],
+            "all_reduce_16m": []} for m in MODELS}
+    for i in range(repeats):
+        for model in (MODELS if i % 2 == 0 else MODELS[::-1]):
+            s = samples[model]
+            t0 = time.perf_counter()
+            _run("index", n, model)
+            s["launch"].append((time.perf_counter() - t0) * 1e3)
+            first = FirstOutput()
+            _run("print(index)", n, model, observer=first)
+            s["first_output"].append(first.first * 1e3)
+    for model in MODELS:  # the slow ones: once per model, each a median inside the replicas
+        s = samples[model]
+        s["step"].append(_run(STEP_CELL.replace("STEPS", str(steps)), n, model).results()[0])
+        for key, elements in (("all_reduce_1k", 256), ("all_reduce_16m", 4 << 20)):
+            cell = COLLECTIVE_CELL.replace("ELEMENTS", str(elements)).replace("REPEATS", "6")
+            s[key].append(_run(cell, n, model).results()[0])
+    medians = {m: {k: stats(v)["median"] for k, v in s.items()} for m, s in samples.items()}
+    return {"replicas": n, "samples_ms": samples, "median_ms": medians,
+            "ratio": {k: medians["processes"][k] / medians["threads"][k]
+                      for k in medians["processes"]}}
+
+
+ROWS = (("launch", "launch, trivial cell"), ("first_output", "first output drawn"),
+        ("step", "MNIST-shaped step with xm.optimizer_step"),
+        ("all_reduce_1k", "xm.all_reduce, 1 KiB"), ("all_reduce_16m", "xm.all_reduce, 16 MiB"))
+
+
+def render(results: List[dict], info: dict, seconds: float, repeats: int) -> str:
+    lines = [
+        "## CPU simulation: processes (default) vs threads",
+        "",
+        "One process per replica with gloo collectives, against the replicas as threads of one "
+        "process (the model before processes, with its patches), interleaved in one process. "
+        "Median ms; launch and first output over the repeats, the rest measured inside the "
+        "replicas (replica 0).",
+        "",
+        "| replicas | measure | processes | threads | processes / threads |",
+        "|---:|---|---:|---:|---:|",
+    ]
+    for r in results:
+        for key, label in ROWS:
+            p, t = r["median_ms"]["processes"][key], r["median_ms"]["threads"][key]
+            lines.append(f"| {r['replicas']} | {label} | {p:.1f} | {t:.1f} | {r['ratio'][key]:.2f}x |")
+    lines += ["", machine_line(info, NAME, seconds, f"launch repeats {repeats}")]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--repeats", type=int, default=5, help="launch runs per model (5)")
+    parser.add_argument("--replicas", default="4,8", help="replica counts (4,8)")
+    parser.add_argument("--steps", type=int, default=8, help="training steps (8)")
+    args = parser.parse_args(argv)
+    counts = replica_counts(args.replicas)
+    if args.repeats < 1 or args.steps < 4 or not counts:
+        parser.error("need --repeats >= 1, --steps >= 4 and replica counts")
+    started = time.perf_counter()
+    info = machine_info(args.repeats, 1)
+    _run("index", counts[0], "processes")  # warm: torch_xla import in this process
+    results = []
+    for n in counts:
+        results.append(measure(n, args.repeats, args.steps))
+        m = results[-1]["median_ms"]
+        print(f"simulation: N={n}: " + ", ".join(
+            f"{k} {m['processes'][k]:.0f}/{m['threads'][k]:.0f} ms" for k, _ in ROWS),
+            file=sys.stderr)
+    seconds = time.perf_counter() - started
+    return publish(NAME, render(results, info, seconds, args.repeats),
+                   {"machine": info, "seconds": seconds, "results": results}, out_dir=args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

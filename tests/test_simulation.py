@@ -1,0 +1,157 @@
+"""The CPU simulation's two models through real runs: one process per replica (the default,
+like a TPU v4 or later host) and threads of one process (``--simulate threads``, like v2/v3).
+What a replica sees of the runtime, what it owns alone, and how a replica whose process
+dies ends the run."""
+
+import os
+
+import pytest
+
+from _runs import run
+
+pytestmark = [pytest.mark.xla, pytest.mark.timeout(300)]
+
+IDENTITY = '''
+import os, torch_xla, torch_xla.runtime as xr, torch_xla.core.xla_model as xm
+(os.getpid(), xr.world_size(), xr.global_ordinal(), xr.local_ordinal(), xr.process_index(),
+ xr.process_count(), xr.local_process_count(), xr.addressable_device_count(),
+ xr.global_device_count(), xm.is_master_ordinal(), xm.is_master_ordinal(local=False),
+ str(device))
+'''
+
+
+def _ok(outcome):
+    assert outcome.ok, ({o: r.error.render() for o, r in outcome.replicas.items() if r.error},
+                        {label: log.tail_text()[-4000:] for label, log in outcome.processes.items()})
+    return outcome.results()
+
+
+def test_each_replica_is_a_process_that_answers_as_its_replica_on_a_tpu_host():
+    n = 4
+    results = _ok(run(IDENTITY, n))
+    assert len({pid for pid, *_ in results.values()}) == n  # a process each
+    assert os.getpid() not in {pid for pid, *_ in results.values()}
+    for o, (_, *identity) in results.items():
+        # as on a v4-8 host: a process per chip, one device each, all local
+        assert identity == [n, o, o, o, n, n, 1, n, o == 0, o == 0, "xla:0"], o
+
+
+def test_threads_keep_the_v2_v3_host_answers():
+    n = 4
+    results = _ok(run(IDENTITY, n, simulate="threads"))
+    assert len({pid for pid, *_ in results.values()}) == 1  # one process
+    for o, (_, world, ordinal, local, *_rest, device) in results.items():
+        assert (world, ordinal, local, device) == (n, o, o, f"xla:{o}")
+
+
+def test_a_seed_set_in_the_cell_gives_every_replica_the_same_model():
+    # Replicas that were threads shared one generator: the same seed gave each replica
+    # different numbers, so data-parallel replicas trained different models.
+    cell = '''
+    import torch
+    torch.manual_seed(0)
+    first = torch.nn.Linear(3, 2).weight.detach().clone()
+    torch.manual_seed(index)
+    (first, torch.rand(2))
+    '''
+    results = _ok(run(cell, 4))
+    firsts = [first for first, _ in results.values()]
+    assert all((f == firsts[0]).all() for f in firsts)
+    own = [tuple(r.tolist()) for _, r in results.values()]
+    assert len(set(own)) == 4  # seeded with its ordinal: its own numbers
+
+
+def test_each_replica_has_its_own_default_process_group():
+    cell = '''
+    import torch, torch.distributed as dist, torch_xla.distributed.xla_backend
+    dist.init_process_group("xla", init_method="xla://")
+    t = torch.tensor([float(index + 1)], device=device)
+    dist.all_reduce(t)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dist.destroy_process_group()
+    (rank, world, t.cpu().item())
+    '''
+    results = _ok(run(cell, 4))
+    assert results == {o: (o, 4, 10.0) for o in range(4)}
+
+
+def test_dataloader_workers_fork_from_a_replica_process():
+    # Workers forked from a replica thread deadlocked (a fork of a multi-threaded process
+    # whose other replicas held locks); from a process of its own they work.
+    cell = '''
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    data = TensorDataset(torch.arange(32.0))
+    total = sum(float(b[0].sum()) for b in DataLoader(data, batch_size=4, num_workers=2))
+    total
+    '''
+    assert _ok(run(cell, 2, timeout=120)) == {0: 496.0, 1: 496.0}
+
+
+def test_a_replica_whose_process_dies_fails_and_the_others_are_stopped_soon():
+    cell = '''
+    import os, signal, time, torch, torch_xla.core.xla_model as xm
+    if index == 1:
+        print("about to crash", flush=True)
+        os.kill(os.getpid(), signal.SIGSEGV)
+    xm.all_reduce(xm.REDUCE_SUM, torch.ones(1, device=device)).cpu()  # waits for replica 1
+    '''
+    outcome = run(cell, 3, timeout=120)
+    assert not outcome.ok and not outcome.interrupted
+    died = outcome.replicas[1]
+    assert died.state == "failed" and died.error.ename == "ReplicaDied"
+    assert "killed by SIGSEGV" in died.error.evalue
+    assert "about to crash" in died.log.tail_text()
+    for o in (0, 2):
+        rep = outcome.replicas[o]
+        assert rep.state == "stopped", (o, rep.state, rep.error)
+        assert "after replica 1 failed (ReplicaDied)" in rep.error.evalue
+    assert outcome.elapsed < 60  # stopped by the fail-fast rule, not by --timeout
+
+
+def test_a_replica_process_that_exits_on_its_own_is_reported_with_its_code():
+    cell = '''
+    import os
+    if index == 0:
+        os._exit(7)
+    index
+    '''
+    outcome = run(cell, 2, timeout=120)
+    assert outcome.replicas[1].state == "done" and outcome.results() == {1: 1}
+    error = outcome.replicas[0].error
+    assert error.ename == "ReplicaDied" and "os._exit(7)" in error.evalue
+    assert "thread of that process" not in error.evalue  # it ended alone
+
+
+def test_apis_torch_xla_2_removed_name_their_replacement_in_the_replica():
+    cell = '''
+    import torch_xla.core.xla_model as xm
+    d = xm.xla_device()
+    xm.xrt_world_size()
+    '''
+    outcome = run(cell, 2)
+    for rep in outcome.replicas.values():
+        assert rep.error.ename == "AttributeError"
+        assert rep.error.evalue == ("torch_xla.core.xla_model.xrt_world_size was removed in "
+                                    "torch_xla 2.x: use torch_xla.runtime.world_size() instead")
+        # the deprecation warning is shown once, where the cell called it
+        log = rep.log.tail_text()
+        assert "Cell In[5], line 2: DeprecationWarning: Use torch_xla.device instead" in log
+    outcome = run("import torch_xla.core.xla_model as xm\nxm.get_ordinal()", 1)
+    assert "use torch_xla.runtime.global_ordinal() instead" in outcome.replicas[0].error.evalue
+    outcome = run("import torch_xla.core.xla_model as xm\nxm.no_such_thing", 1)
+    assert outcome.replicas[0].error.evalue == (
+        "module 'torch_xla.core.xla_model' has no attribute 'no_such_thing'")
+
+
+def test_the_simulation_is_refused_by_name_when_unknown(monkeypatch):
+    from colab_xla.errors import OptionError
+
+    with pytest.raises(OptionError, match="--simulate fibers: give processes"):
+        run("index", 2, simulate="fibers")
+    monkeypatch.setenv("COLAB_XLA_SIMULATE", "fibers")
+    with pytest.raises(OptionError, match="--simulate fibers"):
+        run("index", 2)
+    monkeypatch.setenv("COLAB_XLA_SIMULATE", "threads")
+    results = _ok(run("import os\nos.getpid()", 2))
+    assert len(set(results.values())) == 1
