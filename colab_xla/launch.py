@@ -131,7 +131,8 @@ def _replica_process(entry: Callable, index: int, job, rank_env: Dict[str, str],
         from .replica.job import arrived
 
         arrived(job)
-    os.environ.update(rank_env, PJRT_LOCAL_PROCESS_RANK=str(index))
+    # LOCAL_RANK: what libraries read for the local rank off a TPU (accelerate on CPU).
+    os.environ.update(rank_env, PJRT_LOCAL_PROCESS_RANK=str(index), LOCAL_RANK=str(index))
     entry(index, job)
 
 

@@ -703,12 +703,9 @@ LOCAL_MAIN = '''
     '''
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "accelerate (state.py, PartialState.__init__) takes local_process_index from "
-    "xm.get_local_ordinal() only when is_torch_xla_available(check_is_tpu=True), i.e. "
-    "xr.device_type() == 'TPU'; on the CPU simulation it reads os.environ['LOCAL_RANK'], "
-    "which colab_xla does not set, so every replica has local_process_index -1: "
-    "is_local_main_process is False everywhere and accelerator.print prints nothing"))
+# accelerate (state.py, PartialState.__init__) takes local_process_index from
+# xm.get_local_ordinal() only on a TPU; on CPU it reads LOCAL_RANK, which replica processes
+# get (without it every replica had -1: no local main process, accelerator.print silent).
 def test_accelerate_sees_a_local_main_process():
     n = 2
     outcome = run(LOCAL_MAIN, n, timeout=120)

@@ -57,12 +57,16 @@ def test_os_exit_in_one_replica_names_that_replica_and_the_call(simulate):
     assert outcome.elapsed < 25  # not the 30 s the others would sleep
 
 
-def test_an_xla_abort_names_the_signal_and_what_xla_said():
+@pytest.mark.parametrize("simulate", ["processes", "threads"])
+def test_an_xla_abort_names_the_signal_and_what_xla_said(simulate):
     outcome = run("import torch\ntorch.ones(2, device=device).sum().item()", 2,
-                  env={"XLA_FLAGS": "--xla_bogus_flag"})
+                  env={"XLA_FLAGS": "--xla_bogus_flag"}, simulate=simulate)
     assert outcome.failed == [0, 1]
-    # XLA printed it while the runtime started, before any replica ran: kept all the same.
-    startup = outcome.processes["process start-up"].tail_text()
+    if simulate == "threads":
+        # XLA printed it while xmp.spawn started the runtime, before any replica ran.
+        startup = outcome.processes["process start-up"].tail_text()
+    else:  # each replica's process starts its runtime in the cell: its own output
+        startup = "\n".join(rep.log.tail_text() for rep in outcome.replicas.values())
     assert "--xla_bogus_flag" in startup and "Fatal Python error: Aborted" in startup
     for rep in outcome.replicas.values():
         assert rep.error.kind == "died"

@@ -182,19 +182,30 @@ def test_no_process_of_a_run_outlives_it():
 # --- output capture ---------------------------------------------------------------------------
 
 
+C_WRITES = """
+    import ctypes, os
+    libc = ctypes.CDLL(None)
+    libc.write(2, f"C stderr from {index}\\n".encode(), len(f"C stderr from {index}\\n"))
+    libc.printf(b"C printf %d\\n", index)
+    print("python", index)
+    """
+
+
 def test_c_level_writes_are_captured_for_the_process_not_lost():
-    outcome = run("""
-        import ctypes, os
-        libc = ctypes.CDLL(None)
-        libc.write(2, f"C stderr from {index}\\n".encode(), len(f"C stderr from {index}\\n"))
-        libc.printf(b"C printf %d\\n", index)
-        print("python", index)
-        """, 2)
+    outcome = run(C_WRITES, 2, simulate="threads")
     assert outcome.ok
     process = outcome.processes["process 0"].tail_text()  # 2 replicas are threads of 1 process
     assert sorted(process.splitlines()) == ["C printf 0", "C printf 1",
                                             "C stderr from 0", "C stderr from 1"]
     assert [outcome.replicas[o].text for o in range(2)] == ["python 0", "python 1"]
+
+
+def test_c_level_writes_of_replica_processes_go_each_to_its_replica():
+    outcome = run(C_WRITES, 2)
+    assert outcome.ok and outcome.processes == {}
+    for o in range(2):
+        assert sorted(outcome.replicas[o].text.splitlines()) == [
+            f"C printf {o}", f"C stderr from {o}", f"python {o}"]
 
 
 def test_c_level_writes_of_a_one_replica_process_go_to_that_replica():
@@ -366,7 +377,8 @@ def test_the_outcome_lists_replicas_by_ordinal_whatever_order_they_started_in(mo
 
     monkeypatch.setattr(replica_job, "main", _replica_0_starts_last)
     outcome = run("import time\ntime.sleep(0.05 * (3 - index))\nran(index)", 4,
-                  user_ns={"ran": _cell_ran}, observer=Starts())  # and 3 finishes first
+                  user_ns={"ran": _cell_ran}, observer=Starts(),  # and 3 finishes first
+                  simulate="threads")  # (the semaphore is shared by threads)
     assert outcome.results() == {0: [True], 1: 1, 2: 2, 3: 3}
     assert Starts.order[-1] == 0 and sorted(Starts.order) == [0, 1, 2, 3]  # 0 came last...
     assert list(outcome.replicas) == [0, 1, 2, 3]  # ...and is listed first

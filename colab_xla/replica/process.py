@@ -154,6 +154,9 @@ class ReplicaProcess:
         warnings.filterwarnings("default", category=DeprecationWarning,
                                 module=re.escape(self.cell.name))
         warnings.formatwarning = _cell_lines_named(warnings.formatwarning, self.cell)
+        # Warnings go to the replica's stderr, whatever hook the notebook's process had
+        # (a test runner's recorder, say: in a replica nobody would read it).
+        warnings.showwarning = _show_warning
         if os.environ.get("PJRT_DEVICE") == "CPU":
             processes = int(os.environ.get("PJRT_LOCAL_PROCESS_COUNT", "1"))
             if processes > 1:  # one process per replica (see colab_xla.launch)
@@ -213,6 +216,13 @@ def _name_removed_apis(module: types.ModuleType, removed: Dict[str, str]) -> Non
 
     if not hasattr(module, "__getattr__"):
         module.__getattr__ = __getattr__
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """``warnings.showwarning`` of a replica process: to its stderr."""
+    text = warnings.formatwarning(message, category, filename, lineno, line)
+    with contextlib.suppress(OSError, ValueError):  # as warnings' own: a closed stream
+        (file or sys.stderr).write(text)
 
 
 def _cell_lines_named(formatwarning, cell: CellModule):
