@@ -181,7 +181,25 @@ def install(xm) -> bool:
     for name in _COLLECTIVES:
         if hasattr(xm, name):
             setattr(xm, name, compiled_where_called(getattr(xm, name)))
+    _first_item_alone(torch_xla)
     return True
+
+
+def _first_item_alone(torch_xla) -> None:
+    """Call ``.item()`` once here, before the other replica threads go on.
+
+    torch_xla runs ``.item()`` (``aten::_local_scalar_dense``) through its CPU fallback,
+    which counts each op in a process-wide hash map and inserts an op's first entry
+    without a lock: replica threads whose first ``.item()`` came at the same moment
+    crashed the process with SIGSEGV (about one run in 16 of a 4-replica cell ending in
+    ``x.sum().item()``; a core dump showed the map's insert under ``xla_fallback``). Once
+    the entry exists, they only read it. (Other ops that fall back to the CPU still race
+    on their first use: that is torch_xla's to fix; one process per replica, the
+    default, never shares the map.)
+    """
+    import torch
+
+    torch.zeros((), device=torch_xla.device()).item()
 
 
 class _ThreadRendezvous:

@@ -76,3 +76,36 @@ def test_the_installed_torch_xla_has_everything_the_simulation_patches():
 
     assert cpu_sim.missing(torch_xla._XLAC, xm) == []
     assert torch_xla.__version__.rsplit(".", 1)[0] in cpu_sim.TESTED_RELEASES
+
+
+# --- the processes model's collectives (colab_xla.gloo_collectives) ---------------------------
+
+from colab_xla import gloo_collectives  # noqa: E402
+
+
+def _gloo_fakes(drop=()):
+    def names(which):
+        return types.SimpleNamespace(**{n: object() for n in which if n not in drop})
+    return (names(gloo_collectives.RUNTIME_NAMES), names(gloo_collectives.XLA_MODEL_NAMES),
+            names(gloo_collectives.XLAC_NAMES))
+
+
+def test_the_processes_model_names_what_a_torch_xla_lacks():
+    assert gloo_collectives.missing(*_gloo_fakes()) == []
+    lacking = gloo_collectives.missing(*_gloo_fakes(drop=("_WORLD_SIZE", "xla_rendezvous")))
+    assert lacking == ["torch_xla.runtime._WORLD_SIZE", "xla_model.xla_rendezvous"]
+
+
+def test_an_unknown_reduce_type_is_refused_with_the_known_ones():
+    with pytest.raises(ValueError, match=r"Invalid reduce type: 'avg' \(one of sum, mul, and, "
+                                         r"or, min, max\)"):
+        gloo_collectives._reduce_op("avg")
+
+
+def test_a_replica_outside_every_group_is_told_so():
+    group = gloo_collectives.GlooGroup.__new__(gloo_collectives.GlooGroup)
+    group.rank, group.world = 2, 4
+    assert group.members(None) is None and group.members([]) is None
+    assert group.members([[0, 1], [2, 3]]) == [2, 3]
+    with pytest.raises(ValueError, match=r"replica 2 is in none of the groups \[\[0, 1\]\]"):
+        group.members([[0, 1]])

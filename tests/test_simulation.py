@@ -155,3 +155,47 @@ def test_the_simulation_is_refused_by_name_when_unknown(monkeypatch):
     monkeypatch.setenv("COLAB_XLA_SIMULATE", "threads")
     results = _ok(run("import os\nos.getpid()", 2))
     assert len(set(results.values())) == 1
+
+
+def test_every_collective_between_replica_processes_gives_what_a_tpu_gives():
+    cell = '''
+    import torch, torch_xla, torch_xla.core.xla_model as xm, torch.distributed as dist
+    import torch_xla.distributed.xla_backend
+    n = 4
+    out = {}
+    x = torch.tensor([float(index + 1)], device=device)
+    out["max"] = xm.all_reduce(xm.REDUCE_MAX, x).cpu().tolist()
+    out["mul_scaled"] = xm.all_reduce(xm.REDUCE_MUL, x, scale=0.5).cpu().tolist()
+    flags = [torch.tensor([index == 2], device=device)]
+    xm.all_reduce(xm.REDUCE_OR, flags)                       # a list: in place
+    out["or"] = flags[0].cpu().tolist()
+    out["pairs"] = xm.all_reduce(xm.REDUCE_SUM, x, groups=[[0, 1], [2, 3]]).cpu().tolist()
+    out["gather"] = xm.all_gather(x.view(1, 1), dim=1).cpu().tolist()
+    rs = xm.reduce_scatter(xm.REDUCE_SUM, torch.arange(8.0, device=device), 1.0 / n, 0, n)
+    out["reduce_scatter"] = rs.cpu().tolist()
+    a2a = xm.all_to_all(torch.arange(4.0, device=device) + 10 * index, 0, 0, n)
+    out["all_to_all"] = a2a.cpu().tolist()
+    ring = xm.collective_permute(x, [[i, (i + 1) % n] for i in range(n)])
+    out["permute"] = ring.cpu().tolist()
+    dist.init_process_group("xla", init_method="xla://")
+    y = torch.tensor([float(index)], device=device)
+    if index == 0:
+        dist.send(torch.tensor([42.0], device=device), dst=3)   # only 0 and 3 take part
+    elif index == 3:
+        dist.recv(y, src=0)
+    out["send_recv"] = y.cpu().tolist()
+    out["broadcast"] = (dist.broadcast(y, src=3), y.cpu().tolist())[1]
+    dist.destroy_process_group()
+    out
+    '''
+    results = _ok(run(cell, 4, timeout=180))
+    for o, out in results.items():
+        assert out["max"] == [4.0] and out["mul_scaled"] == [12.0]
+        assert out["or"] == [True]
+        assert out["pairs"] == ([3.0] if o < 2 else [7.0])
+        assert out["gather"] == [[1.0, 2.0, 3.0, 4.0]]
+        assert out["reduce_scatter"] == [2.0 * o, 2.0 * o + 1]  # 4 x arange(8) / 4, its shard
+        assert out["all_to_all"] == [o + 0.0, o + 10.0, o + 20.0, o + 30.0]
+        assert out["permute"] == [float((o - 1) % 4 + 1)]
+        assert out["send_recv"] == ([42.0] if o == 3 else [float(o)])
+        assert out["broadcast"] == [42.0]
