@@ -33,8 +33,7 @@ RUNTIME_NAMES = ("_WORLD_SIZE", "_ORDINAL", "process_index", "process_count",
                  "global_device_count", "global_runtime_device_count")
 XLA_MODEL_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                    "collective_permute", "xla_rendezvous")
-XLAC_NAMES = ("_get_allow_execution", "_set_allow_execution", "_xla_get_cpu_tensors",
-              "_xla_sync_multi")
+XLAC_NAMES = ("_get_allow_execution", "_set_allow_execution", "_xla_get_cpu_tensors")
 
 # How long a collective waits for the other replicas. A replica that never arrives has
 # failed, and the run stops the others long before this (the fail-fast rule).
@@ -222,10 +221,15 @@ class _Collectives:
             self._xlac._set_allow_execution(allowed)
 
     def _cpu(self, tensors: List) -> List:
-        """CPU copies of ``tensors``, XLA ones computed in one program."""
+        """CPU copies of ``tensors``. What the replica has queued runs first, as one
+        program (as the step would have on a TPU up to its collective): syncing only the
+        inputs would leave the parameters' updates pending, and a graph that grows and
+        compiles again at every step of a loop that never syncs itself."""
+        import torch_xla
+
         xla = [t for t in tensors if t.device.type == "xla"]
         if xla:
-            self._xlac._xla_sync_multi(xla, devices=[], wait=True, sync_xla_data=False)
+            torch_xla.sync()
             copies = iter(self._xlac._xla_get_cpu_tensors(xla))
             return [next(copies) if t.device.type == "xla" else t for t in tensors]
         return list(tensors)

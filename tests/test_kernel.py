@@ -69,11 +69,13 @@ def test_widget_state_and_static_summary_are_saved_in_the_cell():
     assert tabs and tab_titles(tabs[0]) == ["all", "0 ✓", "1 ✓", "2 ✗"]
     outputs = {tuple(o["text"] for o in m["state"]["outputs"]) for m in models.values()
                if m["model_name"] == "OutputModel" and m["state"]["outputs"]}
-    for o in range(3):
-        assert (f"hello {o}\n",) in outputs  # each replica's own tab
+    for o in range(3):  # each replica's own tab, with its C-level line (a process each)
+        own = ["".join(texts) for texts in outputs if f"hello {o}\n" in "".join(texts)
+               and "[replica" not in "".join(texts)]
+        assert own and sorted(own[0].splitlines()) == ["from C", f"hello {o}"], (o, outputs)
     combined = [t for texts in outputs for t in texts if "[replica 0] hello 0" in t]
     assert combined and all(f"[replica {o}] hello {o}" in combined[0] for o in range(3))
-    assert "[process 0] from C" in combined[0]
+    assert "from C" in combined[0]
     htmls = " ".join(m["state"].get("value", "") for m in models.values()
                      if m["model_name"] == "HTMLModel")
     assert "failed: replica 2" in htmls and "Cell In[2], line 6" in htmls

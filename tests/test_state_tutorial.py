@@ -97,5 +97,6 @@ def test_the_cache_is_set_up_and_a_rerun_tries_it(state):
     assert told, "tutorial 05 no longer quotes what a rerun with --cache says on CPU"
     assert told.group(1) not in first
     assert told.group(1) in rerun  # CPU: tried, cannot
-    assert re.fullmatch(r"process-0 holds [1-9]\d* compiled program\(s\)\n?",
-                        text_of(cell(state, "cache-check")))
+    held = text_of(cell(state, "cache-check")).splitlines()  # a process per replica
+    assert [line.split()[0] for line in held] == [f"process-{o}" for o in range(REPLICAS)], held
+    assert all(re.fullmatch(r"process-\d holds [1-9]\d* compiled program\(s\)", h) for h in held)

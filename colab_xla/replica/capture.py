@@ -11,8 +11,10 @@ reads. ``display()`` in a replica prints what it shows; ``input()`` raises
 from __future__ import annotations
 
 import codecs
+import copyreg
 import ctypes
 import functools
+import importlib
 import io
 import os
 import re
@@ -202,6 +204,15 @@ def streams_per_thread(stdout, stderr) -> None:
     for name, stream in (("stdout", stdout), ("stderr", stderr)):
         vars(sys)[name] = _ThreadStream(stream)
     sys.__class__ = _ReplicaSys
+    # Modules imported from now on are _ReplicaSys too (see above). Pickled, a module is
+    # a reference to import (cloudpickle does so for modules, but by exact type: a class
+    # of the cell that used a module first imported here failed to reach a spawned
+    # DataLoader worker, "cannot pickle '_ReplicaSys' object").
+    copyreg.pickle(_ReplicaSys, _module_by_name)
+
+
+def _module_by_name(module):
+    return importlib.import_module, (module.__name__,)
 
 
 _DEFAULT_REPR = re.compile(r"<.* object(?: at 0x[0-9a-f]+)?>|<Figure size .*>", re.DOTALL)
