@@ -683,6 +683,7 @@ ACCELERATE = '''
 
 
 def test_accelerate_training_loop():
+    pytest.importorskip("accelerate")  # in the dev environment (requirements-dev.txt)
     n = 4
     outcome = run(ACCELERATE, n, timeout=180)
     results = _ok(outcome, n)
@@ -707,6 +708,7 @@ LOCAL_MAIN = '''
 # xm.get_local_ordinal() only on a TPU; on CPU it reads LOCAL_RANK, which replica processes
 # get (without it every replica had -1: no local main process, accelerator.print silent).
 def test_accelerate_sees_a_local_main_process():
+    pytest.importorskip("accelerate")  # in the dev environment (requirements-dev.txt)
     n = 2
     outcome = run(LOCAL_MAIN, n, timeout=120)
     results = _ok(outcome, n)
