@@ -4,6 +4,7 @@ What a replica sees of the runtime, what it owns alone, and how a replica whose 
 dies ends the run."""
 
 import os
+from importlib.metadata import version
 
 import pytest
 
@@ -179,11 +180,15 @@ def test_every_collective_between_replica_processes_gives_what_a_tpu_gives():
     out["permute"] = ring.cpu().tolist()
     dist.init_process_group("xla", init_method="xla://")
     y = torch.tensor([float(index)], device=device)
-    if index == 0:
-        dist.send(torch.tensor([42.0], device=device), dst=3)   # only 0 and 3 take part
-    elif index == 3:
-        dist.recv(y, src=0)
-    out["send_recv"] = y.cpu().tolist()
+    out["send_recv"] = None
+    try:
+        if index == 0:
+            dist.send(torch.tensor([42.0], device=device), dst=3)   # only 0 and 3 take part
+        elif index == 3:
+            dist.recv(y, src=0)
+        out["send_recv"] = y.cpu().tolist()
+    except NotImplementedError:  # torch_xla 2.8's xla backend has none (on a TPU neither)
+        pass
     out["broadcast"] = (dist.broadcast(y, src=3), y.cpu().tolist())[1]
     dist.destroy_process_group()
     out
@@ -197,5 +202,9 @@ def test_every_collective_between_replica_processes_gives_what_a_tpu_gives():
         assert out["reduce_scatter"] == [2.0 * o, 2.0 * o + 1]  # 4 x arange(8) / 4, its shard
         assert out["all_to_all"] == [o + 0.0, o + 10.0, o + 20.0, o + 30.0]
         assert out["permute"] == [float((o - 1) % 4 + 1)]
-        assert out["send_recv"] == ([42.0] if o == 3 else [float(o)])
-        assert out["broadcast"] == [42.0]
+        if results[3]["send_recv"] is None:  # torch_xla's own refusal, not the simulation's
+            assert version("torch_xla").startswith("2.8"), results
+            assert out["broadcast"] == [3.0]  # replica 3's own value, broadcast
+        else:
+            assert out["send_recv"] == ([42.0] if o == 3 else [float(o)])
+            assert out["broadcast"] == [42.0]
