@@ -153,9 +153,9 @@ class Supervisor:
                 # Replicas arrive in any order; the outcome a person reads is by ordinal.
                 self.outcome.replicas = dict(sorted(self.outcome.replicas.items()))
             finally:
-                self._processes.kill()  # nothing of the run outlives it, whatever happened
-                if driver.is_alive():  # an error above: let it see its pool end first
-                    driver.join(_DRIVER_JOIN_SECONDS)
+                # Nothing of the run outlives it, whatever happened: after an error above,
+                # the driver may still be starting replica processes.
+                self._stop_processes(driver)
                 shared_tensors.remove_dir(self._shm_dir)  # tensors already mapped stay valid
                 for fd in (read_fd, write_fd, done_r, done_w,
                            *(fd for pair in fd_pipes for pipe in pair for fd in pipe)):
@@ -225,14 +225,15 @@ class Supervisor:
         self._stop = reason
 
     def _stop_processes(self, driver: threading.Thread) -> None:
-        """Kill the run's processes until the driver has seen its pool end: the pool may
-        still be starting replicas when the run is stopped (a short --timeout)."""
+        """Kill the run's processes until the driver has seen them end: the launcher may
+        still be starting replicas when the run is stopped (a short --timeout, an error
+        in a view), and a process it starts after a kill must not outlive the run."""
         deadline = time.monotonic() + _DRIVER_JOIN_SECONDS
         while True:
             self._processes.kill()
-            driver.join(0.05)
             if not driver.is_alive() or time.monotonic() >= deadline:
                 return
+            driver.join(0.05)
 
     def _read(self, fd: int, read_fd: int) -> bool:
         """Read what ``fd`` has; False at end of file."""
