@@ -51,7 +51,6 @@ import importlib.metadata
 import os
 import queue
 import re
-import socket
 import statistics
 import sys
 import tempfile
@@ -68,6 +67,8 @@ from _results import (bench_parser, machine_info, machine_line, publish,  # noqa
                       replica_counts, stats as _stats)
 from output_throughput import (Kernel, RssSampler, run_magic, run_streamed,  # noqa: E402
                                split_lines, summarize, tally)
+
+from colab_xla.launch import free_port  # noqa: E402
 
 NAME = "peers"
 PEERS = ("bare", "accelerate", "px", "xla")
@@ -86,12 +87,6 @@ def stats(xs: List[float]) -> Optional[Dict[str, float]]:
         return None
     return _stats(xs) if len(xs) > 1 else dict.fromkeys(("median", "p10", "p90", "min", "max"),
                                                          xs[0])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def alive(proc: psutil.Process) -> bool:

@@ -77,12 +77,7 @@ class GlooGroup:
 
     def members(self, groups: Optional[Sequence[Sequence[int]]]) -> Optional[List[int]]:
         """This replica's group among ``groups`` (None: everyone)."""
-        if not groups:
-            return None
-        for members in groups:
-            if self.rank in members:
-                return list(members)
-        raise ValueError(f"replica {self.rank} is in none of the groups {groups}")
+        return group_of(self.rank, groups)
 
     # -- the operations, on CPU tensors ------------------------------------------------------
 
@@ -134,6 +129,16 @@ class GlooGroup:
         self.store.set(keys[self.rank], payload)
         self.store.wait(keys, TIMEOUT)
         return [bytes(self.store.get(key)) for key in keys]
+
+
+def group_of(rank: int, groups: Optional[Sequence[Sequence[int]]]) -> Optional[List[int]]:
+    """The group of ``rank`` among xla_model's ``groups`` (None: no groups, everyone)."""
+    if not groups:
+        return None
+    for members in groups:
+        if rank in members:
+            return list(members)
+    raise ValueError(f"replica {rank} is in none of the groups {groups}")
 
 
 @contextlib.contextmanager
@@ -240,10 +245,8 @@ class _Collectives:
         single = isinstance(inputs, torch.Tensor)
         tensors = [inputs] if single else list(inputs)
         with self._on_cpu():
-            results = self._group.all_reduce(reduce_type, self._cpu(tensors),
-                                             self._group.members(groups))
-            if scale != 1.0:
-                results = [r * scale if r.is_floating_point() else r for r in results]
+            results = [_scaled(r, scale) for r in self._group.all_reduce(
+                reduce_type, self._cpu(tensors), self._group.members(groups))]
             if single:
                 return results[0].to(inputs.device)
             for tensor, result in zip(tensors, results):
@@ -270,12 +273,11 @@ class _Collectives:
         single = isinstance(input, torch.Tensor)
         inputs = [input] if single else list(input)
         members = self._group.members(groups)
-        position = members.index(self._group.rank) if members else self._group.rank
+        _, position = self._group.group(members)
         with self._on_cpu():
             reduced = self._group.all_reduce(reduce_type, self._cpu(inputs), members)
-            shards = [(r * scale if r.is_floating_point() and scale != 1.0 else r)
-                      .chunk(shard_count, dim=scatter_dim)[position].to(i.device)
-                      for r, i in zip(reduced, inputs)]
+            shards = [_scaled(r, scale).chunk(shard_count, dim=scatter_dim)[position]
+                      .to(i.device) for r, i in zip(reduced, inputs)]
             return _into(output, shards, single)
 
     def all_to_all(self, value, split_dimension, concat_dimension, split_count, groups=None,
@@ -283,7 +285,7 @@ class _Collectives:
         import torch
 
         members = self._group.members(groups)
-        position = members.index(self._group.rank) if members else self._group.rank
+        _, position = self._group.group(members)
         with self._on_cpu():
             everyone = self._group.all_gather(self._cpu([value])[0], members)
             pieces = [v.chunk(split_count, dim=split_dimension)[position] for v in everyone]
@@ -302,6 +304,11 @@ class _Collectives:
             raise TypeError(f"`payload` must be bytes, not {type(payload).__name__}")
         torch_xla.sync()  # as torch_xla's: what the replica queued runs first
         return self._group.exchange(payload)
+
+
+def _scaled(result, scale: float):
+    """A reduction's result times ``scale``, as XLA applies it (to floating point)."""
+    return result * scale if scale != 1.0 and result.is_floating_point() else result
 
 
 def _into(output, results: List, single: bool):

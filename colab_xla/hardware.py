@@ -193,8 +193,9 @@ def plan_replicas(requested: Optional[int], hw: Hardware,
     """Decide device and replica count, or raise :class:`ReplicaCountError`.
 
     On CPU any N >= 1 works: N processes of one CPU device each (``simulation``
-    "processes"), or N CPU devices of one process (``CPU_NUM_DEVICES``, "threads"). A TPU host always runs every local TPU core (xmp.spawn accepts no other
-    count). Other PJRT devices run xmp.spawn's default.
+    "processes"), or N CPU devices of one process (``CPU_NUM_DEVICES``, "threads"). A TPU
+    host always runs every local TPU core (xmp.spawn accepts no other count). Other PJRT
+    devices run xmp.spawn's default.
     """
     if requested is not None and requested < 1:
         raise ReplicaCountError(f"-n {requested}: the number of replicas must be 1 or more.")
@@ -211,10 +212,13 @@ def plan_replicas(requested: Optional[int], hw: Hardware,
         n = requested or hw.cpu_num_devices or DEFAULT_CPU_REPLICAS
         if n > MAX_CPU_REPLICAS:
             given = f"-n {n}" if requested else f"CPU_NUM_DEVICES={n}"
+            why = (f"each is a process of its own: starting {MAX_CPU_REPLICAS} already takes "
+                   "seconds" if simulation == "processes" else
+                   f"XLA's CPU collectives abort beyond that: only {MAX_CPU_REPLICAS} "
+                   "replicas reach them")
             raise ReplicaCountError(
-                f"{given}: at most {MAX_CPU_REPLICAS} replicas can be simulated on CPU (XLA's "
-                f"CPU collectives abort beyond that: only {MAX_CPU_REPLICAS} replicas reach "
-                f"them); ask for {MAX_CPU_REPLICAS} or fewer.")
+                f"{given}: at most {MAX_CPU_REPLICAS} replicas can be simulated on CPU ({why}); "
+                f"ask for {MAX_CPU_REPLICAS} or fewer.")
         processes = n if simulation == "processes" else 1
         note = None
         if hw.pjrt_device is None:

@@ -13,7 +13,9 @@ calls it. On CPU, xmp.spawn runs every replica as a thread of a single process w
 the count; for the default simulation, one process per replica as on a TPU v4 or later
 host (:mod:`colab_xla.cpu_sim`), :func:`start` starts the processes itself, one
 ``multiprocessing`` process per replica with the same start method, each told its rank
-the way xmp.spawn tells its own (``PJRT_LOCAL_PROCESS_RANK``/``COUNT``). With ``debug_single``, one replica runs through
+the way xmp.spawn tells its own (``PJRT_LOCAL_PROCESS_RANK``/``COUNT``).
+
+With ``debug_single``, one replica runs through
 ``torch_xla.launch(..., debug_single_process=True)``, which runs it in the calling
 process: here that is a child process of its own, so the notebook's process still never
 touches the XLA runtime.

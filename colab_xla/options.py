@@ -126,7 +126,7 @@ def parse_env(assignments) -> Dict[str, str]:
 
 def check_run(*, replicas: Optional[int], timeout: Optional[float], env: Mapping[str, str],
               pull: Sequence[str], pull_from: Optional[int], cache_dir: Optional[str],
-              launch, simulate: str = "processes") -> Optional[str]:
+              launch, simulate: str = SIMULATIONS[0]) -> Optional[str]:
     """Refuse bad options of :func:`colab_xla.run.run_cell`; return ``cache_dir`` made
     absolute (and created, checked writable), or None."""
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):  # nan > 0 is False
@@ -146,7 +146,8 @@ def check_run(*, replicas: Optional[int], timeout: Optional[float], env: Mapping
     if simulate not in SIMULATIONS:
         raise OptionError(f"--simulate {simulate}: give processes (one process per replica, "
                           "as on TPU v4 and later; the default) or threads (one process, a "
-                          "thread per replica, as on TPU v2/v3).")
+                          "thread per replica, as on TPU v2/v3), with --simulate or in "
+                          "COLAB_XLA_SIMULATE.")
     if launch.debug_single and replicas not in (None, 1):
         raise OptionError(f"-n {replicas} with --debug-single: it runs one replica; leave -n out.")
     return None if cache_dir is None else _cache_dir(cache_dir)

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,18 +21,14 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator, Mapping, Optional
 
+from colab_xla.launch import free_port
+
 CHROMIUM = Path("/usr/lib/chromium/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
 ]
 SERVER_START_TIMEOUT = 90  # s; a cold start on a 2-core CI machine takes ~5-15 s
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: Path, chars: int = 4000) -> str:

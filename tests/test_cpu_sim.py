@@ -103,9 +103,8 @@ def test_an_unknown_reduce_type_is_refused_with_the_known_ones():
 
 
 def test_a_replica_outside_every_group_is_told_so():
-    group = gloo_collectives.GlooGroup.__new__(gloo_collectives.GlooGroup)
-    group.rank, group.world = 2, 4
-    assert group.members(None) is None and group.members([]) is None
-    assert group.members([[0, 1], [2, 3]]) == [2, 3]
+    group_of = gloo_collectives.group_of
+    assert group_of(2, None) is None and group_of(2, []) is None
+    assert group_of(2, [[0, 1], [2, 3]]) == [2, 3]
     with pytest.raises(ValueError, match=r"replica 2 is in none of the groups \[\[0, 1\]\]"):
-        group.members([[0, 1]])
+        group_of(2, [[0, 1]])

@@ -54,7 +54,6 @@ def test_os_exit_in_one_replica_names_that_replica_and_the_call(simulate):
         else:  # a process each: stopped soon after, as after any failure
             assert error.kind == "stopped" and "after replica 1 failed (ReplicaDied)" in error.evalue
     assert "without an exit code" not in str(XlaSpawnError(outcome))
-    assert outcome.elapsed < 25  # not the 30 s the others would sleep
 
 
 @pytest.mark.parametrize("simulate", ["processes", "threads"])

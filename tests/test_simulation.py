@@ -106,8 +106,8 @@ def test_a_replica_whose_process_dies_fails_and_the_others_are_stopped_soon():
     for o in (0, 2):
         rep = outcome.replicas[o]
         assert rep.state == "stopped", (o, rep.state, rep.error)
+        # stopped by the fail-fast rule (a --timeout would say "still running after")
         assert "after replica 1 failed (ReplicaDied)" in rep.error.evalue
-    assert outcome.elapsed < 60  # stopped by the fail-fast rule, not by --timeout
 
 
 def test_a_replica_process_that_exits_on_its_own_is_reported_with_its_code():
@@ -151,7 +151,7 @@ def test_the_simulation_is_refused_by_name_when_unknown(monkeypatch):
     with pytest.raises(OptionError, match="--simulate fibers: give processes"):
         run("index", 2, simulate="fibers")
     monkeypatch.setenv("COLAB_XLA_SIMULATE", "fibers")
-    with pytest.raises(OptionError, match="--simulate fibers"):
+    with pytest.raises(OptionError, match="--simulate fibers: .* in COLAB_XLA_SIMULATE"):
         run("index", 2)
     monkeypatch.setenv("COLAB_XLA_SIMULATE", "threads")
     results = _ok(run("import os\nos.getpid()", 2))

@@ -258,6 +258,8 @@ def test_a_cpu_num_devices_that_is_not_a_count_is_refused_unless_n_is_given(valu
 def test_a_replica_count_beyond_what_cpu_collectives_can_join_is_refused():
     cap = hardware.MAX_CPU_REPLICAS
     assert hardware.plan_replicas(cap, hardware.Hardware(pjrt_device="CPU")).replicas == cap
+    with pytest.raises(hardware.ReplicaCountError, match="XLA's CPU collectives abort"):
+        hardware.plan_replicas(cap + 1, hardware.Hardware(pjrt_device="CPU"), "threads")
     with pytest.raises(hardware.ReplicaCountError, match=f"-n 1000000: at most {cap} replicas"):
         hardware.plan_replicas(1000000, hardware.Hardware(pjrt_device=None))
     with pytest.raises(hardware.ReplicaCountError, match=f"CPU_NUM_DEVICES=5000: at most {cap}"):
