@@ -4,12 +4,13 @@ and hands the outcome to a view. All the work is in the IPython-free core."""
 from __future__ import annotations
 
 import os
+import time
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from . import doctor, processes, views
+from . import doctor, processes, session, views
 from .cell import EmptyCellError
 from .errors import SetupError
 from .launch import LAUNCHERS, START_METHODS, Launch
@@ -21,7 +22,8 @@ from .run import run_cell
 
 @magics_class
 class XlaMagics(Magics):
-    """The ``%%xla_spawn`` cell magic and the ``%xla_doctor`` line magic."""
+    """The ``%%xla_spawn`` cell magic and the ``%xla_session`` and ``%xla_doctor`` line
+    magics."""
 
     _told_terminal = False
 
@@ -77,6 +79,9 @@ class XlaMagics(Magics):
               help="torch_xla's persistent compilation cache in DIR, one sub-directory per "
                    "replica process: a rerun on a TPU loads compiled programs instead of "
                    "compiling. (On CPU, XLA cannot load them back: it compiles again.)")
+    @argument("--fresh", action="store_true",
+              help="while a session is up (%%xla_session), run this cell as a one-off run "
+                   "beside it, on replicas of its own (the options above apply).")
     @cell_magic
     def xla_spawn(self, line, cell):
         """Run the cell on every XLA replica, with xmp.spawn (fork by default).
@@ -98,6 +103,10 @@ class XlaMagics(Magics):
         Where fork is unsafe (CUDA initialized, threads), ``--start-method forkserver``
         starts replicas from a warm server instead; they get the notebook names the cell
         mentions.
+
+        While a session is up (``%xla_session start``), the cell runs on the session's
+        replicas instead, which keep their globals from cell to cell (``--fresh``: a one-off
+        run beside it).
 
         If a replica raises or dies, the others get 3 s to finish, then the run is stopped
         (also when they wait in a collective for the failed one), and the cell raises one
@@ -124,6 +133,17 @@ class XlaMagics(Magics):
             env = parse_env(args.env)
         except SetupError as exc:
             raise UsageError(str(exc)) from None
+        live = session.current() if not args.fresh else None
+        if live is not None:
+            asked = [flag for flag, given in (
+                ("-n", args.replicas is not None and args.replicas != len(live.replicas)),
+                ("--start-method", args.start_method), ("--env", env),
+                ("--cache", args.cache), ("--simulate", args.simulate),
+                ("--launcher", args.launcher != "xmp"), ("--debug-single", args.debug_single))
+                if given]
+            if asked:
+                raise UsageError(str(session.cell_options_refused(live, asked)))
+            how, env = Launch(), {}
         view = self._view(args.no_widget)
         try:
             outcome = run_cell(
@@ -140,12 +160,16 @@ class XlaMagics(Magics):
                 pull=pull,
                 pull_from=args.pull_from,
                 simulate=args.simulate,
+                session=live,
             )
         except SetupError as exc:  # refused before anything started; nothing else is caught
             raise UsageError(self._refusal(exc)) from None
         # Values first, then the closing draw: a view that fails cannot lose them.
         kept = self._store(outcome, args.output, pull, args.pull_from)
         view.closed(outcome)
+        if outcome.session_ended:
+            print(f"colab_xla: the session ended: {outcome.session_ended}; every process it "
+                  "started was killed. %xla_session start starts a new one.")
         if kept:
             print(f"colab_xla: {', '.join(kept)} kept {'its' if len(kept) == 1 else 'their'} "
                   "earlier value: no replica sent a new one.")
@@ -153,6 +177,94 @@ class XlaMagics(Magics):
             raise KeyboardInterrupt
         if not outcome.ok:
             raise XlaSpawnError(outcome)
+
+    @magic_arguments()
+    @argument("action", nargs="?", default="status",
+              choices=("start", "status", "stop", "restart"),
+              help="start: start the replicas and keep them. status (default): the replicas, "
+                   "their pids, memory, cells run. stop: end them (every process the session "
+                   "started). restart: stop, then start with the same options.")
+    @argument("-n", "--replicas", type=int, metavar="N", default=None,
+              help="number of replicas, as for %%%%xla_spawn (start only).")
+    @argument("--start-method", choices=START_METHODS, default=None,
+              help="fork (default; also $COLAB_XLA_START_METHOD), spawn or forkserver, as "
+                   "for %%%%xla_spawn (start only).")
+    @argument("--simulate", choices=SIMULATIONS, default=None,
+              help="on CPU: processes (default) or threads, as for %%%%xla_spawn (start only). "
+                   "With threads, an Interrupt reaches a cell at its next Python line.")
+    @argument("--env", metavar="KEY=VALUE", action="append", default=[],
+              help="an environment variable for the replicas (start only). Repeatable.")
+    @argument("--cache", metavar="DIR", default=None,
+              help="torch_xla's persistent compilation cache in DIR (start only).")
+    @line_magic
+    def xla_session(self, line):
+        """Keep replicas warm across cells: ``%xla_session start``, then every
+        ``%%xla_spawn`` cell runs on the same replicas.
+
+        Each replica keeps its own globals from cell to cell (define a model in one cell,
+        train it in the next, return its loss in a third), and compiled graphs stay warm.
+        A cell gets the notebook names it uses when the replicas do not have them as they
+        are in the notebook (a name given a new value is sent again; classes and functions
+        of the notebook travel by value). Output, ``-o``, ``--pull``, errors and views
+        work as for one-off runs; ``-n``, ``--start-method``, ``--env``, ``--cache`` and
+        ``--simulate`` are the session's (``%%xla_spawn --fresh`` runs one cell beside it).
+
+        Interrupt (or ``--timeout``) raises KeyboardInterrupt in every replica's cell;
+        the session stays up if every replica is back within 2 s, else it ends (a replica
+        stuck in native code or a collective), killing every process it started. A replica
+        that raises fails the cell and the session stays; a replica that dies ends it.
+        The session's processes die with the notebook's process.
+
+        Example::
+
+            %xla_session start -n 4
+            %xla_session            # status
+            %xla_session restart    # same options
+            %xla_session stop
+        """
+        args = _parse(self.xla_session, line, "%xla_session")
+        given = [flag for flag, value in (
+            ("-n", args.replicas is not None), ("--start-method", args.start_method),
+            ("--simulate", args.simulate), ("--env", args.env), ("--cache", args.cache))
+            if value]
+        if given and args.action != "start":
+            raise UsageError(f"%xla_session {args.action} takes no {', '.join(given)}: "
+                             "options are given to %xla_session start.")
+        live = session.current()
+        if args.action == "status":
+            print(live.describe() if live is not None
+                  else "colab_xla session: none (%xla_session start starts one).")
+            return
+        if args.action == "stop":
+            stopped = session.stop_session()
+            print("colab_xla session: stopped." if stopped is not None and stopped.ended
+                  and "stop" in stopped.ended else
+                  "colab_xla session: none was up." if stopped is None else
+                  f"colab_xla session: it had ended already ({stopped.ended}).")
+            return
+        if args.action == "restart":
+            if live is None:
+                raise UsageError("%xla_session restart: no session was started "
+                                 "(%xla_session start starts one).")
+            opts = live.options
+            session.stop_session()
+        else:
+            try:
+                opts = session.SessionOptions(
+                    replicas=args.replicas,
+                    launch=Launch(args.start_method
+                                  or os.environ.get("COLAB_XLA_START_METHOD", "fork")),
+                    env=parse_env(args.env), cache_dir=args.cache, simulate=args.simulate)
+            except SetupError as exc:
+                raise UsageError(str(exc)) from None
+        started = time.monotonic()
+        try:
+            new = session.start_session(opts, self.shell.user_ns)
+        except SetupError as exc:
+            raise UsageError(self._refusal(exc)) from None
+        print(f"colab_xla session: {len(new.replicas)} replicas started in "
+              f"{time.monotonic() - started:.1f} s.")
+        print(new.describe())
 
     def _refusal(self, exc: SetupError) -> str:
         """What the person reads when a run is refused."""

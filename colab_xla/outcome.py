@@ -112,6 +112,8 @@ class RunOutcome:
     # Why no replica started at all (xmp.spawn itself failed: a device this machine does
     # not have, a broken torch_xla), as kind "launch"; None when replicas started.
     launch_error: Optional[ReplicaError] = None
+    # Run on a session (colab_xla.session) that ended during the cell: why; else None.
+    session_ended: Optional[str] = None
 
     def replica(self, ordinal: int) -> ReplicaOutcome:
         if ordinal not in self.replicas:

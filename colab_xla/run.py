@@ -27,6 +27,7 @@ from . import cpu_sim, hardware, options, preflight, processes
 from .cell import CellModule
 from .launch import Launch, replica_environ, warm_forkserver
 from .outcome import RunObserver, RunOutcome
+from .session import Session, SessionReplicas, cell_options_refused
 from .supervisor import RunRequest, Supervisor
 from .transport import names
 
@@ -37,7 +38,7 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
              timeout: Optional[float] = None, launch: Launch = Launch(),
              env: Optional[Mapping[str, str]] = None, cache_dir: Optional[str] = None,
              pull: Sequence[str] = (), pull_from: Optional[int] = None,
-             simulate: Optional[str] = None) -> RunOutcome:
+             simulate: Optional[str] = None, session: Optional[Session] = None) -> RunOutcome:
     """Run ``source`` on every replica and return the :class:`RunOutcome`.
 
     ``launch`` says how replicas start (start method, launcher, one-replica debugging);
@@ -47,6 +48,11 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
     host (:mod:`colab_xla.cpu_sim`: "processes", the default, or "threads"; default
     ``$COLAB_XLA_SIMULATE``); ``pull`` names are sent back from every replica
     (or only from replica ``pull_from``) into ``outcome.pulled(name)``.
+
+    With ``session`` (a :class:`colab_xla.session.Session` that is up), the cell runs on
+    the session's replicas, in the globals each keeps from cell to cell; ``replicas``,
+    ``env``, ``cache_dir``, ``simulate`` and ``launch`` are the session's and cannot be
+    given. A session that ends during the cell says why in ``outcome.session_ended``.
 
     The run ends when every replica has ended; or
     :data:`colab_xla.supervisor.FAIL_FAST_SECONDS` after the first replica failed; or after
@@ -62,6 +68,12 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
     line. Failures of replicas are not raised: they are in the outcome (see
     ``outcome.failed``).
     """
+    if session is not None:
+        return _run_on_session(session, source, replicas=replicas, user_ns=user_ns,
+                               label=label, header=header, observer=observer,
+                               announce=announce, timeout=timeout, launch=launch, env=env,
+                               cache_dir=cache_dir, pull=pull, pull_from=pull_from,
+                               simulate=simulate)
     env = dict(env or {})
     simulate = simulate or os.environ.get("COLAB_XLA_SIMULATE") or cpu_sim.DEFAULT_SIMULATION
     cache_dir = options.check_run(replicas=replicas, timeout=timeout, env=env, pull=pull,
@@ -107,6 +119,47 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
                              pull_from)
         return Supervisor(request, plan, run_dir, user_ns, observer or RunObserver(),
                           timeout).run()
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _run_on_session(session: Session, source: str, *, replicas, user_ns, label, header,
+                    observer, announce, timeout, launch, env, cache_dir, pull, pull_from,
+                    simulate) -> RunOutcome:
+    """:func:`run_cell` on a session's replicas."""
+    asked = [flag for flag, given in (
+        ("-n", replicas is not None and replicas != session.plan.replicas), ("--env", env),
+        ("--cache", cache_dir), ("--simulate", simulate),
+        ("--start-method", launch != Launch() and launch != session.options.launch))
+        if given]
+    if asked:
+        raise cell_options_refused(session, asked)
+    session.check_up()
+    options.check_run(replicas=None, timeout=timeout, env={}, pull=pull, pull_from=pull_from,
+                      cache_dir=None, launch=Launch(), simulate=cpu_sim.DEFAULT_SIMULATION)
+    options.check_pull_from(pull_from, session.plan.replicas)
+    user_ns = user_ns if user_ns is not None else {}
+    run_dir = tempfile.mkdtemp(prefix="colab_xla-")
+    try:
+        # The cell's file lives as long as the session: what it defines is called later.
+        cell = CellModule.create(source, session.directory, label=label, header=header)
+        problems = preflight.check(source, os.environ)
+        for problem in problems["fatal"]:
+            raise preflight.refusal(problem)
+        for problem in problems["notes"]:
+            note = _once(f"colab_xla: {problem.message} {problem.fix}")
+            if note and announce:
+                announce(note)
+        sent_names, sent = session.names_for(source, user_ns)
+        request = RunRequest(session.options.launch, os.getpid(), cell, sent_names, None,
+                             tuple(pull), pull_from)
+        outcome = Supervisor(request, session.plan, run_dir, dict(user_ns),
+                             observer or RunObserver(), timeout,
+                             replicas=SessionReplicas(session)).run()
+        session.sent(sent, user_ns)
+        if not session.up:
+            outcome.session_ended = session.ended
+        return outcome
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 

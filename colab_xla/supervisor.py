@@ -68,7 +68,8 @@ class Supervisor:
     leave nothing running. Call :meth:`run` once."""
 
     def __init__(self, options: RunRequest, plan: hardware.ReplicaPlan, run_dir: str,
-                 user_ns: Dict[str, Any], observer: RunObserver, timeout: Optional[float]):
+                 user_ns: Dict[str, Any], observer: RunObserver, timeout: Optional[float],
+                 replicas: Optional["Replicas"] = None):
         self.options, self.cell = options, options.cell
         self.plan, self.run_dir, self.observer = plan, run_dir, observer
         self.timeout = timeout
@@ -82,7 +83,7 @@ class Supervisor:
         self._decoders: Dict[tuple, Any] = {}
         self._ranks: Dict[int, set] = {}  # local process rank -> ordinals it runs
         self._pid_rank: Dict[int, int] = {}
-        self._processes = processes.RunProcesses(self.run_id)
+        self._replicas = replicas or FreshReplicas(self.run_id, options.launch, plan)
         self._driver_error: Optional[BaseException] = None
         self._output_since_draw = False
         self._exits: Dict[int, Tuple[int, int]] = {}  # pid -> (replica, code) of os._exit
@@ -114,8 +115,8 @@ class Supervisor:
         self._shm_dir = shared_tensors.make_dir(self.run_id)
         # A Manager lock costs ~5 ms of connections per run: only cells that use it pay.
         lock = shared_lock.new_lock() if "lock" in self.cell.source else None
-        self._processes.begin()  # after the manager exists: every new child is the run's
-        forked = opts.launch.start_method == "fork"
+        self._replicas.begin()  # after the manager exists: every new child is the run's
+        forked = self._replicas.inherit
         job = replica_job.ReplicaJob(
             run_id=self.run_id, run_dir=self.run_dir, channel_path=channel_path,
             parent_pid=opts.parent_pid, lock=lock, fd_paths=tuple(fd_paths),
@@ -142,7 +143,8 @@ class Supervisor:
                     self.outcome.interrupted = True
                     self._cut("interrupted", read_fd)
                 if self._stop:
-                    self._stop_processes(driver)
+                    self._replicas.stop(driver, lambda until: self._read_until_done(
+                        read_fd, done_r, until=until))
                 else:
                     driver.join()
                 self._drain(read_fd)
@@ -155,7 +157,7 @@ class Supervisor:
             finally:
                 # Nothing of the run outlives it, whatever happened: after an error above,
                 # the driver may still be starting replica processes.
-                self._stop_processes(driver)
+                self._replicas.release(driver)
                 shared_tensors.remove_dir(self._shm_dir)  # tensors already mapped stay valid
                 for fd in (read_fd, write_fd, done_r, done_w,
                            *(fd for pair in fd_pipes for pipe in pair for fd in pipe)):
@@ -174,30 +176,35 @@ class Supervisor:
             writer.send(frames.NOTE, ordinal, json.dumps({"ended": code}).encode())
 
         try:
-            with environ(self.plan.env):
-                start(self.options.launch, replica_job.main, job,
-                      processes=self.plan.processes if self.plan.own_processes else 0,
-                      ended=ended)
+            self._replicas.drive(job, ended)
         except BaseException as exc:  # noqa: BLE001 - reported through the outcome
             self._driver_error = exc  # (let go of when the run ends: see run)
         finally:
             os.write(done_w, b"x")
 
-    def _read_until_done(self, read_fd: int, done_r: int) -> None:
+    def _read_until_done(self, read_fd: int, done_r: int, until: Optional[float] = None) -> None:
+        """Read until the driver is done, the run is cut, or (once it was cut, while the
+        replicas are being stopped) the time ``until``."""
         fds = [read_fd, done_r, *self._fd_sources]
-        if self._interrupts.wake_fd is not None:
+        if self._interrupts.wake_fd is not None and until is None:
             fds.append(self._interrupts.wake_fd)
         next_tick = time.monotonic() + TICK_SECONDS
         quiet = True  # the last draw showed no new output: new output is drawn soon
         while True:
-            if self._interrupts.requested:
-                return
             now = time.monotonic()
-            for reason, at in (("timeout", self._timeout_at), ("failed", self._fail_at)):
-                if at is not None and now >= at:
-                    self._cut(reason, read_fd)
+            if until is not None:
+                if now >= until:
                     return
-            wake = min(t for t in (next_tick, self._timeout_at, self._fail_at) if t is not None)
+                deadlines = (next_tick, until)
+            else:
+                if self._interrupts.requested:
+                    return
+                for reason, at in (("timeout", self._timeout_at), ("failed", self._fail_at)):
+                    if at is not None and now >= at:
+                        self._cut(reason, read_fd)
+                        return
+                deadlines = (next_tick, self._timeout_at, self._fail_at)
+            wake = min(t for t in deadlines if t is not None)
             readable, _, _ = select.select(fds, [], [], max(0.0, wake - now))
             for fd in readable:
                 if fd not in (done_r, self._interrupts.wake_fd):
@@ -207,7 +214,7 @@ class Supervisor:
                 # replicas print in the same moment), not a whole tick later.
                 next_tick, quiet = min(next_tick, time.monotonic() + FIRST_DRAW_SECONDS), False
             if time.monotonic() >= next_tick:
-                self._processes.track_descendants()
+                self._replicas.tick()
                 self.observer.tick(self.outcome)
                 quiet, self._output_since_draw = not self._output_since_draw, False
                 next_tick = time.monotonic() + TICK_SECONDS
@@ -223,17 +230,6 @@ class Supervisor:
             if select.select([fd], [], [], 0)[0]:
                 self._read(fd, read_fd)
         self._stop = reason
-
-    def _stop_processes(self, driver: threading.Thread) -> None:
-        """Kill the run's processes until the driver has seen them end: the launcher may
-        still be starting replicas when the run is stopped (a short --timeout, an error
-        in a view), and a process it starts after a kill must not outlive the run."""
-        deadline = time.monotonic() + _DRIVER_JOIN_SECONDS
-        while True:
-            self._processes.kill()
-            if not driver.is_alive() or time.monotonic() >= deadline:
-                return
-            driver.join(0.05)
 
     def _read(self, fd: int, read_fd: int) -> bool:
         """Read what ``fd`` has; False at end of file."""
@@ -292,10 +288,10 @@ class Supervisor:
             rep.pid = frame.pid
             self._pid_rank[frame.pid] = info["rank"]
             self._ranks.setdefault(info["rank"], set()).add(frame.ordinal)
-            self._processes.track(frame.pid)
-            self._processes.new_children()
+            self._replicas.started(frame.pid)
             self.observer.started(self.outcome, frame.ordinal)
         elif frame.kind == frames.END:
+            self._replicas.finished(frame.ordinal)
             if self._stop:  # it ended after the run was stopped: not in time (see _cut)
                 return
             self._load_report(frame.ordinal)
@@ -394,6 +390,87 @@ class Supervisor:
             else:
                 rep.state = FAILED
                 rep.error = endings.died(
-                    rep, exits=self._exits, exit_codes=self._processes.exit_codes(),
+                    rep, exits=self._exits, exit_codes=self._replicas.exit_codes(),
                     process_logs=self.outcome.processes.values(),
                     one_process=self.plan.processes == 1, driver_error=self._driver_error)
+
+
+# -- where the replicas come from ---------------------------------------------------------
+
+
+class Replicas:
+    """The replicas a :class:`Supervisor` runs its cell on, and their processes.
+
+    :class:`FreshReplicas` starts them for the run and kills them after it; a session
+    (:class:`colab_xla.session.SessionReplicas`) sends the cell to replicas it keeps.
+    """
+
+    inherit = False  # whether the replicas fork from this process for the run
+
+    def begin(self) -> None:
+        """Just before the replicas are started."""
+
+    def drive(self, job: replica_job.ReplicaJob, ended) -> None:
+        """Run ``job`` on every replica, in the driver thread; return when every replica
+        has ended it. ``ended(ordinal, code)`` tells of a replica whose process ended."""
+        raise NotImplementedError
+
+    def started(self, pid: int) -> None:
+        """A replica runs in process ``pid``."""
+
+    def finished(self, ordinal: int) -> None:
+        """Replica ``ordinal`` sent its end (in time or not)."""
+
+    def tick(self) -> None:
+        """Called a few times a second while the run goes on."""
+
+    def exit_codes(self) -> List[int]:
+        return []
+
+    def stop(self, driver: threading.Thread, read_until) -> None:
+        """The run was cut: stop its replicas; ``read_until(t)`` reads what they send
+        until the time ``t`` or the driver's end."""
+        self.release(driver)
+
+    def release(self, driver: threading.Thread) -> None:
+        """The run is over, whatever happened: leave nothing of it running."""
+
+
+class FreshReplicas(Replicas):
+    """A one-off run's replicas: started by :func:`colab_xla.launch.start` for the run,
+    every process of it killed when it ends."""
+
+    def __init__(self, run_id: str, how: Launch, plan: hardware.ReplicaPlan):
+        self.how, self.plan = how, plan
+        self.inherit = how.start_method == "fork"
+        self.processes = processes.RunProcesses(run_id)
+
+    def begin(self) -> None:
+        self.processes.begin()
+
+    def drive(self, job: replica_job.ReplicaJob, ended) -> None:
+        with environ(self.plan.env):
+            start(self.how, replica_job.main, job,
+                  processes=self.plan.processes if self.plan.own_processes else 0,
+                  ended=ended)
+
+    def started(self, pid: int) -> None:
+        self.processes.track(pid)
+        self.processes.new_children()
+
+    def tick(self) -> None:
+        self.processes.track_descendants()
+
+    def exit_codes(self) -> List[int]:
+        return self.processes.exit_codes()
+
+    def release(self, driver: threading.Thread) -> None:
+        """Kill the run's processes until the driver has seen them end: the launcher may
+        still be starting replicas when the run is stopped (a short --timeout, an error
+        in a view), and a process it starts after a kill must not outlive the run."""
+        deadline = time.monotonic() + _DRIVER_JOIN_SECONDS
+        while True:
+            self.processes.kill()
+            if not driver.is_alive() or time.monotonic() >= deadline:
+                return
+            driver.join(0.05)

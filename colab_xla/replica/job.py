@@ -8,6 +8,7 @@ and leaves the report for the notebook; it never raises: every failure is data.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -90,21 +91,31 @@ def arrived(job: ReplicaJob) -> ReplicaJob:
 
 def main(index: int, job: ReplicaJob) -> None:
     """Run the cell as replica ``index`` and send its report; never raises."""
+    serve_run(index, job, fresh_globals)
+
+
+def serve_run(index: int, job: ReplicaJob, make_globals, end_started: bool = True) -> bool:
+    """Run ``job``'s cell as replica ``index`` in the globals ``make_globals(index, job,
+    process)`` gives, and send its report. True for the process's last replica of the
+    run, where (with ``end_started``) what the cell started is ended."""
     started = time.perf_counter()
     process = ReplicaProcess.get(job)
     current.ordinal = index
     process.enter(index)
+    last = False
     try:
         process.writer.send(START, index, json.dumps({"pid": os.getpid(), "rank": process.rank}).encode())
-        report = _run_cell(index, job, process)
+        report = _run_cell(index, job, process, make_globals)
         report.elapsed = time.perf_counter() - started
         write_report(job.run_dir, report)
-        if process.leave(index):  # the process's last replica: what the cell started ends now
+        last = process.leave(index)
+        if last and end_started:  # the process's last replica: what the cell started ends
             end_descendants()
         process.writer.send(END, index, b"")
     finally:
         process.leave(index)
         current.ordinal = None
+    return last
 
 # --- the cell -----------------------------------------------------------------------------
 
@@ -144,10 +155,10 @@ def module_name(cell: CellModule, ordinal: int) -> str:
     return f"{cell.name}_r{ordinal}"
 
 
-def _replica_module(cell: CellModule, ordinal: int, run_dir: str, ns: dict) -> types.ModuleType:
+def _replica_module(cell: CellModule, ordinal: int, ns: dict) -> types.ModuleType:
     """Register the replica's module; its file (a link to the cell's) imports by name."""
     name = module_name(cell, ordinal)
-    path = os.path.join(run_dir, name + ".py")
+    path = os.path.join(os.path.dirname(cell.path), name + ".py")
     if not os.path.exists(path):
         os.link(cell.path, path)
     module = sys.modules[name] = _ReplicaModule(name, path, ns)
@@ -155,32 +166,51 @@ def _replica_module(cell: CellModule, ordinal: int, run_dir: str, ns: dict) -> t
     return module
 
 
-def _run_cell(index: int, job: ReplicaJob, process: "ReplicaProcess") -> ReplicaReport:
+def fresh_globals(index: int, job: ReplicaJob, process: "ReplicaProcess") -> ReplicaGlobals:
+    """A one-off run's globals: the notebook's names, and the replica's own."""
+    ns = ReplicaGlobals({k: v for k, v in process.user_ns.items() if k not in REPLICA_NAMES})
+    return cell_globals(ns, index, job, process)
+
+
+def cell_globals(ns: ReplicaGlobals, index: int, job: ReplicaJob,
+                 process: "ReplicaProcess") -> ReplicaGlobals:
+    """``ns`` made the globals of ``job``'s cell in replica ``index``, registered as the
+    replica's module of the cell."""
+    cell = process.cell
+    ns.update(__name__=module_name(cell, index), __file__=cell.path,
+              __builtins__=__builtins__, __doc__=None, __package__=None, __spec__=None,
+              __loader__=None, index=index, get_ipython=replica_shell)
+    ns.pop("lock", None)
+    if job.lock is not None:  # made only for cells that name it
+        ns["lock"] = job.lock
+    _replica_module(cell, index, ns)
+    return ns
+
+
+def _run_cell(index: int, job: ReplicaJob, process: "ReplicaProcess",
+              make_globals) -> ReplicaReport:
     report = ReplicaReport(ordinal=index, pid=os.getpid(), elapsed=0.0)
     if process.names_error is not None:
         report.error = process.names_error
         return report
     cell = process.cell
-    ns = ReplicaGlobals({k: v for k, v in process.user_ns.items() if k not in REPLICA_NAMES})
-    name = module_name(cell, index)
-    ns.update(__name__=name, __file__=cell.path, __builtins__=__builtins__,
-              __doc__=None, __package__=None, __spec__=None, __loader__=None, index=index,
-              get_ipython=replica_shell)
-    if job.lock is not None:  # made only for cells that name it
-        ns["lock"] = job.lock
-    _replica_module(cell, index, job.run_dir, ns)
+    ns = make_globals(index, job, process)
     value = None
+    # In a session, the notebook's Interrupt reaches the cell (colab_xla.replica.session).
+    interruptible = getattr(current, "interruptible", None)
     try:
-        exec(cell.body, ns)
-        value = eval(cell.last_expr, ns) if cell.last_expr is not None else None
+        with (interruptible.running(job.run_id) if interruptible is not None
+              else contextlib.nullcontext()):
+            exec(cell.body, ns)
+            value = eval(cell.last_expr, ns) if cell.last_expr is not None else None
     except SystemExit as exc:
         if exc.code not in (None, 0):
             report.error = ReplicaError("exit", "SystemExit", str(exc.code),
                                         f"the cell called sys.exit({exc.code!r})")
             return report
     except BaseException as exc:  # noqa: BLE001 - every failure becomes data
-        # KeyboardInterrupt included: a replica runs in a thread the notebook's Interrupt
-        # never reaches (the run kills it), so one here was raised by the cell's code.
+        # KeyboardInterrupt included: raised by the cell's code, or in a session by the
+        # notebook's Interrupt (the notebook knows which: it stopped the run).
         report.error = error_from_exception(exc, cell)
         return report
     finally:

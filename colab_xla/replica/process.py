@@ -14,7 +14,6 @@ import importlib.util
 import json
 import os
 import pickle
-import re
 import sys
 import threading
 import traceback
@@ -63,46 +62,72 @@ def inherit(run_id: str, user_ns: Dict[str, Any], cell: CellModule) -> Iterator[
 
 
 class ReplicaProcess:
-    """Set up once per process and run: streams, parent-death signal, the cell module."""
+    """A replica process: set up once (streams, parent-death signal, torch_xla
+    instrumented), then opened for each run it serves (the run's pipes, its cell and the
+    notebook's names). A one-off run's process serves one run; a session's serves one run
+    per cell (:mod:`colab_xla.replica.session`)."""
 
     _lock = threading.Lock()
     _current: Optional["ReplicaProcess"] = None
 
     @classmethod
     def get(cls, job: ReplicaJob) -> "ReplicaProcess":
+        """The process, opened for ``job``'s run (by the first of its replicas to ask)."""
         with cls._lock:
-            if cls._current is None or cls._current.run_id != job.run_id:
+            if cls._current is None:
                 cls._current = cls(job)
+            elif cls._current.run_id != job.run_id:
+                cls._current.open_run(job)
             return cls._current
 
     def __init__(self, job: ReplicaJob):
-        self.run_id = job.run_id
         die_with_parent(job.parent_pid)
         adopt_orphans()
-        # Named pipes, opened by path: a process started by spawn or a forkserver inherits
-        # no descriptors from the notebook.
-        self.writer = ChannelWriter(os.open(job.channel_path, os.O_WRONLY))
         self.active: set = set()
         self.rank = int(os.environ.get("PJRT_LOCAL_PROCESS_RANK", "0"))
-        if job.run_dir not in sys.path:
-            sys.path.insert(0, job.run_dir)  # the cell's module imports by name
+        self.run_id, self.run_dir, self.writer = None, None, None
+        self.home_dir = job.run_dir  # the first run's (a session's own directory)
+        self.cell: Optional[CellModule] = None
+        # The notebook's names this process has (inherited at the fork, or received);
+        # in a session, what each cell receives adds to them.
+        self.user_ns: Dict[str, Any] = {}
+        self.received: Dict[str, Any] = {}  # what the run being served received
+        self.open_run(job)
         self._capture_streams()
-        if job.fd_paths:
-            capture_fds(job.fd_paths[self.rank % len(job.fd_paths)])
         no_stdin()
-        self.names_error: Optional[ReplicaError] = None
-        if job.cell is None:  # forked: the notebook's names and cell are inherited
-            forked = _FORKED[job.run_id]
-            self.user_ns, self.cell = forked.user_ns, forked.cell
-        else:
-            self.user_ns, self.cell = self._load_names(job), job.cell
         _text_progress_bars()
         _send_cell_definitions_by_value()
         _serialize_forks()
-        _report_exits(self.writer)
+        _report_exits(self)
         if job.cache_dir:
             self._initialize_cache(job.cache_dir)
         self._instrument_torch_xla(job.run_dir)
+        self.user_ns = dict(self.user_ns)  # (in a session, the cells' names add to it)
+
+    def open_run(self, job: ReplicaJob) -> None:
+        """Serve ``job``'s run from now on: its pipes, its cell, the names it brings."""
+        if self.run_dir in sys.path and self.run_dir != self.home_dir:
+            sys.path.remove(self.run_dir)
+        self.run_id, self.run_dir = job.run_id, job.run_dir
+        # Named pipes, opened by path: a process started by spawn or a forkserver inherits
+        # no descriptors from the notebook. The writer keeps its descriptor from run to run
+        # (a thread the cell left running may be writing to it).
+        if self.writer is None:
+            self.writer = ChannelWriter(os.open(job.channel_path, os.O_WRONLY))
+        else:
+            self.writer.retarget(job.channel_path)
+        if job.run_dir not in sys.path:
+            sys.path.insert(0, job.run_dir)  # the cell's module imports by name
+        if job.fd_paths:
+            capture_fds(job.fd_paths[self.rank % len(job.fd_paths)])
+        self.names_error: Optional[ReplicaError] = None
+        forked = _FORKED.get(job.run_id)
+        if job.cell is None and forked is not None:  # forked: names and cell inherited
+            self.user_ns, self.received, self.cell = forked.user_ns, {}, forked.cell
+        else:
+            self.received = self._load_names(job)
+            self.user_ns = {**self.user_ns, **self.received}
+            self.cell = job.cell
 
     def _load_names(self, job: ReplicaJob) -> Dict[str, Any]:
         try:
@@ -133,12 +158,12 @@ class ReplicaProcess:
         import torch_xla.core.xla_model as xm
         import torch_xla.distributed.xla_multiprocessing as xmp
 
-        rendezvous, writer = xm.rendezvous, self.writer
+        rendezvous = xm.rendezvous
 
         def recorded_rendezvous(tag, *args, **kwargs):
             ordinal = getattr(current, "ordinal", None)
             if ordinal is not None:
-                writer.send(NOTE, ordinal, json.dumps({"rendezvous": str(tag)}).encode())
+                self.writer.send(NOTE, ordinal, json.dumps({"rendezvous": str(tag)}).encode())
             return rendezvous(tag, *args, **kwargs)
 
         def nested_spawn(*args, **kwargs):
@@ -152,8 +177,8 @@ class ReplicaProcess:
         # torch_xla's deprecation warnings name the replacement (xm.xla_device: "Use
         # torch_xla.device instead"); Python hides them outside __main__: show the cell's.
         warnings.filterwarnings("default", category=DeprecationWarning,
-                                module=re.escape(self.cell.name))
-        warnings.formatwarning = _cell_lines_named(warnings.formatwarning, self.cell)
+                                module=CELL_MODULES)
+        warnings.formatwarning = _cell_lines_named(warnings.formatwarning, self)
         # Warnings go to the replica's stderr, whatever hook the notebook's process had
         # (a test runner's recorder, say: in a replica nobody would read it).
         warnings.showwarning = _show_warning
@@ -225,13 +250,18 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
         (file or sys.stderr).write(text)
 
 
-def _cell_lines_named(formatwarning, cell: CellModule):
+# The modules of cells (colab_xla.cell names them), each replica's own (``_r<ordinal>``).
+CELL_MODULES = r"xla_cell_\d+_[0-9a-f]+(_r\d+)?\Z"
+
+
+def _cell_lines_named(formatwarning, process: ReplicaProcess):
     """A warning from the cell names its line as a traceback does (``Cell In[5], line
     3``), not the cell's temporary file."""
     @functools.wraps(formatwarning)
     def named(message, category, filename, lineno, line=None):
         text = formatwarning(message, category, filename, lineno, line)
-        if filename == cell.path:
+        cell = process.cell
+        if cell is not None and filename == cell.path:
             text = text.replace(f"{filename}:{lineno}:", f"{cell.label}, line {lineno}:", 1)
         return text
     return named
@@ -256,7 +286,7 @@ def _text_progress_bars() -> None:
             setattr(tqdm_pkg, attr, sys.modules[f"tqdm.{attr}"])
 
 
-def _report_exits(writer: ChannelWriter) -> None:
+def _report_exits(process: ReplicaProcess) -> None:
     """``os._exit`` from a replica's thread says who called it before the process ends.
 
     It ends the whole process at once, and with it every replica that is a thread of it:
@@ -271,7 +301,8 @@ def _report_exits(writer: ChannelWriter) -> None:
         if ordinal is not None:
             with contextlib.suppress(Exception):
                 flush_all()
-                writer.send(NOTE, ordinal, json.dumps({"exit": code, "pid": os.getpid()}).encode())
+                process.writer.send(NOTE, ordinal,
+                                    json.dumps({"exit": code, "pid": os.getpid()}).encode())
         real_exit(code)
 
     os._exit = functools.wraps(real_exit)(reported_exit)

@@ -78,6 +78,13 @@ class ChannelWriter:
     def __init__(self, fd: int):
         self.fd = fd
 
+    def retarget(self, path: str) -> None:
+        """Write to the named pipe at ``path`` from now on, on the same descriptor (a
+        thread writing meanwhile writes whole frames to one pipe or the other)."""
+        fd = os.open(path, os.O_WRONLY)
+        os.dup2(fd, self.fd)
+        os.close(fd)
+
     def send(self, kind: int, ordinal: int, payload: bytes) -> None:
         pid = os.getpid()
         view = memoryview(payload)

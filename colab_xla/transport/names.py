@@ -31,6 +31,7 @@ from ..preflight import PreflightError, Problem
 # Names every replica gets from colab_xla itself (see colab_xla.replica); get_ipython is
 # what IPython's magic lines in the cell (``%time``, ``%env``) call.
 REPLICA_NAMES = ("index", "device", "lock", "get_ipython")
+SESSION = "session"  # the names go to a session's replicas (see colab_xla.session)
 
 
 class UnsendableNames(PreflightError):
@@ -39,13 +40,23 @@ class UnsendableNames(PreflightError):
     def __init__(self, start_method: str, failures: List[Tuple[str, str, str]]):
         self.failures = failures
         listed = "; ".join(f"{name} ({kind}): {reason}" for name, kind, reason in failures)
-        super().__init__(Problem(
-            "unsendable",
-            f"--start-method {start_method} starts replicas in fresh processes, which get the "
-            f"notebook names the cell uses serialized with cloudpickle, and "
-            f"{'this one' if len(failures) == 1 else 'these'} cannot be: {listed}.",
-            "Create the object inside the cell, or use --start-method fork (the replicas "
-            "then inherit it)."))
+        which = "this one" if len(failures) == 1 else "these"
+        if start_method == SESSION:
+            problem = Problem(
+                "unsendable",
+                f"the session's replicas get the notebook names a cell uses serialized with "
+                f"cloudpickle, and {which} cannot be: {listed}.",
+                "Create the object inside a session cell (the replicas keep it), or run this "
+                "cell with --fresh (a one-off run, whose forked replicas inherit it).")
+        else:
+            problem = Problem(
+                "unsendable",
+                f"--start-method {start_method} starts replicas in fresh processes, which get "
+                f"the notebook names the cell uses serialized with cloudpickle, and {which} "
+                f"cannot be: {listed}.",
+                "Create the object inside the cell, or use --start-method fork (the replicas "
+                "then inherit it).")
+        super().__init__(problem)
 
 
 def used_names(source: str, user_ns: Mapping) -> List[str]:

@@ -1,0 +1,168 @@
+"""A replica of a session (``%xla_session``): started once, it runs every cell the
+notebook sends, in globals it keeps from cell to cell.
+
+:func:`serve` is what the launcher calls in each replica instead of
+:func:`colab_xla.replica.job.main`. The replica's process is set up once (its streams,
+torch_xla instrumented, the CPU simulation's collectives); each cell is then a run like a
+one-off run's (its own pipes, report and frames: :func:`colab_xla.replica.job.serve_run`),
+with one difference: the cell's globals are the replica's own from the cells before, with
+the notebook names the cell brings on top.
+
+The notebook speaks to each replica through a named pipe of the session's directory,
+one line per command, read by a thread of the replica: ``run PATH`` (a pickled
+:class:`~colab_xla.replica.job.ReplicaJob`), ``interrupt RUN_ID`` and ``stop``. An
+interrupt raises KeyboardInterrupt in the replica's cell, as IPython does in a notebook:
+through SIGINT when the replica runs in its process's main thread (even ``time.sleep``
+stops), else as an asynchronous exception of its thread, which takes effect at the
+cell's next Python line (native code and collectives finish first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import pickle
+import queue
+import signal
+import threading
+import traceback
+from typing import Optional
+
+from ..transport.frames import NOTE
+from ..transport.names import REPLICA_NAMES
+from .job import ReplicaGlobals, ReplicaJob, cell_globals, serve_run
+from .process import ReplicaProcess
+from .thread import current
+
+
+def command_path(session_dir: str, index: int) -> str:
+    """The named pipe of replica ``index``'s commands."""
+    return os.path.join(session_dir, f"commands-{index}")
+
+
+def serve(index: int, job: ReplicaJob) -> None:
+    """Be replica ``index`` of the session ``job`` describes until the notebook says stop
+    (or goes away)."""
+    try:
+        _serve(index, job)
+    except BaseException:  # noqa: BLE001 - a bug here: the session must see this replica die
+        text = "colab_xla: a session replica failed outside its cell:\n" + traceback.format_exc()
+        os.write(2, text.encode("utf-8", "replace"))
+        os._exit(70)
+
+
+def _serve(index: int, job: ReplicaJob) -> None:
+    process = ReplicaProcess.get(job)
+    interruptible = Interruptible()
+    current.interruptible = interruptible
+    commands = _Commands(command_path(job.run_dir, index), interruptible)
+    process.writer.send(NOTE, index, json.dumps({"ready": os.getpid(),
+                                                 "rank": process.rank}).encode())
+    kept: Optional[ReplicaGlobals] = None
+
+    def session_globals(index, cell_job, process):
+        nonlocal kept
+        if kept is None:  # the first cell: the notebook's names the replica started with
+            kept = ReplicaGlobals({k: v for k, v in process.user_ns.items()
+                                   if k not in REPLICA_NAMES})
+        kept.update((k, v) for k, v in process.received.items() if k not in REPLICA_NAMES)
+        return cell_globals(kept, index, cell_job, process)
+
+    while True:
+        cell_job = commands.next()
+        if cell_job is None:
+            return
+        try:
+            serve_run(index, cell_job, session_globals, end_started=False)
+        except KeyboardInterrupt:  # an interrupt that came as the cell ended: it is over
+            pass
+        with ReplicaProcess._lock:  # the process's last replica of the cell goes home
+            if process.run_id == cell_job.run_id and not process.active:
+                process.open_run(job)
+
+
+class Interruptible:
+    """The cell a replica thread runs, and how to raise KeyboardInterrupt in it."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._thread = threading.get_ident()
+        self._run_id: Optional[str] = None
+        self._main = self._thread == threading.main_thread().ident
+        if self._main:
+            signal.signal(signal.SIGINT, self._on_sigint)
+
+    @contextlib.contextmanager
+    def running(self, run_id: str):
+        with self._lock:
+            self._run_id = run_id
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._run_id = None
+                if not self._main:  # one that was raised too late is dropped
+                    _async_raise(self._thread, None)
+
+    def interrupt(self, run_id: str) -> None:
+        with self._lock:
+            if self._run_id != run_id:
+                return  # that cell is over here
+            if self._main:
+                signal.pthread_kill(self._thread, signal.SIGINT)  # wakes a sleep too
+            else:
+                _async_raise(self._thread, KeyboardInterrupt)
+
+    def _on_sigint(self, signum, frame):
+        if self._run_id is not None:
+            raise KeyboardInterrupt
+
+
+def _async_raise(thread_id: int, exc_type) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id),
+                                               ctypes.py_object(exc_type) if exc_type else None)
+
+
+class _Commands:
+    """The replica's commands, read by a thread of their own (so that an interrupt
+    reaches a replica busy in its cell)."""
+
+    def __init__(self, path: str, interruptible: Interruptible):
+        self._queue: "queue.Queue[Optional[ReplicaJob]]" = queue.Queue()
+        self._interruptible = interruptible
+        if os.path.exists(path):  # the notebook made it, and holds the other end
+            self._fd = os.open(path, os.O_RDONLY)
+        else:  # a replica the notebook could not count before the start (see Session)
+            os.mkfifo(path, 0o600)
+            self._fd = os.open(path, os.O_RDWR)
+        threading.Thread(target=self._read, name="colab_xla-session-commands",
+                         daemon=True).start()
+
+    def next(self) -> Optional[ReplicaJob]:
+        """The next cell's job; None when the session ends."""
+        return self._queue.get()
+
+    def _read(self) -> None:
+        buffered = b""
+        while True:
+            try:
+                data = os.read(self._fd, 4096)
+            except OSError:
+                data = b""
+            if not data:  # the notebook is gone
+                self._queue.put(None)
+                return
+            buffered += data
+            *lines, buffered = buffered.split(b"\n")
+            for line in lines:
+                verb, _, arg = line.decode().partition(" ")
+                if verb == "run":
+                    with open(arg, "rb") as f:
+                        self._queue.put(pickle.load(f))
+                elif verb == "interrupt":
+                    self._interruptible.interrupt(arg)
+                elif verb == "stop":
+                    self._queue.put(None)
+                    return
