@@ -281,6 +281,13 @@ def render(results: List[dict], info: dict, seconds: float, args) -> str:
         f"N={r['replicas']}: {r['train_setup']['session_cell2']['ms']:.0f} ms, "
         f"{_counts([r['train_setup']['session_cell2']['compiles']])} compilations"
         for r in results)
+    hits = [c for r in results for run in r["train_cache_hits"]["cached"] for c in run]
+    failed = [c for r in results for run in r["train_cache_load_failures"]["cached"]
+              for c in run]
+    if not any(hits) and any(failed):
+        lines += ["", "The persistent cache gave nothing here: torch_xla on CPU finds the "
+                  "warmed entries but cannot load them (`PersistentCacheDeserializeFailure`) "
+                  "and compiles again, so the cached run is a one-off run."]
     lines += [
         "",
         f"Session cell 2 (the first training cell, not in the table; per replica): {cell2}.",
