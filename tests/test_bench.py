@@ -20,6 +20,8 @@ pytestmark = [pytest.mark.xla, pytest.mark.timeout(300)]
     ("start_methods.py", ["--repeats", "2", "--spawn-repeats", "2", "--replicas", "2"]),
     ("simulation.py", ["--repeats", "1", "--replicas", "2", "--steps", "4"]),
     ("result_return.py", ["--mib", "2", "--replicas", "2", "--repeats", "2"]),
+    ("session.py", ["--replicas", "2", "--repeats", "2", "--train-repeats", "1",
+                    "--steps", "2", "--batch", "8"]),
     ("peers.py", ["--replicas", "2", "--repeats", "2", "--latency-repeats", "1",
                   "--throughput-replicas", "2", "--lines", "200", "--slow-lines", "10",
                   "--throughput-repeats", "1", "--return-replicas", "2", "--return-mib", "1",

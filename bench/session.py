@@ -1,0 +1,340 @@
+"""Warm session (``%xla_session``) against one-off runs: a cell's overhead and the second
+training cell.
+
+In one process, for each replica count N (CPU, the default ``processes`` simulation,
+PJRT_DEVICE=CPU), a session is started (its start-up timed apart), then, alternating
+(the order rotates every iteration, so drift and position effects hit all alike):
+
+1. a trivial cell (``index``): on the warm session (``run_cell(..., session=s)``), as a
+   one-off run (``run_cell`` without a session) and the floor, a bare
+   ``xmp.spawn(trivial, start_method='fork')`` (launch_overhead.py's own ``bare`` path).
+   Medians, p10/p90, and ratios of medians to the session's.
+2. tutorial 03's model (notebooks/03-mnist-every-replica.ipynb: ``Net``, SGD with momentum,
+   NLLLoss, ``xm.optimizer_step``), K steps on new random data:
+   * session: cell 1 defines the model and optimizer, cell 2 trains, then every measured
+     cell trains again on new data (the first measured one is the tutorial's "cell 3");
+   * one-off: a fresh run that defines and trains in one cell;
+   * one-off with ``cache_dir`` (``--cache DIR``): the same, with torch_xla's persistent
+     compilation cache, warmed by one untimed run first.
+   Wall time of the cell (call to outcome) and, from torch_xla's metrics inside each
+   replica, the compilations during the cell (``CompileTime`` count, after minus before;
+   a one-off cell counts all of its own) and persistent-cache hits.
+   Goal (the issue's): zero recompilations for an unchanged step on the session.
+
+Writes the "session" section of results.md and results/session.json.
+
+    python bench/session.py [--replicas 1,4,8] [--repeats 6] [--train-repeats 1]
+                            [--steps 4] [--batch 32]
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Callable, Dict, List
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+if BENCH_DIR not in sys.path:
+    sys.path.insert(0, BENCH_DIR)
+
+from _results import (bench_parser, machine_info, machine_line, publish,  # noqa: E402
+                      replica_counts, stats)
+from launch_overhead import make_paths  # noqa: E402
+
+from colab_xla.launch import environ  # noqa: E402
+from colab_xla.run import run_cell  # noqa: E402
+from colab_xla.session import SessionOptions, start_session, stop_session  # noqa: E402
+
+NAME = "session"
+TRIVIAL = ("session", "one_off", "bare")
+TRAIN = ("session", "one_off", "cached")
+
+# Tutorial 03's model, optimizer and loss (cell 1 on a session).
+DEFINE_CELL = '''
+import copy, time
+import torch, torch.nn as nn, torch.nn.functional as F
+import torch_xla, torch_xla.core.xla_model as xm, torch_xla.debug.metrics as met
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 8, kernel_size=5)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc1 = nn.Linear(8 * 12 * 12, 32)
+        self.fc2 = nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn(self.conv(x))), 2)
+        x = F.relu(self.fc1(torch.flatten(x, 1)))
+        return F.log_softmax(self.fc2(x), dim=1)
+
+
+torch.manual_seed(0)
+model = Net().to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
+loss_fn = nn.NLLLoss()
+rounds = 0
+'''
+
+# K steps on new data; the cell's value: (compilations, persistent-cache hits, entries
+# found but not loadable, seconds) during the cell, in this replica.
+TRAIN_CELL = '''
+def _compiles():
+    data = met.metric_data("CompileTime")
+    return data[0] if data else 0
+
+
+def _counter(name):
+    return met.counter_value(name) or 0
+
+
+compiles0 = _compiles()
+hits0, failures0 = _counter("PersistentCacheHit"), _counter("PersistentCacheDeserializeFailure")
+rounds += 1
+torch.manual_seed(1000 * rounds + index)  # new data, every cell and replica its own
+t0 = time.perf_counter()
+model.train()
+for step in range(STEPS):
+    x = torch.randn(BATCH, 1, 28, 28).to(device)
+    y = torch.randint(0, 10, (BATCH,)).to(device)
+    optimizer.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    xm.optimizer_step(optimizer)
+    torch_xla.sync()
+loss.item()
+(_compiles() - compiles0, _counter("PersistentCacheHit") - hits0,
+ _counter("PersistentCacheDeserializeFailure") - failures0, time.perf_counter() - t0)
+'''
+
+
+def _check(outcome, what: str):
+    if outcome.failed or not outcome.ok:
+        errors = {i: r.error for i, r in outcome.replicas.items() if r.error}
+        raise RuntimeError(f"{what}: failed: {errors} {getattr(outcome, 'session_ended', '')}")
+    return outcome
+
+
+def trivial_paths(n: int, session) -> Dict[str, Callable[[], float]]:
+    """Each runs the trivial cell once and returns its wall time in seconds."""
+    expected = {i: i for i in range(n)}
+    bare = make_paths(n)["bare"]
+
+    def timed(**kw) -> float:
+        t0 = time.perf_counter()
+        outcome = run_cell("index", announce=None, **kw)
+        elapsed = time.perf_counter() - t0
+        if _check(outcome, f"trivial {kw}").results() != expected:
+            raise RuntimeError(f"N={n}: results {outcome.results()}")
+        return elapsed
+
+    return {"session": lambda: timed(session=session),
+            "one_off": lambda: timed(replicas=n),
+            "bare": bare}
+
+
+def train_paths(n: int, session, cache_dir: str, steps: int, batch: int):
+    """Each runs one training cell; returns (seconds, then per replica: compilations,
+    persistent-cache hits, cache entries that failed to load, training seconds)."""
+    train = TRAIN_CELL.replace("STEPS", str(steps)).replace("BATCH", str(batch))
+    one_off = DEFINE_CELL + train
+
+    def timed(source: str, what: str, **kw):
+        t0 = time.perf_counter()
+        outcome = _check(run_cell(source, announce=None, timeout=600, **kw), what)
+        elapsed = time.perf_counter() - t0
+        values = outcome.results()
+        if sorted(values) != list(range(n)):
+            raise RuntimeError(f"{what} N={n}: results {values}")
+        return (elapsed, *([values[i][k] for i in range(n)] for k in range(4)))
+
+    return ({"session": lambda: timed(train, "session", session=session),
+             "one_off": lambda: timed(one_off, "one-off", replicas=n),
+             "cached": lambda: timed(one_off, "cached", replicas=n, cache_dir=cache_dir)},
+            lambda: _check(run_cell(DEFINE_CELL, announce=None, timeout=600, session=session),
+                           "define"))
+
+
+def measure(n: int, repeats: int, train_repeats: int, steps: int, batch: int) -> dict:
+    t0 = time.perf_counter()
+    session = start_session(SessionOptions(replicas=n), {}, announce=None)
+    start_s = time.perf_counter() - t0
+    cache_dir = tempfile.mkdtemp(prefix="colab_xla-bench-cache-")
+    try:
+        trivial = trivial_paths(n, session)
+        for name in TRIVIAL:  # warm-up
+            trivial[name]()
+        samples: Dict[str, List[float]] = {name: [] for name in TRIVIAL}
+        for i in range(repeats):
+            for name in TRIVIAL[i % 3:] + TRIVIAL[:i % 3]:
+                samples[name].append(trivial[name]() * 1e3)
+
+        train, define = train_paths(n, session, cache_dir, steps, batch)
+        define()
+        setup = {"session_cell2": train["session"](), "cache_warm": train["cached"]()}
+        runs: Dict[str, list] = {name: [] for name in TRAIN}
+        for i in range(train_repeats):
+            for name in TRAIN[i % 3:] + TRAIN[:i % 3]:
+                runs[name].append(train[name]())
+        cells_run = session.cells_run
+    finally:
+        stop_session()
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+    medians = {name: stats(samples[name])["median"] for name in TRIVIAL}
+    train_ms = {name: [r[0] * 1e3 for r in runs[name]] for name in TRAIN}
+    return {
+        "replicas": n, "session_start_s": start_s, "session_cells_run": cells_run,
+        "trivial_samples_ms": samples,
+        "trivial_stats_ms": {name: stats(samples[name]) for name in TRIVIAL},
+        "trivial_ratio_to_session": {name: medians[name] / medians["session"]
+                                     for name in TRIVIAL},
+        "train_setup": {k: {"ms": v[0] * 1e3, "compiles": v[1], "cache_hits": v[2],
+                            "cache_load_failures": v[3], "in_replica_s": v[4]}
+                        for k, v in setup.items()},
+        "train_ms": train_ms,
+        "train_median_ms": {name: _median(train_ms[name]) for name in TRAIN},
+        "train_compiles": {name: [r[1] for r in runs[name]] for name in TRAIN},
+        "train_cache_hits": {name: [r[2] for r in runs[name]] for name in TRAIN},
+        "train_cache_load_failures": {name: [r[3] for r in runs[name]] for name in TRAIN},
+        "train_in_replica_s": {name: [r[4] for r in runs[name]] for name in TRAIN},
+    }
+
+
+def _median(values: List[float]) -> float:
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def _cell(s: Dict[str, float]) -> str:
+    return f"{s['median']:.1f} ({s['p10']:.1f}–{s['p90']:.1f})"
+
+
+def _counts(per_run: List[List[int]]) -> str:
+    """Compilations per replica over the runs: "0" if all alike, else "min–max"."""
+    flat = [c for run in per_run for c in run]
+    return f"{min(flat)}" if min(flat) == max(flat) else f"{min(flat)}–{max(flat)}"
+
+
+def render(results: List[dict], info: dict, seconds: float, args) -> str:
+    session_compiles = [c for r in results for run in r["train_compiles"]["session"]
+                        for c in run]
+    goal = ("**met**: no compilation in any measured session cell, on any replica"
+            if not any(session_compiles) else
+            f"**not met**: up to {max(session_compiles)} compilations in a session cell")
+    lines = [
+        "## Warm session (%xla_session)",
+        "",
+        "`run_cell` on a session started once (`start_session(SessionOptions(replicas=N))`, "
+        "default `processes` simulation) against one-off runs, interleaved in one process "
+        "(the order rotates each iteration).",
+        "",
+        "A cell's overhead: the trivial cell `index` on the warm session, as a one-off "
+        "`run_cell`, and bare `xmp.spawn(trivial, start_method='fork')` (launch_overhead's "
+        "floor; on CPU it is one forked process running N replica threads, "
+        "CPU_NUM_DEVICES=N). ms, median (p10–p90); ratio: median over the session's median. "
+        "Session start: `start_session` until every replica is ready (forks of this warm "
+        "process; the first count includes importing torch_xla here, and a replica's XLA "
+        "runtime starts with its first use of `device`, in cell 2 below).",
+        "",
+        "| replicas | session start s | session ms | one-off ms | one-off / session "
+        "| bare xmp.spawn ms | bare / session |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        s, q = r["trivial_stats_ms"], r["trivial_ratio_to_session"]
+        lines.append(f"| {r['replicas']} | {r['session_start_s']:.1f} | {_cell(s['session'])} "
+                     f"| {_cell(s['one_off'])} | {q['one_off']:.1f}× | {_cell(s['bare'])} "
+                     f"| {q['bare']:.1f}× |")
+    lines += [
+        "",
+        f"The second training cell: tutorial 03's model, {args.steps} steps of batch "
+        f"{args.batch} per replica on new random data (`xm.optimizer_step`, then "
+        "`torch_xla.sync()`). Session: cell 1 defines the model and optimizer, cell 2 "
+        "trains (not timed), each measured cell trains again (the first is cell 3). "
+        "One-off: a fresh run that defines and trains. Cached: the same with "
+        "`cache_dir` (`--cache`), warmed by one untimed run. Wall ms (median of "
+        f"{args.train_repeats}); compilations per replica during the cell (torch_xla "
+        "`CompileTime` count, after minus before; min–max over replicas and runs), "
+        "persistent-cache hits and entries found but not loaded "
+        "(`PersistentCacheDeserializeFailure`) likewise.",
+        "",
+        "| replicas | session ms | one-off ms | cached ms | one-off / session "
+        "| cached / session | compiles: session / one-off / cached "
+        "| cache hits / load failures (cached) |",
+        "|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in results:
+        m, c = r["train_median_ms"], r["train_compiles"]
+        lines.append(
+            f"| {r['replicas']} | {m['session']:.0f} | {m['one_off']:.0f} | {m['cached']:.0f} "
+            f"| {m['one_off'] / m['session']:.1f}× | {m['cached'] / m['session']:.1f}× "
+            f"| {_counts(c['session'])} / {_counts(c['one_off'])} / {_counts(c['cached'])} "
+            f"| {_counts(r['train_cache_hits']['cached'])} / "
+            f"{_counts(r['train_cache_load_failures']['cached'])} |")
+    cell2 = ", ".join(
+        f"N={r['replicas']}: {r['train_setup']['session_cell2']['ms']:.0f} ms, "
+        f"{_counts([r['train_setup']['session_cell2']['compiles']])} compilations"
+        for r in results)
+    hits = [c for r in results for run in r["train_cache_hits"]["cached"] for c in run]
+    failed = [c for r in results for run in r["train_cache_load_failures"]["cached"]
+              for c in run]
+    if not any(hits) and any(failed):
+        lines += ["", "The persistent cache gave nothing here: torch_xla on CPU finds the "
+                  "warmed entries but cannot load them (`PersistentCacheDeserializeFailure`) "
+                  "and compiles again, so the cached run is a one-off run."]
+    lines += [
+        "",
+        f"Session cell 2 (the first training cell, not in the table; per replica): {cell2}.",
+        "",
+        f"Goal (zero recompilations for an unchanged step on the session): {goal}.",
+        "",
+        machine_line(info, NAME, seconds,
+                     f"trivial cell: {args.repeats} repeats after 1 warm-up per path; "
+                     f"training: {args.train_repeats} repeats; PJRT_DEVICE=CPU"),
+    ]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--replicas", default="1,4,8", help="replica counts (1,4,8)")
+    parser.add_argument("--repeats", type=int, default=6, help="trivial-cell runs per path (6)")
+    parser.add_argument("--train-repeats", type=int, default=1,
+                        help="training cells per path (1: a fresh run compiles for seconds)")
+    parser.add_argument("--steps", type=int, default=4, help="training steps per cell (4)")
+    parser.add_argument("--batch", type=int, default=32, help="batch per replica (32)")
+    args = parser.parse_args(argv)
+    counts = replica_counts(args.replicas)
+    if args.repeats < 2 or args.train_repeats < 1 or args.steps < 1 or args.batch < 1 \
+            or not counts or min(counts) < 1:
+        parser.error("need --repeats >= 2, --train-repeats/--steps/--batch >= 1 and "
+                     "replica counts >= 1")
+    started = time.perf_counter()
+    info = machine_info(args.repeats, 1)
+    results = []
+    with environ({"PJRT_DEVICE": "CPU"}):
+        for n in counts:
+            t0 = time.perf_counter()
+            r = measure(n, args.repeats, args.train_repeats, args.steps, args.batch)
+            results.append(r)
+            s, m = r["trivial_stats_ms"], r["train_median_ms"]
+            print(f"session: N={n}: start {r['session_start_s']:.1f} s; trivial "
+                  f"session {s['session']['median']:.1f} / one-off {s['one_off']['median']:.1f}"
+                  f" / bare {s['bare']['median']:.1f} ms; train session {m['session']:.0f} / "
+                  f"one-off {m['one_off']:.0f} / cached {m['cached']:.0f} ms; compiles "
+                  f"{r['train_compiles']} [{time.perf_counter() - t0:.0f} s]", file=sys.stderr)
+    seconds = time.perf_counter() - started
+    info["notebook_PJRT_DEVICE"] = "CPU"
+    return publish(NAME, render(results, info, seconds, args),
+                   {"machine": info, "seconds": seconds, "args": vars(args),
+                    "results": results}, out_dir=args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
