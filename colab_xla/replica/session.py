@@ -55,6 +55,9 @@ def serve(index: int, job: ReplicaJob) -> None:
 
 def _serve(index: int, job: ReplicaJob) -> None:
     process = ReplicaProcess.get(job)
+    with ReplicaProcess._lock:  # the replicas this process serves (threads: several)
+        served = process.__dict__.setdefault("_served", {})
+        served[index] = None  # ordinal -> the last cell it finished
     interruptible = Interruptible()
     current.interruptible = interruptible
     commands = _Commands(command_path(job.run_dir, index), interruptible)
@@ -78,8 +81,13 @@ def _serve(index: int, job: ReplicaJob) -> None:
             serve_run(index, cell_job, session_globals, end_started=False)
         except KeyboardInterrupt:  # an interrupt that came as the cell ended: it is over
             pass
-        with ReplicaProcess._lock:  # the process's last replica of the cell goes home
-            if process.run_id == cell_job.run_id and not process.active:
+        # The process's last replica to finish the cell takes it home (to the session's
+        # pipes) once every replica it serves is done with the cell: one that has not
+        # started the cell yet still needs the cell's pipes.
+        with ReplicaProcess._lock:
+            served[index] = cell_job.run_id
+            if process.run_id == cell_job.run_id and all(
+                    done == cell_job.run_id for done in served.values()):
                 process.open_run(job)
 
 
