@@ -304,7 +304,8 @@ class Session:
 
     # -- cells ------------------------------------------------------------------------------
 
-    def names_for(self, source: str, user_ns: Mapping[str, Any]) -> Tuple[Optional[bytes], List[str]]:
+    def names_for(self, source: str,
+                  user_ns: Mapping[str, Any]) -> Tuple[Optional[bytes], List[str]]:
         """The notebook names the cell uses that the replicas do not have as they are in
         the notebook: packed, and their names."""
         changed = []

@@ -1,0 +1,53 @@
+"""``%xla_session`` in a real kernel: the notebook's Interrupt keeps the session and its
+state, and a killed kernel leaves none of its processes."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from _kernel import Kernel, wait_until_gone  # tests/ is on sys.path
+from test_faults import wait_for_files
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
+
+
+def session_pids(reply_text: str):
+    return sorted(int(p) for p in re.findall(r"replica \d+: pid (\d+)", reply_text))
+
+
+def test_an_interrupt_stops_the_cell_and_keeps_the_session_and_its_state(tmp_path):
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        started = k.run("%xla_session start -n 2")
+        assert started.status == "ok", started.text
+        pids = session_pids(started.stdout)
+        assert len(pids) == 2
+        assert k.run("%%xla_spawn --no-widget\nstate = index * 7").status == "ok"
+        msg_id = k.submit("%%xla_spawn --no-widget\nimport os, time\n"
+                          f"open({str(tmp_path)!r} + f'/in{{index}}', 'w').write('x')\n"
+                          "time.sleep(600)")
+        wait_for_files([tmp_path / "in0", tmp_path / "in1"], kernel=k, msg_id=msg_id)
+        k.interrupt()
+        interrupted = k.wait(msg_id, timeout=60)
+        assert interrupted.ename == "KeyboardInterrupt", interrupted.text
+        assert "the session ended" not in interrupted.text
+        kept = k.run("%%xla_spawn --no-widget -o got\nstate")
+        assert kept.status == "ok", kept.text
+        status = k.run("%xla_session")
+        assert session_pids(status.stdout) == pids, status.text
+        assert k.run("print(got)").stdout.strip() == "{0: 0, 1: 7}"
+
+
+def test_a_killed_kernel_leaves_no_session_process():
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        started = k.run("%xla_session start -n 2")
+        assert started.status == "ok", started.text
+        assert k.run("%%xla_spawn --no-widget\nx = index").status == "ok"
+        procs = k.descendants()
+        assert set(session_pids(started.stdout)) <= {p.pid for p in procs}
+        k.kill()
+        alive = wait_until_gone(procs, timeout=20)
+        assert alive == [], [(p.pid, " ".join(p.cmdline())[:120]) for p in alive]
