@@ -17,7 +17,7 @@ from .launch import LAUNCHERS, START_METHODS, Launch
 from .options import SIMULATIONS, check_output, parse_env, pull_names, split_line
 from .outcome import XlaSpawnError
 from .preflight import RuntimeInitializedError
-from .run import run_cell
+from .run import run_cell, start_session
 
 
 @magics_class
@@ -134,16 +134,10 @@ class XlaMagics(Magics):
         except SetupError as exc:
             raise UsageError(str(exc)) from None
         live = session.current() if not args.fresh else None
-        if live is not None:
-            asked = [flag for flag, given in (
-                ("-n", args.replicas is not None and args.replicas != len(live.replicas)),
-                ("--start-method", args.start_method), ("--env", env),
-                ("--cache", args.cache), ("--simulate", args.simulate),
-                ("--launcher", args.launcher != "xmp"), ("--debug-single", args.debug_single))
-                if given]
-            if asked:
-                raise UsageError(str(session.cell_options_refused(live, asked)))
-            how, env = Launch(), {}
+        if live is not None:  # the session's launch, unless the line asks another (refused)
+            asked = args.start_method or args.launcher != "xmp" or args.debug_single
+            how = Launch(args.start_method or live.options.launch.start_method,
+                         launcher=args.launcher, debug_single=args.debug_single) if asked else None
         view = self._view(args.no_widget)
         try:
             outcome = run_cell(
@@ -236,11 +230,11 @@ class XlaMagics(Magics):
                   else "colab_xla session: none (%xla_session start starts one).")
             return
         if args.action == "stop":
-            stopped = session.stop_session()
-            print("colab_xla session: stopped." if stopped is not None and stopped.ended
-                  and "stop" in stopped.ended else
-                  "colab_xla session: none was up." if stopped is None else
-                  f"colab_xla session: it had ended already ({stopped.ended}).")
+            was_up = live is not None and live.up
+            session.stop_session()
+            print("colab_xla session: stopped." if was_up else
+                  "colab_xla session: none was up." if live is None else
+                  f"colab_xla session: it had ended already ({live.ended}).")
             return
         if args.action == "restart":
             if live is None:
@@ -259,7 +253,7 @@ class XlaMagics(Magics):
                 raise UsageError(str(exc)) from None
         started = time.monotonic()
         try:
-            new = session.start_session(opts, self.shell.user_ns)
+            new = start_session(opts, self.shell.user_ns)
         except SetupError as exc:
             raise UsageError(self._refusal(exc)) from None
         print(f"colab_xla session: {len(new.replicas)} replicas started in "

@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Dict, List
@@ -121,16 +122,24 @@ class RunProcesses:
         self._tracked: Dict[int, psutil.Process] = {}
         self._children_before: set = set()
         self._children: Dict[int, multiprocessing.process.BaseProcess] = {}
+        self._adopting = True
 
     def begin(self) -> None:
         """Call just before the run starts processes: every child of the notebook's
-        process that appears from now on is the run's."""
+        process that appears from now on is the run's (until :meth:`stop_adopting`)."""
         self._children_before = set(multiprocessing.active_children())
+
+    def stop_adopting(self) -> None:
+        """Every process of the run has started: children of the notebook's process that
+        appear later are not its (a session's, while other runs and the lock manager
+        start theirs). What its processes start is still tracked as theirs."""
+        self.new_children()
+        self._adopting = False
 
     def new_children(self) -> List[multiprocessing.process.BaseProcess]:
         """Processes started since the run began (the pool's) and still running;
         remembered, so that their exit codes can be told after they are reaped."""
-        for p in multiprocessing.active_children():
+        for p in multiprocessing.active_children() if self._adopting else ():
             if p not in self._children_before:
                 self._children.setdefault(p.pid, p)
         return [p for p in self._children.values() if p.exitcode is None]
@@ -186,6 +195,17 @@ class RunProcesses:
         self._tracked.clear()
         if not alive:
             self._record.close()
+
+    def kill_until_ended(self, starter: threading.Thread, seconds: float) -> None:
+        """Kill until ``starter`` (the thread that starts the processes and waits for
+        them) has ended, for at most ``seconds``: it may still be starting processes after
+        the first kill, and none of them may outlive the run."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self.kill()
+            if not starter.is_alive() or time.monotonic() >= deadline:
+                return
+            starter.join(0.05)
 
 
 # --- how a process started for a run ends with it ---------------------------------------------

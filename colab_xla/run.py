@@ -21,13 +21,14 @@ import dataclasses
 import os
 import shutil
 import tempfile
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence, Tuple
 
 from . import cpu_sim, hardware, options, preflight, processes
+from . import session as sessions
 from .cell import CellModule
 from .launch import Launch, replica_environ, warm_forkserver
 from .outcome import RunObserver, RunOutcome
-from .session import Session, SessionReplicas, cell_options_refused
+from .session import Session, SessionError, SessionOptions, SessionReplicas
 from .supervisor import RunRequest, Supervisor
 from .transport import names
 
@@ -35,13 +36,14 @@ from .transport import names
 def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[Mapping] = None,
              label: str = "cell", header: str = "# %%xla_spawn",
              observer: Optional[RunObserver] = None, announce=print,
-             timeout: Optional[float] = None, launch: Launch = Launch(),
+             timeout: Optional[float] = None, launch: Optional[Launch] = None,
              env: Optional[Mapping[str, str]] = None, cache_dir: Optional[str] = None,
              pull: Sequence[str] = (), pull_from: Optional[int] = None,
              simulate: Optional[str] = None, session: Optional[Session] = None) -> RunOutcome:
     """Run ``source`` on every replica and return the :class:`RunOutcome`.
 
-    ``launch`` says how replicas start (start method, launcher, one-replica debugging);
+    ``launch`` says how replicas start (start method, launcher, one-replica debugging;
+    default: fork through xmp.spawn);
     ``env`` adds variables for the replicas only (the replica count and device are
     planned with them); ``cache_dir`` turns on torch_xla's persistent compilation cache,
     a sub-directory per replica process; ``simulate`` is how replicas on CPU simulate a TPU
@@ -74,7 +76,7 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
                                announce=announce, timeout=timeout, launch=launch, env=env,
                                cache_dir=cache_dir, pull=pull, pull_from=pull_from,
                                simulate=simulate)
-    env = dict(env or {})
+    env, launch = dict(env or {}), launch or Launch()
     simulate = simulate or os.environ.get("COLAB_XLA_SIMULATE") or cpu_sim.DEFAULT_SIMULATION
     cache_dir = options.check_run(replicas=replicas, timeout=timeout, env=env, pull=pull,
                                   pull_from=pull_from, cache_dir=cache_dir, launch=launch,
@@ -83,38 +85,13 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
     run_dir = tempfile.mkdtemp(prefix="colab_xla-")  # mode 0700, unpredictable name
     try:
         cell = CellModule.create(source, run_dir, label=label, header=header)
-        replica_env = replica_environ(env)  # what the replicas will see, --env included
-        hw = hardware.detect(replica_env)
-        plan = hardware.plan_replicas(replicas, hw, simulate)
-        if launch.debug_single:  # one replica, one process, whatever the host has
-            if plan.device_type == "CPU":
-                plan = hardware.plan_replicas(1, hw, simulate)
-            plan = dataclasses.replace(plan, replicas=1, processes=1)
-        options.check_pull_from(pull_from, plan.replicas)
-        hardware.import_torch_xla()
-        problems = preflight.check(source, replica_env, launch, plan.device_type)
-        for problem in problems["fatal"]:
-            raise preflight.refusal(problem)
+        plan, notes = _planned(source, replicas=replicas, launch=launch, env=env,
+                               simulate=simulate, pull_from=pull_from)
         sent_names = None
         if launch.start_method != "fork":
             sent_names = names.pack(names.used_names(source, user_ns), user_ns,
                                    launch.start_method)
-        # Notes are said once per notebook process (leftover processes: every run).
-        notes = [_once(plan.note), _once(_start_note(launch))]
-        parent_pid = os.getpid()  # of the replica processes (each checks it)
-        if launch.start_method == "forkserver":
-            parent_pid, started = warm_forkserver()
-            if started:
-                notes.append(FORKSERVER_STARTING)
-        notes += [_once(f"colab_xla: {p.message} {p.fix}") for p in problems["notes"]]
-        leftovers = preflight.leftovers_problem(processes.leftovers())
-        if leftovers:  # said on every run until they are gone
-            notes.append(f"colab_xla: {leftovers.message} {leftovers.fix}")
-        for note in filter(None, notes):
-            if announce:
-                announce(note)
-        changes = {**env, **plan.env, **preflight.topology_changes(replica_env, plan.env)}
-        plan = dataclasses.replace(plan, env=changes)
+        parent_pid = _say_notes(plan, launch, notes, announce)
         request = RunRequest(launch, parent_pid, cell, sent_names, cache_dir, tuple(pull),
                              pull_from)
         return Supervisor(request, plan, run_dir, user_ns, observer or RunObserver(),
@@ -123,20 +100,82 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def start_session(opts: SessionOptions, user_ns: Mapping, announce=print) -> Session:
+    """Start this notebook process's :mod:`session <colab_xla.session>` (the one
+    ``%%xla_spawn`` cells run on), unless one is up."""
+    sessions.check_none_up()
+    return sessions.make_current(new_session(opts, user_ns, announce))
+
+
+def new_session(opts: SessionOptions, user_ns: Mapping, announce=print) -> Session:
+    """Start a :class:`colab_xla.session.Session`, planned and checked as a run is, and
+    refused (:class:`colab_xla.errors.SetupError`) as a run is."""
+    launch = opts.launch
+    if launch.debug_single:
+        raise SessionError("--debug-single runs one replica for one run, so a session "
+                           "cannot use it: run the cell with %%xla_spawn --debug-single "
+                           "(--fresh while a session is up).")
+    simulate = (opts.simulate or os.environ.get("COLAB_XLA_SIMULATE")
+                or cpu_sim.DEFAULT_SIMULATION)
+    cache_dir = options.check_run(replicas=opts.replicas, timeout=None, env=dict(opts.env),
+                                  pull=(), pull_from=None, cache_dir=opts.cache_dir,
+                                  launch=launch, simulate=simulate)
+    plan, notes = _planned("", replicas=opts.replicas, launch=launch, env=dict(opts.env),
+                           simulate=simulate, pull_from=None)
+    parent_pid = _say_notes(plan, launch, notes, announce)
+    return Session.start(opts, plan, parent_pid, cache_dir, user_ns)
+
+
+def _planned(source: str, *, replicas, launch: Launch, env, simulate,
+             pull_from) -> Tuple[hardware.ReplicaPlan, list]:
+    """The plan for ``source`` (device, replica count, processes, and every variable the
+    replicas get, ``env`` included), with what would fail refused: the plan, and the
+    problems to note."""
+    replica_env = replica_environ(env)  # what the replicas will see, --env included
+    hw = hardware.detect(replica_env)
+    plan = hardware.plan_replicas(replicas, hw, simulate)
+    if launch.debug_single:  # one replica, one process, whatever the host has
+        if plan.device_type == "CPU":
+            plan = hardware.plan_replicas(1, hw, simulate)
+        plan = dataclasses.replace(plan, replicas=1, processes=1)
+    options.check_pull_from(pull_from, plan.replicas)
+    hardware.import_torch_xla()
+    problems = preflight.check(source, replica_env, launch, plan.device_type)
+    for problem in problems["fatal"]:
+        raise preflight.refusal(problem)
+    changes = {**env, **plan.env, **preflight.topology_changes(replica_env, plan.env)}
+    return dataclasses.replace(plan, env=changes), problems["notes"]
+
+
+def _say_notes(plan: hardware.ReplicaPlan, launch: Launch, problems, announce) -> int:
+    """Say what a person should know before the replicas start (once per notebook
+    process; leftover processes on every run), warming the forkserver if it is used.
+    Return the replica processes' parent pid: this process's, or the forkserver's."""
+    notes = [_once(plan.note), _once(_start_note(launch))]
+    parent_pid = os.getpid()  # of the replica processes (each checks it)
+    if launch.start_method == "forkserver":
+        parent_pid, started = warm_forkserver()
+        if started:
+            notes.append(FORKSERVER_STARTING)
+    notes += [_once(f"colab_xla: {p.message} {p.fix}") for p in problems]
+    leftovers = preflight.leftovers_problem(processes.leftovers())
+    if leftovers:  # said on every run until they are gone
+        notes.append(f"colab_xla: {leftovers.message} {leftovers.fix}")
+    for note in filter(None, notes):
+        if announce:
+            announce(note)
+    return parent_pid
+
+
 def _run_on_session(session: Session, source: str, *, replicas, user_ns, label, header,
                     observer, announce, timeout, launch, env, cache_dir, pull, pull_from,
                     simulate) -> RunOutcome:
     """:func:`run_cell` on a session's replicas."""
-    asked = [flag for flag, given in (
-        ("-n", replicas is not None and replicas != session.plan.replicas), ("--env", env),
-        ("--cache", cache_dir), ("--simulate", simulate),
-        ("--start-method", launch != Launch() and launch != session.options.launch))
-        if given]
-    if asked:
-        raise cell_options_refused(session, asked)
+    session.check_cell_options(replicas=replicas, launch=launch, env=env or {},
+                               cache_dir=cache_dir, simulate=simulate)
     session.check_up()
     options.check_run(replicas=None, timeout=timeout, env={}, pull=pull, pull_from=pull_from,
-                      cache_dir=None, launch=Launch(), simulate=cpu_sim.DEFAULT_SIMULATION)
+                      cache_dir=None, launch=Launch())
     options.check_pull_from(pull_from, session.plan.replicas)
     user_ns = user_ns if user_ns is not None else {}
     run_dir = tempfile.mkdtemp(prefix="colab_xla-")

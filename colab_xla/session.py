@@ -17,7 +17,11 @@ is a run of its own (pipes, frames, reports, views, fail-fast: the
   a collective waiting for a peer), the session ends: every process it started is killed.
 * A replica whose process dies ends the session, with how it died. The session's
   processes die with the notebook's (parent-death signal) and are in the pid registry,
-  so ``%xla_doctor`` knows them.
+  where a later notebook process (its runs, ``%xla_doctor``) finds any that outlived it.
+
+The plan and the checks before the start are a run's: :func:`colab_xla.run.new_session`
+makes them (and :func:`colab_xla.run.start_session` makes the session this notebook
+process's, :func:`make_current`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import pickle
 import secrets
 import select
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -37,10 +42,12 @@ import weakref
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import cloudpickle
+import psutil
 
-from . import cpu_sim, hardware, options, preflight, processes
+from . import hardware, processes
+from .endings import describe_exit
 from .errors import SetupError
-from .launch import Launch, environ, replica_environ, start, warm_forkserver
+from .launch import Launch, environ, replica_environ, start
 from .replica import session as replica_session
 from .replica.job import ReplicaJob
 from .replica.process import inherit
@@ -52,9 +59,14 @@ from .transport import frames, names
 INTERRUPT_GRACE_SECONDS = 2.0
 # How long the replicas may take to start (import torch_xla, start the runtime).
 START_TIMEOUT_SECONDS = 300.0
-# The options a cell cannot change on a session's replicas (they are the session's).
-SESSION_OPTIONS = ("-n", "--start-method", "--env", "--cache", "--simulate", "--launcher",
-                   "--debug-single")
+# How long the processes of an ending session may take to go (killed until then).
+_KILL_SECONDS = 5.0
+# Why a session ended when its launcher saw every replica process end, unless it knows more.
+_PROCESSES_ENDED = "its replica processes ended"
+
+
+_DID_NOT_START = ("%xla_doctor checks the environment; a one-off %%xla_spawn cell shows how a "
+                  "replica fails to start.")
 
 
 class SessionError(SetupError):
@@ -102,50 +114,30 @@ class Session:
         self._launch_error: Optional[BaseException] = None
         self._stopping = False  # processes that end from now on were ended on purpose
         self._output: List[str] = []  # what the replicas printed outside any cell (last lines)
+        self._channel = self._startup = (-1, -1)  # the session's own pipes (read, write)
 
     # -- start and stop ---------------------------------------------------------------------
 
     @classmethod
-    def start(cls, opts: SessionOptions, user_ns: Mapping[str, Any],
-              announce: Optional[Callable[[str], None]] = print) -> "Session":
-        """Start the replicas and wait until every one is ready; raise
-        :class:`colab_xla.errors.SetupError` (with what they printed) if they cannot."""
-        simulate = (opts.simulate or os.environ.get("COLAB_XLA_SIMULATE")
-                    or cpu_sim.DEFAULT_SIMULATION)
-        cache_dir = options.check_run(replicas=opts.replicas, timeout=None, env=dict(opts.env),
-                                      pull=(), pull_from=None, cache_dir=opts.cache_dir,
-                                      launch=opts.launch, simulate=simulate)
-        if opts.launch.debug_single:
-            raise SessionError("--debug-single runs one replica for one run: it has no session.")
-        replica_env = replica_environ(dict(opts.env))
-        plan = hardware.plan_replicas(opts.replicas, hardware.detect(replica_env), simulate)
-        hardware.import_torch_xla()
-        problems = preflight.check("", replica_env, opts.launch, plan.device_type)
-        for problem in problems["fatal"]:
-            raise preflight.refusal(problem)
-        for note in [plan.note] + [f"colab_xla: {p.message} {p.fix}" for p in problems["notes"]]:
-            if note and announce:
-                announce(note)
-        changes = {**opts.env, **plan.env, **preflight.topology_changes(replica_env, plan.env)}
-        plan = dataclasses.replace(plan, env=changes)
+    def start(cls, opts: SessionOptions, plan: hardware.ReplicaPlan, parent_pid: int,
+              cache_dir: Optional[str], user_ns: Mapping[str, Any]) -> "Session":
+        """Start the replicas ``plan`` says (``parent_pid``: the replica processes'
+        parent, this process or the forkserver; ``cache_dir`` checked) and wait until every
+        one is ready; raise :class:`SessionError` (with what they printed) if they cannot."""
         session = cls(opts, plan, tempfile.mkdtemp(prefix="colab_xla-session-"))
         try:
-            session._start(cache_dir, dict(user_ns))
+            session._start(parent_pid, cache_dir, dict(user_ns))
         except BaseException:
             session.end("it did not start")
             raise
         return session
 
-    def _start(self, cache_dir: Optional[str], user_ns: Dict[str, Any]) -> None:
-        how = self.options.launch
+    def _start(self, parent_pid: int, cache_dir: Optional[str], user_ns: Dict[str, Any]) -> None:
         channel = os.path.join(self.directory, "channel")
         self._channel = frames.make_fifo(channel)
         startup = os.path.join(self.directory, "startup")
         self._startup = frames.make_fifo(startup)
         self._decoder = frames.FrameDecoder()
-        parent_pid = os.getpid()
-        if how.start_method == "forkserver":
-            parent_pid, _ = warm_forkserver()
         job = ReplicaJob(run_id=self.id, run_dir=self.directory, channel_path=channel,
                          parent_pid=parent_pid, fd_paths=((startup, startup),),
                          startup_path=startup, environ=replica_environ(self.plan.env),
@@ -172,7 +164,7 @@ class Session:
         finally:
             with self._lock:
                 if self.ended is None:
-                    self.ended = self._death_reason() or "its replica processes ended"
+                    self.ended = self.death_reason or _PROCESSES_ENDED
                 self._lock.notify_all()
 
     def _wait_ready(self) -> None:
@@ -180,18 +172,22 @@ class Session:
         expected = self.plan.replicas
         while expected is None or len(self.replicas) < expected:
             if self.ended is not None or not self._launcher.is_alive():
-                raise SessionError("The session's replicas did not start: "
-                                   f"{self.ended or 'their processes ended'}."
-                                   + self._printed())
+                error = self._launch_error
+                why = (f"{type(error).__name__}: {error}" if error
+                       else self.ended or _PROCESSES_ENDED)
+                raise SessionError(f"The session's replicas did not start ({why}). "
+                                   f"{_DID_NOT_START}" + self._printed())
             if time.monotonic() > deadline:
                 raise SessionError(f"The session's replicas did not start within "
-                                   f"{START_TIMEOUT_SECONDS:.0f} s." + self._printed())
+                                   f"{START_TIMEOUT_SECONDS:.0f} s. {_DID_NOT_START}"
+                                   + self._printed())
             for note in self._read_channel(0.2):
                 if "ready" in note:
                     index = note["ordinal"]
                     self.replicas[index] = SessionReplica(index, note["ready"], note["rank"])
                     self.processes.track(note["ready"])
                     expected = expected or note.get("world")
+        self.processes.stop_adopting()
         for index in self.replicas:
             if index not in self._commands:
                 self._commands[index] = os.open(
@@ -244,24 +240,16 @@ class Session:
         is what ``%xla_session`` and the cell say about it."""
         self._stopping = True
         with self._lock:
-            if self.ended is None or self.ended == "its replica processes ended":
-                self.ended = self._death_reason() or reason
+            if self.ended in (None, _PROCESSES_ENDED):
+                self.ended = self.death_reason or reason
             self._lock.notify_all()
         if self._launcher is not None:
-            deadline = time.monotonic() + 5
-            while True:
-                self.processes.kill()
-                if not self._launcher.is_alive() or time.monotonic() >= deadline:
-                    break
-                self._launcher.join(0.05)
+            self.processes.kill_until_ended(self._launcher, _KILL_SECONDS)
         else:
             self.processes.kill()
-        for fd in (*self._commands.values(), *getattr(self, "_channel", ()),
-                   *getattr(self, "_startup", ())):
-            try:
+        for fd in (*self._commands.values(), *self._channel, *self._startup):
+            if fd >= 0:
                 os.close(fd)
-            except OSError:
-                pass
         self._commands.clear()
         self._channel = self._startup = (-1, -1)
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -275,11 +263,35 @@ class Session:
         """Refuse a cell on a session that has ended, or whose replica died since the
         last cell (the session is ended then), saying why."""
         if self._died and self.ended is None:
-            self.end(self._death_reason())
+            self.end(self.death_reason)
         if self.ended is not None:
-            raise SessionError(f"The session has ended: {self.ended}. %xla_session start "
-                               "starts a new one (%xla_session restart: with the same "
-                               "options); --fresh runs one cell without it.")
+            raise self._ended_error()
+
+    def _ended_error(self) -> SessionError:
+        return SessionError(f"The session has ended: {self.ended}. %xla_session start "
+                            "starts a new one (%xla_session restart: with the same "
+                            "options); --fresh runs one cell without it.")
+
+    def check_cell_options(self, *, replicas: Optional[int], launch: Optional[Launch],
+                           env: Mapping[str, str], cache_dir: Optional[str],
+                           simulate: Optional[str]) -> None:
+        """Refuse a cell that asks its replicas for what only a new session can give:
+        another count, start method, launcher, environment, cache or simulation (None,
+        empty: not asked)."""
+        own = self.options.launch
+        asked = [flag for flag, given in (
+            ("-n", replicas is not None and replicas != len(self.replicas)),
+            ("--start-method", launch is not None and launch.start_method != own.start_method),
+            ("--launcher", launch is not None and launch.launcher != own.launcher),
+            ("--debug-single", launch is not None and launch.debug_single),
+            ("--env", env), ("--cache", cache_dir), ("--simulate", simulate)) if given]
+        if asked:
+            raise SessionError(
+                f"{', '.join(asked)}: this session's replicas were started with their own "
+                f"options ({self.describe_options()}), which a cell cannot change. Run this "
+                "cell with --fresh (a one-off run beside the session), or %xla_session "
+                "restart with the options you want (%xla_session stop, then %xla_session "
+                "start ...).")
 
     # -- what dies ------------------------------------------------------------------------
 
@@ -294,13 +306,18 @@ class Session:
         if cell is not None and index not in cell.finished:
             cell.ended(index, code)
 
-    def _death_reason(self) -> Optional[str]:
-        from .endings import describe_exit
-
+    @property
+    def death_reason(self) -> Optional[str]:
+        """How the first replica that died went (None while none did)."""
         if not self._died:
             return None
         index, code = sorted(self._died.items())[0]
         return f"replica {index} died ({describe_exit(code)})"
+
+    def exit_codes(self) -> List[int]:
+        """The non-zero exit codes of the session's processes that ended."""
+        return sorted({code for code in self._died.values() if code}
+                      | set(self.processes.exit_codes()))
 
     # -- cells ------------------------------------------------------------------------------
 
@@ -330,7 +347,7 @@ class Session:
         cell = _CellRun(job.run_id, ended)
         with self._lock:
             if self.ended is not None:
-                raise SessionError(f"The session ended: {self.ended}.")
+                raise self._ended_error()
             self._cell = cell
             self.cells_run += 1
         try:
@@ -339,9 +356,10 @@ class Session:
                 while len(cell.finished) < len(self.replicas) and self.ended is None:
                     self._lock.wait(0.5)
                 if self.ended is not None:  # the replicas that never ended died with it
+                    codes = self.processes.exit_codes() or [-signal.SIGKILL]  # (killed here)
                     for index in self.replicas:
                         if index not in cell.finished:
-                            ended(index, self._died.get(index, -9))
+                            ended(index, self._died.get(index, codes[0]))
         finally:
             with self._lock:
                 self._cell = None
@@ -387,8 +405,6 @@ class Session:
         """``%xla_session``'s status text."""
         if self.ended is not None:
             return f"colab_xla session: ended ({self.ended})."
-        import psutil
-
         uptime = time.time() - self.started_at
         device = self.plan.device_type
         if self.plan.simulation:
@@ -449,10 +465,17 @@ class SessionReplicas(Replicas):
     def __init__(self, session: Session):
         self.session, self.run_id = session, None
         self.grace = INTERRUPT_GRACE_SECONDS
+        # Set when every replica has ended the cell (or the session has ended). The driver
+        # thread is alive a moment longer (it tells the supervisor first): its is_alive()
+        # would count a cell that ended in time as one still running.
+        self._returned = threading.Event()
 
     def drive(self, job: ReplicaJob, ended) -> None:
         self.run_id = job.run_id
-        self.session.dispatch(job, ended)
+        try:
+            self.session.dispatch(job, ended)
+        finally:
+            self._returned.set()
 
     def started(self, pid: int) -> None:
         self.session.processes.track(pid)
@@ -464,39 +487,31 @@ class SessionReplicas(Replicas):
         self.session.processes.track_descendants()
 
     def exit_codes(self) -> List[int]:
-        return sorted({code for code in self.session._died.values() if code})
+        return self.session.exit_codes()
 
     def stop(self, driver: threading.Thread, read_until) -> None:
-        if self.session.ended is None and not self.session._died:
+        if self.session.ended is None and self.session.death_reason is None:
             self.session.interrupt(self.run_id)
             read_until(time.monotonic() + self.grace)
         self._end_if_running(driver)
 
     def release(self, driver: threading.Thread) -> None:
-        if driver.is_alive() and self.session.ended is None and not self.session._died:
+        if (not self._returned.is_set() and self.session.ended is None
+                and self.session.death_reason is None):
             self.session.interrupt(self.run_id)  # (a view failed while the cell ran)
-            driver.join(self.grace)
+            self._returned.wait(self.grace)
         self._end_if_running(driver)
 
     def _end_if_running(self, driver: threading.Thread) -> None:
         """End the session if the cell still runs (a replica did not stop) or a replica
         died: the replicas are no longer one group that can run the next cell."""
-        if driver.is_alive():
-            self.session.end(self.session._death_reason() or (
+        if not self._returned.is_set():
+            self.session.end(self.session.death_reason or (
                 f"a replica did not stop within {self.grace:g} s of the interrupt (native "
                 "code, or a collective waiting for a peer)"))
-            driver.join(5)
-        elif self.session._died and self.session.ended is None:
-            self.session.end(self.session._death_reason())
-
-
-def cell_options_refused(session: Session, asked: List[str]) -> SessionError:
-    """The refusal of a cell that asks ``asked`` (flags) of a session's replicas."""
-    return SessionError(
-        f"{', '.join(asked)}: this session's replicas were started with their own options "
-        f"({session.describe_options()}), which a cell cannot change. Run this cell with "
-        "--fresh (a one-off run beside the session), or %xla_session restart with the "
-        "options you want (%xla_session stop, then %xla_session start ...).")
+        elif self.session.death_reason is not None and self.session.ended is None:
+            self.session.end(self.session.death_reason)
+        driver.join(_KILL_SECONDS)
 
 
 # -- the notebook's session -------------------------------------------------------------------
@@ -509,13 +524,19 @@ def current() -> Optional[Session]:
     return _current
 
 
-def start_session(opts: SessionOptions, user_ns, announce=print) -> Session:
-    global _current
+def check_none_up() -> None:
+    """Refuse a second session while one is up."""
     if _current is not None and _current.up:
         raise SessionError("A session is already up: %xla_session stop ends it, "
                            "%xla_session restart starts it again.")
-    _current = Session.start(opts, user_ns, announce)
-    return _current
+
+
+def make_current(session: Session) -> Session:
+    """Make ``session`` this notebook process's (see :func:`colab_xla.run.start_session`)."""
+    global _current
+    check_none_up()
+    _current = session
+    return session
 
 
 def stop_session() -> Optional[Session]:

@@ -468,9 +468,4 @@ class FreshReplicas(Replicas):
         """Kill the run's processes until the driver has seen them end: the launcher may
         still be starting replicas when the run is stopped (a short --timeout, an error
         in a view), and a process it starts after a kill must not outlive the run."""
-        deadline = time.monotonic() + _DRIVER_JOIN_SECONDS
-        while True:
-            self.processes.kill()
-            if not driver.is_alive() or time.monotonic() >= deadline:
-                return
-            driver.join(0.05)
+        self.processes.kill_until_ended(driver, _DRIVER_JOIN_SECONDS)

@@ -94,28 +94,25 @@ def main(index: int, job: ReplicaJob) -> None:
     serve_run(index, job, fresh_globals)
 
 
-def serve_run(index: int, job: ReplicaJob, make_globals, end_started: bool = True) -> bool:
+def serve_run(index: int, job: ReplicaJob, make_globals, end_started: bool = True) -> None:
     """Run ``job``'s cell as replica ``index`` in the globals ``make_globals(index, job,
-    process)`` gives, and send its report. True for the process's last replica of the
-    run, where (with ``end_started``) what the cell started is ended."""
+    process)`` gives, and send its report. With ``end_started``, the process's last
+    replica of the run ends what the cell started."""
     started = time.perf_counter()
     process = ReplicaProcess.get(job)
     current.ordinal = index
     process.enter(index)
-    last = False
     try:
         process.writer.send(START, index, json.dumps({"pid": os.getpid(), "rank": process.rank}).encode())
         report = _run_cell(index, job, process, make_globals)
         report.elapsed = time.perf_counter() - started
         write_report(job.run_dir, report)
-        last = process.leave(index)
-        if last and end_started:  # the process's last replica: what the cell started ends
+        if process.leave(index) and end_started:  # the last replica: what the cell started ends
             end_descendants()
         process.writer.send(END, index, b"")
     finally:
         process.leave(index)
         current.ordinal = None
-    return last
 
 # --- the cell -----------------------------------------------------------------------------
 

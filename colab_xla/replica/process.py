@@ -102,10 +102,22 @@ class ReplicaProcess:
         if job.cache_dir:
             self._initialize_cache(job.cache_dir)
         self._instrument_torch_xla(job.run_dir)
-        self.user_ns = dict(self.user_ns)  # (in a session, the cells' names add to it)
 
     def open_run(self, job: ReplicaJob) -> None:
         """Serve ``job``'s run from now on: its pipes, its cell, the names it brings."""
+        self.open_pipes(job)
+        self.names_error: Optional[ReplicaError] = None
+        forked = _FORKED.get(job.run_id)
+        if job.cell is None and forked is not None:  # forked: names and cell inherited
+            self.user_ns, self.received, self.cell = forked.user_ns, {}, forked.cell
+        else:
+            self.received = self._load_names(job)
+            self.user_ns = {**self.user_ns, **self.received}
+            self.cell = job.cell
+
+    def open_pipes(self, job: ReplicaJob) -> None:
+        """Write to ``job``'s pipes from now on; the names and the cell stay (a session's
+        replica between cells goes back to the session's own pipes)."""
         if self.run_dir in sys.path and self.run_dir != self.home_dir:
             sys.path.remove(self.run_dir)
         self.run_id, self.run_dir = job.run_id, job.run_dir
@@ -120,14 +132,6 @@ class ReplicaProcess:
             sys.path.insert(0, job.run_dir)  # the cell's module imports by name
         if job.fd_paths:
             capture_fds(job.fd_paths[self.rank % len(job.fd_paths)])
-        self.names_error: Optional[ReplicaError] = None
-        forked = _FORKED.get(job.run_id)
-        if job.cell is None and forked is not None:  # forked: names and cell inherited
-            self.user_ns, self.received, self.cell = forked.user_ns, {}, forked.cell
-        else:
-            self.received = self._load_names(job)
-            self.user_ns = {**self.user_ns, **self.received}
-            self.cell = job.cell
 
     def _load_names(self, job: ReplicaJob) -> Dict[str, Any]:
         try:

@@ -28,7 +28,7 @@ import queue
 import signal
 import threading
 import traceback
-from typing import Optional
+from typing import Dict, Optional
 
 from ..transport.frames import NOTE
 from ..transport.names import REPLICA_NAMES
@@ -53,11 +53,15 @@ def serve(index: int, job: ReplicaJob) -> None:
         os._exit(70)
 
 
+# The replicas this process serves (threads of it: several), by ordinal: the last cell each
+# finished. Changed under ReplicaProcess's lock, with the runs it opens.
+_served: Dict[int, Optional[str]] = {}
+
+
 def _serve(index: int, job: ReplicaJob) -> None:
     process = ReplicaProcess.get(job)
-    with ReplicaProcess._lock:  # the replicas this process serves (threads: several)
-        served = process.__dict__.setdefault("_served", {})
-        served[index] = None  # ordinal -> the last cell it finished
+    with ReplicaProcess._lock:
+        _served[index] = None
     interruptible = Interruptible()
     current.interruptible = interruptible
     commands = _Commands(command_path(job.run_dir, index), interruptible)
@@ -85,19 +89,25 @@ def _serve(index: int, job: ReplicaJob) -> None:
         # pipes) once every replica it serves is done with the cell: one that has not
         # started the cell yet still needs the cell's pipes.
         with ReplicaProcess._lock:
-            served[index] = cell_job.run_id
+            _served[index] = cell_job.run_id
             if process.run_id == cell_job.run_id and all(
-                    done == cell_job.run_id for done in served.values()):
-                process.open_run(job)
+                    done == cell_job.run_id for done in _served.values()):
+                process.open_pipes(job)
 
 
 class Interruptible:
     """The cell a replica thread runs, and how to raise KeyboardInterrupt in it."""
 
+    # In the main thread: how long SIGINT's handler has to raise before the interrupt is
+    # raised as an asynchronous exception instead (see interrupt).
+    SIGNAL_WAIT_SECONDS = 0.1
+
     def __init__(self):
-        self._lock = threading.Lock()
+        # Reentrant: SIGINT's handler takes it in the main thread, which may hold it.
+        self._lock = threading.RLock()
         self._thread = threading.get_ident()
         self._run_id: Optional[str] = None
+        self._raised = threading.Event()  # SIGINT's handler raised in the running cell
         self._main = self._thread == threading.main_thread().ident
         if self._main:
             signal.signal(signal.SIGINT, self._on_sigint)
@@ -106,26 +116,42 @@ class Interruptible:
     def running(self, run_id: str):
         with self._lock:
             self._run_id = run_id
+            self._raised.clear()
         try:
             yield
         finally:
             with self._lock:
                 self._run_id = None
-                if not self._main:  # one that was raised too late is dropped
-                    _async_raise(self._thread, None)
+                _async_raise(self._thread, None)  # one that came too late is dropped
 
     def interrupt(self, run_id: str) -> None:
+        """KeyboardInterrupt in the cell ``run_id``, if this replica still runs it.
+
+        In the main thread, SIGINT (to that thread: it wakes a ``time.sleep`` or a blocked
+        read, whose Python code then runs the handler). On Python 3.13, in a replica
+        forked from the launcher's thread, the handler was seen never to run while the cell
+        looped in Python (the sleep was interrupted): if it has not raised soon, the
+        interrupt comes as an asynchronous exception, at the cell's next Python line.
+        """
         with self._lock:
             if self._run_id != run_id:
                 return  # that cell is over here
-            if self._main:
-                signal.pthread_kill(self._thread, signal.SIGINT)  # wakes a sleep too
-            else:
+            if not self._main:
+                _async_raise(self._thread, KeyboardInterrupt)
+                return
+            signal.pthread_kill(self._thread, signal.SIGINT)
+        if self._raised.wait(self.SIGNAL_WAIT_SECONDS):
+            return
+        with self._lock:
+            if self._run_id == run_id and not self._raised.is_set():
                 _async_raise(self._thread, KeyboardInterrupt)
 
     def _on_sigint(self, signum, frame):
-        if self._run_id is not None:
-            raise KeyboardInterrupt
+        with self._lock:
+            if self._run_id is None or self._raised.is_set():
+                return
+            self._raised.set()
+        raise KeyboardInterrupt
 
 
 def _async_raise(thread_id: int, exc_type) -> None:
