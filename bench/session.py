@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -42,11 +43,11 @@ if BENCH_DIR not in sys.path:
 
 from _results import (bench_parser, machine_info, machine_line, publish,  # noqa: E402
                       replica_counts, stats)
-from launch_overhead import make_paths  # noqa: E402
+from launch_overhead import _cell, make_paths  # noqa: E402
 
 from colab_xla.launch import environ  # noqa: E402
-from colab_xla.run import run_cell  # noqa: E402
-from colab_xla.session import SessionOptions, start_session, stop_session  # noqa: E402
+from colab_xla.run import run_cell, start_session  # noqa: E402
+from colab_xla.session import SessionOptions, stop_session  # noqa: E402
 
 NAME = "session"
 TRIVIAL = ("session", "one_off", "bare")
@@ -197,22 +198,12 @@ def measure(n: int, repeats: int, train_repeats: int, steps: int, batch: int) ->
                             "cache_load_failures": v[3], "in_replica_s": v[4]}
                         for k, v in setup.items()},
         "train_ms": train_ms,
-        "train_median_ms": {name: _median(train_ms[name]) for name in TRAIN},
+        "train_median_ms": {name: statistics.median(train_ms[name]) for name in TRAIN},
         "train_compiles": {name: [r[1] for r in runs[name]] for name in TRAIN},
         "train_cache_hits": {name: [r[2] for r in runs[name]] for name in TRAIN},
         "train_cache_load_failures": {name: [r[3] for r in runs[name]] for name in TRAIN},
         "train_in_replica_s": {name: [r[4] for r in runs[name]] for name in TRAIN},
     }
-
-
-def _median(values: List[float]) -> float:
-    values = sorted(values)
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-
-
-def _cell(s: Dict[str, float]) -> str:
-    return f"{s['median']:.1f} ({s['p10']:.1f}–{s['p90']:.1f})"
 
 
 def _counts(per_run: List[List[int]]) -> str:

@@ -3,17 +3,18 @@
 
 from __future__ import annotations
 
+import json
+import pathlib
 import textwrap
 
 import psutil
 import pytest
 from IPython.core.error import UsageError
 
-import sys
-
+from colab_xla import processes
 from colab_xla import session as sessions
 from colab_xla.outcome import DONE, FAILED, STOPPED, XlaSpawnError
-from colab_xla.run import run_cell
+from colab_xla.run import new_session, run_cell
 from colab_xla.session import SessionError, SessionOptions, _Known
 from colab_xla.transport import names
 
@@ -55,12 +56,6 @@ def test_names_a_session_cannot_be_sent_are_refused_with_the_session_way_out():
 
 # -- real replicas ---------------------------------------------------------------------------
 
-# Seen on Python 3.12 and 3.13 (the Kaggle and Colab stacks), not on 3.11: an interrupt that
-# should stop a session cell within 2 s sometimes does not, and the session is ended instead
-# (reported as such). Not understood yet: issue 15 stays open for it.
-INTERRUPTS_ON_312 = pytest.mark.xfail(
-    sys.version_info >= (3, 12), strict=False,
-    reason="session interrupts sometimes miss the 2 s on Python 3.12+ (issue 15, open)")
 
 def cell(source: str, session, **kw):
     return run_cell(textwrap.dedent(source).lstrip("\n"), session=session, announce=None,
@@ -70,8 +65,8 @@ def cell(source: str, session, **kw):
 @pytest.fixture(params=["processes", "threads"], scope="module")
 def live(request):
     """A session of 2 replicas in each CPU model, ended after the module's tests."""
-    session = sessions.Session.start(SessionOptions(replicas=2, simulate=request.param), {},
-                                     announce=None)
+    session = new_session(SessionOptions(replicas=2, simulate=request.param), {},
+                          announce=None)
     yield session
     session.stop()
 
@@ -113,6 +108,9 @@ def test_globals_compiled_graphs_and_processes_stay_across_cells(live):
         # every cell ran in the session's own processes
         assert {first.replicas[i].pid, second.replicas[i].pid, third.replicas[i].pid} == {pid}
     assert set(session_pids(live)) == {second.results()[i][2] for i in range(2)}
+    # in the pid registry, where a later notebook process finds any that outlived this one
+    record = json.loads(pathlib.Path(processes.RunRecord(live.id).path).read_text())
+    assert set(session_pids(live)) <= {pid for pid, _ in record["processes"]}
 
 
 @pytest.mark.xla
@@ -158,7 +156,6 @@ def test_a_replica_that_raises_fails_the_cell_and_the_session_stays(live):
 
 @pytest.mark.xla
 @pytest.mark.timeout(600)
-@INTERRUPTS_ON_312
 def test_a_timeout_interrupts_the_cell_and_keeps_the_session_and_its_state(live):
     if not live.up:
         pytest.skip("an earlier test of this module ended the session")
@@ -174,7 +171,6 @@ def test_a_timeout_interrupts_the_cell_and_keeps_the_session_and_its_state(live)
 
 @pytest.mark.xla
 @pytest.mark.timeout(600)
-@INTERRUPTS_ON_312
 def test_a_python_loop_is_interrupted_in_every_model(live):
     if not live.up:
         pytest.skip("an earlier test of this module ended the session")
@@ -188,12 +184,9 @@ def test_a_python_loop_is_interrupted_in_every_model(live):
 
 @pytest.mark.xla
 @pytest.mark.timeout(600)
-@INTERRUPTS_ON_312
 def test_fail_fast_interrupts_replicas_waiting_for_the_failed_one(live):
     if not live.up:
         pytest.skip("an earlier test of this module ended the session")
-    if live.plan.simulation == "threads":
-        pytest.skip("seen to miss the 2 s in the threads model (one run in three): left open")
     outcome = cell("""
         import time
         if index == 0:
@@ -208,8 +201,12 @@ def test_fail_fast_interrupts_replicas_waiting_for_the_failed_one(live):
     assert cell("index", live).results() == {0: 0, 1: 1}
 
 
-def _session(n=2, **kw):
-    return sessions.Session.start(SessionOptions(replicas=n, **kw), {}, announce=None)
+@pytest.fixture
+def session():
+    """A session of 2 replicas for one test, which may end it; stopped after it."""
+    session = new_session(SessionOptions(replicas=2), {}, announce=None)
+    yield session
+    session.stop()
 
 
 def _alive(pids):
@@ -219,86 +216,69 @@ def _alive(pids):
 
 @pytest.mark.xla
 @pytest.mark.timeout(600)
-def test_a_replica_stuck_in_a_collective_ends_the_session_with_nothing_left():
-    session = _session()
-    try:
-        procs = [psutil.Process(p) for p in session_pids(session)]
-        outcome = cell("""
-            import time, torch_xla.core.xla_model as xm
-            if index == 0:
-                xm.rendezvous("never met")   # replica 1 never comes
-            time.sleep(60)
-            """, session, timeout=2)
-        assert [r.state for r in outcome.replicas.values()] == [STOPPED, STOPPED]
-        assert "did not stop within 2 s of the interrupt" in outcome.session_ended
-        assert not session.up
-        assert wait_until_gone(procs, timeout=10) == []
-        with pytest.raises(SessionError, match="The session has ended: a replica did not stop"):
+def test_a_replica_stuck_in_a_collective_ends_the_session_with_nothing_left(session):
+    procs = [psutil.Process(p) for p in session_pids(session)]
+    outcome = cell("""
+        import time, torch_xla.core.xla_model as xm
+        if index == 0:
+            xm.rendezvous("never met")   # replica 1 never comes
+        time.sleep(60)
+        """, session, timeout=2)
+    assert [r.state for r in outcome.replicas.values()] == [STOPPED, STOPPED]
+    assert "did not stop within 2 s of the interrupt" in outcome.session_ended
+    assert not session.up
+    assert wait_until_gone(procs, timeout=10) == []
+    with pytest.raises(SessionError, match="The session has ended: a replica did not stop"):
+        cell("1", session)
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(600)
+def test_a_replica_that_dies_ends_the_session_and_says_how(session):
+    procs = [psutil.Process(p) for p in session_pids(session)]
+    outcome = cell("""
+        import os, time
+        if index == 1:
+            os._exit(3)
+        time.sleep(60)
+        """, session)
+    assert outcome.replicas[1].state == FAILED
+    assert "os._exit(3)" in outcome.replicas[1].error.evalue
+    assert outcome.replicas[0].state == STOPPED
+    assert outcome.session_ended == "replica 1 died (exit code 3)"
+    assert wait_until_gone(procs, timeout=10) == []
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(600)
+def test_a_replica_that_dies_between_cells_refuses_the_next_cell_with_the_reason(session):
+    victim = session.replicas[1].pid
+    psutil.Process(victim).kill()
+    with pytest.raises(SessionError, match=r"replica 1 died \(killed by SIGKILL\)"):
+        for _ in range(100):  # until the launcher has seen it end
             cell("1", session)
-    finally:
-        session.stop()
-
-
-@pytest.mark.xla
-@pytest.mark.timeout(600)
-def test_a_replica_that_dies_ends_the_session_and_says_how():
-    session = _session()
-    try:
-        procs = [psutil.Process(p) for p in session_pids(session)]
-        outcome = cell("""
-            import os, time
-            if index == 1:
-                os._exit(3)
-            time.sleep(60)
-            """, session)
-        assert outcome.replicas[1].state == FAILED
-        assert "os._exit(3)" in outcome.replicas[1].error.evalue
-        assert outcome.replicas[0].state == STOPPED
-        assert outcome.session_ended == "replica 1 died (exit code 3)"
-        assert wait_until_gone(procs, timeout=10) == []
-    finally:
-        session.stop()
-
-
-@pytest.mark.xla
-@pytest.mark.timeout(600)
-def test_a_replica_that_dies_between_cells_refuses_the_next_cell_with_the_reason():
-    session = _session()
-    try:
-        victim = session.replicas[1].pid
-        psutil.Process(victim).kill()
-        psutil.Process(victim).wait(10) if psutil.pid_exists(victim) else None
-        with pytest.raises(SessionError, match=r"replica 1 died \(killed by SIGKILL\)"):
-            for _ in range(100):  # until the launcher has seen it end
-                cell("1", session)
-        assert _alive(session_pids(session)) == []
-    finally:
-        session.stop()
+    assert _alive(session_pids(session)) == []
 
 
 @pytest.mark.xla
 @pytest.mark.timeout(900)
-def test_many_session_cells_leave_descriptors_threads_and_memory_flat():
-    session = _session()
-    try:
-        replicas = [psutil.Process(p) for p in session_pids(session)]
-        me = psutil.Process()
+def test_many_session_cells_leave_descriptors_threads_and_memory_flat(session):
+    replicas = [psutil.Process(p) for p in session_pids(session)]
+    me = psutil.Process()
 
-        def counts():
-            return ([me.num_fds(), me.num_threads()]
-                    + [n for r in replicas for n in (r.num_fds(), r.num_threads())])
+    def counts():
+        return ([me.num_fds(), me.num_threads()]
+                + [n for r in replicas for n in (r.num_fds(), r.num_threads())])
 
-        for _ in range(20):  # warm: what is made once is made
-            assert cell("print(index)\nindex", session).ok
-        before, rss = counts(), [r.memory_info().rss for r in replicas]
-        for i in range(200):
-            outcome = cell(f"x = [{i}] * 1000\nprint(index, len(x))\nindex", session)
-            assert outcome.ok and outcome.results() == {0: 0, 1: 1}
-        assert counts() == before
-        grown = [r.memory_info().rss - b for r, b in zip(replicas, rss)]
-        assert max(grown) < 64 * 2**20, grown
-    finally:
-        session.stop()
+    for _ in range(20):  # warm: what is made once is made
+        assert cell("print(index)\nindex", session).ok
+    before, rss = counts(), [r.memory_info().rss for r in replicas]
+    for i in range(200):
+        outcome = cell(f"x = [{i}] * 1000\nprint(index, len(x))\nindex", session)
+        assert outcome.ok and outcome.results() == {0: 0, 1: 1}
+    assert counts() == before
+    grown = [r.memory_info().rss - b for r, b in zip(replicas, rss)]
+    assert max(grown) < 64 * 2**20, grown
 
 
 # -- the magic --------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ state, and a killed kernel leaves none of its processes."""
 from __future__ import annotations
 
 import re
-import sys
 
 import pytest
 
@@ -18,9 +17,6 @@ def session_pids(reply_text: str):
     return sorted(int(p) for p in re.findall(r"replica \d+: pid (\d+)", reply_text))
 
 
-@pytest.mark.xfail(sys.version_info >= (3, 12), strict=False,
-                   reason="session interrupts sometimes miss the 2 s on Python 3.12+ "
-                          "(issue 15, open)")
 def test_an_interrupt_stops_the_cell_and_keeps_the_session_and_its_state(tmp_path):
     with Kernel() as k:
         assert k.run("%load_ext colab_xla").status == "ok"

@@ -66,15 +66,8 @@ def training(text: str):
     return found
 
 
-def test_saved_clean_with_stable_ids_and_sizes_as_parameters():
+def test_sizes_are_parameters():  # (saved clean, with stable ids: see test_tutorials)
     nb = nbformat.read(SESSION, as_version=4)
-    nbformat.validate(nb)
-    assert nb.metadata["kernelspec"]["name"] == "python3"
-    ids = [c.get("id") for c in nb.cells]
-    assert all(ids) and len(set(ids)) == len(ids), ids
-    for c in nb.cells:
-        if c.cell_type == "code":
-            assert c.outputs == [] and c.execution_count is None, c.id
     setup = cell(nb, "setup").source
     assert f"REPLICAS = {REPLICAS}" in setup and f"STEPS = {STEPS}" in setup, setup
     assert f"lr = {FIRST_LR}" in setup, setup

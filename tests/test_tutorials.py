@@ -91,8 +91,9 @@ def wrong(tmp_path_factory):
 # --- both notebooks ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", [DEVICES, WRONG, run_notebooks.NOTEBOOKS_DIR /
-                                  "03-mnist-every-replica.ipynb"], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [DEVICES, WRONG] + [
+    run_notebooks.NOTEBOOKS_DIR / name
+    for name in ("03-mnist-every-replica.ipynb", "06-warm-session.ipynb")], ids=lambda p: p.stem)
 def test_saved_clean_with_stable_ids(path):
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
