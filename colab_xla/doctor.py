@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from . import hardware, launch, preflight, processes, tpu_holders
+from . import session as sessions
 from .preflight import Problem
 
 # Calls that initialize the XLA runtime in the process that makes them.
@@ -59,6 +60,16 @@ def _version(package: str) -> Optional[str]:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def _session_fact(session) -> str:
+    """This notebook process's ``%xla_session``: its replicas' pids, or why it ended."""
+    if session is None:
+        return "none"
+    if not session.up:
+        return f"ended ({session.ended})"
+    pids = ", ".join(str(rep.pid) for _, rep in sorted(session.replicas.items()))
+    return f"up, {len(session.replicas)} replicas (pids {pids}), {session.cells_run} cells run"
 
 
 def likely_cause(history: Sequence[str]) -> Optional[str]:
@@ -128,6 +139,7 @@ def diagnose(environ: Mapping[str, str] = os.environ, history: Sequence[str] = (
         report.problems.append(Problem("start-method", f"COLAB_XLA_START_METHOD: {exc}",
                                        "Set it to fork, spawn or forkserver.", fatal=False))
 
+    report.facts.append(("session", _session_fact(sessions.current())))
     found = processes.leftovers()
     report.facts.append(("leftover processes", str(len(found))))
     if found:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import pathlib
 import textwrap
 
@@ -319,6 +320,10 @@ def test_the_magic_starts_runs_shows_and_stops_a_session(ip, capsys):
     status = capsys.readouterr().out
     assert "up" in status and "2 replicas" in status and "3 cells run" in status
     assert all(f"pid {pid}" in status for pid in pids)
+    ip.run_line_magic("xla_doctor", "")
+    doctor = capsys.readouterr().out
+    assert re.search(rf"session +up, 2 replicas \(pids {pids[0]}, {pids[1]}\), 3 cells run",
+                     doctor), doctor
     ip.run_line_magic("xla_session", "restart")
     assert session_pids(sessions.current()) != pids and _alive(pids) == []
     capsys.readouterr()
@@ -326,6 +331,8 @@ def test_the_magic_starts_runs_shows_and_stops_a_session(ip, capsys):
     assert "stopped" in capsys.readouterr().out
     ip.run_line_magic("xla_session", "")
     assert "none" in capsys.readouterr().out
+    ip.run_line_magic("xla_doctor", "")
+    assert re.search(r"session +none$", capsys.readouterr().out, re.M)
 
 
 @pytest.mark.xla
