@@ -194,7 +194,8 @@ class _Commands:
                 verb, _, arg = line.decode().partition(" ")
                 if verb == "run":
                     with open(arg, "rb") as f:
-                        self._queue.put(pickle.load(f))
+                        job = pickle.load(f)
+                    self._queue.put(job)  # (its file closed: the cell starts with none open)
                 elif verb == "interrupt":
                     self._interruptible.interrupt(arg)
                 elif verb == "stop":
