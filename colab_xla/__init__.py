@@ -8,8 +8,8 @@ __version__ = "0.1.0"
 
 
 def load_ipython_extension(ipython):
-    """Register ``%%xla_spawn``, ``%xla_session`` and ``%xla_doctor`` (called by
-    ``%load_ext colab_xla``)."""
+    """Register ``%%xla_spawn``, ``%xla_session``, ``%xla_cluster`` and ``%xla_doctor``
+    (called by ``%load_ext colab_xla``)."""
     import os
 
     from .magics import XlaMagics
@@ -22,13 +22,15 @@ def load_ipython_extension(ipython):
 
 
 def unload_ipython_extension(ipython):
-    """Remove the magics, end the session and stop the lock manager
-    (``%unload_ext colab_xla``)."""
-    from . import session, shared_lock
+    """Remove the magics, end the session and the cluster connection, and stop the lock
+    manager (``%unload_ext colab_xla``)."""
+    from . import cluster, session, shared_lock
 
     session.stop_session()
+    cluster.stop()
     ipython.magics_manager.magics["cell"].pop("xla_spawn", None)
     ipython.magics_manager.magics["line"].pop("xla_doctor", None)
     ipython.magics_manager.magics["line"].pop("xla_session", None)
+    ipython.magics_manager.magics["line"].pop("xla_cluster", None)
     ipython.magics_manager.registry.pop("XlaMagics", None)
     shared_lock.shutdown()

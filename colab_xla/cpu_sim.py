@@ -79,9 +79,9 @@ def unsupported_note(lacking: List[str], version: str) -> str:
             "for collectives on CPU, or run one replica (-n 1).")
 
 
-def install_processes(rank: int, world: int, store_path: str) -> bool:
+def install_processes(rank: int, world: int, store, hostname: str = "127.0.0.1") -> bool:
     """Make this process replica ``rank`` of ``world`` replica processes, collectives
-    included (through gloo, met at the file ``store_path``); False (with a note on
+    included (through gloo, met at ``store``, from ``hostname``); False (with a note on
     stderr) if this torch_xla lacks what it needs."""
     import torch_xla
     import torch_xla.core.xla_model as xm
@@ -94,8 +94,7 @@ def install_processes(rank: int, world: int, store_path: str) -> bool:
         print(unsupported_note(lacking, getattr(torch_xla, "__version__", "?")),
               file=sys.stderr, flush=True)
         return False
-    store = gloo_collectives.file_store(store_path, world)
-    gloo_collectives.install(gloo_collectives.GlooGroup(store, rank, world))
+    gloo_collectives.install(gloo_collectives.GlooGroup(store, rank, world, hostname=hostname))
     return True
 
 

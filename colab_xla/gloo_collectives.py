@@ -18,7 +18,7 @@ during a collective instead of refusing it.
 The group is a gloo process group of its own, never torch.distributed's default one, so a
 cell's own ``init_process_group`` (``xla``, ``gloo``) is as free as on a TPU. The store that
 introduces the processes to each other is given: a file in the run's directory for the
-processes of one host.
+processes of one host, a TCP store kept by host 0's agent for the hosts of a cluster.
 """
 
 from __future__ import annotations
@@ -174,6 +174,17 @@ def file_store(path: str, world: int):
     import torch.distributed as dist
 
     return dist.FileStore(path, world)
+
+
+def tcp_store(address: str, prefix: str):
+    """The store of the replicas of several hosts (a cluster's CPU hosts): a client of the
+    TCP store at ``address`` (``ip:port``, kept by host 0's agent), under ``prefix`` (the
+    run or session, the same on every host)."""
+    import torch.distributed as dist
+
+    host, _, port = address.rpartition(":")
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=TIMEOUT)
+    return dist.PrefixStore(prefix + "/", store)
 
 
 def install(group: GlooGroup) -> None:

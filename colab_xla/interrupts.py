@@ -29,36 +29,65 @@ from typing import Iterator, Optional
 
 
 class Interrupts:
-    """Whether SIGINT came while held; ``wake_fd`` becomes readable when it does."""
+    """Whether SIGINT came while held (or another thread asked, :meth:`request`);
+    ``wake_fd`` becomes readable when it does."""
 
-    def __init__(self, wake_fd: Optional[int]):
+    def __init__(self, wake_fd: Optional[int], wake_w: Optional[int] = None):
         self.requested = False
-        self.wake_fd = wake_fd
+        self.wake_fd, self._wake_w = wake_fd, wake_w
 
     def raise_if_requested(self) -> None:
         if self.requested:
             raise KeyboardInterrupt
 
+    def request(self) -> None:
+        """Interrupt, as SIGINT would (any thread may call it; a cluster's host agent
+        does, told by the notebook)."""
+        self.requested = True
+        if self._wake_w is not None:
+            with contextlib.suppress(OSError):  # full: a wake-up is already waiting
+                os.write(self._wake_w, b"!")
+
+
+class Remote:
+    """An Interrupt from another thread for a block that holds them, before or while it
+    runs (a cluster host's agent, told by the notebook, interrupts the run it hosts)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._held: Optional[Interrupts] = None
+        self.requested = False
+
+    def request(self) -> None:
+        with self._lock:
+            self.requested = True
+            if self._held is not None:
+                self._held.request()
+
+    def _attach(self, interrupts: Optional[Interrupts]) -> None:
+        with self._lock:
+            self._held = interrupts
+            if interrupts is not None and self.requested:
+                interrupts.request()
+
 
 @contextlib.contextmanager
-def held() -> Iterator[Interrupts]:
-    """Hold SIGINT as a flag for the block (in the main thread; elsewhere signals do not
-    arrive, and the flag stays False)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield Interrupts(None)
-        return
+def held(remote: Optional[Remote] = None) -> Iterator[Interrupts]:
+    """Hold SIGINT as a flag for the block. In the main thread SIGINT sets it; in any
+    thread :meth:`Interrupts.request` (or ``remote``'s) does."""
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    interrupts = Interrupts(wake_r)
-
-    def note(signum, frame):
-        interrupts.requested = True
-        with contextlib.suppress(OSError):  # full: a wake-up is already waiting
-            os.write(wake_w, b"!")
-
-    previous = signal.signal(signal.SIGINT, note)
+    interrupts = Interrupts(wake_r, wake_w)
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupts.request()) \
+        if main else None
+    if remote is not None:
+        remote._attach(interrupts)
     try:
         yield interrupts
     finally:
-        signal.signal(signal.SIGINT, previous)
+        if remote is not None:
+            remote._attach(None)
+        if main:
+            signal.signal(signal.SIGINT, previous)
         os.close(wake_r)
         os.close(wake_w)

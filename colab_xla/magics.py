@@ -10,7 +10,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from . import doctor, processes, session, views
+from . import cluster, doctor, processes, session, views
 from .cell import EmptyCellError
 from .errors import SetupError
 from .launch import LAUNCHERS, START_METHODS, Launch
@@ -22,8 +22,8 @@ from .run import run_cell, start_session
 
 @magics_class
 class XlaMagics(Magics):
-    """The ``%%xla_spawn`` cell magic and the ``%xla_session`` and ``%xla_doctor`` line
-    magics."""
+    """The ``%%xla_spawn`` cell magic and the ``%xla_session``, ``%xla_cluster`` and
+    ``%xla_doctor`` line magics."""
 
     _told_terminal = False
 
@@ -80,8 +80,9 @@ class XlaMagics(Magics):
                    "replica process: a rerun on a TPU loads compiled programs instead of "
                    "compiling. (On CPU, XLA cannot load them back: it compiles again.)")
     @argument("--fresh", action="store_true",
-              help="while a session is up (%%xla_session), run this cell as a one-off run "
-                   "beside it, on replicas of its own (the options above apply).")
+              help="while a session is up (%%xla_session) or a cluster is connected "
+                   "(%xla_cluster), run this cell as a one-off run on this machine instead, "
+                   "on replicas of its own (the options above apply).")
     @cell_magic
     def xla_spawn(self, line, cell):
         """Run the cell on every XLA replica, with xmp.spawn (fork by default).
@@ -106,7 +107,9 @@ class XlaMagics(Magics):
 
         While a session is up (``%xla_session start``), the cell runs on the session's
         replicas instead, which keep their globals from cell to cell (``--fresh``: a one-off
-        run beside it).
+        run beside it). While a cluster is connected (``%xla_cluster``), it runs on every
+        replica of every host: ``index`` is the global ordinal, ``host`` the host's rank,
+        ``local_index`` the ordinal on the host.
 
         If a replica raises or dies, the others get 3 s to finish, then the run is stopped
         (also when they wait in a collective for the failed one), and the cell raises one
@@ -133,6 +136,10 @@ class XlaMagics(Magics):
             env = parse_env(args.env)
         except SetupError as exc:
             raise UsageError(str(exc)) from None
+        hosts = cluster.current() if not args.fresh else None
+        if hosts is not None:
+            self._run_on_cluster(hosts, line, cell, args, pull)
+            return
         live = session.current() if not args.fresh else None
         if live is not None:  # the session's launch, unless the line asks another (refused)
             asked = args.start_method or args.launcher != "xmp" or args.debug_single
@@ -158,6 +165,39 @@ class XlaMagics(Magics):
             )
         except SetupError as exc:  # refused before anything started; nothing else is caught
             raise UsageError(self._refusal(exc)) from None
+        self._show(outcome, view, args, pull)
+
+    def _run_on_cluster(self, hosts, line, cell, args, pull) -> None:
+        """``%%xla_spawn`` while a cluster is connected: every replica of every host."""
+        asked = [flag for flag, given in (
+            ("-n", args.replicas is not None), ("--start-method", args.start_method),
+            ("--launcher", args.launcher != "xmp"), ("--debug-single", args.debug_single),
+            ("--env", args.env), ("--cache", args.cache), ("--simulate", args.simulate))
+            if given]
+        if asked:
+            raise UsageError(f"{', '.join(asked)}: a cell on the cluster runs on the replicas "
+                             "%xla_cluster started on each host. Give the replicas per host "
+                             "to %xla_cluster (-n); or add --fresh to run this cell on this "
+                             "machine instead.")
+        if session.current() is not None:
+            raise UsageError("a session (%xla_session) and a cluster (%xla_cluster) are both "
+                             "up: stop one of them (%xla_session stop or %xla_cluster stop), "
+                             "or add --fresh to run this cell on this machine.")
+        from .cluster.run import run_on_cluster
+
+        view = self._view(args.no_widget)
+        try:
+            outcome = run_on_cluster(
+                hosts, self.shell.transform_cell(cell), user_ns=self.shell.user_ns,
+                label=f"Cell In[{self._cell_number()}]",
+                header=f"# %%xla_spawn {line}".rstrip(), observer=view,
+                timeout=args.timeout, pull=pull, pull_from=args.pull_from)
+        except SetupError as exc:
+            raise UsageError(self._refusal(exc)) from None
+        self._show(outcome, view, args, pull)
+
+    def _show(self, outcome, view, args, pull) -> None:
+        """Store the run's values, close its view, and say how it ended."""
         # Values first, then the closing draw: a view that fails cannot lose them.
         kept = self._store(outcome, args.output, pull, args.pull_from)
         view.closed(outcome)
@@ -251,12 +291,89 @@ class XlaMagics(Magics):
                     env=parse_env(args.env), cache_dir=args.cache, simulate=args.simulate)
             except SetupError as exc:
                 raise UsageError(str(exc)) from None
+        if cluster.current() is not None:
+            raise UsageError("%xla_session on a cluster is not built yet: cells on the "
+                             "cluster start fresh replicas on every host (the hosts' agents "
+                             "keep torch_xla imported). %xla_cluster stop first to start a "
+                             "session on this machine.")
         started = time.monotonic()
         try:
             new = start_session(opts, self.shell.user_ns)
         except SetupError as exc:
             raise UsageError(self._refusal(exc)) from None
         print(f"colab_xla session: {len(new.replicas)} replicas started in "
+              f"{time.monotonic() - started:.1f} s.")
+        print(new.describe())
+
+    @magic_arguments()
+    @argument("action", nargs="?", default="status",
+              choices=("connect", "local", "status", "stop"),
+              help="connect: join a Ray cluster and start an agent on each host. local: "
+                   "start a Ray cluster of --hosts CPU hosts on this machine (workshops, "
+                   "tests) and connect to it. status (default): the hosts, their replicas "
+                   "and agents. stop: end the agents (and the local cluster).")
+    @argument("address", nargs="?", default="auto",
+              help="with connect: ray.init's address (auto, the default: the cluster this "
+                   "machine is part of; ray://head:10001; or the head's GCS address).")
+    @argument("--hosts", type=int, metavar="H", default=None,
+              help="CPU hosts: use H hosts (nodes with a CPU) of the cluster, with -n. "
+                   "Without it, connect finds the cluster's TPU slice (ray.util.tpu).")
+    @argument("-n", "--replicas", type=int, metavar="N", default=None,
+              help="with --hosts: replicas per CPU host (torch_xla's CPU backend, one "
+                   "process each). On a TPU slice each host runs one replica per core.")
+    @argument("--slice", metavar="NAME", default=None,
+              help="with connect: the TPU slice to use when the cluster has several.")
+    @line_magic
+    def xla_cluster(self, line):
+        """Run %%xla_spawn cells on every host of a cluster, through Ray.
+
+        ``%xla_cluster connect [ADDRESS]`` joins a Ray cluster, finds its TPU slice (hosts
+        ordered by TPU worker id), reserves it and starts one agent per host (it keeps
+        torch_xla imported and runs each cell's replicas on its host); ``--hosts H -n N``
+        uses H CPU hosts of N replicas each instead. ``%xla_cluster local --hosts H -n N``
+        starts such hosts on this machine. While connected, every %%xla_spawn cell runs
+        on every replica of every host: ``index`` is the global ordinal, ``host`` the
+        host's rank, ``local_index`` the ordinal on the host; the notebook names the cell
+        uses travel by value; output shows as ``host h · replica i``; a failure, a host
+        that is gone, Interrupt or --timeout stop every host. On CPU hosts, collectives
+        span the hosts through gloo: this simulates the program, not a pod's interconnect.
+        Needs Ray (``pip install colab_xla[ray]``) here and on every host.
+
+        Example::
+
+            %xla_cluster local --hosts 2 -n 2
+            %xla_cluster            # status
+            %xla_cluster stop
+        """
+        args = _parse(self.xla_cluster, line, "%xla_cluster")
+        live = cluster.current()
+        if args.action == "status":
+            print(live.describe() if live is not None else
+                  "colab_xla cluster: not connected (%xla_cluster connect, or local).")
+            return
+        if args.action == "stop":
+            print("colab_xla cluster: stopped." if cluster.stop() is not None
+                  else "colab_xla cluster: none was connected.")
+            return
+        for value, flag in ((args.hosts, "--hosts"), (args.replicas, "-n")):
+            if value is not None and value < 1:
+                raise UsageError(f"{flag} {value}: give 1 or more.")
+        if session.current() is not None:
+            raise UsageError("a session is up on this machine (%xla_session): stop it first "
+                             "(%xla_session stop).")
+        started = time.monotonic()
+        try:
+            if args.action == "local":
+                if args.hosts is None or args.replicas is None:
+                    raise UsageError("%xla_cluster local needs --hosts H and -n N (replicas "
+                                     "per host), e.g. %xla_cluster local --hosts 2 -n 2.")
+                new = cluster.start_local(args.hosts, args.replicas)
+            else:
+                new = cluster.connect(args.address, hosts=args.hosts, replicas=args.replicas,
+                                      slice_name=args.slice)
+        except SetupError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"colab_xla cluster: {len(new.hosts)} hosts ready in "
               f"{time.monotonic() - started:.1f} s.")
         print(new.describe())
 

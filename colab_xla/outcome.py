@@ -114,6 +114,13 @@ class RunOutcome:
     launch_error: Optional[ReplicaError] = None
     # Run on a session (colab_xla.session) that ended during the cell: why; else None.
     session_ended: Optional[str] = None
+    # Run on a cluster (colab_xla.cluster): each replica's host, by global ordinal.
+    hosts: Dict[int, int] = dataclasses.field(default_factory=dict)
+
+    def label(self, ordinal: int) -> str:
+        """``"replica 3"``, or on a cluster ``"host 1 · replica 3"``."""
+        host = self.hosts.get(ordinal)
+        return f"replica {ordinal}" if host is None else f"host {host} · replica {ordinal}"
 
     def replica(self, ordinal: int) -> ReplicaOutcome:
         if ordinal not in self.replicas:

@@ -23,7 +23,7 @@ import shutil
 import tempfile
 from typing import Mapping, Optional, Sequence, Tuple
 
-from . import cpu_sim, hardware, options, preflight, processes
+from . import cpu_sim, hardware, interrupts, options, preflight, processes
 from . import session as sessions
 from .cell import CellModule
 from .launch import Launch, replica_environ, warm_forkserver
@@ -39,7 +39,8 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
              timeout: Optional[float] = None, launch: Optional[Launch] = None,
              env: Optional[Mapping[str, str]] = None, cache_dir: Optional[str] = None,
              pull: Sequence[str] = (), pull_from: Optional[int] = None,
-             simulate: Optional[str] = None, session: Optional[Session] = None) -> RunOutcome:
+             simulate: Optional[str] = None, session: Optional[Session] = None,
+             hosted: Optional[interrupts.Remote] = None) -> RunOutcome:
     """Run ``source`` on every replica and return the :class:`RunOutcome`.
 
     ``launch`` says how replicas start (start method, launcher, one-replica debugging;
@@ -55,6 +56,10 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
     the session's replicas, in the globals each keeps from cell to cell; ``replicas``,
     ``env``, ``cache_dir``, ``simulate`` and ``launch`` are the session's and cannot be
     given. A session that ends during the cell says why in ``outcome.session_ended``.
+
+    ``hosted`` makes this a run a cluster's host agent runs for the notebook
+    (:mod:`colab_xla.cluster`): values stay packed for the notebook to load, and the
+    agent interrupts the run through it.
 
     The run ends when every replica has ended; or
     :data:`colab_xla.supervisor.FAIL_FAST_SECONDS` after the first replica failed; or after
@@ -75,7 +80,7 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
                                label=label, header=header, observer=observer,
                                announce=announce, timeout=timeout, launch=launch, env=env,
                                cache_dir=cache_dir, pull=pull, pull_from=pull_from,
-                               simulate=simulate)
+                               simulate=simulate, hosted=hosted)
     env, launch = dict(env or {}), launch or Launch()
     simulate = simulate or os.environ.get("COLAB_XLA_SIMULATE") or cpu_sim.DEFAULT_SIMULATION
     cache_dir = options.check_run(replicas=replicas, timeout=timeout, env=env, pull=pull,
@@ -93,7 +98,7 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
                                    launch.start_method)
         parent_pid = _say_notes(plan, launch, notes, announce)
         request = RunRequest(launch, parent_pid, cell, sent_names, cache_dir, tuple(pull),
-                             pull_from)
+                             pull_from, hosted)
         return Supervisor(request, plan, run_dir, user_ns, observer or RunObserver(),
                           timeout).run()
     finally:
@@ -169,7 +174,7 @@ def _say_notes(plan: hardware.ReplicaPlan, launch: Launch, problems, announce) -
 
 def _run_on_session(session: Session, source: str, *, replicas, user_ns, label, header,
                     observer, announce, timeout, launch, env, cache_dir, pull, pull_from,
-                    simulate) -> RunOutcome:
+                    simulate, hosted) -> RunOutcome:
     """:func:`run_cell` on a session's replicas."""
     session.check_cell_options(replicas=replicas, launch=launch, env=env or {},
                                cache_dir=cache_dir, simulate=simulate)
@@ -191,7 +196,7 @@ def _run_on_session(session: Session, source: str, *, replicas, user_ns, label, 
                 announce(note)
         sent_names, sent = session.names_for(source, user_ns)
         request = RunRequest(session.options.launch, os.getpid(), cell, sent_names, None,
-                             tuple(pull), pull_from)
+                             tuple(pull), pull_from, hosted)
         outcome = Supervisor(request, session.plan, run_dir, dict(user_ns),
                              observer or RunObserver(), timeout,
                              replicas=SessionReplicas(session)).run()

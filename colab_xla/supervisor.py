@@ -60,6 +60,10 @@ class RunRequest:
     cache_dir: Optional[str]
     pull: Tuple[str, ...]
     pull_from: Optional[int]
+    # A run a cluster's host agent runs for the notebook (colab_xla.cluster.agent): values
+    # and --pull names stay packed (the notebook loads them: its classes are there), large
+    # tensors do not go through this host's shared memory, and the agent interrupts it.
+    hosted: Optional[interrupts.Remote] = None
 
 
 class Supervisor:
@@ -112,7 +116,7 @@ class Supervisor:
         startup = frames.make_fifo(startup_path)
         self._fd_sources[startup[0]] = (STARTUP, frames.STDERR)
         fd_pipes.append((startup,))
-        self._shm_dir = shared_tensors.make_dir(self.run_id)
+        self._shm_dir = None if opts.hosted else shared_tensors.make_dir(self.run_id)
         # A Manager lock costs ~5 ms of connections per run: only cells that use it pay.
         lock = shared_lock.new_lock() if "lock" in self.cell.source else None
         self._replicas.begin()  # after the manager exists: every new child is the run's
@@ -131,7 +135,7 @@ class Supervisor:
         # a second one during the clean-up cannot break it either.
         inherited = (inherit(self.run_id, self.user_ns, self.cell) if forked
                      else contextlib.nullcontext())
-        with inherited, interrupts.held() as self._interrupts:
+        with inherited, interrupts.held(opts.hosted) as self._interrupts:
             try:
                 self.observer.opened(self.outcome)
                 driver.start()
@@ -158,7 +162,8 @@ class Supervisor:
                 # Nothing of the run outlives it, whatever happened: after an error above,
                 # the driver may still be starting replica processes.
                 self._replicas.release(driver)
-                shared_tensors.remove_dir(self._shm_dir)  # tensors already mapped stay valid
+                if self._shm_dir is not None:  # tensors already mapped stay valid
+                    shared_tensors.remove_dir(self._shm_dir)
                 for fd in (read_fd, write_fd, done_r, done_w,
                            *(fd for pair in fd_pipes for pipe in pair for fd in pipe)):
                     os.close(fd)
@@ -351,13 +356,16 @@ class Supervisor:
         rep.elapsed = time.monotonic() - self._started
         rep.error, rep.value_repr = report.error, report.value_repr
         problems = []
-        if report.value is not None:
+        if self.options.hosted:  # loaded in the notebook (see RunRequest.hosted)
+            rep.value, rep.has_value = report.value, report.value is not None
+            rep.pulled = dict(report.pulled)
+        elif report.value is not None:
             try:
                 rep.value, rep.has_value = values.load_value(report.value, self.user_ns), True
             except Exception as exc:  # noqa: BLE001
                 problems.append(f"the cell's value arrived but could not be loaded in the "
                                 f"notebook: {type(exc).__name__}: {exc}")
-        for name, data in report.pulled.items():
+        for name, data in report.pulled.items() if not self.options.hosted else ():
             try:
                 rep.pulled[name] = values.load_value(data, self.user_ns)
             except Exception as exc:  # noqa: BLE001

@@ -177,6 +177,9 @@ def cell_globals(ns: ReplicaGlobals, index: int, job: ReplicaJob,
     ns.update(__name__=module_name(cell, index), __file__=cell.path,
               __builtins__=__builtins__, __doc__=None, __package__=None, __spec__=None,
               __loader__=None, index=index, get_ipython=replica_shell)
+    if process.host_rank is not None:  # on a cluster: index counts the replicas of every host
+        ns.update(index=process.host_rank.index(index), host=process.host_rank.host,
+                  local_index=index)
     ns.pop("lock", None)
     if job.lock is not None:  # made only for cells that name it
         ns["lock"] = job.lock

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional
 
 import cloudpickle
 
-from .. import cpu_sim
+from .. import cpu_sim, gloo_collectives
+from ..host_rank import HostRank
 from ..cell import CellModule
 from ..outcome import ReplicaError
 from ..processes import adopt_orphans, die_with_parent
@@ -85,6 +86,7 @@ class ReplicaProcess:
         adopt_orphans()
         self.active: set = set()
         self.rank = int(os.environ.get("PJRT_LOCAL_PROCESS_RANK", "0"))
+        self.host_rank = HostRank.from_environ(os.environ)  # on a cluster of hosts, or None
         self.run_id, self.run_dir, self.writer = None, None, None
         self.home_dir = job.run_dir  # the first run's (a session's own directory)
         self.cell: Optional[CellModule] = None
@@ -188,9 +190,15 @@ class ReplicaProcess:
         warnings.showwarning = _show_warning
         if os.environ.get("PJRT_DEVICE") == "CPU":
             processes = int(os.environ.get("PJRT_LOCAL_PROCESS_COUNT", "1"))
-            if processes > 1:  # one process per replica (see colab_xla.launch)
-                cpu_sim.install_processes(self.rank, processes,
-                                          os.path.join(run_dir, "replicas.store"))
+            cluster = self.host_rank
+            if cluster is not None and cluster.store:  # CPU hosts: every host's replicas
+                cpu_sim.install_processes(
+                    cluster.index(self.rank), cluster.world,
+                    gloo_collectives.tcp_store(cluster.store, cluster.run),
+                    hostname=cluster.address)
+            elif processes > 1:  # one process per replica (see colab_xla.launch)
+                cpu_sim.install_processes(self.rank, processes, gloo_collectives.file_store(
+                    os.path.join(run_dir, "replicas.store"), processes))
             elif int(os.environ.get("CPU_NUM_DEVICES", "1")) > 1:
                 cpu_sim.install(xm)
 

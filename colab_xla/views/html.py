@@ -35,7 +35,7 @@ def render(outcome: RunOutcome, tail: int = text_view.SUMMARY_TAIL) -> str:
                 result += f" Pulled: <code>{esc(rep.pulled_summary())}</code>"
         lines = text_view.tail_lines(rep.log, tail)
         output = f"<pre style='{_PRE}'>{esc(chr(10).join(lines))}</pre>" if lines else ""
-        rows.append(f"<tr><td style='{_TD}'>{ordinal}</td><td style='{_TD};color:{color}'>"
+        rows.append(f"<tr><td style='{_TD}'>{esc(_ordinal(outcome, ordinal))}</td><td style='{_TD};color:{color}'>"
                     f"{state_mark(rep.state)} {esc(rep.state)}</td><td style='{_TD}'>{took}</td>"
                     f"<td style='{_TD}'>{result}</td><td style='{_TD}'>{output}</td></tr>")
     details = "".join(
@@ -53,3 +53,8 @@ def render(outcome: RunOutcome, tail: int = text_view.SUMMARY_TAIL) -> str:
             "<table><tr>" + "".join(f"<th style='{_TD}'>{h}</th>" for h in (
                 "replica", "state", "time", "result", "output (last lines)")) + "</tr>"
             f"{''.join(rows)}</table>{details}{logs}</div>")
+
+
+def _ordinal(outcome: RunOutcome, ordinal: int) -> str:
+    """The replica column: the ordinal, with its host on a cluster."""
+    return outcome.label(ordinal) if ordinal in outcome.hosts else str(ordinal)

@@ -39,7 +39,7 @@ def render(outcome: RunOutcome, tail: Optional[int] = SUMMARY_TAIL) -> str:
             lines.append(f"── {label} (output not tied to one replica)")
             lines.extend(tail_lines(log, tail))
     for ordinal in sorted(outcome.replicas):
-        lines.extend(_replica(outcome.replicas[ordinal], tail))
+        lines.extend(_replica(outcome.replicas[ordinal], tail, outcome.label(ordinal)))
     if outcome.log_dir and any(r.log.truncated for r in outcome.replicas.values()):
         lines.append(f"full logs: {outcome.log_dir}")
     return "\n".join(lines)
@@ -77,9 +77,9 @@ def tail_lines(log: OutputLog, tail: Optional[int]) -> List[str]:
     return lines
 
 
-def _replica(rep: ReplicaOutcome, tail: Optional[int]) -> List[str]:
+def _replica(rep: ReplicaOutcome, tail: Optional[int], label: str) -> List[str]:
     took = f" · {rep.elapsed:.2f} s" if rep.elapsed is not None else ""
-    lines = [f"── replica {rep.ordinal} · {rep.state}{took}"]
+    lines = [f"── {label} · {rep.state}{took}"]
     lines.extend(tail_lines(rep.log, tail))
     if rep.value_repr is not None and rep.error is None:
         lines.append(f"Out: {rep.value_repr}")
@@ -107,7 +107,7 @@ class TextView(RunObserver):
         self._printed: Dict[object, int] = {}
 
     def output(self, outcome: RunOutcome, origin, lines: List[str]) -> None:
-        label = f"[replica {origin}]" if isinstance(origin, int) else f"[{origin}]"
+        label = f"[{outcome.label(origin)}]" if isinstance(origin, int) else f"[{origin}]"
         count = self._printed.get(origin, 0)
         for line in lines:
             count += 1

@@ -165,7 +165,8 @@ class WidgetView(RunObserver):
             result = f" · Out: <code>{html.escape(rep.value_repr)}</code>"
         if rep.pulled:
             result += f" · Pulled: <code>{html.escape(rep.pulled_summary())}</code>"
-        status.value = f"replica {ordinal} · <b>{rep.state}</b> · {took:.1f} s{result}"
+        status.value = (f"{html.escape(outcome.label(ordinal))} · <b>{rep.state}</b> · "
+                        f"{took:.1f} s{result}")
         if rep.error is not None:
             error.value = (f"<pre style='color:#cf222e;white-space:pre-wrap'>"
                            f"{html.escape(rep.error.render())}</pre>")
@@ -192,7 +193,7 @@ class WidgetView(RunObserver):
                 label = (f"all {n}" if len(ordinals) == n and n > 1
                          else f"replicas {format_ordinals(ordinals)}")
             else:
-                label = " ".join(f"replica {s}" if isinstance(s, int) else str(s)
+                label = " ".join(outcome.label(s) if isinstance(s, int) else str(s)
                                  for s in sorted(sources, key=str))
             rows.append(f"[{label}] {text}")
         return rows

@@ -1,0 +1,186 @@
+"""A cluster host's agent: the one long-lived process per host (a Ray actor) that runs
+each ``%%xla_spawn`` cell on its host's replicas for the notebook.
+
+It is, for its host, what the notebook's process is on a single host: it keeps torch and
+torch_xla imported (never the runtime: it is not a replica), plans its replicas, and runs
+the cell with the machinery of one-off runs (:func:`colab_xla.run.run_cell`: xmp.spawn,
+capture, reports, fail-fast on the host), in a thread of its own. What the run's view
+would see becomes events the notebook collects with :meth:`HostAgent.poll` (a Ray call
+that waits for news), so the notebook draws every host in one view; values and ``--pull``
+names stay packed bytes, loaded in the notebook where its classes are.
+
+An Interrupt from the notebook (:meth:`HostAgent.interrupt`) stops the host's run as the
+notebook's Interrupt stops a local one (``ray.cancel`` cannot stop a running actor task).
+Ray-free itself: :mod:`colab_xla.cluster.hosts` makes it an actor.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import traceback
+from typing import Any, Dict, List, Optional
+
+from .. import interrupts
+from ..host_rank import VARIABLES, HostRank
+from ..launch import Launch
+from ..outcome import RunObserver, RunOutcome
+
+# What Ray sets in an actor's environment for the chips it reserved, which the replicas
+# of a whole host must not inherit (TPU_HOST_BOUNDS=1,1,1 makes one host its own slice).
+STALE_VARIABLES = ("TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS",
+                   *VARIABLES)
+
+
+class HostAgent:
+    """Host ``rank.host`` of a cluster. ``device`` is "TPU" (replicas on its chips, as
+    many as torch_xla plans) or "CPU" (``rank.replicas`` replicas, one process each,
+    their collectives through gloo across hosts); ``hostnames`` are every host's address
+    by rank (``TPU_WORKER_HOSTNAMES``)."""
+
+    def __init__(self, rank: HostRank, device: str, hostnames: List[str],
+                 start_method: str = "fork"):
+        for name in STALE_VARIABLES:
+            os.environ.pop(name, None)
+        self.rank, self.device = rank, device
+        self.start_method = start_method
+        self.env: Dict[str, str] = {}
+        if device == "TPU":
+            self.env.update(TPU_WORKER_ID=str(rank.host),
+                            TPU_WORKER_HOSTNAMES=",".join(hostnames))
+        else:
+            self.env.update(PJRT_DEVICE="CPU")
+        self._store = None
+        if device == "CPU" and rank.host == 0:  # where the replicas of every host meet
+            import torch.distributed as dist
+
+            self._store = dist.TCPStore(rank.address, 0, is_master=True,
+                                        wait_for_workers=False)
+            self.rank = HostRank(rank.host, rank.hosts, rank.replicas, rank.address,
+                                 f"{rank.address}:{self._store.port}")
+        from ..hardware import import_torch_xla
+
+        import_torch_xla()  # warm: every cell's replicas start from here
+        self._runs: Dict[str, _HostedRun] = {}
+        self._lock = threading.Lock()
+
+    def describe(self) -> Dict[str, Any]:
+        """What the notebook shows of this host."""
+        import torch_xla
+
+        return {"host": self.rank.host, "pid": os.getpid(), "hostname": socket.gethostname(),
+                "address": self.rank.address, "device": self.device,
+                "replicas": self.rank.replicas, "store": self.rank.store,
+                "torch_xla": getattr(torch_xla, "__version__", "?")}
+
+    def set_store(self, store: Optional[str]) -> None:
+        """The store host 0 keeps (CPU hosts), told to every host before the first cell."""
+        self.rank = HostRank(self.rank.host, self.rank.hosts, self.rank.replicas,
+                             self.rank.address, store)
+
+    def start(self, run_id: str, source: str, names: Optional[bytes], label: str,
+              pull: List[str], pull_from: Optional[int]) -> None:
+        """Start running the cell on this host's replicas (returns at once)."""
+        run = self._run(run_id)
+        rank = HostRank(self.rank.host, self.rank.hosts, self.rank.replicas,
+                        self.rank.address, self.rank.store, run_id)
+        thread = threading.Thread(
+            target=run.run, name=f"colab_xla-host-run-{run_id}", daemon=True,
+            args=(source, names, label, {**self.env, **rank.environ()},
+                  self.rank.replicas if self.device == "CPU" else None,
+                  Launch(start_method=self.start_method), pull, pull_from))
+        thread.start()
+
+    def poll(self, run_id: str, wait: float) -> Dict[str, Any]:
+        """The run's events since the last poll (waiting up to ``wait`` s for one), and
+        its end: ``{"events": [...], "done": bool, "outcome": {...} when done}``."""
+        reply = self._run(run_id).take(wait)
+        if reply["done"]:
+            with self._lock:
+                self._runs.pop(run_id, None)
+        return reply
+
+    def interrupt(self, run_id: str) -> None:
+        """Stop the run ``run_id`` on this host, as the notebook's Interrupt would."""
+        self._run(run_id).interrupter.request()
+
+    def _run(self, run_id: str) -> "_HostedRun":
+        """The run ``run_id`` (Ray may deliver a poll or an interrupt before the start)."""
+        with self._lock:
+            return self._runs.setdefault(run_id, _HostedRun(run_id))
+
+
+class _HostedRun(RunObserver):
+    """One cell on this host: run_cell in a thread, its view's hooks kept as events."""
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+        self.interrupter = interrupts.Remote()
+        self._events: List[tuple] = []
+        self._done: Optional[Dict[str, Any]] = None
+        self._changed = threading.Condition()
+
+    def run(self, source, names, label, env, replicas, launch, pull, pull_from) -> None:
+        from ..run import run_cell
+        from ..transport import names as names_transport
+
+        notes: List[str] = []
+        try:
+            user_ns = names_transport.unpack(names) if names else {}
+            outcome = run_cell(source, replicas=replicas, user_ns=user_ns, label=label,
+                               observer=self, announce=notes.append, env=env,
+                               launch=launch, pull=pull, pull_from=pull_from,
+                               simulate="processes", hosted=self.interrupter)
+            done = {"outcome": _packed_outcome(outcome), "notes": notes}
+        except BaseException as exc:  # noqa: BLE001 - the notebook says it, with the host
+            done = {"error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc(), "notes": notes}
+        with self._changed:
+            self._done = done
+            self._changed.notify_all()
+
+    def take(self, wait: float) -> Dict[str, Any]:
+        with self._changed:
+            if not self._events and self._done is None:
+                self._changed.wait(wait)
+            events, self._events = self._events, []
+            reply: Dict[str, Any] = {"events": events, "done": self._done is not None}
+            if self._done is not None:
+                reply.update(self._done)
+            return reply
+
+    def _add(self, *event) -> None:
+        with self._changed:
+            self._events.append(event)
+            self._changed.notify_all()
+
+    # -- the run's view ---------------------------------------------------------------
+
+    def started(self, outcome: RunOutcome, ordinal: int) -> None:
+        self._add("started", ordinal, outcome.replicas[ordinal].pid)
+
+    def output(self, outcome: RunOutcome, origin, lines: List[str]) -> None:
+        log = outcome.replica(origin).log if isinstance(origin, int) else outcome.process(origin)
+        # The log has just taken these lines: their streams are its last entries.
+        tail = list(log.tail)[-len(lines):]
+        streams = [s for s, _ in tail]
+        streams = ["stdout"] * (len(lines) - len(streams)) + streams
+        self._add("output", origin, list(zip(streams, lines)))
+
+    def finished(self, outcome: RunOutcome, ordinal: int) -> None:
+        self._add("finished", ordinal, _packed_replica(outcome.replicas[ordinal]))
+
+
+def _packed_replica(rep) -> Dict[str, Any]:
+    return {"state": rep.state, "pid": rep.pid, "elapsed": rep.elapsed,
+            "has_value": rep.has_value, "value": rep.value, "value_repr": rep.value_repr,
+            "error": rep.error, "last_rendezvous": rep.last_rendezvous,
+            "pulled": dict(rep.pulled)}
+
+
+def _packed_outcome(outcome: RunOutcome) -> Dict[str, Any]:
+    return {"device_type": outcome.device_type, "elapsed": outcome.elapsed,
+            "interrupted": outcome.interrupted, "launch_error": outcome.launch_error,
+            "log_dir": outcome.log_dir,
+            "replicas": {o: _packed_replica(r) for o, r in outcome.replicas.items()}}

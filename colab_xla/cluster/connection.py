@@ -1,0 +1,224 @@
+"""The notebook's connection to a cluster of hosts (``%xla_cluster``): Ray joined, the
+hosts reserved once (one placement-group bundle per host), one agent per host started
+and kept until :meth:`Cluster.stop`.
+
+Ray is imported here and only here on the notebook's side (an optional extra:
+``pip install colab_xla[ray]``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional
+
+from ..host_rank import HostRank
+from . import hosts as hosts_mod
+from .hosts import ClusterError, Host
+
+# How long reserving the hosts and starting their agents (each imports torch_xla) may take.
+RESERVE_SECONDS = 120.0
+AGENT_START_SECONDS = 300.0
+# Each agent serves a cell's start, polls and an interrupt at once.
+AGENT_CONCURRENCY = 8
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise ClusterError("%xla_cluster needs Ray: pip install 'colab_xla[ray]' (or "
+                           "pip install ray) in this environment and on every host.") from None
+    return ray
+
+
+class Cluster:
+    """Hosts with one agent each. Make one with :meth:`connect` (or
+    :func:`colab_xla.cluster.local.start` for hosts on this machine)."""
+
+    def __init__(self, address: str, hosts: List[Host], agents: list, placement_group,
+                 described: List[Dict], slice_name: Optional[str], local=None):
+        self.address, self.hosts, self.agents = address, hosts, agents
+        self.placement_group, self.described = placement_group, described
+        self.slice_name, self.local = slice_name, local
+        self.started_at = time.time()
+        self.cells_run = 0
+        self.ended: Optional[str] = None
+
+    # -- start ----------------------------------------------------------------------------
+
+    @classmethod
+    def connect(cls, address: Optional[str] = "auto", *, hosts: Optional[int] = None,
+                replicas: Optional[int] = None, slice_name: Optional[str] = None,
+                start_method: str = "fork", local=None, announce=print) -> "Cluster":
+        """Join the Ray cluster at ``address`` and start an agent on each host: those of
+        its TPU slice, or (``hosts``) that many CPU hosts of ``replicas`` replicas each."""
+        if (hosts is None) != (replicas is None):
+            raise ClusterError("CPU hosts need both --hosts H and -n N (replicas per host); "
+                               "a TPU slice needs neither.")
+        ray = import_ray()
+        if not ray.is_initialized():
+            ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        placement = None
+        try:
+            nodes = ray.nodes()
+            if hosts is None:
+                found = hosts_mod.tpu_slice(nodes, slice_name)
+                placement, members = _reserve_slice(ray, found), found.hosts
+                slice_name = found.name
+            else:
+                hosts_mod.cpu_hosts(nodes, hosts)
+                placement = _reserve_cpu_hosts(ray, hosts)
+                members = hosts_mod.ordered_by_bundle(_bundle_nodes(ray, placement), nodes)
+            if announce:
+                announce(f"colab_xla: starting an agent on each of {len(members)} hosts "
+                         "(each imports torch_xla once; a few seconds)")
+            agents = _start_agents(ray, placement, members, replicas, start_method)
+            described = _describe(ray, agents)
+        except BaseException:
+            if placement is not None:
+                _release(ray, placement)
+            if local is None:  # a cluster this notebook joined: leave it as it was
+                ray.shutdown()
+            raise
+        return cls(address or "auto", members, agents, placement, described, slice_name, local)
+
+    # -- use ------------------------------------------------------------------------------
+
+    @property
+    def up(self) -> bool:
+        return self.ended is None
+
+    @property
+    def replicas(self) -> int:
+        return sum(d["replicas"] or 0 for d in self.described)
+
+    def check_up(self) -> None:
+        if self.ended is not None:
+            raise ClusterError(f"the cluster connection ended ({self.ended}). Connect again: "
+                               "%xla_cluster connect (or local).")
+
+    def stop(self, reason: str = "stopped") -> None:
+        """End the agents (their replicas die with them), release the hosts, leave Ray,
+        and stop the local cluster if this notebook started it."""
+        if self.ended is not None:
+            return
+        self.ended = reason
+        ray = import_ray()
+        for agent in self.agents:
+            try:
+                ray.kill(agent)
+            except Exception:  # noqa: BLE001 - already gone with its node
+                pass
+        _release(ray, self.placement_group)
+        ray.shutdown()
+        if self.local is not None:
+            self.local.shutdown()
+
+    def describe(self) -> str:
+        lines = [f"colab_xla cluster: {'up' if self.up else 'ended (' + self.ended + ')'} · "
+                 f"{len(self.hosts)} hosts · {self.replicas} replicas · "
+                 f"{self.slice_name or 'CPU hosts'} · {self.address}"
+                 + (" (local, started by this notebook)" if self.local else "")
+                 + f" · cells run: {self.cells_run}"]
+        for d in self.described:
+            lines.append(f"  host {d['host']}: {d['address']} ({d['hostname']}) · "
+                         f"{d['replicas'] or '?'} {d['device']} replicas · agent pid "
+                         f"{d['pid']} · torch_xla {d['torch_xla']}")
+        return "\n".join(lines)
+
+
+def _reserve_slice(ray, found: hosts_mod.TpuSlice):
+    from ray.util.tpu import SlicePlacementGroup
+
+    group = SlicePlacementGroup(found.topology, found.accelerator_version)
+    _wait_ready(ray, group.placement_group, f"TPU slice {found.name}")
+    return group
+
+
+def _reserve_cpu_hosts(ray, count: int):
+    from ray.util.placement_group import placement_group
+
+    group = placement_group([{"CPU": 1}] * count, strategy="STRICT_SPREAD")
+    _wait_ready(ray, group, f"{count} CPU hosts")
+    return group
+
+
+def _wait_ready(ray, group, what: str) -> None:
+    try:
+        ray.get(group.ready(), timeout=RESERVE_SECONDS)
+    except ray.exceptions.GetTimeoutError:
+        from ray.util.placement_group import remove_placement_group
+
+        remove_placement_group(group)
+        raise ClusterError(f"could not reserve {what} within {RESERVE_SECONDS:g} s: another "
+                           "job holds them, or the cluster lacks them (see `ray status`)."
+                           ) from None
+
+
+def _pg(placement):
+    return getattr(placement, "placement_group", placement)  # a SlicePlacementGroup's own
+
+
+def _bundle_nodes(ray, placement) -> Dict[int, str]:
+    from ray.util import placement_group_table
+
+    table = placement_group_table(_pg(placement))
+    return {int(k): v for k, v in table["bundles_to_node_id"].items()}
+
+
+def _release(ray, placement) -> None:
+    try:
+        if hasattr(placement, "shutdown"):
+            placement.shutdown()
+        else:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(placement)
+    except Exception:  # noqa: BLE001 - Ray already gone
+        pass
+
+
+def _start_agents(ray, placement, members: List[Host], replicas: Optional[int],
+                  start_method: str) -> list:
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from .agent import HostAgent
+
+    actor = ray.remote(HostAgent)
+    by_node = {node: bundle for bundle, node in _bundle_nodes(ray, placement).items()}
+    hostnames = [h.address for h in members]
+    agents = []
+    for host in members:
+        rank = HostRank(host.rank, len(members), replicas or 0, host.address)
+        resources = {"num_cpus": 1} if host.device == "CPU" else {
+            "num_cpus": 0, "resources": {"TPU": host.chips}}
+        strategy = PlacementGroupSchedulingStrategy(
+            _pg(placement), placement_group_bundle_index=by_node[host.node_id])
+        agents.append(actor.options(
+            max_concurrency=AGENT_CONCURRENCY, scheduling_strategy=strategy,
+            **resources).remote(rank, host.device, hostnames, start_method))
+    return agents
+
+
+def _describe(ray, agents) -> List[Dict]:
+    try:
+        described = ray.get([a.describe.remote() for a in agents], timeout=AGENT_START_SECONDS)
+    except ray.exceptions.GetTimeoutError:
+        for agent in agents:
+            ray.kill(agent)
+        raise ClusterError(f"the host agents did not start within {AGENT_START_SECONDS:g} s "
+                           "(each imports torch_xla: is it installed on every host?)") from None
+    except ray.exceptions.RayActorError as exc:
+        for agent in agents:
+            ray.kill(agent)
+        raise ClusterError(f"a host agent failed to start: {_first_line(exc)}. colab_xla, "
+                           "torch and torch_xla must be installed on every host.") from None
+    store = described[0]["store"]
+    if store:  # CPU hosts: every host's replicas meet at host 0's store
+        ray.get([a.set_store.remote(store) for a in agents])
+    return described
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[-1] if text else type(exc).__name__

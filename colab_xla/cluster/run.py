@@ -1,0 +1,257 @@
+"""A cell on every replica of every host of a cluster: the notebook's side.
+
+Each host's agent runs the cell on its replicas (:mod:`colab_xla.cluster.agent`); this
+module starts it on every host, collects their events (Ray calls that wait for news,
+one per host at a time), and makes them one :class:`~colab_xla.outcome.RunOutcome` with
+global ordinals (host ``h``'s replica ``i`` is ``h * per_host + i``), drawn by the same
+views as a one-off run. Values and ``--pull`` names arrive packed and are loaded here,
+where the notebook's classes are.
+
+The run is cut, on every host at once, on Interrupt, ``--timeout``, a host that is gone
+(its agent or node), or :data:`colab_xla.supervisor.FAIL_FAST_SECONDS` after a replica
+failed on any host: each agent stops its replicas as the notebook stops a local run's,
+and a host that does not answer within :data:`HOST_GRACE_SECONDS` is taken as gone.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import tempfile
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from .. import endings, interrupts, options, preflight, state
+from ..cell import CellModule
+from ..launch import Launch
+from ..outcome import (DONE, FAILED, RETURN_PLAIN_DATA, STOPPED, ReplicaError, RunObserver,
+                       RunOutcome)
+from ..supervisor import FAIL_FAST_SECONDS, TICK_SECONDS
+from ..transport import names, values
+from .connection import Cluster, import_ray
+
+# How long a poll waits in the agent for news: the notebook's Interrupt is seen between polls.
+POLL_SECONDS = 0.1
+# After the run was cut, how long a host may take to stop its replicas and answer.
+HOST_GRACE_SECONDS = 10.0
+
+
+def run_on_cluster(cluster: Cluster, source: str, *, user_ns: Optional[Mapping] = None,
+                   label: str = "cell", header: str = "# %%xla_spawn",
+                   observer: Optional[RunObserver] = None, announce=print,
+                   timeout: Optional[float] = None, pull: Sequence[str] = (),
+                   pull_from: Optional[int] = None) -> RunOutcome:
+    """Run ``source`` on every replica of every host of ``cluster``; the outcome has
+    every replica by global ordinal, ``outcome.hosts`` their host."""
+    cluster.check_up()
+    options.check_run(replicas=None, timeout=timeout, env={}, pull=pull, pull_from=pull_from,
+                      cache_dir=None, launch=Launch())
+    options.check_pull_from(pull_from, cluster.replicas)
+    checked = tempfile.mkdtemp(prefix="colab_xla-")
+    try:  # an empty cell or a SyntaxError is said here, with the cell's line, not per host
+        CellModule.create(source, checked, label=label, header=header)
+    finally:
+        shutil.rmtree(checked, ignore_errors=True)
+    for problem in preflight.cell_problems(source):
+        raise preflight.refusal(problem)
+    user_ns = user_ns if user_ns is not None else {}
+    # Without fork between them, the notebook's names travel by value (as for spawn).
+    sent = names.pack(names.used_names(source, user_ns), user_ns, "spawn")
+    run = _ClusterRun(cluster, user_ns, observer or RunObserver(), timeout, announce)
+    cluster.cells_run += 1
+    return run.run(source, sent, label, tuple(pull), pull_from)
+
+
+class _ClusterRun:
+    def __init__(self, cluster: Cluster, user_ns, observer: RunObserver,
+                 timeout: Optional[float], announce):
+        self.cluster, self.user_ns, self.observer = cluster, user_ns, observer
+        self.timeout, self.announce = timeout, announce
+        self.run_id = secrets.token_hex(8)
+        self.per_host = [d["replicas"] for d in cluster.described]
+        self.offsets = [sum(self.per_host[:h]) for h in range(len(self.per_host))]
+        self.outcome = RunOutcome(device_type=cluster.described[0]["device"],
+                                  log_dir=state.new_log_dir())
+        self._stop: Optional[str] = None
+        self._first_failed: Optional[int] = None
+        self._fail_at: Optional[float] = None
+        self._gone: Dict[int, str] = {}  # host -> how it went
+
+    def run(self, source: str, sent: Optional[bytes], label: str, pull, pull_from) -> RunOutcome:
+        ray = import_ray()
+        started = time.monotonic()
+        timeout_at = started + self.timeout if self.timeout else None
+        for host, count in enumerate(self.per_host):
+            for local in range(count):
+                self.outcome.hosts[self.offsets[host] + local] = host
+                self.outcome.replica(self.offsets[host] + local)
+        with interrupts.held() as held:
+            self.observer.opened(self.outcome)
+            pending: Dict[Any, int] = {}
+            for host, agent in enumerate(self.cluster.agents):
+                host_pull, host_from = self._pull_for(host, pull, pull_from)
+                agent.start.remote(self.run_id, source, sent, label, host_pull, host_from)
+                pending[agent.poll.remote(self.run_id, POLL_SECONDS)] = host
+            next_tick, cut_at = time.monotonic() + TICK_SECONDS, None
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_SECONDS)
+                for ref in ready:
+                    host = pending.pop(ref)
+                    if self._take(ray, ref, host):
+                        agent = self.cluster.agents[host]
+                        pending[agent.poll.remote(self.run_id, POLL_SECONDS)] = host
+                now = time.monotonic()
+                if self._stop is None:
+                    if held.requested:
+                        self.outcome.interrupted = True
+                        self._cut("interrupted", pending)
+                    elif timeout_at is not None and now >= timeout_at:
+                        self._cut("timeout", pending)
+                    elif self._fail_at is not None and now >= self._fail_at:
+                        self._cut("failed", pending)
+                    if self._stop is not None:
+                        cut_at = now
+                elif now - cut_at > HOST_GRACE_SECONDS:
+                    for ref, host in pending.items():
+                        self._host_gone(host, f"it did not stop within {HOST_GRACE_SECONDS:g}"
+                                              " s of the notebook's stop")
+                        ray.cancel(ref)
+                    pending.clear()
+                if now >= next_tick:
+                    self.observer.tick(self.outcome)
+                    next_tick = now + TICK_SECONDS
+        self._settle()
+        self.outcome.elapsed = time.monotonic() - started
+        for rep in self.outcome.replicas.values():
+            rep.log.finish()
+        return self.outcome
+
+    # -- what a host says -------------------------------------------------------------------
+
+    def _take(self, ray, ref, host: int) -> bool:
+        """Apply one poll's reply; True while the host's run goes on."""
+        try:
+            reply = ray.get(ref)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+            self._host_gone(host, _why_gone(exc))
+            return False
+        for event in reply["events"]:
+            kind, origin = event[0], event[1]
+            if kind == "started":
+                rep = self.outcome.replica(self._global(host, origin))
+                rep.pid = event[2]
+                self.observer.started(self.outcome, rep.ordinal)
+            elif kind == "output":
+                self._output(host, origin, event[2])
+            elif kind == "finished":
+                self._finished(self._global(host, origin), event[2])
+        if not reply["done"]:
+            return True
+        for note in reply.get("notes", ()):
+            if self.announce:
+                self.announce(note.replace("colab_xla: ", f"colab_xla: host {host}: ", 1))
+        if "error" in reply:  # the agent could not run the cell at all
+            self._host_gone(host, f"its agent failed to run the cell: {reply['error']}")
+        else:
+            for ordinal, packed in reply["outcome"]["replicas"].items():
+                rep = self.outcome.replica(self._global(host, ordinal))
+                if rep.state not in (DONE, FAILED, STOPPED) and packed["state"] != "running":
+                    self._finished(rep.ordinal, packed)
+            launch_error = reply["outcome"]["launch_error"]
+            if launch_error is not None and self.outcome.launch_error is None:
+                self.outcome.launch_error = ReplicaError(
+                    launch_error.kind, launch_error.ename,
+                    f"host {host}: {launch_error.evalue}", launch_error.traceback)
+        return False
+
+    def _global(self, host: int, local: int) -> int:
+        return self.offsets[host] + local
+
+    def _output(self, host: int, origin, lines: List) -> None:
+        if isinstance(origin, int):
+            origin = self._global(host, origin)
+            log = self.outcome.replica(origin).log
+        else:
+            origin = f"host {host} · {origin}"
+            log = self.outcome.process(origin)
+        for stream, line in lines:
+            done = log.write(stream, line + "\n")
+            if done:
+                self.observer.output(self.outcome, origin, done)
+
+    def _finished(self, ordinal: int, packed: Dict[str, Any]) -> None:
+        rep = self.outcome.replica(ordinal)
+        rep.pid = packed["pid"] or rep.pid
+        rep.elapsed, rep.value_repr = packed["elapsed"], packed["value_repr"]
+        rep.error, rep.last_rendezvous = packed["error"], packed["last_rendezvous"]
+        if packed["state"] == STOPPED:  # stopped by its host: said again when settled
+            rep.state = STOPPED
+            return
+        problems = []
+        if packed["has_value"] and packed["value"] is not None:
+            try:
+                rep.value, rep.has_value = values.load_value(packed["value"], self.user_ns), True
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"the cell's value arrived but could not be loaded in the "
+                                f"notebook: {type(exc).__name__}: {exc}")
+        for name, data in packed["pulled"].items():
+            try:
+                rep.pulled[name] = values.load_value(data, self.user_ns)
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"--pull {name} arrived but could not be loaded in the "
+                                f"notebook: {type(exc).__name__}: {exc}")
+        if problems:
+            rest = f"; {rep.error.evalue}" if rep.error else ". " + RETURN_PLAIN_DATA
+            rep.error = ReplicaError("result", "ResultError", "; ".join(problems) + rest)
+        rep.state = FAILED if rep.error else DONE
+        if rep.state == FAILED:
+            self._failed(ordinal)
+        self.observer.finished(self.outcome, ordinal)
+
+    def _failed(self, ordinal: int) -> None:
+        if self._fail_at is None:
+            self._first_failed = ordinal
+            self._fail_at = time.monotonic() + FAIL_FAST_SECONDS
+
+    def _host_gone(self, host: int, why: str) -> None:
+        """Host ``host`` is gone: its replicas still running failed with it."""
+        self._gone[host] = why
+        for local in range(self.per_host[host]):
+            rep = self.outcome.replica(self._global(host, local))
+            if rep.state in (DONE, FAILED, STOPPED):
+                continue
+            rep.state = FAILED
+            rep.error = ReplicaError("died", "HostDied", f"host {host} "
+                                     f"({self.cluster.hosts[host].address}) is gone: {why}")
+            self._failed(rep.ordinal)
+            self.observer.finished(self.outcome, rep.ordinal)
+
+    def _cut(self, reason: str, pending: Dict[Any, int]) -> None:
+        self._stop = reason
+        for host in set(pending.values()):
+            self.cluster.agents[host].interrupt.remote(self.run_id)
+
+    def _settle(self) -> None:
+        """Replicas a stop reached: said as for a local run, with global ordinals."""
+        first = self.outcome.replicas.get(self._first_failed)
+        reason = self._stop or ("failed" if first is not None else "interrupted")
+        for rep in self.outcome.replicas.values():
+            if rep.state == STOPPED or rep.state not in (DONE, FAILED):
+                rep.state = STOPPED
+                rep.error = endings.stopped(reason, rep, timeout=self.timeout,
+                                            grace=FAIL_FAST_SECONDS, first_failed=first)
+        self.outcome.replicas = dict(sorted(self.outcome.replicas.items()))
+
+    def _pull_for(self, host: int, pull, pull_from):
+        if pull_from is None:
+            return list(pull), None
+        local = pull_from - self.offsets[host]
+        if 0 <= local < self.per_host[host]:
+            return list(pull), local
+        return [], None
+
+
+def _why_gone(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = next((line for line in text if line.strip()), type(exc).__name__)
+    return f"{type(exc).__name__}: {first[:200]}"
