@@ -81,7 +81,7 @@ class XlaMagics(Magics):
                    "compiling. (On CPU, XLA cannot load them back: it compiles again.)")
     @argument("--fresh", action="store_true",
               help="while a session is up (%%xla_session) or a cluster is connected "
-                   "(%xla_cluster), run this cell as a one-off run on this machine instead, "
+                   "(%%xla_cluster), run this cell as a one-off run on this machine instead, "
                    "on replicas of its own (the options above apply).")
     @cell_magic
     def xla_spawn(self, line, cell):
@@ -194,6 +194,9 @@ class XlaMagics(Magics):
                 timeout=args.timeout, pull=pull, pull_from=args.pull_from)
         except SetupError as exc:
             raise UsageError(self._refusal(exc)) from None
+        if not hosts.up:
+            print(f"colab_xla: the cluster connection ended: {hosts.ended}; its agents were "
+                  "stopped. %xla_cluster connect (or local) connects again.")
         self._show(outcome, view, args, pull)
 
     def _show(self, outcome, view, args, pull) -> None:

@@ -44,7 +44,11 @@ def start_local(hosts: int, replicas: int, announce=print) -> Cluster:
     """Start a cluster of ``hosts`` CPU hosts on this machine and connect to it."""
     global _current
     _check_none()
-    from .local import LocalCluster
+    from .connection import import_ray
+    from .local import LocalCluster, local_addresses
+
+    local_addresses()
+    import_ray()  # said before anything starts
 
     if announce:
         announce(f"colab_xla: starting a local Ray cluster of {hosts} hosts on this machine")

@@ -121,6 +121,9 @@ class _ClusterRun:
                     self.observer.tick(self.outcome)
                     next_tick = now + TICK_SECONDS
         self._settle()
+        if self._gone:  # the hosts are no longer one group: the connection ends
+            host, why = next(iter(sorted(self._gone.items())))
+            self.cluster.stop(f"host {host} is gone: {why}")
         self.outcome.elapsed = time.monotonic() - started
         for rep in self.outcome.replicas.values():
             rep.log.finish()
