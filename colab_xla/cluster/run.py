@@ -153,8 +153,11 @@ class _ClusterRun:
         for note in reply.get("notes", ()):
             if self.announce:
                 self.announce(note.replace("colab_xla: ", f"colab_xla: host {host}: ", 1))
-        if "error" in reply:  # the agent could not run the cell at all
-            self._host_gone(host, f"its agent failed to run the cell: {reply['error']}")
+        if "error" in reply:  # the agent could not run the cell at all (it is still up)
+            ename, _, message = reply["error"].partition(": ")
+            self._fail_host(host, ReplicaError(
+                "exception", ename, f"host {host}'s agent could not run the cell: {message}",
+                reply.get("traceback", "")))
         else:
             for ordinal, packed in reply["outcome"]["replicas"].items():
                 rep = self.outcome.replica(self._global(host, ordinal))
@@ -219,13 +222,17 @@ class _ClusterRun:
     def _host_gone(self, host: int, why: str) -> None:
         """Host ``host`` is gone: its replicas still running failed with it."""
         self._gone[host] = why
+        self._fail_host(host, ReplicaError(
+            "died", "HostDied", f"host {host} ({self.cluster.hosts[host].address}) is gone: "
+                                f"{why}"))
+
+    def _fail_host(self, host: int, error: ReplicaError) -> None:
+        """The replicas of ``host`` that have not ended failed with ``error``."""
         for local in range(self.per_host[host]):
             rep = self.outcome.replica(self._global(host, local))
             if rep.state in (DONE, FAILED, STOPPED):
                 continue
-            rep.state = FAILED
-            rep.error = ReplicaError("died", "HostDied", f"host {host} "
-                                     f"({self.cluster.hosts[host].address}) is gone: {why}")
+            rep.state, rep.error = FAILED, error
             self._failed(rep.ordinal)
             self.observer.finished(self.outcome, rep.ordinal)
 

@@ -1,0 +1,293 @@
+"""``%xla_cluster``: every host of a cluster through Ray.
+
+Units first (which hosts, ranks, labels, the refusals), then a real local cluster of 2
+CPU hosts x 2 replicas (:func:`colab_xla.cluster.start_local`): ordinals, notebook
+names and classes across hosts, collectives spanning hosts, fail-fast, timeout,
+Interrupt, a host that is gone, and nothing left behind, also when the notebook's
+process is killed (those two in test_cluster_faults.py: they need this module's
+cluster gone).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import textwrap
+import threading
+
+import psutil
+import pytest
+from IPython.core.error import UsageError
+
+from colab_xla import cluster, interrupts
+from colab_xla.cluster import hosts
+from colab_xla.cluster.agent import _HostedRun
+from colab_xla.host_rank import HostRank
+from colab_xla.outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome
+from colab_xla.views import text as text_view
+from _kernel import wait_until_gone  # tests/ is on sys.path
+from test_magic import get_ipython
+
+
+# -- units ---------------------------------------------------------------------------------
+
+
+def test_a_tpu_slice_is_ordered_by_worker_id_not_by_how_ray_lists_it():
+    nodes = [hosts._tpu_node(f"n{w}", f"10.0.0.{w + 10}", w) for w in (2, 0, 3, 1)]
+    found = hosts.tpu_slice(nodes)
+    assert [h.address for h in found.hosts] == ["10.0.0.10", "10.0.0.11", "10.0.0.12",
+                                                "10.0.0.13"]
+    assert [h.rank for h in found.hosts] == [0, 1, 2, 3]
+    assert {h.chips for h in found.hosts} == {4} and found.accelerator_version == "v4"
+
+
+def test_slices_that_cannot_be_used_are_refused_with_what_to_do():
+    with pytest.raises(hosts.ClusterError, match="no TPU slice.*--hosts H -n N"):
+        hosts.tpu_slice([{"NodeID": "x", "NodeManagerAddress": "1.2.3.4", "Alive": True,
+                          "Resources": {"CPU": 4}, "Labels": {}}])
+    two = [hosts._tpu_node("a", "10.0.0.1", 0, "v4-16"), hosts._tpu_node("b", "10.0.0.2", 0,
+                                                                          "v5e-16")]
+    with pytest.raises(hosts.ClusterError, match=r"2 TPU slices .*--slice NAME"):
+        hosts.tpu_slice(two)
+    assert hosts.tpu_slice(two, "my-v5e-16").pod_type == "v5e-16"
+    with pytest.raises(hosts.ClusterError, match="no TPU slice named 'other'"):
+        hosts.tpu_slice(two, "other")
+    missing = [hosts._tpu_node("a", "10.0.0.1", 0), hosts._tpu_node("c", "10.0.0.3", 2)]
+    with pytest.raises(hosts.ClusterError, match=r"worker ids \[0, 2\].*missing"):
+        hosts.tpu_slice(missing)
+    dead = dict(hosts._tpu_node("b", "10.0.0.2", 1), Alive=False)
+    with pytest.raises(hosts.ClusterError, match=r"worker ids \[0, 2\]"):  # 1 is dead
+        hosts.tpu_slice([hosts._tpu_node("a", "10.0.0.1", 0), dead, missing[1]])
+
+
+def test_cpu_hosts_need_enough_nodes_with_a_cpu():
+    nodes = [{"NodeID": "h", "NodeManagerAddress": "1", "Resources": {}},
+             {"NodeID": "a", "NodeManagerAddress": "2", "Resources": {"CPU": 1}}]
+    assert hosts.cpu_hosts(nodes, 1) == 1
+    with pytest.raises(hosts.ClusterError, match="--hosts 2 needs 2 Ray nodes with a CPU; "
+                                                 "this cluster has 1"):
+        hosts.cpu_hosts(nodes, 2)
+    ordered = hosts.ordered_by_bundle({1: "a", 0: "h"}, nodes)
+    assert [(h.rank, h.node_id, h.device) for h in ordered] == [(0, "h", "CPU"), (1, "a", "CPU")]
+
+
+def test_a_host_rank_travels_as_environment_and_counts_global_ordinals():
+    rank = HostRank(2, 3, 4, "10.0.0.5", "10.0.0.1:123", "run")
+    assert [rank.index(i) for i in range(4)] == [8, 9, 10, 11] and rank.world == 12
+    assert HostRank.from_environ({**os.environ, **rank.environ()}) == rank
+    assert HostRank.from_environ({}) is None
+
+
+def test_an_interrupt_asked_from_another_thread_reaches_the_block_that_holds_it():
+    remote = interrupts.Remote()
+    with interrupts.held(remote) as held:
+        assert not held.requested
+        threading.Thread(target=remote.request).start()
+        import select
+        assert select.select([held.wake_fd], [], [], 10)[0] == [held.wake_fd]
+        assert held.requested
+    early = interrupts.Remote()
+    early.request()  # before the run holds it: the run starts interrupted
+    with interrupts.held(early) as held:
+        assert held.requested
+
+
+def test_a_hosted_run_keeps_each_lines_stream_and_reports_its_end():
+    run, outcome = _HostedRun("r"), RunOutcome("CPU")
+    lines = outcome.replica(1).log.write("stdout", "a\n")
+    run.output(outcome, 1, lines)
+    lines = outcome.replica(1).log.write("stderr", "b\nc\n")
+    run.output(outcome, 1, lines)
+    outcome.replica(1).state = DONE
+    run.finished(outcome, 1)
+    reply = run.take(0)
+    assert reply["events"][:2] == [("output", 1, [("stdout", "a")]),
+                                   ("output", 1, [("stderr", "b"), ("stderr", "c")])]
+    assert reply["events"][2][0] == "finished" and reply["events"][2][2]["state"] == DONE
+    assert not reply["done"] and run.take(0) == {"events": [], "done": False}
+
+
+def test_views_label_a_clusters_replicas_with_their_host():
+    outcome = RunOutcome("CPU", hosts={0: 0, 1: 1})
+    for ordinal in (0, 1):
+        outcome.replica(ordinal).state = DONE
+    assert outcome.label(1) == "host 1 · replica 1"
+    assert "── host 1 · replica 1 · done" in text_view.render(outcome)
+    assert RunOutcome("CPU").label(3) == "replica 3"
+
+
+@pytest.fixture
+def ip():
+    shell = get_ipython()
+    shell.run_line_magic("load_ext", "colab_xla")
+    yield shell
+    cluster.stop()
+
+
+def test_the_magic_refuses_what_it_cannot_do_before_anything_starts(ip, capsys):
+    ip.run_line_magic("xla_cluster", "")
+    assert "not connected" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="needs --hosts H and -n N"):
+        ip.run_line_magic("xla_cluster", "local --hosts 2")
+    with pytest.raises(UsageError, match="--hosts 0: give 1 or more"):
+        ip.run_line_magic("xla_cluster", "local --hosts 0 -n 2")
+    with pytest.raises(UsageError, match="CPU hosts need both --hosts H and -n N"):
+        ip.run_line_magic("xla_cluster", "connect auto -n 2")
+    ip.run_line_magic("xla_cluster", "stop")
+    assert "none was connected" in capsys.readouterr().out
+
+
+# -- a real local cluster ---------------------------------------------------------------------
+
+# Ray is the optional extra colab_xla[ray]: the dev stack has it, the users' stacks do not.
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                               reason="Ray (colab_xla[ray]) is not installed in this stack")
+HOSTS, PER_HOST = 2, 2
+
+
+@pytest.fixture(scope="module")
+def local():
+    """A local cluster of 2 CPU hosts x 2 replicas, for the module's tests."""
+    connected = cluster.start_local(HOSTS, PER_HOST, announce=None)
+    yield connected
+    cluster.stop()
+
+
+def on_cluster(source: str, c, **kw):
+    from colab_xla.cluster.run import run_on_cluster
+
+    return run_on_cluster(c, textwrap.dedent(source).lstrip("\n"), announce=None,
+                          label="Cell In[3]", **kw)
+
+
+# Defined as a notebook defines them (in __main__, which the hosts cannot import).
+NOTEBOOK = {"__name__": "__main__"}
+exec(textwrap.dedent("""
+    class Point:
+        def __init__(self, x):
+            self.x = x
+
+    def scaled(v):
+        return 10 * v
+    """), NOTEBOOK)
+
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_every_replica_of_every_host_runs_the_cell_with_its_global_ordinal(local):
+    outcome = on_cluster("print(index, host, local_index)\n(index, host, local_index)", local)
+    assert outcome.ok, text_view.render(outcome)
+    expected = {h * PER_HOST + i: (h * PER_HOST + i, h, i)
+                for h in range(HOSTS) for i in range(PER_HOST)}
+    assert outcome.results() == expected
+    assert outcome.hosts == {o: h for o, (_, h, _) in expected.items()}
+    for ordinal, (index, host, local_index) in expected.items():
+        assert outcome.replicas[ordinal].text == f"{index} {host} {local_index}"
+    assert len({r.pid for r in outcome.replicas.values()}) == HOSTS * PER_HOST
+    assert "── host 1 · replica 3 · done" in text_view.render(outcome)
+
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_notebook_functions_and_classes_reach_every_host_and_come_back_as_the_notebooks(local):
+    user_ns = {"Point": NOTEBOOK["Point"], "scaled": NOTEBOOK["scaled"]}
+    outcome = on_cluster("Point(scaled(index))", local, user_ns=user_ns)
+    assert outcome.ok, text_view.render(outcome)
+    assert {o: type(v) for o, v in outcome.results().items()} == {
+        o: NOTEBOOK["Point"] for o in range(4)}
+    assert {o: v.x for o, v in outcome.results().items()} == {0: 0, 1: 10, 2: 20, 3: 30}
+    pulled = on_cluster("mine = [index] * 3", local, pull=("mine",), pull_from=3)
+    assert pulled.pulled("mine") == {3: [3, 3, 3]}
+
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_names_a_host_cannot_load_fail_that_hosts_replicas_and_the_cluster_goes_on(local):
+    outcome = on_cluster("scaled(index)", local, user_ns={"scaled": Unreachable()})
+    assert [r.state for r in outcome.replicas.values()] == [FAILED] * 4
+    assert outcome.replicas[3].error.evalue == ("host 1's agent could not run the cell: "
+                                                "No module named 'test_cluster'")
+    assert local.up and on_cluster("index", local).ok
+
+
+class Unreachable:
+    """Pickled by reference to this test module, which the hosts cannot import."""
+
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_collectives_span_hosts_and_a_training_step_leaves_the_same_weights_everywhere(local):
+    outcome = on_cluster("""
+        import torch, torch_xla.core.xla_model as xm, torch_xla.runtime as xr
+        t = torch.ones(2, device=device) * (index + 1)
+        summed = xm.all_reduce(xm.REDUCE_SUM, t).cpu().tolist()
+        xm.rendezvous("every host")
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        x = torch.full((4, 3), float(index), device=device)
+        for _ in range(3):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            xm.optimizer_step(opt)
+        (summed, xr.world_size(), xr.global_ordinal(), model.weight.detach().cpu().tolist())
+        """, local)
+    assert outcome.ok, text_view.render(outcome)
+    results = outcome.results()
+    assert {tuple(r[0]) for r in results.values()} == {(10.0, 10.0)}  # 1 + 2 + 3 + 4
+    assert [(r[1], r[2]) for _, r in sorted(results.items())] == [(4, i) for i in range(4)]
+    weights = [r[3] for r in results.values()]
+    assert all(w == weights[0] for w in weights), weights  # gradients averaged over hosts
+
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_a_failure_on_one_host_stops_every_host_and_names_the_replica(local):
+    outcome = on_cluster("""
+        import time
+        if index == 2:
+            raise ValueError("bad shard")
+        time.sleep(120)
+        """, local)
+    assert outcome.replicas[2].state == FAILED
+    assert outcome.replicas[2].error.evalue == "bad shard"
+    assert [outcome.replicas[o].state for o in (0, 1, 3)] == [STOPPED] * 3
+    assert "after replica 2 failed (ValueError)" in outcome.replicas[0].error.evalue
+    assert outcome.elapsed < 60
+    assert wait_until_gone([psutil.Process(r.pid) for r in outcome.replicas.values()
+                            if r.pid and psutil.pid_exists(r.pid)], timeout=10) == []
+
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_timeout_and_interrupt_stop_every_host_and_leave_no_replica(local):
+    timed = on_cluster("import time\ntime.sleep(120)", local, timeout=3)
+    assert [r.state for r in timed.replicas.values()] == [STOPPED] * 4
+    assert "--timeout 3 s" in timed.replicas[3].error.evalue
+
+    class InterruptWhenAllStarted(RunObserver):
+        started_count = 0
+
+        def started(self, outcome, ordinal):
+            self.started_count += 1
+            if self.started_count == HOSTS * PER_HOST:
+                os.kill(os.getpid(), signal.SIGINT)  # the notebook's Interrupt
+
+    outcome = on_cluster("import time\ntime.sleep(120)", local,
+                         observer=InterruptWhenAllStarted())
+    assert outcome.interrupted
+    assert [r.state for r in outcome.replicas.values()] == [STOPPED] * 4
+    assert outcome.replicas[1].error.ename == "KeyboardInterrupt"
+    assert outcome.elapsed < 30
+    pids = [r.pid for r in outcome.replicas.values()]
+    assert None not in pids
+    assert [p for p in pids if psutil.pid_exists(p)
+            and psutil.Process(p).status() != psutil.STATUS_ZOMBIE] == []
+    assert on_cluster("index", local).ok  # the cluster goes on
