@@ -27,6 +27,7 @@ from colab_xla.host_rank import HostRank
 from colab_xla.outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome
 from colab_xla.views import text as text_view
 from _kernel import wait_until_gone  # tests/ is on sys.path
+from test_launch import notebook_namespace
 from test_magic import get_ipython
 
 
@@ -162,15 +163,7 @@ def on_cluster(source: str, c, **kw):
 
 
 # Defined as a notebook defines them (in __main__, which the hosts cannot import).
-NOTEBOOK = {"__name__": "__main__"}
-exec(textwrap.dedent("""
-    class Point:
-        def __init__(self, x):
-            self.x = x
-
-    def scaled(v):
-        return 10 * v
-    """), NOTEBOOK)
+NOTEBOOK = notebook_namespace()
 
 
 @needs_ray
@@ -193,8 +186,7 @@ def test_every_replica_of_every_host_runs_the_cell_with_its_global_ordinal(local
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_notebook_functions_and_classes_reach_every_host_and_come_back_as_the_notebooks(local):
-    user_ns = {"Point": NOTEBOOK["Point"], "scaled": NOTEBOOK["scaled"]}
-    outcome = on_cluster("Point(scaled(index))", local, user_ns=user_ns)
+    outcome = on_cluster("Point(scaled(index))", local, user_ns=NOTEBOOK)
     assert outcome.ok, text_view.render(outcome)
     assert {o: type(v) for o, v in outcome.results().items()} == {
         o: NOTEBOOK["Point"] for o in range(4)}
