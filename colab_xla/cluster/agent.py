@@ -40,7 +40,7 @@ class HostAgent:
     by rank (``TPU_WORKER_HOSTNAMES``)."""
 
     def __init__(self, rank: HostRank, device: str, hostnames: List[str],
-                 start_method: str = "fork"):
+                 start_method: str = "forkserver"):
         for name in STALE_VARIABLES:
             os.environ.pop(name, None)
         self.rank, self.device = rank, device
@@ -62,6 +62,13 @@ class HostAgent:
         from ..hardware import import_torch_xla
 
         import_torch_xla()  # warm: every cell's replicas start from here
+        if start_method == "forkserver":
+            # Started now, not by a cell's run (which would end it with the run). Replicas
+            # must not fork from this process: Ray's threads may hold libc's locks (a
+            # child forked here was seen stuck in getnameinfo, making its gloo store).
+            from ..launch import warm_forkserver
+
+            warm_forkserver()
         self._runs: Dict[str, _HostedRun] = {}
         self._lock = threading.Lock()
 

@@ -49,7 +49,7 @@ class Cluster:
     @classmethod
     def connect(cls, address: Optional[str] = "auto", *, hosts: Optional[int] = None,
                 replicas: Optional[int] = None, slice_name: Optional[str] = None,
-                start_method: str = "fork", local=None, announce=print) -> "Cluster":
+                start_method: str = "forkserver", local=None, announce=print) -> "Cluster":
         """Join the Ray cluster at ``address`` and start an agent on each host: those of
         its TPU slice, or (``hosts``) that many CPU hosts of ``replicas`` replicas each."""
         if (hosts is None) != (replicas is None):
