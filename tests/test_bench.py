@@ -27,6 +27,8 @@ pytestmark = [pytest.mark.xla, pytest.mark.timeout(300)]
                   "--throughput-repeats", "1", "--return-replicas", "2", "--return-mib", "1",
                   "--return-repeats", "2", "--interrupt-replicas", "2", "--interrupts", "1",
                   "--interrupt-cap", "1"]),
+    ("cluster.py", ["--repeats", "2", "--latency-repeats", "1", "--interrupts", "1",
+                    "--no-one-host"]),
 ])
 def test_benchmark_runs_and_writes_its_section(tmp_path, script, args):
     done = subprocess.run([sys.executable, str(BENCH / script), *args, "--out", str(tmp_path)],
