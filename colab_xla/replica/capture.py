@@ -41,6 +41,10 @@ def capture_startup(path: str) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    # Off first: enabling an enabled faulthandler installs nothing, and the notebook's
+    # process may have enabled it before something else took the signals (Ray's driver
+    # does both: its handler, inherited here, would swallow the fatal error's stacks).
+    faulthandler.disable()
     faulthandler.enable(file=2, all_threads=True)
 
 
