@@ -31,10 +31,12 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
 import multiprocessing
 import multiprocessing.connection
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple
 
@@ -83,6 +85,11 @@ def start(how: Launch, entry: Callable, job, *, processes: int = 0,
     simulation's default) and call ``ended(index, exit code)`` as each one ends: a
     replica whose process ended before its report is gone, and the others may wait for
     it in a collective."""
+    with _main_not_rerun(how.start_method):
+        _start(how, entry, job, processes, ended)
+
+
+def _start(how: Launch, entry: Callable, job, processes: int, ended) -> None:
     if processes:
         _start_processes(how, entry, job, processes, ended)
         return
@@ -100,6 +107,26 @@ def start(how: Launch, entry: Callable, job, *, processes: int = 0,
         import torch_xla.distributed.xla_multiprocessing as xmp
 
         xmp.spawn(entry, args=(job,), nprocs=None, start_method=how.start_method)
+
+
+@contextlib.contextmanager
+def _main_not_rerun(start_method: str) -> Iterator[None]:
+    """Without fork, multiprocessing runs the parent's main script again in every child
+    (as ``__mp_main__``), for the functions it defines. A replica needs none of them (the
+    cell and the notebook names travel in its job), and where the main script is not the
+    notebook's that costs every replica its imports: in a cluster host's agent, whose main
+    is Ray's worker script, 1.5 s a replica. A spec named ``__main__`` tells
+    multiprocessing not to run it (as for ``python -m package``)."""
+    main = sys.modules.get("__main__")
+    if (start_method == "fork" or main is None or getattr(main, "__spec__", None) is not None
+            or not getattr(main, "__file__", None)):
+        yield  # forked, a notebook (no script), or run as a module: nothing to run again
+        return
+    main.__spec__ = importlib.machinery.ModuleSpec("__main__", None)
+    try:
+        yield
+    finally:
+        main.__spec__ = None
 
 
 def _start_processes(how: Launch, entry: Callable, job, count: int,
