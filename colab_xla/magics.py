@@ -179,10 +179,6 @@ class XlaMagics(Magics):
                              "%xla_cluster started on each host. Give the replicas per host "
                              "to %xla_cluster (-n); or add --fresh to run this cell on this "
                              "machine instead.")
-        if session.current() is not None:
-            raise UsageError("a session (%xla_session) and a cluster (%xla_cluster) are both "
-                             "up: stop one of them (%xla_session stop or %xla_cluster stop), "
-                             "or add --fresh to run this cell on this machine.")
         from .cluster.run import run_on_cluster
 
         view = self._view(args.no_widget)
@@ -349,14 +345,26 @@ class XlaMagics(Magics):
             %xla_cluster stop
         """
         args = _parse(self.xla_cluster, line, "%xla_cluster")
+        given = [flag for flag, value in (("ADDRESS", args.address != "auto"),
+                                          ("--hosts", args.hosts is not None),
+                                          ("-n", args.replicas is not None),
+                                          ("--slice", args.slice)) if value]
+        takes = {"status": (), "stop": (), "local": ("--hosts", "-n")}.get(args.action)
+        if takes is not None and set(given) - set(takes):
+            raise UsageError(f"%xla_cluster {args.action} takes no "
+                             f"{', '.join(sorted(set(given) - set(takes)))}: those are for "
+                             "%xla_cluster connect" + (" (local takes --hosts and -n)."
+                                                       if args.action == "local" else "."))
         live = cluster.current()
         if args.action == "status":
             print(live.describe() if live is not None else
                   "colab_xla cluster: not connected (%xla_cluster connect, or local).")
             return
         if args.action == "stop":
-            print("colab_xla cluster: stopped." if cluster.stop() is not None
-                  else "colab_xla cluster: none was connected.")
+            stopped = cluster.stop()
+            print("colab_xla cluster: stopped." if live is not None else
+                  "colab_xla cluster: none was connected." if stopped is None else
+                  f"colab_xla cluster: its connection had ended already ({stopped.ended}).")
             return
         for value, flag in ((args.hosts, "--hosts"), (args.replicas, "-n")):
             if value is not None and value < 1:

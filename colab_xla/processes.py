@@ -243,10 +243,11 @@ def end_descendants() -> None:
     psutil.wait_procs(victims, timeout=3)
 
 
-def die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> None:
     """SIGKILL this process when the notebook's process dies (Linux), so no replica
-    outlives a kernel restart holding a TPU."""
+    outlives a kernel restart holding a TPU (``signum``: another signal, for a process
+    that has its own clean-up to do first)."""
     if sys.platform.startswith("linux"):
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before the signal was armed
         os._exit(1)

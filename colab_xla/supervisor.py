@@ -27,8 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from . import endings, hardware, interrupts, processes, shared_lock, state
 from .cell import CellModule
 from .launch import Launch, environ, replica_environ, start
-from .outcome import (DONE, FAILED, RETURN_PLAIN_DATA, STOPPED, ReplicaError, RunObserver,
-                      RunOutcome)
+from .outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome
 from .replica import job as replica_job
 from .replica.process import inherit
 from .transport import frames, shared_tensors, values
@@ -355,25 +354,11 @@ class Supervisor:
         # start-up included) to this replica's report.
         rep.elapsed = time.monotonic() - self._started
         rep.error, rep.value_repr = report.error, report.value_repr
-        problems = []
         if self.options.hosted:  # loaded in the notebook (see RunRequest.hosted)
             rep.value, rep.has_value = report.value, report.value is not None
             rep.pulled = dict(report.pulled)
-        elif report.value is not None:
-            try:
-                rep.value, rep.has_value = values.load_value(report.value, self.user_ns), True
-            except Exception as exc:  # noqa: BLE001
-                problems.append(f"the cell's value arrived but could not be loaded in the "
-                                f"notebook: {type(exc).__name__}: {exc}")
-        for name, data in report.pulled.items() if not self.options.hosted else ():
-            try:
-                rep.pulled[name] = values.load_value(data, self.user_ns)
-            except Exception as exc:  # noqa: BLE001
-                problems.append(f"--pull {name} arrived but could not be loaded in the "
-                                f"notebook: {type(exc).__name__}: {exc}")
-        if problems:  # with what the replica itself could not send, if anything
-            rest = f"; {rep.error.evalue}" if rep.error else ". " + RETURN_PLAIN_DATA
-            rep.error = ReplicaError("result", "ResultError", "; ".join(problems) + rest)
+        else:
+            values.load_results(rep, report.value, report.pulled, self.user_ns)
         rep.state = FAILED if rep.error else DONE
 
     def _settle_unreported(self) -> None:

@@ -22,7 +22,7 @@ from IPython.core.error import UsageError
 
 from colab_xla import cluster, interrupts
 from colab_xla.cluster import hosts
-from colab_xla.cluster.agent import _HostedRun
+from colab_xla.cluster.agent import STALE_VARIABLES, _HostedRun, host_environment
 from colab_xla.host_rank import HostRank
 from colab_xla.outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome
 from colab_xla.views import text as text_view
@@ -80,6 +80,16 @@ def test_a_host_rank_travels_as_environment_and_counts_global_ordinals():
     assert HostRank.from_environ({}) is None
 
 
+def test_a_hosts_replicas_get_its_worker_id_and_none_of_rays_per_chip_variables():
+    rank = HostRank(1, 2, 4, "10.0.0.3")
+    environ = {"TPU_VISIBLE_CHIPS": "0,1,2,3", "TPU_HOST_BOUNDS": "1,1,1", "HOME": "/root",
+               **HostRank(0, 9, 9, "stale").environ()}
+    tpu = host_environment(environ, rank, "TPU", ["10.0.0.2", "10.0.0.3"])
+    assert tpu == {"TPU_WORKER_ID": "1", "TPU_WORKER_HOSTNAMES": "10.0.0.2,10.0.0.3"}
+    assert environ == {"HOME": "/root"} and not set(environ) & set(STALE_VARIABLES)
+    assert host_environment({}, rank, "CPU", []) == {"PJRT_DEVICE": "CPU"}
+
+
 def test_an_interrupt_asked_from_another_thread_reaches_the_block_that_holds_it():
     remote = interrupts.Remote()
     with interrupts.held(remote) as held:
@@ -95,7 +105,7 @@ def test_an_interrupt_asked_from_another_thread_reaches_the_block_that_holds_it(
 
 
 def test_a_hosted_run_keeps_each_lines_stream_and_reports_its_end():
-    run, outcome = _HostedRun("r"), RunOutcome("CPU")
+    run, outcome = _HostedRun(), RunOutcome("CPU")
     lines = outcome.replica(1).log.write("stdout", "a\n")
     run.output(outcome, 1, lines)
     lines = outcome.replica(1).log.write("stderr", "b\nc\n")
@@ -135,6 +145,11 @@ def test_the_magic_refuses_what_it_cannot_do_before_anything_starts(ip, capsys):
         ip.run_line_magic("xla_cluster", "local --hosts 0 -n 2")
     with pytest.raises(UsageError, match="CPU hosts need both --hosts H and -n N"):
         ip.run_line_magic("xla_cluster", "connect auto -n 2")
+    with pytest.raises(UsageError, match="stop takes no --hosts, -n: those are for "
+                                         "%xla_cluster connect"):
+        ip.run_line_magic("xla_cluster", "stop --hosts 2 -n 2")
+    with pytest.raises(UsageError, match="local takes no --slice.*local takes --hosts and -n"):
+        ip.run_line_magic("xla_cluster", "local --hosts 2 -n 2 --slice s")
     ip.run_line_magic("xla_cluster", "stop")
     assert "none was connected" in capsys.readouterr().out
 
@@ -201,8 +216,10 @@ def test_notebook_functions_and_classes_reach_every_host_and_come_back_as_the_no
 def test_names_a_host_cannot_load_fail_that_hosts_replicas_and_the_cluster_goes_on(local):
     outcome = on_cluster("scaled(index)", local, user_ns={"scaled": Unreachable()})
     assert [r.state for r in outcome.replicas.values()] == [FAILED] * 4
-    assert outcome.replicas[3].error.evalue == ("host 1's agent could not run the cell: "
-                                                "No module named 'test_cluster'")
+    assert outcome.replicas[3].error.evalue == (
+        "the notebook names the cell uses could not be loaded on host 1 (ModuleNotFoundError: "
+        "No module named 'test_cluster'). A module they need must be importable on every host "
+        "(installed, or on sys.path); or define them in the cell.")
     assert local.up and on_cluster("index", local).ok
 
 
@@ -280,6 +297,6 @@ def test_timeout_and_interrupt_stop_every_host_and_leave_no_replica(local):
     assert outcome.elapsed < 30
     pids = [r.pid for r in outcome.replicas.values()]
     assert None not in pids
-    assert [p for p in pids if psutil.pid_exists(p)
-            and psutil.Process(p).status() != psutil.STATUS_ZOMBIE] == []
+    assert wait_until_gone([psutil.Process(p) for p in pids if psutil.pid_exists(p)],
+                           timeout=0) == []
     assert on_cluster("index", local).ok  # the cluster goes on

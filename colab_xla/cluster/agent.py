@@ -11,16 +11,18 @@ names stay packed bytes, loaded in the notebook where its classes are.
 
 An Interrupt from the notebook (:meth:`HostAgent.interrupt`) stops the host's run as the
 notebook's Interrupt stops a local one (``ray.cancel`` cannot stop a running actor task).
-Ray-free itself: :mod:`colab_xla.cluster.hosts` makes it an actor.
+Ray-free itself: :mod:`colab_xla.cluster.connection` makes it an actor.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 import socket
 import threading
 import traceback
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, MutableMapping, Optional
 
 from .. import interrupts
 from ..host_rank import VARIABLES, HostRank
@@ -33,6 +35,18 @@ STALE_VARIABLES = ("TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_B
                    *VARIABLES)
 
 
+def host_environment(environ: MutableMapping[str, str], rank: HostRank, device: str,
+                     hostnames: List[str]) -> Dict[str, str]:
+    """Drop from ``environ`` (the agent's) what Ray set for the chips it reserved; return
+    what this host's replicas get on top: on a TPU host its worker id and every host's
+    address, on a CPU host torch_xla's CPU backend."""
+    for name in STALE_VARIABLES:
+        environ.pop(name, None)
+    if device == "TPU":
+        return {"TPU_WORKER_ID": str(rank.host), "TPU_WORKER_HOSTNAMES": ",".join(hostnames)}
+    return {"PJRT_DEVICE": "CPU"}
+
+
 class HostAgent:
     """Host ``rank.host`` of a cluster. ``device`` is "TPU" (replicas on its chips, as
     many as torch_xla plans) or "CPU" (``rank.replicas`` replicas, one process each,
@@ -41,24 +55,16 @@ class HostAgent:
 
     def __init__(self, rank: HostRank, device: str, hostnames: List[str],
                  start_method: str = "forkserver"):
-        for name in STALE_VARIABLES:
-            os.environ.pop(name, None)
+        self.env = host_environment(os.environ, rank, device, hostnames)
         self.rank, self.device = rank, device
         self.start_method = start_method
-        self.env: Dict[str, str] = {}
-        if device == "TPU":
-            self.env.update(TPU_WORKER_ID=str(rank.host),
-                            TPU_WORKER_HOSTNAMES=",".join(hostnames))
-        else:
-            self.env.update(PJRT_DEVICE="CPU")
         self._store = None
         if device == "CPU" and rank.host == 0:  # where the replicas of every host meet
             import torch.distributed as dist
 
             self._store = dist.TCPStore(rank.address, 0, is_master=True,
                                         wait_for_workers=False)
-            self.rank = HostRank(rank.host, rank.hosts, rank.replicas, rank.address,
-                                 f"{rank.address}:{self._store.port}")
+            self.rank = dataclasses.replace(rank, store=f"{rank.address}:{self._store.port}")
         from ..hardware import import_torch_xla
 
         import_torch_xla()  # warm: every cell's replicas start from here
@@ -83,18 +89,16 @@ class HostAgent:
 
     def set_store(self, store: Optional[str]) -> None:
         """The store host 0 keeps (CPU hosts), told to every host before the first cell."""
-        self.rank = HostRank(self.rank.host, self.rank.hosts, self.rank.replicas,
-                             self.rank.address, store)
+        self.rank = dataclasses.replace(self.rank, store=store)
 
     def start(self, run_id: str, source: str, names: Optional[bytes], label: str,
               pull: List[str], pull_from: Optional[int]) -> None:
         """Start running the cell on this host's replicas (returns at once)."""
         run = self._run(run_id)
-        rank = HostRank(self.rank.host, self.rank.hosts, self.rank.replicas,
-                        self.rank.address, self.rank.store, run_id)
+        rank = dataclasses.replace(self.rank, run=run_id)
         thread = threading.Thread(
             target=run.run, name=f"colab_xla-host-run-{run_id}", daemon=True,
-            args=(source, names, label, {**self.env, **rank.environ()},
+            args=(rank.host, source, names, label, {**self.env, **rank.environ()},
                   self.rank.replicas if self.device == "CPU" else None,
                   Launch(start_method=self.start_method), pull, pull_from))
         thread.start()
@@ -115,33 +119,39 @@ class HostAgent:
     def _run(self, run_id: str) -> "_HostedRun":
         """The run ``run_id`` (Ray may deliver a poll or an interrupt before the start)."""
         with self._lock:
-            return self._runs.setdefault(run_id, _HostedRun(run_id))
+            return self._runs.setdefault(run_id, _HostedRun())
 
 
 class _HostedRun(RunObserver):
     """One cell on this host: run_cell in a thread, its view's hooks kept as events."""
 
-    def __init__(self, run_id: str):
-        self.run_id = run_id
+    def __init__(self):
         self.interrupter = interrupts.Remote()
         self._events: List[tuple] = []
         self._done: Optional[Dict[str, Any]] = None
         self._changed = threading.Condition()
 
-    def run(self, source, names, label, env, replicas, launch, pull, pull_from) -> None:
+    def run(self, host, source, names, label, env, replicas, launch, pull, pull_from) -> None:
         from ..run import run_cell
         from ..transport import names as names_transport
 
         notes: List[str] = []
         try:
-            user_ns = names_transport.unpack(names) if names else {}
-            outcome = run_cell(source, replicas=replicas, user_ns=user_ns, label=label,
-                               observer=self, announce=notes.append, env=env,
-                               launch=launch, pull=pull, pull_from=pull_from,
-                               simulate="processes", hosted=self.interrupter)
-            done = {"outcome": _packed_outcome(outcome), "notes": notes}
+            try:
+                user_ns = names_transport.unpack(names) if names else {}
+            except Exception as exc:  # noqa: BLE001 - said as a replica would say it
+                done = {"error": (type(exc).__name__, names_transport.unloadable(
+                            exc, f"on host {host}", "on every host", "")),
+                        "traceback": traceback.format_exc(), "notes": notes}
+            else:
+                outcome = run_cell(source, replicas=replicas, user_ns=user_ns, label=label,
+                                   observer=self, announce=notes.append, env=env,
+                                   launch=launch, pull=pull, pull_from=pull_from,
+                                   simulate="processes", hosted=self.interrupter)
+                done = {"outcome": _packed_outcome(outcome), "notes": notes}
         except BaseException as exc:  # noqa: BLE001 - the notebook says it, with the host
-            done = {"error": f"{type(exc).__name__}: {exc}",
+            done = {"error": (type(exc).__name__,
+                              f"host {host}'s agent could not run the cell: {exc}"),
                     "traceback": traceback.format_exc(), "notes": notes}
         with self._changed:
             self._done = done
@@ -170,8 +180,7 @@ class _HostedRun(RunObserver):
     def output(self, outcome: RunOutcome, origin, lines: List[str]) -> None:
         log = outcome.replica(origin).log if isinstance(origin, int) else outcome.process(origin)
         # The log has just taken these lines: their streams are its last entries.
-        tail = list(log.tail)[-len(lines):]
-        streams = [s for s, _ in tail]
+        streams = [s for s, _ in itertools.islice(reversed(log.tail), len(lines))][::-1]
         streams = ["stdout"] * (len(lines) - len(streams)) + streams
         self._add("output", origin, list(zip(streams, lines)))
 
@@ -187,7 +196,6 @@ def _packed_replica(rep) -> Dict[str, Any]:
 
 
 def _packed_outcome(outcome: RunOutcome) -> Dict[str, Any]:
-    return {"device_type": outcome.device_type, "elapsed": outcome.elapsed,
-            "interrupted": outcome.interrupted, "launch_error": outcome.launch_error,
-            "log_dir": outcome.log_dir,
+    """What the notebook uses of the host's outcome (the rest it keeps itself)."""
+    return {"launch_error": outcome.launch_error,
             "replicas": {o: _packed_replica(r) for o, r in outcome.replicas.items()}}

@@ -8,7 +8,6 @@ Ray is imported here and only here on the notebook's side (an optional extra:
 
 from __future__ import annotations
 
-import time
 from typing import Dict, List, Optional
 
 from ..host_rank import HostRank
@@ -33,14 +32,13 @@ def import_ray():
 
 class Cluster:
     """Hosts with one agent each. Make one with :meth:`connect` (or
-    :func:`colab_xla.cluster.local.start` for hosts on this machine)."""
+    :func:`colab_xla.cluster.start_local` for hosts on this machine)."""
 
     def __init__(self, address: str, hosts: List[Host], agents: list, placement_group,
                  described: List[Dict], slice_name: Optional[str], local=None):
         self.address, self.hosts, self.agents = address, hosts, agents
         self.placement_group, self.described = placement_group, described
         self.slice_name, self.local = slice_name, local
-        self.started_at = time.time()
         self.cells_run = 0
         self.ended: Optional[str] = None
 
@@ -211,14 +209,19 @@ def _describe(ray, agents) -> List[Dict]:
     except ray.exceptions.RayActorError as exc:
         for agent in agents:
             ray.kill(agent)
-        raise ClusterError(f"a host agent failed to start: {_first_line(exc)}. colab_xla, "
-                           "torch and torch_xla must be installed on every host.") from None
+        raise ClusterError(f"a host agent failed to start: {exception_line(exc, last=True)}. "
+                           "colab_xla, torch and torch_xla must be installed on every host."
+                           ) from None
     store = described[0]["store"]
     if store:  # CPU hosts: every host's replicas meet at host 0's store
         ray.get([a.set_store.remote(store) for a in agents])
     return described
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[-1] if text else type(exc).__name__
+def exception_line(exc: BaseException, last: bool = False) -> str:
+    """One line of what Ray raised (its messages span many): the first line with the
+    type, or (``last``) the last line, where a failed creation task names its cause."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if last:
+        return lines[-1] if lines else type(exc).__name__
+    return f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"

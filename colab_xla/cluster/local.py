@@ -107,10 +107,7 @@ def _keep(hosts: int, notebook_pid: int) -> None:
         os._exit(0)
 
     signal.signal(signal.SIGTERM, end)
-    if sys.platform.startswith("linux"):
-        processes._LIBC.prctl(processes._PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != notebook_pid:
-        end(None, None)
+    processes.die_with_parent(notebook_pid, signal.SIGTERM)  # (nothing to end before this)
     from ray.cluster_utils import Cluster
 
     try:

@@ -15,6 +15,7 @@ and a host that does not answer within :data:`HOST_GRACE_SECONDS` is taken as go
 
 from __future__ import annotations
 
+import itertools
 import secrets
 import shutil
 import tempfile
@@ -24,11 +25,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from .. import endings, interrupts, options, preflight, state
 from ..cell import CellModule
 from ..launch import Launch
-from ..outcome import (DONE, FAILED, RETURN_PLAIN_DATA, STOPPED, ReplicaError, RunObserver,
-                       RunOutcome)
+from ..outcome import DONE, FAILED, STOPPED, ReplicaError, RunObserver, RunOutcome
 from ..supervisor import FAIL_FAST_SECONDS, TICK_SECONDS
 from ..transport import names, values
-from .connection import Cluster, import_ray
+from .connection import Cluster, exception_line, import_ray
 
 # How long a poll waits in the agent for news: the notebook's Interrupt is seen between polls.
 POLL_SECONDS = 0.1
@@ -125,8 +125,9 @@ class _ClusterRun:
             host, why = next(iter(sorted(self._gone.items())))
             self.cluster.stop(f"host {host} is gone: {why}")
         self.outcome.elapsed = time.monotonic() - started
-        for rep in self.outcome.replicas.values():
-            rep.log.finish()
+        for log in [*(r.log for r in self.outcome.replicas.values()),
+                    *self.outcome.processes.values()]:
+            log.finish()  # (every line arrived whole: this closes the log files)
         return self.outcome
 
     # -- what a host says -------------------------------------------------------------------
@@ -136,7 +137,7 @@ class _ClusterRun:
         try:
             reply = ray.get(ref)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
-            self._host_gone(host, _why_gone(exc))
+            self._host_gone(host, exception_line(exc))
             return False
         for event in reply["events"]:
             kind, origin = event[0], event[1]
@@ -154,10 +155,8 @@ class _ClusterRun:
             if self.announce:
                 self.announce(note.replace("colab_xla: ", f"colab_xla: host {host}: ", 1))
         if "error" in reply:  # the agent could not run the cell at all (it is still up)
-            ename, _, message = reply["error"].partition(": ")
-            self._fail_host(host, ReplicaError(
-                "exception", ename, f"host {host}'s agent could not run the cell: {message}",
-                reply.get("traceback", "")))
+            ename, message = reply["error"]
+            self._fail_host(host, ReplicaError("exception", ename, message, reply["traceback"]))
         else:
             for ordinal, packed in reply["outcome"]["replicas"].items():
                 rep = self.outcome.replica(self._global(host, ordinal))
@@ -180,10 +179,9 @@ class _ClusterRun:
         else:
             origin = f"host {host} · {origin}"
             log = self.outcome.process(origin)
-        for stream, line in lines:
-            done = log.write(stream, line + "\n")
-            if done:
-                self.observer.output(self.outcome, origin, done)
+        for stream, run in itertools.groupby(lines, key=lambda pair: pair[0]):
+            done = log.write(stream, "".join(line + "\n" for _, line in run))
+            self.observer.output(self.outcome, origin, done)
 
     def _finished(self, ordinal: int, packed: Dict[str, Any]) -> None:
         rep = self.outcome.replica(ordinal)
@@ -193,22 +191,8 @@ class _ClusterRun:
         if packed["state"] == STOPPED:  # stopped by its host: said again when settled
             rep.state = STOPPED
             return
-        problems = []
-        if packed["has_value"] and packed["value"] is not None:
-            try:
-                rep.value, rep.has_value = values.load_value(packed["value"], self.user_ns), True
-            except Exception as exc:  # noqa: BLE001
-                problems.append(f"the cell's value arrived but could not be loaded in the "
-                                f"notebook: {type(exc).__name__}: {exc}")
-        for name, data in packed["pulled"].items():
-            try:
-                rep.pulled[name] = values.load_value(data, self.user_ns)
-            except Exception as exc:  # noqa: BLE001
-                problems.append(f"--pull {name} arrived but could not be loaded in the "
-                                f"notebook: {type(exc).__name__}: {exc}")
-        if problems:
-            rest = f"; {rep.error.evalue}" if rep.error else ". " + RETURN_PLAIN_DATA
-            rep.error = ReplicaError("result", "ResultError", "; ".join(problems) + rest)
+        values.load_results(rep, packed["value"] if packed["has_value"] else None,
+                            packed["pulled"], self.user_ns)
         rep.state = FAILED if rep.error else DONE
         if rep.state == FAILED:
             self._failed(ordinal)
@@ -246,7 +230,7 @@ class _ClusterRun:
         first = self.outcome.replicas.get(self._first_failed)
         reason = self._stop or ("failed" if first is not None else "interrupted")
         for rep in self.outcome.replicas.values():
-            if rep.state == STOPPED or rep.state not in (DONE, FAILED):
+            if rep.state not in (DONE, FAILED):
                 rep.state = STOPPED
                 rep.error = endings.stopped(reason, rep, timeout=self.timeout,
                                             grace=FAIL_FAST_SECONDS, first_failed=first)
@@ -259,9 +243,3 @@ class _ClusterRun:
         if 0 <= local < self.per_host[host]:
             return list(pull), local
         return [], None
-
-
-def _why_gone(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = next((line for line in text if line.strip()), type(exc).__name__)
-    return f"{type(exc).__name__}: {first[:200]}"

@@ -139,10 +139,7 @@ class ReplicaProcess:
         try:
             return names.unpack(job.names) if job.names else {}
         except Exception as exc:  # noqa: BLE001 - every replica of the process says it
-            message = (f"the notebook names the cell uses could not be loaded in the replica "
-                       f"({type(exc).__name__}: {exc}). A module they need must be importable "
-                       "by a fresh interpreter (installed, or on sys.path); or define them in "
-                       "the cell, or use --start-method fork.")
+            message = names.unloadable(exc)
             self.names_error = ReplicaError(
                 "names", type(exc).__name__, message,
                 "".join(traceback.format_exception(exc)) + message + "\n")

@@ -87,3 +87,12 @@ def pack(names: Iterable[str], user_ns: Mapping, start_method: str = "spawn") ->
 def unpack(data: bytes) -> Dict[str, object]:
     """In the replica: the names, loaded."""
     return pickle.loads(data)
+
+
+def unloadable(exc: BaseException, where: str = "in the replica",
+               importable: str = "by a fresh interpreter",
+               way_out: str = ", or use --start-method fork") -> str:
+    """What to say when :func:`unpack` raised ``exc`` ``where`` the names were loaded."""
+    return (f"the notebook names the cell uses could not be loaded {where} "
+            f"({type(exc).__name__}: {exc}). A module they need must be importable "
+            f"{importable} (installed, or on sys.path); or define them in the cell{way_out}.")

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional
 
 import cloudpickle
 
-from ..outcome import ReplicaReport
+from ..outcome import RETURN_PLAIN_DATA, ReplicaError, ReplicaOutcome, ReplicaReport
 from . import shared_tensors
 
 VALUE_REPR_LIMIT = 500  # for the views; the value itself comes whole through -o
@@ -104,6 +104,29 @@ def load_value(data: bytes, notebook_ns: Optional[Mapping[str, Any]] = None) -> 
         return pickle.loads(data)
     finally:
         _loading_ns.reset(token)
+
+
+def load_results(rep: ReplicaOutcome, value: Optional[bytes], pulled: Mapping[str, bytes],
+                 notebook_ns: Mapping[str, Any]) -> None:
+    """In the notebook: replica ``rep``'s packed value and ``--pull`` names loaded into
+    it; what cannot be loaded becomes its error (a ResultError, with the replica's own
+    error after it, if any)."""
+    problems = []
+    if value is not None:
+        try:
+            rep.value, rep.has_value = load_value(value, notebook_ns), True
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"the cell's value arrived but could not be loaded in the "
+                            f"notebook: {type(exc).__name__}: {exc}")
+    for name, data in pulled.items():
+        try:
+            rep.pulled[name] = load_value(data, notebook_ns)
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"--pull {name} arrived but could not be loaded in the "
+                            f"notebook: {type(exc).__name__}: {exc}")
+    if problems:  # with what the replica itself could not send, if anything
+        rest = f"; {rep.error.evalue}" if rep.error else ". " + RETURN_PLAIN_DATA
+        rep.error = ReplicaError("result", "ResultError", "; ".join(problems) + rest)
 
 
 def safe_repr(value: Any) -> str:
