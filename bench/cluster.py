@@ -59,8 +59,9 @@ NAME = "cluster"
 PATHS = ("cluster", "one_off")
 SLEEP_CELL = "import time\nprint('ready', index, flush=True)\nwhile True:\n    time.sleep(0.05)\n"
 SIGNAL_DELAY_S = 0.2  # after the last replica's first line
-# A run not done by then is cut (``timeout=``) and counted as hung, not measured: a replica
-# forked by a cluster agent can deadlock at start (see the section's note).
+# A run not done by then is cut (``timeout=``) and counted as hung, not measured, so that a
+# hang (replicas forked straight from a Ray actor once deadlocked at start) cannot stop the
+# benchmark; the section says how many.
 HANG_S = 20.0
 
 
@@ -261,10 +262,11 @@ def render(results: List[dict], info: dict, seconds: float, args) -> str:
         "## Cluster of hosts (colab_xla.cluster, local Ray cluster)",
         "",
         "`run_on_cluster` on a local Ray cluster (`cluster.start_local(H, N)`: a Ray head and "
-        "H Ray nodes on 127.0.0.1, one agent per host, each forking its N replicas) against "
-        "a one-off local `run_cell(..., replicas=H*N)`, interleaved in one process (the order "
-        "rotates each iteration). Each cluster is started once (start-up in the table), and "
-        "the one-off run is measured again beside each cluster. Both hosts of the 2-host "
+        "H Ray nodes on 127.0.0.1, one agent per host, starting its N replicas from its warm "
+        "forkserver) against a one-off local `run_cell(..., replicas=H*N)`, interleaved in "
+        "one process (the order rotates each iteration). Each cluster is started once "
+        "(start-up in the table), and the one-off run is measured again beside each "
+        "cluster. Both hosts of the 2-host "
         "cluster share this machine's cores, so this measures colab_xla's and Ray's "
         "overhead, not a network.",
         "",
@@ -335,10 +337,8 @@ def render(results: List[dict], info: dict, seconds: float, args) -> str:
             f"Hung runs (cut by `timeout={HANG_S:g}` and left out of the figures above): "
             + "; ".join(f"{r['hosts']}×{r['per_host']} {name}: {k}" for r, name, k in hung)
             + (f"; interrupt runs: {hung_cut}" if hung_cut else "") + ". "
-            "Seen while writing this benchmark: on the cluster a replica forked by a host's "
-            "agent (a Ray actor, many threads) can deadlock at start, in libc's resolver lock "
-            "(`getnameinfo` from `c10d::TCPStore` in `gloo_collectives.tcp_store`, "
-            "`ReplicaProcess._instrument_torch_xla`): fork from a multi-threaded process.",
+            "A hang is a bug: agents start replicas from a forkserver because replicas forked "
+            "from the agent (a Ray actor, many threads) deadlocked in libc's resolver lock.",
         ]
     left = {pid: cmd for r in results for pid, cmd in r["processes_left"].items()}
     seen = sum(r["processes_seen"] for r in results)
