@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from . import hardware, launch, preflight, processes, tpu_holders
+from . import cluster, hardware, launch, preflight, processes, tpu_holders
 from . import session as sessions
 from .preflight import Problem
 
@@ -70,6 +70,19 @@ def _session_fact(session) -> str:
         return f"ended ({session.ended})"
     pids = ", ".join(str(rep.pid) for _, rep in sorted(session.replicas.items()))
     return f"up, {len(session.replicas)} replicas (pids {pids}), {session.cells_run} cells run"
+
+
+def _cluster_fact(connected, ray_version: Optional[str]) -> str:
+    """This notebook's ``%xla_cluster`` connection (``connected``, or None), and whether
+    Ray, which it needs, is installed."""
+    if connected is None:
+        if ray_version is None:
+            return "not connected (Ray not installed: pip install 'colab_xla[ray]')"
+        return f"not connected (Ray {ray_version}: %xla_cluster connect, or local)"
+    warm = connected.session is not None and connected.session.up
+    return (f"connected to {connected.address}: {len(connected.hosts)} hosts, "
+            f"{connected.replicas} replicas, {connected.slice_name or 'CPU hosts'}"
+            + ("; a session is up on every host" if warm else ""))
 
 
 def likely_cause(history: Sequence[str]) -> Optional[str]:
@@ -140,6 +153,7 @@ def diagnose(environ: Mapping[str, str] = os.environ, history: Sequence[str] = (
                                        "Set it to fork, spawn or forkserver.", fatal=False))
 
     report.facts.append(("session", _session_fact(sessions.current())))
+    report.facts.append(("cluster", _cluster_fact(cluster.current(), _version("ray"))))
     found = processes.leftovers()
     report.facts.append(("leftover processes", str(len(found))))
     if found:

@@ -346,7 +346,7 @@ def _tpu_chips(accelerator_type: Optional[str] = None) -> _TpuScan:
     if len(ids) < theirs:  # a chip only this torch_xla knows
         generation, per_chip = None, None
     if generation is None:
-        generation, per_chip = _from_accelerator_type(accelerator_type)
+        generation, per_chip = from_accelerator_type(accelerator_type)
     if generation is None:
         per_chip = _bounded(tpu.num_logical_cores_per_chip, METADATA_TIMEOUT)
     return _TpuScan(chips, per_chip, generation, theirs)
@@ -369,7 +369,7 @@ def _pci_tpu_devices() -> List[str]:
     return found
 
 
-def _from_accelerator_type(accelerator_type: Optional[str]) -> Tuple[Optional[str], Optional[int]]:
+def from_accelerator_type(accelerator_type: Optional[str]) -> Tuple[Optional[str], Optional[int]]:
     """("v5e", 1) from "v5litepod-8" or "v5e-1"; ("7x", None) from "tpu7x-8"; else (None, None)."""
     match = re.match(r"^(?:v|tpu)(\d)([a-z]*)-\d+$", accelerator_type or "")
     if not match:

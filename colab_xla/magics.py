@@ -248,6 +248,11 @@ class XlaMagics(Magics):
         that raises fails the cell and the session stays; a replica that dies ends it.
         The session's processes die with the notebook's process.
 
+        While a cluster is connected (``%xla_cluster``), ``%xla_session start`` (no
+        options: the replicas are the cluster's) keeps warm replicas on every host, each
+        started by its host's agent; they start, run and end together: a session that
+        ends on one host ends on all.
+
         Example::
 
             %xla_session start -n 4
@@ -263,22 +268,31 @@ class XlaMagics(Magics):
         if given and args.action != "start":
             raise UsageError(f"%xla_session {args.action} takes no {', '.join(given)}: "
                              "options are given to %xla_session start.")
-        live = session.current()
+        hosts = cluster.current()
+        live = hosts.session if hosts is not None else session.current()
         if args.action == "status":
-            print(live.describe() if live is not None
-                  else "colab_xla session: none (%xla_session start starts one).")
+            print(live.describe() if live is not None else "colab_xla session: none "
+                  f"(%xla_session start starts one{' on every host' if hosts else ''}).")
             return
         if args.action == "stop":
             was_up = live is not None and live.up
-            session.stop_session()
+            if hosts is not None:
+                if was_up:
+                    live.stop()
+                hosts.session = None
+            else:
+                session.stop_session()
             print("colab_xla session: stopped." if was_up else
                   "colab_xla session: none was up." if live is None else
                   f"colab_xla session: it had ended already ({live.ended}).")
             return
+        if args.action == "restart" and live is None:
+            raise UsageError("%xla_session restart: no session was started "
+                             "(%xla_session start starts one).")
+        if hosts is not None:
+            self._session_on_cluster(hosts, args.action, given)
+            return
         if args.action == "restart":
-            if live is None:
-                raise UsageError("%xla_session restart: no session was started "
-                                 "(%xla_session start starts one).")
             opts = live.options
             session.stop_session()
         else:
@@ -290,11 +304,6 @@ class XlaMagics(Magics):
                     env=parse_env(args.env), cache_dir=args.cache, simulate=args.simulate)
             except SetupError as exc:
                 raise UsageError(str(exc)) from None
-        if cluster.current() is not None:
-            raise UsageError("%xla_session on a cluster is not built yet: cells on the "
-                             "cluster start fresh replicas on every host (the hosts' agents "
-                             "keep torch_xla imported). %xla_cluster stop first to start a "
-                             "session on this machine.")
         started = time.monotonic()
         try:
             new = start_session(opts, self.shell.user_ns)
@@ -303,6 +312,32 @@ class XlaMagics(Magics):
         print(f"colab_xla session: {len(new.replicas)} replicas started in "
               f"{time.monotonic() - started:.1f} s.")
         print(new.describe())
+
+    def _session_on_cluster(self, hosts, action: str, given: list) -> None:
+        """``%xla_session start`` or ``restart`` while a cluster is connected: warm
+        replicas on every host, started by each host's agent."""
+        from .cluster.session import ClusterSession
+
+        if given:
+            raise UsageError(f"{', '.join(given)}: on a cluster, each host's replicas are "
+                             "the ones %xla_cluster planned (-n per CPU host; a TPU host's "
+                             "chips), so %xla_session start takes no options there.")
+        live = hosts.session
+        if live is not None and live.up:
+            if action == "start":
+                raise UsageError("a session is up on the cluster: %xla_session restart "
+                                 "starts it again, %xla_session stop ends it.")
+            live.stop()
+        hosts.session = None
+        started = time.monotonic()
+        try:
+            hosts.session = ClusterSession.start(hosts)
+        except SetupError as exc:
+            raise UsageError(self._refusal(exc)) from None
+        count = sum(len(r) for r in hosts.session.replicas.values())
+        print(f"colab_xla session: {count} replicas started on {len(hosts.hosts)} hosts in "
+              f"{time.monotonic() - started:.1f} s.")
+        print(hosts.session.describe())
 
     @magic_arguments()
     @argument("action", nargs="?", default="status",

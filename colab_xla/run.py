@@ -194,7 +194,11 @@ def _run_on_session(session: Session, source: str, *, replicas, user_ns, label, 
             note = _once(f"colab_xla: {problem.message} {problem.fix}")
             if note and announce:
                 announce(note)
-        sent_names, sent = session.names_for(source, user_ns)
+        if hosted is None:
+            sent_names, sent = session.names_for(source, user_ns)
+        else:  # a cluster host's: the notebook chose the names to send (all it sent here)
+            sent_names, sent = (names.pack(user_ns, user_ns, names.SESSION) if user_ns
+                                else None), []
         request = RunRequest(session.options.launch, os.getpid(), cell, sent_names, None,
                              tuple(pull), pull_from, hosted)
         outcome = Supervisor(request, session.plan, run_dir, dict(user_ns),

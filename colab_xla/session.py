@@ -47,6 +47,7 @@ import psutil
 from . import hardware, processes
 from .endings import describe_exit
 from .errors import SetupError
+from .host_rank import HostRank
 from .launch import Launch, environ, replica_environ, start
 from .replica import session as replica_session
 from .replica.job import ReplicaJob
@@ -107,7 +108,7 @@ class Session:
         self.ended: Optional[str] = None  # why the session ended, once it has
         self._lock = threading.Condition()
         self._commands: Dict[int, int] = {}  # ordinal -> write fd of its command pipe
-        self._known: Dict[str, "_Known"] = {}  # notebook names the replicas have
+        self.known = KnownNames()  # the notebook names the replicas have
         self._cell: Optional[_CellRun] = None  # the cell running now
         self._died: Dict[int, int] = {}  # replica -> exit code of its process
         self._launcher: Optional[threading.Thread] = None
@@ -312,7 +313,13 @@ class Session:
         if not self._died:
             return None
         index, code = sorted(self._died.items())[0]
-        return f"replica {index} died ({describe_exit(code)})"
+        return f"replica {self.global_ordinal(index)} died ({describe_exit(code)})"
+
+    def global_ordinal(self, index: int) -> int:
+        """Replica ``index``'s ordinal as the notebook counts it: on a cluster's host
+        (started by its agent), counting every host's replicas."""
+        rank = HostRank.from_environ(self.options.env)
+        return index if rank is None else rank.index(index)
 
     def exit_codes(self) -> List[int]:
         """The non-zero exit codes of the session's processes that ended."""
@@ -324,19 +331,11 @@ class Session:
     def names_for(self, source: str,
                   user_ns: Mapping[str, Any]) -> Tuple[Optional[bytes], List[str]]:
         """The notebook names the cell uses that the replicas do not have as they are in
-        the notebook: packed, and their names."""
-        changed = []
-        for name in names.used_names(source, user_ns):
-            known = self._known.get(name)
-            if known is None or known.changed(user_ns[name]):
-                changed.append(name)
-        if not changed:
-            return None, []
-        return names.pack(changed, user_ns, names.SESSION), changed
+        the notebook: packed, and their names (see :class:`KnownNames`)."""
+        return self.known.pack(source, user_ns)
 
     def sent(self, sent_names: List[str], user_ns: Mapping[str, Any]) -> None:
-        for name in sent_names:
-            self._known[name] = _Known(user_ns[name])
+        self.known.sent(sent_names, user_ns)
 
     def dispatch(self, job: ReplicaJob, ended: Callable[[int, int], None]) -> None:
         """In the supervisor's driver thread: run ``job`` on every replica, and return when
@@ -418,8 +417,8 @@ class Session:
                 memory = f"{rss:,.0f} MiB"
             except psutil.Error:
                 memory = "gone"
-            lines.append(f"  replica {rep.index}: pid {rep.pid}, process {rep.rank}, "
-                         f"memory {memory}")
+            lines.append(f"  replica {self.global_ordinal(rep.index)}: pid {rep.pid}, "
+                         f"process {rep.rank}, memory {memory}")
         return "\n".join(lines)
 
 
@@ -428,6 +427,33 @@ class _CellRun:
     run_id: str
     ended: Callable[[int, int], None]
     finished: set = dataclasses.field(default_factory=set)
+
+
+class KnownNames:
+    """The notebook names warm replicas have (a session's, here or on every host of a
+    cluster), as they were when sent: a name goes again when the notebook gave it another
+    object since, or changed plain data in place."""
+
+    def __init__(self):
+        self._known: Dict[str, _Known] = {}
+
+    def pack(self, source: str,
+             user_ns: Mapping[str, Any]) -> Tuple[Optional[bytes], List[str]]:
+        """The names ``source`` uses that the replicas do not have as they are in
+        ``user_ns``: packed (None if none), and their names."""
+        changed = []
+        for name in names.used_names(source, user_ns):
+            known = self._known.get(name)
+            if known is None or known.changed(user_ns[name]):
+                changed.append(name)
+        if not changed:
+            return None, []
+        return names.pack(changed, user_ns, names.SESSION), changed
+
+    def sent(self, sent_names: List[str], user_ns: Mapping[str, Any]) -> None:
+        """The replicas now have ``sent_names`` as ``user_ns`` has them."""
+        for name in sent_names:
+            self._known[name] = _Known(user_ns[name])
 
 
 class _Known:

@@ -43,6 +43,13 @@ def test_a_tpu_slice_is_ordered_by_worker_id_not_by_how_ray_lists_it():
     assert {h.chips for h in found.hosts} == {4} and found.accelerator_version == "v4"
 
 
+def test_a_tpu_slice_counts_a_replica_per_core_on_each_host():
+    v4 = hosts.tpu_slice([hosts._tpu_node("a", "10.0.0.2", 0), hosts._tpu_node("b", "10.0.0.3", 1)])
+    assert v4.replicas_per_host == 4  # 4 chips, one core each
+    v3 = hosts.tpu_slice([hosts._tpu_node("a", "10.0.0.2", 0, pod_type="v3-16")])
+    assert v3.replicas_per_host == 8  # 2 cores a chip on v2/v3
+
+
 def test_slices_that_cannot_be_used_are_refused_with_what_to_do():
     with pytest.raises(hosts.ClusterError, match="no TPU slice.*--hosts H -n N"):
         hosts.tpu_slice([{"NodeID": "x", "NodeManagerAddress": "1.2.3.4", "Alive": True,
@@ -126,6 +133,15 @@ def test_views_label_a_clusters_replicas_with_their_host():
     assert outcome.label(1) == "host 1 · replica 1"
     assert "── host 1 · replica 1 · done" in text_view.render(outcome)
     assert RunOutcome("CPU").label(3) == "replica 3"
+
+
+def test_the_doctor_says_whether_ray_is_there_for_a_cluster():
+    from colab_xla.doctor import _cluster_fact
+
+    assert _cluster_fact(None, None) == (
+        "not connected (Ray not installed: pip install 'colab_xla[ray]')")
+    assert _cluster_fact(None, "2.60.0") == (
+        "not connected (Ray 2.60.0: %xla_cluster connect, or local)")
 
 
 @pytest.fixture
@@ -300,3 +316,128 @@ def test_timeout_and_interrupt_stop_every_host_and_leave_no_replica(local):
     assert wait_until_gone([psutil.Process(p) for p in pids if psutil.pid_exists(p)],
                            timeout=0) == []
     assert on_cluster("index", local).ok  # the cluster goes on
+
+
+# -- warm replicas on every host (%xla_session while connected) --------------------------------
+
+def session_pids(session) -> dict:
+    """{global ordinal: pid} of a cluster session's replicas."""
+    return {h * PER_HOST + i: pid for h, replicas in session.replicas.items()
+            for i, pid in replicas.items()}
+
+
+@pytest.fixture
+def warm(local):
+    """Warm replicas on every host of the module's cluster, stopped after the test."""
+    from colab_xla.cluster.session import ClusterSession
+
+    local.session = ClusterSession.start(local, announce=None)
+    pids = session_pids(local.session)
+    yield local
+    local.session.stop()
+    local.session = None
+    assert wait_until_gone([psutil.Process(p) for p in pids.values() if psutil.pid_exists(p)],
+                           timeout=10) == []
+
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_a_session_keeps_every_hosts_replicas_and_their_globals_from_cell_to_cell(warm):
+    pids = session_pids(warm.session)
+    assert sorted(pids) == [0, 1, 2, 3] and len(set(pids.values())) == 4
+    first = on_cluster("import os\ncounter = index * 10\nos.getpid()", warm)
+    assert first.ok, text_view.render(first)
+    assert first.results() == pids  # the session's replicas ran it, by global ordinal
+    second = on_cluster("""
+        import torch, torch_xla.core.xla_model as xm
+        counter += 1
+        (counter, xm.all_reduce(xm.REDUCE_SUM, torch.ones(1, device=device)).item())
+        """, warm)
+    assert second.ok, text_view.render(second)
+    assert second.results() == {o: (o * 10 + 1, 4.0) for o in range(4)}  # and across hosts
+    assert warm.session.cells_run == 2 and warm.session.up
+    status = warm.session.describe()
+    assert "4 replicas on 2 hosts, 2 cells run" in status
+    assert f"replica 3: pid {pids[3]}" in status.split("host 1:")[1]
+
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_a_session_gets_a_notebook_name_once_and_again_when_the_notebook_changes_it(warm):
+    user_ns = {**NOTEBOOK, "seen": [1]}
+    grown = on_cluster("seen.append(index)\n(len(seen), Point(scaled(index)))", warm,
+                       user_ns=user_ns)
+    assert grown.ok, text_view.render(grown)
+    assert {o: (n, type(p), p.x) for o, (n, p) in grown.results().items()} == {
+        o: (2, NOTEBOOK["Point"], o * 10) for o in range(4)}
+    kept = on_cluster("len(seen)", warm, user_ns=user_ns)  # not sent again: theirs stays
+    assert kept.results() == {o: 2 for o in range(4)}
+    user_ns["seen"] = [5, 6, 7]  # the notebook gave it a new value: sent to every host
+    assert on_cluster("len(seen)", warm, user_ns=user_ns).results() == {o: 3 for o in range(4)}
+
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_an_interrupted_session_cell_keeps_the_session_and_a_dead_replica_ends_it_everywhere(
+        warm):
+    pids = session_pids(warm.session)
+
+    class InterruptWhenAllStarted(RunObserver):
+        started_count = 0
+
+        def started(self, outcome, ordinal):
+            self.started_count += 1
+            if self.started_count == HOSTS * PER_HOST:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    stopped = on_cluster("kept = index\nimport time\ntime.sleep(120)", warm,
+                         observer=InterruptWhenAllStarted())
+    assert stopped.interrupted and stopped.session_ended is None
+    assert [r.state for r in stopped.replicas.values()] == [STOPPED] * 4
+    after = on_cluster("import os\n(kept, os.getpid())", warm)
+    assert after.results() == {o: (o, pids[o]) for o in range(4)}  # same processes, globals
+
+    died = on_cluster("import os, time\nif index == 3:\n    os._exit(3)\ntime.sleep(120)", warm)
+    assert died.replicas[3].state == FAILED
+    assert died.session_ended == "on host 1, replica 3 died (exit code 3)"
+    assert not warm.session.up and warm.up  # the session ended; the cluster goes on
+    assert wait_until_gone([psutil.Process(p) for p in pids.values() if psutil.pid_exists(p)],
+                           timeout=10) == []
+    fresh = on_cluster("import os\nos.getpid()", warm)  # one-off replicas again
+    assert fresh.ok and not set(fresh.results().values()) & set(pids.values())
+
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_the_session_magic_on_a_cluster_starts_shows_and_stops_every_hosts_replicas(
+        local, capsys):
+    shell = get_ipython()
+    shell.run_line_magic("load_ext", "colab_xla")
+    shell.run_line_magic("xla_session", "")
+    assert "none (%xla_session start starts one on every host)" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="-n: on a cluster, each host's replicas are the "
+                                         "ones %xla_cluster planned"):
+        shell.run_line_magic("xla_session", "start -n 2")
+    try:
+        shell.run_line_magic("xla_session", "start")
+        out = capsys.readouterr().out
+        assert "colab_xla session: 4 replicas started on 2 hosts" in out
+        assert "host 0:" in out and "host 1:" in out
+        pids = session_pids(local.session)
+        with pytest.raises(UsageError, match="a session is up on the cluster"):
+            shell.run_line_magic("xla_session", "start")
+        shell.run_cell_magic("xla_spawn", "--no-widget -o got", "import os\nos.getpid()")
+        assert shell.user_ns["got"] == pids
+        shell.run_line_magic("xla_doctor", "")
+        assert (f"connected to {local.address}: 2 hosts, 4 replicas, CPU hosts; a session is "
+                "up on every host") in capsys.readouterr().out
+    finally:
+        shell.run_line_magic("xla_session", "stop")
+    assert "colab_xla session: stopped." in capsys.readouterr().out
+    assert local.session is None and local.up
+    assert wait_until_gone([psutil.Process(p) for p in pids.values() if psutil.pid_exists(p)],
+                           timeout=10) == []

@@ -166,11 +166,11 @@ def test_a_slice_is_found_reserved_and_ranked_by_worker_id_with_each_hosts_envir
     from ray.util.tpu import SlicePlacementGroup
 
     def agent_state(agent):
-        """In the agent (a nested function: Ray sends it by value): the environment its
-        replicas get on top of its own, its node, and its own TPU variables."""
+        """In the agent (a nested function: Ray sends it by value): its node, and its own
+        TPU variables."""
         import ray
 
-        return (agent.env, ray.get_runtime_context().get_node_id(),
+        return (ray.get_runtime_context().get_node_id(),
                 {k: v for k, v in os.environ.items() if k.startswith("TPU_")})
 
     workers = keeper.add_tpu_hosts(HOSTS)
@@ -208,22 +208,22 @@ def test_a_slice_is_found_reserved_and_ranked_by_worker_id_with_each_hosts_envir
             assert described["address"] == host.address and described["store"] is None
             assert psutil.pid_exists(described["pid"])
             assert described["pid"] in {p.pid for p in keeper.processes()}
-            # What the replicas would get. HostAgent keeps it as self.env and no method
-            # returns it: Ray's __ray_call__ runs a function on the actor instance.
-            env, node, environ = ray.get(agent.__ray_call__.remote(agent_state),
-                                         timeout=60)
+            assert described["replicas"] == 4  # one per v4 chip: global ordinals count them
+            # The agent's node and own environment: Ray's __ray_call__ runs a function on
+            # the actor instance. What the replicas get on top, the agent describes.
+            node, environ = ray.get(agent.__ray_call__.remote(agent_state), timeout=60)
             assert node == host.node_id
+            env = described["env"]
             assert env == {"TPU_WORKER_ID": str(rank),
                            "TPU_WORKER_HOSTNAMES": ",".join(h.address for h in hosts)}
             assert env["TPU_WORKER_HOSTNAMES"] == "127.0.0.10,127.0.0.11"
             assert environ["TPU_WORKER_ID"] == str(rank)  # the node's own, agreeing
             assert not set(environ) & set(PER_CHIP), environ  # dropped for the replicas
+        assert connected.replicas == 8
         text = connected.describe()
-        # (Not its replica count: a TPU host's agent says 0, its plan being unknown
-        # to it; see the report with this test.)
-        assert text.startswith("colab_xla cluster: up · 2 hosts · "), text
+        assert text.startswith("colab_xla cluster: up · 2 hosts · 8 replicas · "), text
         assert f"{SLICE} · {keeper.address}" in text, text
-        assert "host 1: 127.0.0.11" in text and "TPU replicas" in text
+        assert "host 1: 127.0.0.11" in text and "4 TPU replicas" in text
     finally:
         agent_pids = [d["pid"] for d in connected.described]
         connected.stop()

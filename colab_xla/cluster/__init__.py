@@ -7,6 +7,7 @@ Ray is the engine that reaches the hosts (``pip install colab_xla[ray]``):
 * :mod:`.connection`: :class:`Cluster`: Ray joined, the hosts reserved, one agent each;
 * :mod:`.agent`: the agent on a host, running each cell with the single-host machinery;
 * :mod:`.run`: a cell on every host, as one outcome with global ordinals;
+* :mod:`.session`: warm replicas on every host (``%xla_session`` while connected);
 * :mod:`.local`: hosts on this machine, for workshops and tests.
 
 This module keeps the notebook's one cluster connection.

@@ -77,6 +77,7 @@ class HostAgent:
             warm_forkserver()
         self._runs: Dict[str, _HostedRun] = {}
         self._lock = threading.Lock()
+        self._session = None  # this host's warm replicas (colab_xla.session.Session), if up
 
     def describe(self) -> Dict[str, Any]:
         """What the notebook shows of this host."""
@@ -85,23 +86,69 @@ class HostAgent:
         return {"host": self.rank.host, "pid": os.getpid(), "hostname": socket.gethostname(),
                 "address": self.rank.address, "device": self.device,
                 "replicas": self.rank.replicas, "store": self.rank.store,
+                "env": dict(self.env),
                 "torch_xla": getattr(torch_xla, "__version__", "?")}
 
     def set_store(self, store: Optional[str]) -> None:
         """The store host 0 keeps (CPU hosts), told to every host before the first cell."""
         self.rank = dataclasses.replace(self.rank, store=store)
 
+    # -- warm replicas (%xla_session on the cluster) ----------------------------------------
+
+    def start_session(self, session_id: str) -> Dict[str, Any]:
+        """Start this host's warm replicas, whose cells :meth:`start` then runs; reply
+        ``{"replicas": {local ordinal: pid}, "notes": [...]}``, or ``{"error": (ename,
+        message)}`` when they could not start (refused, or did not come up)."""
+        from ..errors import SetupError
+        from ..run import new_session
+        from ..session import SessionOptions
+
+        self.stop_session()
+        notes: List[str] = []
+        opts = SessionOptions(replicas=self._replicas(), launch=self._launch(),
+                              env=self._environ(session_id), simulate="processes")
+        try:
+            self._session = new_session(opts, {}, announce=notes.append)
+        except SetupError as exc:
+            return {"error": (type(exc).__name__, str(exc)), "notes": notes}
+        return {"replicas": {i: r.pid for i, r in self._session.replicas.items()},
+                "notes": notes}
+
+    def stop_session(self) -> None:
+        """End this host's warm replicas, if any (every process they started)."""
+        session, self._session = self._session, None
+        if session is not None:
+            session.stop()
+
+    def session_status(self) -> Optional[str]:
+        """This host's warm replicas as ``%xla_session`` shows them (None: none)."""
+        return None if self._session is None else self._session.describe()
+
+    # -- cells --------------------------------------------------------------------------------
+
     def start(self, run_id: str, source: str, names: Optional[bytes], label: str,
               pull: List[str], pull_from: Optional[int]) -> None:
-        """Start running the cell on this host's replicas (returns at once)."""
+        """Start running the cell on this host's replicas (returns at once): the warm
+        ones, if a session is up, else replicas of the run's own."""
         run = self._run(run_id)
-        rank = dataclasses.replace(self.rank, run=run_id)
+        session = self._session
+        how = (dict(session=session) if session is not None else
+               dict(env=self._environ(run_id), replicas=self._replicas(),
+                    launch=self._launch(), simulate="processes"))
         thread = threading.Thread(
             target=run.run, name=f"colab_xla-host-run-{run_id}", daemon=True,
-            args=(rank.host, source, names, label, {**self.env, **rank.environ()},
-                  self.rank.replicas if self.device == "CPU" else None,
-                  Launch(start_method=self.start_method), pull, pull_from))
+            args=(self.rank.host, source, names, label, how, pull, pull_from))
         thread.start()
+
+    def _environ(self, run: str) -> Dict[str, str]:
+        """What the replicas of run (or session) ``run`` get on top of the agent's."""
+        return {**self.env, **dataclasses.replace(self.rank, run=run).environ()}
+
+    def _replicas(self) -> Optional[int]:
+        return self.rank.replicas if self.device == "CPU" else None  # (TPU: its chips)
+
+    def _launch(self) -> Launch:
+        return Launch(start_method=self.start_method)
 
     def poll(self, run_id: str, wait: float) -> Dict[str, Any]:
         """The run's events since the last poll (waiting up to ``wait`` s for one), and
@@ -131,7 +178,7 @@ class _HostedRun(RunObserver):
         self._done: Optional[Dict[str, Any]] = None
         self._changed = threading.Condition()
 
-    def run(self, host, source, names, label, env, replicas, launch, pull, pull_from) -> None:
+    def run(self, host, source, names, label, how, pull, pull_from) -> None:
         from ..run import run_cell
         from ..transport import names as names_transport
 
@@ -144,10 +191,9 @@ class _HostedRun(RunObserver):
                             exc, f"on host {host}", "on every host", "")),
                         "traceback": traceback.format_exc(), "notes": notes}
             else:
-                outcome = run_cell(source, replicas=replicas, user_ns=user_ns, label=label,
-                                   observer=self, announce=notes.append, env=env,
-                                   launch=launch, pull=pull, pull_from=pull_from,
-                                   simulate="processes", hosted=self.interrupter)
+                outcome = run_cell(source, user_ns=user_ns, label=label, observer=self,
+                                   announce=notes.append, pull=pull, pull_from=pull_from,
+                                   hosted=self.interrupter, **how)
                 done = {"outcome": _packed_outcome(outcome), "notes": notes}
         except BaseException as exc:  # noqa: BLE001 - the notebook says it, with the host
             done = {"error": (type(exc).__name__,
@@ -197,5 +243,5 @@ def _packed_replica(rep) -> Dict[str, Any]:
 
 def _packed_outcome(outcome: RunOutcome) -> Dict[str, Any]:
     """What the notebook uses of the host's outcome (the rest it keeps itself)."""
-    return {"launch_error": outcome.launch_error,
+    return {"launch_error": outcome.launch_error, "session_ended": outcome.session_ended,
             "replicas": {o: _packed_replica(r) for o, r in outcome.replicas.items()}}

@@ -41,6 +41,7 @@ class Cluster:
         self.slice_name, self.local = slice_name, local
         self.cells_run = 0
         self.ended: Optional[str] = None
+        self.session = None  # warm replicas on every host (.session.ClusterSession), if up
 
     # -- start ----------------------------------------------------------------------------
 
@@ -54,7 +55,8 @@ class Cluster:
             raise ClusterError("CPU hosts need both --hosts H and -n N (replicas per host); "
                                "a TPU slice needs neither.")
         ray = import_ray()
-        if not ray.is_initialized():
+        joined = not ray.is_initialized()  # (else the user's own connection: left as it is)
+        if joined:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR")
         placement = None
         try:
@@ -62,7 +64,7 @@ class Cluster:
             if hosts is None:
                 found = hosts_mod.tpu_slice(nodes, slice_name)
                 placement, members = _reserve_slice(ray, found), found.hosts
-                slice_name = found.name
+                slice_name, replicas = found.name, found.replicas_per_host
             else:
                 hosts_mod.cpu_hosts(nodes, hosts)
                 placement = _reserve_cpu_hosts(ray, hosts)
@@ -75,7 +77,7 @@ class Cluster:
         except BaseException:
             if placement is not None:
                 _release(ray, placement)
-            if local is None:  # a cluster this notebook joined: leave it as it was
+            if local is None and joined:  # a cluster this notebook joined: leave it
                 ray.shutdown()
             raise
         return cls(address or "auto", members, agents, placement, described, slice_name, local)
@@ -100,6 +102,8 @@ class Cluster:
         and stop the local cluster if this notebook started it."""
         if self.ended is not None:
             return
+        if self.session is not None and self.session.up:  # each agent kills its own, by pid
+            self.session.stop(f"the cluster connection ended: {reason}")
         self.ended = reason
         ray = import_ray()
         for agent in self.agents:
@@ -117,7 +121,9 @@ class Cluster:
                  f"{len(self.hosts)} hosts · {self.replicas} replicas · "
                  f"{self.slice_name or 'CPU hosts'} · {self.address}"
                  + (" (local, started by this notebook)" if self.local else "")
-                 + f" · cells run: {self.cells_run}"]
+                 + f" · cells run: {self.cells_run}"
+                 + (" · a session is up (%xla_session)" if self.session is not None
+                    and self.session.up else "")]
         for d in self.described:
             lines.append(f"  host {d['host']}: {d['address']} ({d['hostname']}) · "
                          f"{d['replicas'] or '?'} {d['device']} replicas · agent pid "
@@ -176,7 +182,7 @@ def _release(ray, placement) -> None:
         pass
 
 
-def _start_agents(ray, placement, members: List[Host], replicas: Optional[int],
+def _start_agents(ray, placement, members: List[Host], replicas: int,
                   start_method: str) -> list:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -187,7 +193,7 @@ def _start_agents(ray, placement, members: List[Host], replicas: Optional[int],
     hostnames = [h.address for h in members]
     agents = []
     for host in members:
-        rank = HostRank(host.rank, len(members), replicas or 0, host.address)
+        rank = HostRank(host.rank, len(members), replicas, host.address)
         resources = {"num_cpus": 1} if host.device == "CPU" else {
             "num_cpus": 0, "resources": {"TPU": host.chips}}
         strategy = PlacementGroupSchedulingStrategy(

@@ -23,6 +23,7 @@ import dataclasses
 from typing import Dict, List, Mapping, Optional
 
 from ..errors import SetupError
+from ..hardware import from_accelerator_type
 
 SLICE_LABEL = "ray.io/tpu-slice-name"
 WORKER_LABEL = "ray.io/tpu-worker-id"
@@ -56,6 +57,13 @@ class TpuSlice:
     def accelerator_version(self) -> str:
         """``"v4"``, as ray.util.tpu.SlicePlacementGroup wants it."""
         return self.pod_type.split("-")[0]
+
+    @property
+    def replicas_per_host(self) -> int:
+        """What torch_xla runs on each host: one replica per TPU core (two per chip on
+        v2/v3, one on v4 and later)."""
+        _, per_chip = from_accelerator_type(self.pod_type)
+        return self.hosts[0].chips * (per_chip or 1)
 
 
 def _alive(nodes: List[Mapping]) -> List[Mapping]:

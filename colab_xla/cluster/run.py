@@ -55,11 +55,23 @@ def run_on_cluster(cluster: Cluster, source: str, *, user_ns: Optional[Mapping] 
     for problem in preflight.cell_problems(source):
         raise preflight.refusal(problem)
     user_ns = user_ns if user_ns is not None else {}
-    # Without fork between them, the notebook's names travel by value (as for spawn).
-    sent = names.pack(names.used_names(source, user_ns), user_ns, "spawn")
+    session = cluster.session if cluster.session is not None and cluster.session.up else None
+    if session is not None:  # the names every host's warm replicas do not have yet
+        sent, sent_names = session.known.pack(source, user_ns)
+    else:  # without fork between them, the notebook's names travel by value (as for spawn)
+        sent = names.pack(names.used_names(source, user_ns), user_ns, "spawn")
     run = _ClusterRun(cluster, user_ns, observer or RunObserver(), timeout, announce)
     cluster.cells_run += 1
-    return run.run(source, sent, label, tuple(pull), pull_from)
+    outcome = run.run(source, sent, label, tuple(pull), pull_from)
+    if session is not None:
+        session.cells_run += 1
+        session.known.sent(sent_names, user_ns)
+        if run.session_ended:  # one host's session ended: the hosts are one program
+            host, why = sorted(run.session_ended.items())[0]
+            session.stop(f"on host {host}, {why}")
+        if not session.up:
+            outcome.session_ended = session.ended
+    return outcome
 
 
 class _ClusterRun:
@@ -76,6 +88,7 @@ class _ClusterRun:
         self._first_failed: Optional[int] = None
         self._fail_at: Optional[float] = None
         self._gone: Dict[int, str] = {}  # host -> how it went
+        self.session_ended: Dict[int, str] = {}  # host -> why its session ended in the cell
 
     def run(self, source: str, sent: Optional[bytes], label: str, pull, pull_from) -> RunOutcome:
         ray = import_ray()
@@ -162,6 +175,8 @@ class _ClusterRun:
                 rep = self.outcome.replica(self._global(host, ordinal))
                 if rep.state not in (DONE, FAILED, STOPPED) and packed["state"] != "running":
                     self._finished(rep.ordinal, packed)
+            if reply["outcome"]["session_ended"]:
+                self.session_ended[host] = reply["outcome"]["session_ended"]
             launch_error = reply["outcome"]["launch_error"]
             if launch_error is not None and self.outcome.launch_error is None:
                 self.outcome.launch_error = ReplicaError(

@@ -1,0 +1,106 @@
+"""Warm replicas on every host of a cluster (``%xla_session start`` while connected):
+the notebook's side.
+
+Each host's agent keeps a :class:`colab_xla.session.Session` of its own replicas
+(:meth:`colab_xla.cluster.agent.HostAgent.start_session`), and runs every cell on it. The
+hosts are one program, so they start together and end together: a session that could
+not start on one host, or ended on one (a replica died, an Interrupt not honoured in
+time), ends on every host. The notebook keeps which of its names every host's replicas
+have, and sends a name again only when the notebook changed it, as on one host
+(:class:`colab_xla.session.KnownNames`).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Dict, List, Optional
+
+from ..session import START_TIMEOUT_SECONDS, KnownNames, SessionError
+from .connection import exception_line, import_ray
+
+# How long a host may take to end its session before the notebook stops waiting for it.
+STOP_SECONDS = 10.0
+
+
+class ClusterSession:
+    """Warm replicas on every host of ``cluster``. Make one with :meth:`start`."""
+
+    def __init__(self, cluster, replicas: Dict[int, Dict[int, int]]):
+        self.cluster = cluster
+        self.replicas = replicas  # host -> {local ordinal: pid}
+        self.known = KnownNames()
+        self.started_at = time.time()
+        self.cells_run = 0
+        self.ended: Optional[str] = None  # why it ended, once it has
+
+    @classmethod
+    def start(cls, cluster, announce=print) -> "ClusterSession":
+        """Start warm replicas on every host of ``cluster`` and wait until all are up;
+        raise :class:`colab_xla.session.SessionError` naming the host that could not (every
+        host's are stopped then)."""
+        cluster.check_up()
+        ray = import_ray()
+        session_id = "session-" + secrets.token_hex(6)
+        refs = [agent.start_session.remote(session_id) for agent in cluster.agents]
+        ray.wait(refs, num_returns=len(refs), timeout=START_TIMEOUT_SECONDS + 30)
+        replicas: Dict[int, Dict[int, int]] = {}
+        failures: List[str] = []
+        for host, ref in enumerate(refs):
+            try:
+                reply = ray.get(ref, timeout=0)
+            except ray.exceptions.GetTimeoutError:
+                failures.append(f"host {host}'s replicas did not start within "
+                                f"{START_TIMEOUT_SECONDS + 30:.0f} s")
+                continue
+            except Exception as exc:  # noqa: BLE001 - its agent or node is gone
+                failures.append(f"host {host} is gone: {exception_line(exc)}")
+                continue
+            for note in reply.get("notes", ()):
+                if announce:
+                    announce(note.replace("colab_xla: ", f"colab_xla: host {host}: ", 1))
+            if "error" in reply:
+                failures.append(f"host {host}: {reply['error'][1]}")
+            else:
+                replicas[host] = {int(i): pid for i, pid in reply["replicas"].items()}
+        session = cls(cluster, replicas)
+        if failures:
+            session.stop("it did not start on every host")
+            raise SessionError("The session did not start on every host, so it was "
+                               "stopped on all of them. " + " ".join(failures))
+        return session
+
+    @property
+    def up(self) -> bool:
+        return self.ended is None and self.cluster.up
+
+    def stop(self, reason: str = "stopped (%xla_session stop)") -> None:
+        """End every host's session (each kills every process its session started)."""
+        if self.ended is None:
+            self.ended = reason
+        if not self.cluster.up:
+            return
+        ray = import_ray()
+        refs = [agent.stop_session.remote() for agent in self.cluster.agents]
+        ray.wait(refs, num_returns=len(refs), timeout=STOP_SECONDS)
+
+    def describe(self) -> str:
+        """``%xla_session``'s status text: the session, then each host's replicas."""
+        if not self.up:
+            return f"colab_xla session: ended ({self.ended or self.cluster.ended})."
+        ray = import_ray()
+        uptime = time.time() - self.started_at
+        count = sum(len(r) for r in self.replicas.values())
+        lines = [f"colab_xla session: up {uptime:.0f} s on the cluster, {count} replicas on "
+                 f"{len(self.replicas)} hosts, {self.cells_run} cell"
+                 f"{'s' if self.cells_run != 1 else ''} run."]
+        refs = [agent.session_status.remote() for agent in self.cluster.agents]
+        for host, ref in enumerate(refs):
+            try:
+                text = ray.get(ref, timeout=STOP_SECONDS) or "no session"
+            except Exception as exc:  # noqa: BLE001 - said, not raised: a status line
+                text = f"no answer ({exception_line(exc)})"
+            body = text.splitlines()[1:] or [text]
+            lines.append(f"  host {host}:")
+            lines += ["  " + line for line in body]
+        return "\n".join(lines)
