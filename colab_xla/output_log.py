@@ -77,7 +77,7 @@ class OutputLog:
     def partial(self) -> List[Tuple[str, str]]:
         """Lines not yet ended by a newline (a progress bar, say), as shown now."""
         shown = []
-        for stream, chunks in self._partial.items():
+        for stream, chunks in list(self._partial.items()):  # (a host's agent reads it too)
             # Only the end of the line: a view draws it on every tick while it grows.
             recent, size = [], 0
             for chunk in reversed(chunks):
@@ -91,6 +91,14 @@ class OutputLog:
             if line:
                 shown.append((stream, "… " + line[2:] if cut and "\r" not in text else line))
         return shown
+
+    def show_partial(self, shown: List[Tuple[str, str]]) -> None:
+        """Show ``shown`` as the lines not yet ended, in place of this log's: what
+        another process's log shows of its own (a cluster host's, which sends its
+        replicas' ended lines separately)."""
+        if shown or self._partial:
+            self.version += 1
+        self._partial = {stream: [text] for stream, text in shown}
 
     def finish(self) -> List[str]:
         """End the log: a last line without newline counts as a line. Returns those lines."""

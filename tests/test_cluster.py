@@ -441,3 +441,32 @@ def test_the_session_magic_on_a_cluster_starts_shows_and_stops_every_hosts_repli
     assert local.session is None and local.up
     assert wait_until_gone([psutil.Process(p) for p in pids.values() if psutil.pid_exists(p)],
                            timeout=10) == []
+
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_a_remote_hosts_unended_line_shows_while_it_grows_and_once_when_it_ends(local, tmp_path):
+    seen = tmp_path / "seen"
+
+    class WatchReplica3(RunObserver):
+        shown = None
+
+        def tick(self, outcome):
+            partial = outcome.replicas[3].log.partial()
+            if partial and self.shown is None:
+                self.shown = partial
+                seen.touch()  # the cell goes on once the notebook has shown it
+
+    watch = WatchReplica3()
+    outcome = on_cluster(f"""
+        import os, time
+        print("loading 50%", end="", flush=True)
+        while not os.path.exists({str(seen)!r}):
+            time.sleep(0.02)
+        print(" 100%")
+        """, local, observer=watch, timeout=60)
+    assert outcome.ok, text_view.render(outcome)
+    assert watch.shown == [("stdout", "loading 50%")]
+    assert outcome.replicas[3].text == "loading 50% 100%"  # shown once, not twice
+    assert outcome.replicas[3].log.partial() == []

@@ -177,6 +177,8 @@ class _HostedRun(RunObserver):
         self._events: List[tuple] = []
         self._done: Optional[Dict[str, Any]] = None
         self._changed = threading.Condition()
+        self._outcome: Optional[RunOutcome] = None
+        self._partial_sent: Dict[Any, list] = {}  # origin -> its unended lines last sent
 
     def run(self, host, source, names, label, how, pull, pull_from) -> None:
         from ..run import run_cell
@@ -208,10 +210,26 @@ class _HostedRun(RunObserver):
             if not self._events and self._done is None:
                 self._changed.wait(wait)
             events, self._events = self._events, []
+            events += self._partial_lines()
             reply: Dict[str, Any] = {"events": events, "done": self._done is not None}
             if self._done is not None:
                 reply.update(self._done)
             return reply
+
+    def _partial_lines(self) -> List[tuple]:
+        """Events for the lines not yet ended (progress bars) the notebook shows as they
+        grow: each replica's or process's that has some, or had some last time."""
+        if self._outcome is None:
+            return []
+        logs = [*self._outcome.replicas.items(), *self._outcome.processes.items()]
+        events = []
+        for origin, log in logs:
+            log = getattr(log, "log", log)
+            shown = log.partial()
+            if shown or self._partial_sent.get(origin):
+                events.append(("partial", origin, shown))
+                self._partial_sent[origin] = shown
+        return events
 
     def _add(self, *event) -> None:
         with self._changed:
@@ -219,6 +237,9 @@ class _HostedRun(RunObserver):
             self._changed.notify_all()
 
     # -- the run's view ---------------------------------------------------------------
+
+    def opened(self, outcome: RunOutcome) -> None:
+        self._outcome = outcome
 
     def started(self, outcome: RunOutcome, ordinal: int) -> None:
         self._add("started", ordinal, outcome.replicas[ordinal].pid)

@@ -160,6 +160,8 @@ class _ClusterRun:
                 self.observer.started(self.outcome, rep.ordinal)
             elif kind == "output":
                 self._output(host, origin, event[2])
+            elif kind == "partial":
+                self._log(host, origin)[1].show_partial(event[2])
             elif kind == "finished":
                 self._finished(self._global(host, origin), event[2])
         if not reply["done"]:
@@ -187,13 +189,17 @@ class _ClusterRun:
     def _global(self, host: int, local: int) -> int:
         return self.offsets[host] + local
 
-    def _output(self, host: int, origin, lines: List) -> None:
+    def _log(self, host: int, origin):
+        """The notebook's name and log of a host's replica (by local ordinal) or process."""
         if isinstance(origin, int):
             origin = self._global(host, origin)
-            log = self.outcome.replica(origin).log
-        else:
-            origin = f"host {host} · {origin}"
-            log = self.outcome.process(origin)
+            return origin, self.outcome.replica(origin).log
+        origin = f"host {host} · {origin}"
+        return origin, self.outcome.process(origin)
+
+    def _output(self, host: int, origin, lines: List) -> None:
+        origin, log = self._log(host, origin)
+        log.show_partial([])  # (these lines end what it showed unended; the host says more)
         for stream, run in itertools.groupby(lines, key=lambda pair: pair[0]):
             done = log.write(stream, "".join(line + "\n" for _, line in run))
             self.observer.output(self.outcome, origin, done)
