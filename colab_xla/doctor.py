@@ -29,6 +29,11 @@ _INITIALIZING = re.compile(
     r"world_size\(\)|global_ordinal\(\)|addressable_device_count\(|"
     r"device\s*=\s*['\"]xla|\.to\(['\"]xla|xmp\.spawn\([^)]*nprocs\s*=\s*1)")
 
+# Calls that start a JAX backend in the process that makes them.
+_JAX_STARTING = re.compile(
+    r"(jax\.(?:local_)?devices\(|jax\.device_put\(|jax\.jit\(|jax\.random\.\w+\(|"
+    r"(?:jnp|jax\.numpy)\.\w+\(|jax\.process_index\(|jax\.device_count\()")
+
 
 @dataclass
 class Report:
@@ -85,13 +90,15 @@ def _cluster_fact(connected, ray_version: Optional[str]) -> str:
             + ("; a session is up on every host" if warm else ""))
 
 
-def likely_cause(history: Sequence[str]) -> Optional[str]:
-    """The latest notebook cell that makes a runtime-initializing call outside %%xla_spawn."""
+def likely_cause(history: Sequence[str], jax: bool = False) -> Optional[str]:
+    """The latest notebook cell that makes a runtime-initializing call outside %%xla_spawn
+    (with ``jax``: a call that starts a JAX backend)."""
+    pattern = _JAX_STARTING if jax else _INITIALIZING
     for number in range(len(history) - 1, 0, -1):
         cell = history[number] or ""
         if cell.lstrip().startswith(("%%xla_spawn", "get_ipython().run_cell_magic('xla_spawn'")):
             continue
-        match = _INITIALIZING.search(cell)
+        match = pattern.search(cell)
         if match:
             return f"In[{number}] calls `{match.group(0)}`"
     return None

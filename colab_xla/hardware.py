@@ -136,12 +136,13 @@ class ReplicaPlan:
     processes: int = 1  # replica processes (one per TPU chip; on CPU, see simulation)
     # On CPU, the model simulated (colab_xla.cpu_sim.SIMULATIONS); None on other devices.
     simulation: Optional[str] = None
+    runtime: str = "torch_xla"  # or "jax" (colab_xla.jax_runtime)
 
     @property
     def own_processes(self) -> bool:
         """Whether colab_xla starts one process per replica itself: xmp.spawn runs one
-        CPU process whatever the count."""
-        return self.simulation == "processes" and self.processes > 1
+        CPU process whatever the count, and JAX processes are never xmp.spawn's."""
+        return self.runtime == "jax" or (self.simulation == "processes" and self.processes > 1)
 
 
 # The topology of one process on one chip, as torch_xla sets it itself for a one-chip run

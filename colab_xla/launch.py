@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 from .errors import OptionError
+from .jax_runtime import COORDINATOR, RUNTIMES, is_jax
 
 START_METHODS = ("fork", "spawn", "forkserver")
 LAUNCHERS = ("xmp", "launch")
@@ -59,6 +60,8 @@ class Launch:
     start_method: str = "fork"
     launcher: str = "xmp"
     debug_single: bool = False
+    runtime: str = "torch_xla"  # or "jax": JAX processes (colab_xla.jax_runtime)
+    devices_per_process: Optional[int] = None  # the JAX runtime's, on CPU
 
     def __post_init__(self):
         if self.start_method not in START_METHODS:
@@ -67,6 +70,14 @@ class Launch:
         if self.launcher not in LAUNCHERS:
             raise OptionError(f"--launcher {self.launcher}: use xmp (xmp.spawn) or launch "
                              "(torch_xla.launch).")
+        if self.runtime not in RUNTIMES:
+            raise OptionError(f"--runtime {self.runtime}: use torch_xla (the default) or jax.")
+        if self.runtime == "jax" and (self.launcher != "xmp" or self.debug_single):
+            raise OptionError("--runtime jax starts JAX processes itself: --launcher and "
+                              "--debug-single are torch_xla's.")
+        if self.devices_per_process is not None and self.runtime != "jax":
+            raise OptionError("--devices-per-process is for --runtime jax (torch_xla's "
+                              "replicas have one device each).")
 
     def describe(self) -> str:
         parts = [self.start_method]
@@ -74,6 +85,8 @@ class Launch:
             parts.append("torch_xla.launch")
         if self.debug_single:
             parts.append("one replica (debug_single_process)")
+        if self.runtime == "jax":
+            parts.append("JAX processes (jax.distributed)")
         return ", ".join(parts)
 
 
@@ -139,6 +152,8 @@ def _start_processes(how: Launch, entry: Callable, job, count: int,
         for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):
             if key not in job.environ:
                 rank_env[key] = value
+        if is_jax(job.environ):  # where jax.distributed's processes meet (process 0 serves)
+            rank_env[COORDINATOR] = f"127.0.0.1:{free_port()}"
     replicas = [context.Process(target=_replica_process, name=f"colab_xla-replica-{index}",
                                 args=(entry, index, job, rank_env, how.start_method == "fork"))
                 for index in range(count)]
@@ -163,6 +178,10 @@ def _replica_process(entry: Callable, index: int, job, rank_env: Dict[str, str],
     # LOCAL_RANK: what libraries read for the local rank off a TPU (accelerate on CPU).
     os.environ.update(rank_env, PJRT_LOCAL_PROCESS_RANK=str(index), LOCAL_RANK=str(index))
     entry(index, job)
+    if COORDINATOR in rank_env:  # a JAX process: it waits for the others to end
+        from .jax_runtime import leave
+
+        leave()
 
 
 def free_port() -> int:

@@ -13,6 +13,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from . import cluster, doctor, processes, session, views
 from .cell import EmptyCellError
 from .errors import SetupError
+from .jax_runtime import RUNTIMES
 from .launch import LAUNCHERS, START_METHODS, Launch
 from .options import SIMULATIONS, check_output, parse_env, pull_names, split_line
 from .outcome import XlaSpawnError
@@ -79,6 +80,16 @@ class XlaMagics(Magics):
               help="torch_xla's persistent compilation cache in DIR, one sub-directory per "
                    "replica process: a rerun on a TPU loads compiled programs instead of "
                    "compiling. (On CPU, XLA cannot load them back: it compiles again.)")
+    @argument("--runtime", choices=RUNTIMES, default=None,
+              help="torch_xla (default): XLA replicas. jax: N JAX processes (-n, default "
+                   "2 on CPU; one per TPU host) with jax.distributed initialized before the "
+                   "cell, so jax.process_index(), the global jax.devices() and collectives "
+                   "across processes work, and torchax on top; `index` is the process "
+                   "index, `device` its first local device; -o and --pull give JAX arrays as "
+                   "NumPy arrays, torchax tensors as CPU tensors.")
+    @argument("--devices-per-process", type=int, metavar="K", default=None,
+              help="with --runtime jax on CPU: K devices per process (XLA's host platform "
+                   "device count; default 1).")
     @argument("--fresh", action="store_true",
               help="while a session is up (%%xla_session) or a cluster is connected "
                    "(%%xla_cluster), run this cell as a one-off run on this machine instead, "
@@ -132,7 +143,9 @@ class XlaMagics(Magics):
             pull = pull_names(args.pull)
             check_output(args.output, pull)
             how = Launch(args.start_method or os.environ.get("COLAB_XLA_START_METHOD", "fork"),
-                         launcher=args.launcher, debug_single=args.debug_single)
+                         launcher=args.launcher, debug_single=args.debug_single,
+                         runtime=args.runtime or "torch_xla",
+                         devices_per_process=args.devices_per_process)
             env = parse_env(args.env)
         except SetupError as exc:
             raise UsageError(str(exc)) from None
@@ -142,9 +155,16 @@ class XlaMagics(Magics):
             return
         live = session.current() if not args.fresh else None
         if live is not None:  # the session's launch, unless the line asks another (refused)
-            asked = args.start_method or args.launcher != "xmp" or args.debug_single
-            how = Launch(args.start_method or live.options.launch.start_method,
-                         launcher=args.launcher, debug_single=args.debug_single) if asked else None
+            own = live.options.launch
+            asked = (args.start_method or args.launcher != "xmp" or args.debug_single
+                     or args.runtime or args.devices_per_process is not None)
+            try:
+                how = Launch(args.start_method or own.start_method, launcher=args.launcher,
+                             debug_single=args.debug_single,
+                             runtime=args.runtime or own.runtime,
+                             devices_per_process=args.devices_per_process) if asked else None
+            except SetupError as exc:
+                raise UsageError(str(exc)) from None
         view = self._view(args.no_widget)
         try:
             outcome = run_cell(
@@ -169,6 +189,10 @@ class XlaMagics(Magics):
 
     def _run_on_cluster(self, hosts, line, cell, args, pull) -> None:
         """``%%xla_spawn`` while a cluster is connected: every replica of every host."""
+        if args.runtime == "jax" or args.devices_per_process is not None:
+            raise UsageError("--runtime jax on a cluster is not built yet: a cell on the "
+                             "cluster runs torch_xla replicas on every host. Add --fresh to "
+                             "run this cell's JAX processes on this machine.")
         asked = [flag for flag, given in (
             ("-n", args.replicas is not None), ("--start-method", args.start_method),
             ("--launcher", args.launcher != "xmp"), ("--debug-single", args.debug_single),
@@ -229,6 +253,11 @@ class XlaMagics(Magics):
               help="an environment variable for the replicas (start only). Repeatable.")
     @argument("--cache", metavar="DIR", default=None,
               help="torch_xla's persistent compilation cache in DIR (start only).")
+    @argument("--runtime", choices=RUNTIMES, default=None,
+              help="torch_xla (default) or jax: JAX processes with jax.distributed "
+                   "initialized once, as for %%%%xla_spawn --runtime jax (start only).")
+    @argument("--devices-per-process", type=int, metavar="K", default=None,
+              help="with --runtime jax on CPU: K devices per process (start only).")
     @line_magic
     def xla_session(self, line):
         """Keep replicas warm across cells: ``%xla_session start``, then every
@@ -263,8 +292,9 @@ class XlaMagics(Magics):
         args = _parse(self.xla_session, line, "%xla_session")
         given = [flag for flag, value in (
             ("-n", args.replicas is not None), ("--start-method", args.start_method),
-            ("--simulate", args.simulate), ("--env", args.env), ("--cache", args.cache))
-            if value]
+            ("--simulate", args.simulate), ("--env", args.env), ("--cache", args.cache),
+            ("--runtime", args.runtime),
+            ("--devices-per-process", args.devices_per_process is not None)) if value]
         if given and args.action != "start":
             raise UsageError(f"%xla_session {args.action} takes no {', '.join(given)}: "
                              "options are given to %xla_session start.")
@@ -300,7 +330,9 @@ class XlaMagics(Magics):
                 opts = session.SessionOptions(
                     replicas=args.replicas,
                     launch=Launch(args.start_method
-                                  or os.environ.get("COLAB_XLA_START_METHOD", "fork")),
+                                  or os.environ.get("COLAB_XLA_START_METHOD", "fork"),
+                                  runtime=args.runtime or "torch_xla",
+                                  devices_per_process=args.devices_per_process),
                     env=parse_env(args.env), cache_dir=args.cache, simulate=args.simulate)
             except SetupError as exc:
                 raise UsageError(str(exc)) from None
@@ -429,7 +461,8 @@ class XlaMagics(Magics):
             return ("The %%xla_spawn cell is empty: write the code every replica runs below "
                     "the %%xla_spawn line.")
         if isinstance(exc, RuntimeInitializedError):
-            cause = doctor.likely_cause(self.shell.user_ns.get("In", ()))
+            cause = doctor.likely_cause(self.shell.user_ns.get("In", ()),
+                                        jax=exc.problem.code == "jax-backend-initialized")
             return str(exc) + (f"\nLikely: {cause}." if cause else "")
         return str(exc)
 

@@ -69,12 +69,15 @@ class PreflightError(SetupError):
 
 
 class RuntimeInitializedError(PreflightError):
-    """The notebook's process already initialized XLA; replicas cannot start."""
+    """The notebook's process already initialized XLA (or, for the JAX runtime, a JAX
+    backend); replicas cannot start."""
 
 
 def refusal(problem: Problem) -> PreflightError:
     """The error that refuses a run for the fatal ``problem``."""
-    kind = RuntimeInitializedError if problem.code == "runtime-initialized" else PreflightError
+    kind = (RuntimeInitializedError if problem.code in ("runtime-initialized",
+                                                        "jax-backend-initialized")
+            else PreflightError)
     return kind(problem)
 
 

@@ -23,7 +23,7 @@ import shutil
 import tempfile
 from typing import Mapping, Optional, Sequence, Tuple
 
-from . import cpu_sim, hardware, interrupts, options, preflight, processes
+from . import cpu_sim, hardware, interrupts, jax_runtime, options, preflight, processes
 from . import session as sessions
 from .cell import CellModule
 from .launch import Launch, replica_environ, warm_forkserver
@@ -138,7 +138,11 @@ def _planned(source: str, *, replicas, launch: Launch, env, simulate,
     problems to note."""
     replica_env = replica_environ(env)  # what the replicas will see, --env included
     hw = hardware.detect(replica_env)
-    plan = hardware.plan_replicas(replicas, hw, simulate)
+    if launch.runtime == "jax":
+        jax_runtime.check_installed()
+        plan = jax_runtime.plan(replicas, hw, launch.devices_per_process, replica_env)
+    else:
+        plan = hardware.plan_replicas(replicas, hw, simulate)
     if launch.debug_single:  # one replica, one process, whatever the host has
         if plan.device_type == "CPU":
             plan = hardware.plan_replicas(1, hw, simulate)
@@ -146,6 +150,8 @@ def _planned(source: str, *, replicas, launch: Launch, env, simulate,
     options.check_pull_from(pull_from, plan.replicas)
     hardware.import_torch_xla()
     problems = preflight.check(source, replica_env, launch, plan.device_type)
+    if launch.runtime == "jax":
+        problems["fatal"] += filter(None, [jax_runtime.backend_problem()])
     for problem in problems["fatal"]:
         raise preflight.refusal(problem)
     changes = {**env, **plan.env, **preflight.topology_changes(replica_env, plan.env)}

@@ -285,6 +285,9 @@ class Session:
             ("--start-method", launch is not None and launch.start_method != own.start_method),
             ("--launcher", launch is not None and launch.launcher != own.launcher),
             ("--debug-single", launch is not None and launch.debug_single),
+            ("--runtime", launch is not None and launch.runtime != own.runtime),
+            ("--devices-per-process", launch is not None
+             and launch.devices_per_process not in (None, own.devices_per_process)),
             ("--env", env), ("--cache", cache_dir), ("--simulate", simulate)) if given]
         if asked:
             raise SessionError(
@@ -393,6 +396,10 @@ class Session:
         opts = self.options
         parts = [f"-n {len(self.replicas) or self.plan.replicas}",
                  f"--start-method {opts.launch.start_method}"]
+        if opts.launch.runtime != "torch_xla":
+            parts.append(f"--runtime {opts.launch.runtime}")
+        if opts.launch.devices_per_process is not None:
+            parts.append(f"--devices-per-process {opts.launch.devices_per_process}")
         if self.plan.simulation:
             parts.append(f"--simulate {self.plan.simulation}")
         parts += [f"--env {key}={value}" for key, value in opts.env.items()]

@@ -22,6 +22,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import cloudpickle
 
+from .. import jax_runtime
 from ..cell import CellModule
 from ..outcome import RETURN_PLAIN_DATA, ReplicaError, ReplicaReport
 from ..processes import end_descendants
@@ -122,6 +123,9 @@ class ReplicaGlobals(dict):
 
     def __missing__(self, key):
         if key == "device":
+            if jax_runtime.is_jax():
+                value = self["device"] = jax_runtime.first_device()
+                return value
             import torch_xla
 
             value = self["device"] = torch_xla.device()
@@ -201,6 +205,8 @@ def _run_cell(index: int, job: ReplicaJob, process: "ReplicaProcess",
     try:
         with (interruptible.running(job.run_id) if interruptible is not None
               else contextlib.nullcontext()):
+            if jax_runtime.is_jax():  # every process, before its cell: jax.distributed
+                jax_runtime.initialize()
             exec(cell.body, ns)
             value = eval(cell.last_expr, ns) if cell.last_expr is not None else None
     except SystemExit as exc:
@@ -219,12 +225,14 @@ def _run_cell(index: int, job: ReplicaJob, process: "ReplicaProcess",
     if value is not None:
         report.value_repr = safe_repr(value)
         try:
-            report.value = pack_value(value, job.shm_dir, process.user_ns)
+            report.value = pack_value(jax_runtime.to_host(value), job.shm_dir,
+                                      process.user_ns)
         except Exception as exc:  # noqa: BLE001
             problems.append(f"the cell's value ({type(value).__name__}) could not be sent "
                             f"back to the notebook: {type(exc).__name__}: {exc}")
     if job.pull and job.pull_from in (None, index):
-        report.pulled, failed = pull_names(ns, job.pull, job.shm_dir, process.user_ns)
+        report.pulled, failed = pull_names(ns, job.pull, job.shm_dir, process.user_ns,
+                                           convert=jax_runtime.to_host)
         problems.extend(failed)
     if problems:
         report.error = ReplicaError("result", "ResultError",

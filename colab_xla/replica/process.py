@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional
 
 import cloudpickle
 
-from .. import cpu_sim, gloo_collectives
+from .. import cpu_sim, gloo_collectives, jax_runtime
 from ..host_rank import HostRank
 from ..cell import CellModule
 from ..outcome import ReplicaError
@@ -101,6 +101,9 @@ class ReplicaProcess:
         _send_cell_definitions_by_value()
         _serialize_forks()
         _report_exits(self)
+        if jax_runtime.is_jax():  # JAX processes: jax.distributed starts before the cell
+            jax_runtime.join()
+            return
         if job.cache_dir:
             self._initialize_cache(job.cache_dir)
         self._instrument_torch_xla(job.run_dir)

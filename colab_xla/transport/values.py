@@ -18,7 +18,7 @@ import os
 import pickle
 import sys
 import types
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import cloudpickle
 
@@ -140,9 +140,11 @@ def safe_repr(value: Any) -> str:
 
 
 def pull_names(ns: Mapping[str, Any], names, shm_dir: Optional[str] = None,
-               notebook_ns: Mapping[str, Any] = types.MappingProxyType({})):
-    """``--pull``: ``({name: pickled value}, [problem, ...])`` for the names of ``ns``; a
-    name that is missing or cannot be pickled is a problem, the others are sent."""
+               notebook_ns: Mapping[str, Any] = types.MappingProxyType({}),
+               convert: Callable[[Any], Any] = lambda value: value):
+    """``--pull``: ``({name: pickled value}, [problem, ...])`` for the names of ``ns``
+    (each ``convert``-ed first); a name that is missing or cannot be sent is a problem,
+    the others are sent."""
     pulled, problems = {}, []
     for name in names:
         try:
@@ -151,7 +153,7 @@ def pull_names(ns: Mapping[str, Any], names, shm_dir: Optional[str] = None,
             problems.append(f"--pull {name}: no such name in the replica")
             continue
         try:
-            pulled[name] = pack_value(value, shm_dir, notebook_ns)
+            pulled[name] = pack_value(convert(value), shm_dir, notebook_ns)
         except Exception as exc:  # noqa: BLE001
             problems.append(f"--pull {name} ({type(value).__name__}) could not be sent back "
                             f"to the notebook: {type(exc).__name__}: {exc}")

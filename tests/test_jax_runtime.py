@@ -1,0 +1,279 @@
+"""``--runtime jax``: JAX processes with jax.distributed initialized before the cell
+(units, then real processes on CPU through ``run_cell`` and the magic)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+from IPython.core.error import UsageError
+
+from colab_xla import doctor, jax_runtime
+from colab_xla.errors import OptionError
+from colab_xla.hardware import Hardware, ReplicaCountError
+from colab_xla.launch import Launch
+from colab_xla.outcome import FAILED, STOPPED, RunObserver
+from colab_xla.views import text as text_view
+
+from _kernel import wait_until_gone  # tests/ is on sys.path
+from test_magic import get_ipython
+
+needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None,
+                               reason="jax is not installed in this stack")
+JAX = Launch(runtime="jax")
+
+
+# -- units ----------------------------------------------------------------------------------
+
+def test_jax_processes_on_cpu_get_one_device_each_unless_asked_and_keep_other_xla_flags():
+    cpu = Hardware(pjrt_device="CPU")
+    plan = jax_runtime.plan(None, cpu, None, {})
+    assert (plan.device_type, plan.replicas, plan.processes, plan.runtime) == ("CPU", 2, 2, "jax")
+    assert plan.own_processes  # never xmp.spawn's
+    assert plan.env == {"COLAB_XLA_RUNTIME": "jax", "JAX_PLATFORMS": "cpu",
+                        "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    four = jax_runtime.plan(3, cpu, 4, {"XLA_FLAGS": "--xla_dump_to=/tmp/d "
+                                                     "--xla_force_host_platform_device_count=8"})
+    assert four.replicas == 3 and four.env["XLA_FLAGS"] == (
+        "--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=4")
+    assert "3 processes on CPU with 4 devices each" in four.note
+
+
+def test_jax_counts_that_cannot_work_are_refused_with_what_to_do():
+    cpu = Hardware(pjrt_device="CPU")
+    with pytest.raises(ReplicaCountError, match="-n 0: the number of JAX processes"):
+        jax_runtime.plan(0, cpu, None, {})
+    with pytest.raises(ReplicaCountError, match="at most 16 JAX processes.*--devices-per-process"):
+        jax_runtime.plan(17, cpu, None, {})
+    with pytest.raises(ReplicaCountError, match="--devices-per-process 0: give 1 or more"):
+        jax_runtime.plan(2, cpu, 0, {})
+    tpu = Hardware(pjrt_device="TPU", tpu_chips=4, tpu_cores_per_chip=1)
+    assert jax_runtime.plan(None, tpu, None, {}).replicas == 1  # one process drives the chips
+    with pytest.raises(ReplicaCountError, match="one process driving every chip"):
+        jax_runtime.plan(4, tpu, None, {})
+
+
+def test_launch_options_that_belong_to_the_other_runtime_are_refused():
+    with pytest.raises(OptionError, match="--runtime tensorflow: use torch_xla"):
+        Launch(runtime="tensorflow")
+    with pytest.raises(OptionError, match="--launcher and --debug-single are torch_xla's"):
+        Launch(runtime="jax", launcher="launch")
+    with pytest.raises(OptionError, match="--devices-per-process is for --runtime jax"):
+        Launch(devices_per_process=2)
+    assert JAX.describe() == "fork, JAX processes (jax.distributed)"
+
+
+def test_the_call_that_started_a_jax_backend_in_the_notebook_is_named():
+    history = ["", "import jax", "x = jnp.ones(3)", "%%xla_spawn --runtime jax\njnp.ones(2)"]
+    assert doctor.likely_cause(history, jax=True) == "In[2] calls `jnp.ones(`"
+    assert doctor.likely_cause(history) is None  # not a torch_xla call
+
+
+@needs_jax
+@pytest.mark.timeout(120)
+def test_the_guard_sees_a_jax_backend_only_once_one_started():
+    probe = textwrap.dedent("""
+        import jax
+        from colab_xla import jax_runtime
+        print(jax_runtime.backend_problem())
+        jax.numpy.ones(2)
+        print(jax_runtime.backend_problem().code)
+        """)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=100, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.stdout.split() == ["None", "jax-backend-initialized"], out.stderr
+
+
+# -- real JAX processes ---------------------------------------------------------------------
+
+def run_jax(source: str, **kw):
+    from colab_xla.run import run_cell
+
+    return run_cell(textwrap.dedent(source).lstrip("\n"), launch=kw.pop("launch", JAX),
+                    announce=None, label="Cell In[4]", **kw)
+
+
+@needs_jax
+@pytest.mark.jax
+@pytest.mark.timeout(300)
+def test_every_process_has_jax_distributed_with_global_devices_and_collectives():
+    outcome = run_jax("""
+        import jax, numpy as np
+        from jax.experimental import multihost_utils
+        from jax.sharding import Mesh, PartitionSpec as P
+        mesh = Mesh(np.array(jax.devices()), ("d",))
+        local = np.arange(len(jax.local_devices()), dtype=np.float32) + 10 * index
+        x = multihost_utils.host_local_array_to_global_array(local, mesh, P("d"))
+        summed = jax.jit(lambda a: a.sum())(x)
+        gathered = multihost_utils.process_allgather(np.array([index]))
+        print("process", jax.process_index(), "of", jax.process_count())
+        (jax.process_index(), jax.process_count(), len(jax.devices()),
+         [d.id for d in jax.local_devices()] == [device.id, device.id + 1],
+         summed, gathered.ravel().tolist())
+        """, replicas=3, launch=Launch(runtime="jax", devices_per_process=2))
+    assert outcome.ok, text_view.render(outcome)
+    expected_sum = sum(i * 10 * 2 + 1 for i in range(3))  # 2 devices each: 10i and 10i + 1
+    assert {o: (r[0], r[1], r[2], r[3], float(r[4]), r[5])
+            for o, r in outcome.results().items()} == {
+        o: (o, 3, 6, True, float(expected_sum), [0, 1, 2]) for o in range(3)}
+    assert outcome.replicas[2].text == "process 2 of 3"
+
+
+@needs_jax
+@pytest.mark.jax
+@pytest.mark.timeout(300)
+def test_values_arrive_as_numpy_and_a_global_array_is_refused_with_the_gather_to_use():
+    import numpy as np
+
+    outcome = run_jax("""
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.experimental import multihost_utils
+        from jax.sharding import Mesh, PartitionSpec as P
+        mine = {"local": jnp.arange(3) * index, "both": [jnp.ones(2), 7]}
+        mine
+        """, replicas=2, pull=("mine",), pull_from=1)
+    assert outcome.ok, text_view.render(outcome)
+    value = outcome.results()[1]
+    assert type(value["local"]) is np.ndarray and value["local"].tolist() == [0, 1, 2]
+    assert type(value["both"][0]) is np.ndarray and value["both"][1] == 7
+    assert outcome.pulled("mine")[1]["local"].tolist() == [0, 1, 2]
+
+    refused = run_jax("""
+        import jax, numpy as np
+        from jax.experimental import multihost_utils
+        from jax.sharding import Mesh, PartitionSpec as P
+        mesh = Mesh(np.array(jax.devices()), ("d",))
+        multihost_utils.host_local_array_to_global_array(np.ones(1), mesh, P("d"))
+        """, replicas=2)
+    assert [r.state for r in refused.replicas.values()] == [FAILED, FAILED]
+    message = refused.replicas[0].error.evalue
+    assert "a global jax.Array of shape (2,) that this process does not hold whole" in message
+    assert "multihost_utils.process_allgather(x)" in message
+
+
+@needs_jax
+@pytest.mark.jax
+@pytest.mark.timeout(300)
+def test_a_process_that_ends_first_waits_for_the_others_instead_of_ending_them(tmp_path):
+    # Process 0 serves jax.distributed's coordination: had it ended with its cell, process
+    # 1 would die of "JAX distributed service detected fatal errors" (within a heartbeat)
+    # while it still runs its cell.
+    go = tmp_path / "go"
+
+    class ReleaseAfterAHeartbeat(RunObserver):
+        def finished(self, outcome, ordinal):
+            if ordinal == 0:  # process 1 goes on for longer than JAX takes to notice
+                import threading
+
+                threading.Timer(jax_runtime.HEARTBEAT_TIMEOUT + 2, go.touch).start()
+
+    outcome = run_jax(f"""
+        import os, time
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices("started")
+        while index == 1 and not os.path.exists({str(go)!r}):
+            time.sleep(0.05)
+        index
+        """, replicas=2, observer=ReleaseAfterAHeartbeat())
+    assert outcome.ok, text_view.render(outcome)
+    assert outcome.results() == {0: 0, 1: 1}
+    assert outcome.replicas[1].elapsed > jax_runtime.HEARTBEAT_TIMEOUT
+
+
+@needs_jax
+@pytest.mark.jax
+@pytest.mark.timeout(300)
+def test_one_process_failing_stops_the_ones_waiting_for_it_in_a_collective():
+    outcome = run_jax("""
+        import numpy as np
+        from jax.experimental import multihost_utils
+        if index == 1:
+            raise ValueError("bad batch")
+        multihost_utils.process_allgather(np.ones(1))
+        """, replicas=3)
+    assert outcome.replicas[1].error.evalue == "bad batch"
+    assert outcome.replicas[1].error.traceback.startswith("Traceback")
+    assert "Cell In[4], line 5" in outcome.replicas[1].error.traceback  # (line 1: %%xla_spawn)
+    assert {outcome.replicas[o].state for o in (0, 2)} <= {FAILED, STOPPED}
+    assert outcome.elapsed < 60
+    assert wait_until_gone([psutil.Process(r.pid) for r in outcome.replicas.values()
+                            if r.pid and psutil.pid_exists(r.pid)], timeout=10) == []
+
+
+@needs_jax
+@pytest.mark.jax
+@pytest.mark.timeout(300)
+def test_interrupt_and_timeout_stop_every_jax_process():
+    timed = run_jax("import time\ntime.sleep(120)", replicas=2, timeout=3)
+    assert [r.state for r in timed.replicas.values()] == [STOPPED, STOPPED]
+
+    class InterruptWhenAllStarted(RunObserver):
+        count = 0
+
+        def started(self, outcome, ordinal):
+            self.count += 1
+            if self.count == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    outcome = run_jax("import time\ntime.sleep(120)", replicas=2,
+                      observer=InterruptWhenAllStarted())
+    assert outcome.interrupted and outcome.elapsed < 30
+    assert [r.state for r in outcome.replicas.values()] == [STOPPED, STOPPED]
+    assert wait_until_gone([psutil.Process(r.pid) for r in outcome.replicas.values()
+                            if r.pid and psutil.pid_exists(r.pid)], timeout=10) == []
+
+
+@needs_jax
+@pytest.mark.jax
+@pytest.mark.timeout(300)
+def test_the_magic_runs_jax_processes_and_a_jax_session_keeps_them(capsys):
+    shell = get_ipython()
+    shell.run_line_magic("load_ext", "colab_xla")
+    with pytest.raises(UsageError, match="--devices-per-process is for --runtime jax"):
+        shell.run_cell_magic("xla_spawn", "--devices-per-process 2", "1")
+    shell.run_cell_magic("xla_spawn", "--runtime jax -n 2 --no-widget -o got",
+                         "import jax\njax.process_index() * 10")
+    assert shell.user_ns["got"] == {0: 0, 1: 10}
+    try:
+        shell.run_line_magic("xla_session", "start --runtime jax -n 2")
+        pids = {i: r.pid for i, r in __import__("colab_xla").session.current().replicas.items()}
+        shell.run_cell_magic("xla_spawn", "--no-widget", "import jax, os\nkept = os.getpid()")
+        shell.run_cell_magic("xla_spawn", "--no-widget -o again",
+                             "(kept, jax.process_count())")
+        assert shell.user_ns["again"] == {i: (pid, 2) for i, pid in pids.items()}
+        with pytest.raises(UsageError, match="--runtime: this session's replicas were "
+                                             "started with their own options"):
+            shell.run_cell_magic("xla_spawn", "--runtime torch_xla", "1")
+    finally:
+        shell.run_line_magic("xla_session", "stop")
+    assert wait_until_gone([psutil.Process(p) for p in pids.values() if psutil.pid_exists(p)],
+                           timeout=10) == []
+
+
+@needs_jax
+@pytest.mark.jax
+@pytest.mark.timeout(300)
+def test_a_jax_backend_started_in_the_notebook_refuses_the_run_naming_the_cell():
+    probe = textwrap.dedent("""
+        import jax, jax.numpy as jnp
+        from IPython.core.error import UsageError
+        from IPython.testing.globalipapp import start_ipython
+        ip = start_ipython()
+        ip.run_line_magic("load_ext", "colab_xla")
+        ip.user_ns["In"] = ["", "import jax", "x = jnp.ones(3)"]
+        jnp.ones(3)
+        try:
+            ip.run_cell_magic("xla_spawn", "--runtime jax --no-widget", "1")
+        except UsageError as exc:
+            print(exc)
+        """)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=200, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert "JAX has started a backend in this notebook's own process" in out.stdout, out.stderr
+    assert "Likely: In[2] calls `jnp.ones(`." in out.stdout
