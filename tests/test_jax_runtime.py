@@ -277,3 +277,23 @@ def test_a_jax_backend_started_in_the_notebook_refuses_the_run_naming_the_cell()
                          timeout=200, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert "JAX has started a backend in this notebook's own process" in out.stdout, out.stderr
     assert "Likely: In[2] calls `jnp.ones(`." in out.stdout
+
+
+@needs_jax
+@pytest.mark.jax
+@pytest.mark.timeout(300)
+def test_torchax_works_on_the_processes_and_its_tensors_arrive_as_cpu_tensors():
+    pytest.importorskip("torchax")
+    import torch
+
+    outcome = run_jax("""
+        import jax, torch, torchax
+        with torchax.default_env():
+            t = torch.ones(2, device="jax") * (index + 1)
+        (type(t).__name__, jax.process_count(), t)
+        """, replicas=2)
+    assert outcome.ok, text_view.render(outcome)
+    results = outcome.results()
+    assert [(r[0], r[1]) for r in results.values()] == [("Tensor", 2)] * 2
+    assert all(type(r[2]) is torch.Tensor for r in results.values())
+    assert [r[2].tolist() for r in results.values()] == [[1.0, 1.0], [2.0, 2.0]]
