@@ -166,3 +166,9 @@ def wait_until_gone(procs, timeout: float) -> List[psutil.Process]:
         time.sleep(0.1)
         alive = [p for p in alive if _alive(p)]
     return alive
+
+
+def replicas_left(outcome, timeout: float = 10) -> List[psutil.Process]:
+    """The processes of ``outcome``'s replicas still alive ``timeout`` s from now."""
+    return wait_until_gone([psutil.Process(r.pid) for r in outcome.replicas.values()
+                            if r.pid and psutil.pid_exists(r.pid)], timeout=timeout)

@@ -26,7 +26,7 @@ from colab_xla.cluster.agent import STALE_VARIABLES, _HostedRun, host_environmen
 from colab_xla.host_rank import HostRank
 from colab_xla.outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome
 from colab_xla.views import text as text_view
-from _kernel import wait_until_gone  # tests/ is on sys.path
+from _kernel import replicas_left, wait_until_gone  # tests/ is on sys.path
 from test_launch import notebook_namespace
 from test_magic import get_ipython
 
@@ -285,8 +285,7 @@ def test_a_failure_on_one_host_stops_every_host_and_names_the_replica(local):
     assert [outcome.replicas[o].state for o in (0, 1, 3)] == [STOPPED] * 3
     assert "after replica 2 failed (ValueError)" in outcome.replicas[0].error.evalue
     assert outcome.elapsed < 60
-    assert wait_until_gone([psutil.Process(r.pid) for r in outcome.replicas.values()
-                            if r.pid and psutil.pid_exists(r.pid)], timeout=10) == []
+    assert replicas_left(outcome) == []
 
 
 @needs_ray

@@ -21,7 +21,7 @@ from colab_xla.launch import Launch
 from colab_xla.outcome import FAILED, STOPPED, RunObserver
 from colab_xla.views import text as text_view
 
-from _kernel import wait_until_gone  # tests/ is on sys.path
+from _kernel import replicas_left, wait_until_gone  # tests/ is on sys.path
 from test_magic import get_ipython
 
 needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None,
@@ -202,8 +202,7 @@ def test_one_process_failing_stops_the_ones_waiting_for_it_in_a_collective():
     assert "Cell In[4], line 5" in outcome.replicas[1].error.traceback  # (line 1: %%xla_spawn)
     assert {outcome.replicas[o].state for o in (0, 2)} <= {FAILED, STOPPED}
     assert outcome.elapsed < 60
-    assert wait_until_gone([psutil.Process(r.pid) for r in outcome.replicas.values()
-                            if r.pid and psutil.pid_exists(r.pid)], timeout=10) == []
+    assert replicas_left(outcome) == []
 
 
 @needs_jax
@@ -225,8 +224,7 @@ def test_interrupt_and_timeout_stop_every_jax_process():
                       observer=InterruptWhenAllStarted())
     assert outcome.interrupted and outcome.elapsed < 30
     assert [r.state for r in outcome.replicas.values()] == [STOPPED, STOPPED]
-    assert wait_until_gone([psutil.Process(r.pid) for r in outcome.replicas.values()
-                            if r.pid and psutil.pid_exists(r.pid)], timeout=10) == []
+    assert replicas_left(outcome) == []
 
 
 @needs_jax
