@@ -1,6 +1,11 @@
 """Output faults of issue #12 in real torch_xla CPU replicas (threads of one process):
 each replica's own redirection, every way of writing, long lines, text progress bars."""
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 from _runs import run  # tests/ is on sys.path
@@ -110,3 +115,23 @@ def test_tqdm_notebook_in_a_replica_is_the_text_bar():
         assert outcome.results()[o][1] == "tqdm.std"
         assert any(f"bar{o}: 100%" in t and "3/3" in t for t in lines(outcome, o, "stderr")), \
             lines(outcome, o)
+
+
+@pytest.mark.timeout(300)
+def test_master_print_reaches_the_replica_whatever_stdout_was_when_torch_xla_was_imported():
+    # xm.master_print binds sys.stdout as its default when torch_xla is first imported: in a
+    # notebook, a stream the replicas do not write through (or, here, one closed since).
+    probe = textwrap.dedent("""
+        import io, sys
+        real, sys.stdout = sys.stdout, io.StringIO()
+        import torch_xla.core.xla_model
+        sys.stdout.close()
+        sys.stdout = real
+        from colab_xla.run import run_cell
+        outcome = run_cell("import torch_xla.core.xla_model as xm\\nxm.master_print('hello')",
+                           replicas=2, announce=None)
+        print(repr(outcome.replicas[0].text), outcome.ok)
+        """)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=280, env={**os.environ, "PJRT_DEVICE": "CPU"})
+    assert out.stdout.strip().splitlines()[-1:] == ["'hello' True"], out.stderr[-2000:]

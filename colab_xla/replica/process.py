@@ -62,6 +62,16 @@ def inherit(run_id: str, user_ns: Dict[str, Any], cell: CellModule) -> Iterator[
         _FORKED.pop(run_id, None)
 
 
+class _CurrentStdout:
+    """``sys.stdout`` as it is when written to (in a replica: the replica's own)."""
+
+    def write(self, text: str) -> int:
+        return sys.stdout.write(text)
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+
+
 class ReplicaProcess:
     """A replica process: set up once (streams, parent-death signal, torch_xla
     instrumented), then opened for each run it serves (the run's pipes, its cell and the
@@ -178,6 +188,12 @@ class ReplicaProcess:
                                "body in the cell instead (`index` is the ordinal).")
 
         xm.rendezvous = functools.wraps(rendezvous)(recorded_rendezvous)
+        # xm.master_print's default fd is the sys.stdout of the moment torch_xla was first
+        # imported: in a forked replica, the notebook's stream (or one closed since), which
+        # the replica's output never reaches. Write where the replica's print goes.
+        defaults = getattr(xm.master_print, "__kwdefaults__", None) or {}
+        if "fd" in defaults:
+            defaults["fd"] = _CurrentStdout()
         xmp.spawn = functools.wraps(xmp.spawn)(nested_spawn)
         _name_removed_apis(xm, REMOVED_XLA_MODEL_APIS)
         # torch_xla's deprecation warnings name the replacement (xm.xla_device: "Use
