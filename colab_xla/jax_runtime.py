@@ -39,6 +39,9 @@ HEARTBEAT_TIMEOUT = 10
 # More processes than this on CPU only slow the machine down (each is an interpreter).
 MAX_CPU_PROCESSES = 16
 
+# The code of the preflight problem a JAX backend in the notebook's process is.
+BACKEND_STARTED = "jax-backend-initialized"
+
 JAX_INSTALL_HINT = ("pip install 'jax[cpu]' for CPU processes (Colab's TPU runtime ships jax "
                     "with libtpu), then restart the kernel.")
 
@@ -103,7 +106,7 @@ def backend_problem():
     if not xla_bridge.backends_are_initialized():
         return None
     return Problem(
-        "jax-backend-initialized",
+        BACKEND_STARTED,
         "JAX has started a backend in this notebook's own process (a call such as "
         "jax.devices(), jnp.array(...) or a jitted function ran outside %%xla_spawn), so JAX "
         "processes cannot start from it: the processes it forks would share a backend that "

@@ -13,7 +13,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from . import cluster, doctor, processes, session, views
 from .cell import EmptyCellError
 from .errors import SetupError
-from .jax_runtime import RUNTIMES
+from .jax_runtime import BACKEND_STARTED, RUNTIMES
 from .launch import LAUNCHERS, START_METHODS, Launch
 from .options import SIMULATIONS, check_output, parse_env, pull_names, split_line
 from .outcome import XlaSpawnError
@@ -366,8 +366,8 @@ class XlaMagics(Magics):
             hosts.session = ClusterSession.start(hosts)
         except SetupError as exc:
             raise UsageError(self._refusal(exc)) from None
-        count = sum(len(r) for r in hosts.session.replicas.values())
-        print(f"colab_xla session: {count} replicas started on {len(hosts.hosts)} hosts in "
+        print(f"colab_xla session: {hosts.session.replica_count} replicas started on "
+              f"{len(hosts.hosts)} hosts in "
               f"{time.monotonic() - started:.1f} s.")
         print(hosts.session.describe())
 
@@ -462,7 +462,7 @@ class XlaMagics(Magics):
                     "the %%xla_spawn line.")
         if isinstance(exc, RuntimeInitializedError):
             cause = doctor.likely_cause(self.shell.user_ns.get("In", ()),
-                                        jax=exc.problem.code == "jax-backend-initialized")
+                                        jax=exc.problem.code == BACKEND_STARTED)
             return str(exc) + (f"\nLikely: {cause}." if cause else "")
         return str(exc)
 

@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from . import hardware
+from . import hardware, jax_runtime
 from .errors import SetupError
 
 # What torch_xla sets for each replica process on a TPU host (torch_xla/_internal/pjrt.py
@@ -76,7 +76,7 @@ class RuntimeInitializedError(PreflightError):
 def refusal(problem: Problem) -> PreflightError:
     """The error that refuses a run for the fatal ``problem``."""
     kind = (RuntimeInitializedError if problem.code in ("runtime-initialized",
-                                                        "jax-backend-initialized")
+                                                        jax_runtime.BACKEND_STARTED)
             else PreflightError)
     return kind(problem)
 

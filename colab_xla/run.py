@@ -201,7 +201,7 @@ def _run_on_session(session: Session, source: str, *, replicas, user_ns, label, 
             if note and announce:
                 announce(note)
         if hosted is None:
-            sent_names, sent = session.names_for(source, user_ns)
+            sent_names, sent = session.known.pack(source, user_ns)
         else:  # a cluster host's: the notebook chose the names to send (all it sent here)
             sent_names, sent = (names.pack(user_ns, user_ns, names.SESSION) if user_ns
                                 else None), []
@@ -210,7 +210,7 @@ def _run_on_session(session: Session, source: str, *, replicas, user_ns, label, 
         outcome = Supervisor(request, session.plan, run_dir, dict(user_ns),
                              observer or RunObserver(), timeout,
                              replicas=SessionReplicas(session)).run()
-        session.sent(sent, user_ns)
+        session.known.sent(sent, user_ns)
         if not session.up:
             outcome.session_ended = session.ended
         return outcome

@@ -109,6 +109,8 @@ class Session:
         self._lock = threading.Condition()
         self._commands: Dict[int, int] = {}  # ordinal -> write fd of its command pipe
         self.known = KnownNames()  # the notebook names the replicas have
+        # On a cluster's host (started by its agent): where its replicas count globally.
+        self._host_rank = HostRank.from_environ(opts.env)
         self._cell: Optional[_CellRun] = None  # the cell running now
         self._died: Dict[int, int] = {}  # replica -> exit code of its process
         self._launcher: Optional[threading.Thread] = None
@@ -321,7 +323,7 @@ class Session:
     def global_ordinal(self, index: int) -> int:
         """Replica ``index``'s ordinal as the notebook counts it: on a cluster's host
         (started by its agent), counting every host's replicas."""
-        rank = HostRank.from_environ(self.options.env)
+        rank = self._host_rank
         return index if rank is None else rank.index(index)
 
     def exit_codes(self) -> List[int]:
@@ -330,15 +332,6 @@ class Session:
                       | set(self.processes.exit_codes()))
 
     # -- cells ------------------------------------------------------------------------------
-
-    def names_for(self, source: str,
-                  user_ns: Mapping[str, Any]) -> Tuple[Optional[bytes], List[str]]:
-        """The notebook names the cell uses that the replicas do not have as they are in
-        the notebook: packed, and their names (see :class:`KnownNames`)."""
-        return self.known.pack(source, user_ns)
-
-    def sent(self, sent_names: List[str], user_ns: Mapping[str, Any]) -> None:
-        self.known.sent(sent_names, user_ns)
 
     def dispatch(self, job: ReplicaJob, ended: Callable[[int, int], None]) -> None:
         """In the supervisor's driver thread: run ``job`` on every replica, and return when

@@ -128,7 +128,7 @@ def test_notebook_names_reach_the_replicas_when_new_or_changed(live):
     ns.update(double=double, scale=5)
     assert cell("double(scale) + index", live, user_ns=ns).results() == {0: 10, 1: 11}
     # unchanged: not sent again, so what a replica assigned itself stays
-    assert live.names_for("scale", ns) == (None, [])
+    assert live.known.pack("scale", ns) == (None, [])
     assert cell("scale = 100 + index\nscale", live, user_ns=ns).results() == {0: 100, 1: 101}
     assert cell("scale", live, user_ns=ns).results() == {0: 100, 1: 101}
     ns["scale"] = 7  # the notebook's new value wins again

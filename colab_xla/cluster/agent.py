@@ -221,10 +221,10 @@ class _HostedRun(RunObserver):
         grow: each replica's or process's that has some, or had some last time."""
         if self._outcome is None:
             return []
-        logs = [*self._outcome.replicas.items(), *self._outcome.processes.items()]
+        logs = [*((o, r.log) for o, r in self._outcome.replicas.items()),
+                *self._outcome.processes.items()]
         events = []
         for origin, log in logs:
-            log = getattr(log, "log", log)
             shown = log.partial()
             if shown or self._partial_sent.get(origin):
                 events.append(("partial", origin, shown))

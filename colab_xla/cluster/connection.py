@@ -224,6 +224,11 @@ def _describe(ray, agents) -> List[Dict]:
     return described
 
 
+def host_note(note: str, host: int) -> str:
+    """A note a host's agent made (``colab_xla: ...``), as the notebook says it: with its host."""
+    return note.replace("colab_xla: ", f"colab_xla: host {host}: ", 1)
+
+
 def exception_line(exc: BaseException, last: bool = False) -> str:
     """One line of what Ray raised (its messages span many): the first line with the
     type, or (``last``) the last line, where a failed creation task names its cause."""

@@ -28,7 +28,7 @@ from ..launch import Launch
 from ..outcome import DONE, FAILED, STOPPED, ReplicaError, RunObserver, RunOutcome
 from ..supervisor import FAIL_FAST_SECONDS, TICK_SECONDS
 from ..transport import names, values
-from .connection import Cluster, exception_line, import_ray
+from .connection import Cluster, exception_line, host_note, import_ray
 
 # How long a poll waits in the agent for news: the notebook's Interrupt is seen between polls.
 POLL_SECONDS = 0.1
@@ -168,7 +168,7 @@ class _ClusterRun:
             return True
         for note in reply.get("notes", ()):
             if self.announce:
-                self.announce(note.replace("colab_xla: ", f"colab_xla: host {host}: ", 1))
+                self.announce(host_note(note, host))
         if "error" in reply:  # the agent could not run the cell at all (it is still up)
             ename, message = reply["error"]
             self._fail_host(host, ReplicaError("exception", ename, message, reply["traceback"]))

@@ -17,9 +17,11 @@ import time
 from typing import Dict, List, Optional
 
 from ..session import START_TIMEOUT_SECONDS, KnownNames, SessionError
-from .connection import exception_line, import_ray
+from .connection import exception_line, host_note, import_ray
 
-# How long a host may take to end its session before the notebook stops waiting for it.
+# How long the hosts may take to start their replicas (each host's own limit, and a margin
+# for the calls), and to end them before the notebook stops waiting.
+START_SECONDS = START_TIMEOUT_SECONDS + 30
 STOP_SECONDS = 10.0
 
 
@@ -43,7 +45,7 @@ class ClusterSession:
         ray = import_ray()
         session_id = "session-" + secrets.token_hex(6)
         refs = [agent.start_session.remote(session_id) for agent in cluster.agents]
-        ray.wait(refs, num_returns=len(refs), timeout=START_TIMEOUT_SECONDS + 30)
+        ray.wait(refs, num_returns=len(refs), timeout=START_SECONDS)
         replicas: Dict[int, Dict[int, int]] = {}
         failures: List[str] = []
         for host, ref in enumerate(refs):
@@ -51,14 +53,14 @@ class ClusterSession:
                 reply = ray.get(ref, timeout=0)
             except ray.exceptions.GetTimeoutError:
                 failures.append(f"host {host}'s replicas did not start within "
-                                f"{START_TIMEOUT_SECONDS + 30:.0f} s")
+                                f"{START_SECONDS:.0f} s")
                 continue
             except Exception as exc:  # noqa: BLE001 - its agent or node is gone
                 failures.append(f"host {host} is gone: {exception_line(exc)}")
                 continue
             for note in reply.get("notes", ()):
                 if announce:
-                    announce(note.replace("colab_xla: ", f"colab_xla: host {host}: ", 1))
+                    announce(host_note(note, host))
             if "error" in reply:
                 failures.append(f"host {host}: {reply['error'][1]}")
             else:
@@ -67,8 +69,14 @@ class ClusterSession:
         if failures:
             session.stop("it did not start on every host")
             raise SessionError("The session did not start on every host, so it was "
-                               "stopped on all of them. " + " ".join(failures))
+                               "stopped on all of them. " + "; ".join(failures) + ". A "
+                               "one-off %%xla_spawn cell on the cluster shows how the "
+                               "replicas fail on that host; %xla_cluster shows the hosts.")
         return session
+
+    @property
+    def replica_count(self) -> int:
+        return sum(len(r) for r in self.replicas.values())
 
     @property
     def up(self) -> bool:
@@ -90,8 +98,8 @@ class ClusterSession:
             return f"colab_xla session: ended ({self.ended or self.cluster.ended})."
         ray = import_ray()
         uptime = time.time() - self.started_at
-        count = sum(len(r) for r in self.replicas.values())
-        lines = [f"colab_xla session: up {uptime:.0f} s on the cluster, {count} replicas on "
+        lines = [f"colab_xla session: up {uptime:.0f} s on the cluster, "
+                 f"{self.replica_count} replicas on "
                  f"{len(self.replicas)} hosts, {self.cells_run} cell"
                  f"{'s' if self.cells_run != 1 else ''} run."]
         refs = [agent.session_status.remote() for agent in self.cluster.agents]

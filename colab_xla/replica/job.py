@@ -222,22 +222,27 @@ def _run_cell(index: int, job: ReplicaJob, process: "ReplicaProcess",
     finally:
         flush_all()
     problems = []
+    # JAX arrays as NumPy arrays (the JAX runtime only: a plain list is not walked here).
+    to_host = jax_runtime.to_host if jax_runtime.is_jax() else _as_is
     if value is not None:
         report.value_repr = safe_repr(value)
         try:
-            report.value = pack_value(jax_runtime.to_host(value), job.shm_dir,
-                                      process.user_ns)
+            report.value = pack_value(to_host(value), job.shm_dir, process.user_ns)
         except Exception as exc:  # noqa: BLE001
             problems.append(f"the cell's value ({type(value).__name__}) could not be sent "
                             f"back to the notebook: {type(exc).__name__}: {exc}")
     if job.pull and job.pull_from in (None, index):
         report.pulled, failed = pull_names(ns, job.pull, job.shm_dir, process.user_ns,
-                                           convert=jax_runtime.to_host)
+                                           convert=to_host)
         problems.extend(failed)
     if problems:
         report.error = ReplicaError("result", "ResultError",
                                     "; ".join(problems) + ". " + RETURN_PLAIN_DATA)
     return report
+
+
+def _as_is(value: Any) -> Any:
+    return value
 
 
 _shell_lock = threading.RLock()
