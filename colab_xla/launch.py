@@ -44,6 +44,9 @@ from .errors import OptionError
 from .jax_runtime import COORDINATOR, RUNTIMES, is_jax
 
 START_METHODS = ("fork", "spawn", "forkserver")
+# How often the processes colab_xla starts itself are asked whether they ended (see
+# _start_processes; their sentinels usually tell at once).
+_EXIT_POLL_SECONDS = 0.5
 LAUNCHERS = ("xmp", "launch")
 
 # What the forkserver imports once, so that the replicas it forks start warm; first, what
@@ -161,8 +164,13 @@ def _start_processes(how: Launch, entry: Callable, job, count: int,
         process.start()
     pending = {process.sentinel: (index, process) for index, process in enumerate(replicas)}
     while pending:
-        for sentinel in multiprocessing.connection.wait(list(pending)):
-            index, process = pending.pop(sentinel)
+        multiprocessing.connection.wait(list(pending), timeout=_EXIT_POLL_SECONDS)
+        for sentinel, (index, process) in list(pending.items()):
+            # exitcode asks waitpid: a sentinel is a pipe that a child the replica started
+            # (and outlived it) may still hold open, so it alone can miss the end.
+            if process.exitcode is None:
+                continue
+            del pending[sentinel]
             process.join()
             if ended is not None:
                 ended(index, process.exitcode)

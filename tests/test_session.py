@@ -262,6 +262,31 @@ def test_a_replica_that_dies_between_cells_refuses_the_next_cell_with_the_reason
 
 
 @pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_a_replica_killed_while_a_child_it_started_holds_its_descriptors_ends_the_session(
+        session):
+    # The child inherits every descriptor of the replica, the write end of the pipe that
+    # tells its end (multiprocessing's sentinel) included: the end is seen all the same.
+    outcome = cell("""
+        import os, signal, time
+        if index == 1:
+            child = os.fork()  # (no exec: it keeps every descriptor)
+            if child == 0:
+                time.sleep(60)
+                os._exit(0)
+            print(child, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        """, session, timeout=120)
+    child = int(outcome.replicas[1].text.splitlines()[-1])  # (3.12+ warns of the fork first)
+    try:
+        assert psutil.pid_exists(child)  # still holding them
+        assert outcome.session_ended == "replica 1 died (killed by SIGKILL)"
+        assert not outcome.interrupted and outcome.elapsed < 60
+    finally:
+        psutil.Process(child).kill()
+
+
+@pytest.mark.xla
 @pytest.mark.timeout(900)
 def test_many_session_cells_leave_descriptors_threads_and_memory_flat(session):
     replicas = [psutil.Process(p) for p in session_pids(session)]
