@@ -383,12 +383,16 @@ class XlaMagics(Magics):
                    "machine is part of; ray://head:10001; or the head's GCS address).")
     @argument("--hosts", type=int, metavar="H", default=None,
               help="CPU hosts: use H hosts (nodes with a CPU) of the cluster, with -n. "
-                   "Without it, connect finds the cluster's TPU slice (ray.util.tpu).")
+                   "Without it, connect finds the cluster's TPU slices (Ray's TPU labels).")
     @argument("-n", "--replicas", type=int, metavar="N", default=None,
               help="with --hosts: replicas per CPU host (torch_xla's CPU backend, one "
                    "process each). On a TPU slice each host runs one replica per core.")
-    @argument("--slice", metavar="NAME", default=None,
-              help="with connect: the TPU slice to use when the cluster has several.")
+    @argument("--slice", metavar="NAME[,NAME]", default=None,
+              help="with connect: the TPU slice(s) to use when the cluster has several "
+                   "(default: every one; several are one multislice job).")
+    @argument("--slices", type=int, metavar="S", default=None,
+              help="with --hosts: the hosts simulate S slices of H/S hosts (each host gets "
+                   "its MegaScale variables, as on a multislice TPU job).")
     @line_magic
     def xla_cluster(self, line):
         """Run %%xla_spawn cells on every host of a cluster, through Ray.
@@ -397,7 +401,9 @@ class XlaMagics(Magics):
         ordered by TPU worker id), reserves it and starts one agent per host (it keeps
         torch_xla imported and runs each cell's replicas on its host); ``--hosts H -n N``
         uses H CPU hosts of N replicas each instead. ``%xla_cluster local --hosts H -n N``
-        starts such hosts on this machine. While connected, every %%xla_spawn cell runs
+        starts such hosts on this machine. Several TPU slices (or ``--slices S`` of CPU
+        hosts) are one multislice job: hosts are ranked slice by slice, and each gets its
+        MegaScale variables (``MEGASCALE_SLICE_ID`` ...), stale ones replaced. While connected, every %%xla_spawn cell runs
         on every replica of every host: ``index`` is the global ordinal, ``host`` the
         host's rank, ``local_index`` the ordinal on the host; the notebook names the cell
         uses travel by value; output shows as ``host h · replica i``; a failure, a host
@@ -415,13 +421,16 @@ class XlaMagics(Magics):
         given = [flag for flag, value in (("ADDRESS", args.address != "auto"),
                                           ("--hosts", args.hosts is not None),
                                           ("-n", args.replicas is not None),
-                                          ("--slice", args.slice)) if value]
-        takes = {"status": (), "stop": (), "local": ("--hosts", "-n")}.get(args.action)
+                                          ("--slice", args.slice),
+                                          ("--slices", args.slices is not None)) if value]
+        takes = {"status": (), "stop": (), "local": ("--hosts", "-n", "--slices")
+                 }.get(args.action)
         if takes is not None and set(given) - set(takes):
             raise UsageError(f"%xla_cluster {args.action} takes no "
                              f"{', '.join(sorted(set(given) - set(takes)))}: those are for "
-                             "%xla_cluster connect" + (" (local takes --hosts and -n)."
-                                                       if args.action == "local" else "."))
+                             "%xla_cluster connect" + (" (local takes --hosts, -n and "
+                                                       "--slices)." if args.action == "local"
+                                                       else "."))
         live = cluster.current()
         if args.action == "status":
             print(live.describe() if live is not None else
@@ -433,7 +442,8 @@ class XlaMagics(Magics):
                   "colab_xla cluster: none was connected." if stopped is None else
                   f"colab_xla cluster: its connection had ended already ({stopped.ended}).")
             return
-        for value, flag in ((args.hosts, "--hosts"), (args.replicas, "-n")):
+        for value, flag in ((args.hosts, "--hosts"), (args.replicas, "-n"),
+                            (args.slices, "--slices")):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} {value}: give 1 or more.")
         if session.current() is not None:
@@ -445,10 +455,10 @@ class XlaMagics(Magics):
                 if args.hosts is None or args.replicas is None:
                     raise UsageError("%xla_cluster local needs --hosts H and -n N (replicas "
                                      "per host), e.g. %xla_cluster local --hosts 2 -n 2.")
-                new = cluster.start_local(args.hosts, args.replicas)
+                new = cluster.start_local(args.hosts, args.replicas, args.slices)
             else:
                 new = cluster.connect(args.address, hosts=args.hosts, replicas=args.replicas,
-                                      slice_name=args.slice)
+                                      slice_name=args.slice, slices=args.slices)
         except SetupError as exc:
             raise UsageError(str(exc)) from None
         print(f"colab_xla cluster: {len(new.hosts)} hosts ready in "

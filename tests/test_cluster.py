@@ -20,9 +20,10 @@ import psutil
 import pytest
 from IPython.core.error import UsageError
 
-from colab_xla import cluster, interrupts
+from colab_xla import cluster, interrupts, multislice
 from colab_xla.cluster import hosts
 from colab_xla.cluster.agent import STALE_VARIABLES, _HostedRun, host_environment
+from colab_xla.errors import SetupError
 from colab_xla.host_rank import HostRank
 from colab_xla.outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome
 from colab_xla.views import text as text_view
@@ -36,7 +37,7 @@ from test_magic import get_ipython
 
 def test_a_tpu_slice_is_ordered_by_worker_id_not_by_how_ray_lists_it():
     nodes = [hosts._tpu_node(f"n{w}", f"10.0.0.{w + 10}", w) for w in (2, 0, 3, 1)]
-    found = hosts.tpu_slice(nodes)
+    [found] = hosts.tpu_slices(nodes)
     assert [h.address for h in found.hosts] == ["10.0.0.10", "10.0.0.11", "10.0.0.12",
                                                 "10.0.0.13"]
     assert [h.rank for h in found.hosts] == [0, 1, 2, 3]
@@ -44,29 +45,79 @@ def test_a_tpu_slice_is_ordered_by_worker_id_not_by_how_ray_lists_it():
 
 
 def test_a_tpu_slice_counts_a_replica_per_core_on_each_host():
-    v4 = hosts.tpu_slice([hosts._tpu_node("a", "10.0.0.2", 0), hosts._tpu_node("b", "10.0.0.3", 1)])
+    [v4] = hosts.tpu_slices([hosts._tpu_node("a", "10.0.0.2", 0),
+                             hosts._tpu_node("b", "10.0.0.3", 1)])
     assert v4.replicas_per_host == 4  # 4 chips, one core each
-    v3 = hosts.tpu_slice([hosts._tpu_node("a", "10.0.0.2", 0, pod_type="v3-16")])
+    [v3] = hosts.tpu_slices([hosts._tpu_node("a", "10.0.0.2", 0, pod_type="v3-16")])
     assert v3.replicas_per_host == 8  # 2 cores a chip on v2/v3
 
 
 def test_slices_that_cannot_be_used_are_refused_with_what_to_do():
     with pytest.raises(hosts.ClusterError, match="no TPU slice.*--hosts H -n N"):
-        hosts.tpu_slice([{"NodeID": "x", "NodeManagerAddress": "1.2.3.4", "Alive": True,
-                          "Resources": {"CPU": 4}, "Labels": {}}])
+        hosts.tpu_slices([{"NodeID": "x", "NodeManagerAddress": "1.2.3.4", "Alive": True,
+                           "Resources": {"CPU": 4}, "Labels": {}}])
     two = [hosts._tpu_node("a", "10.0.0.1", 0, "v4-16"), hosts._tpu_node("b", "10.0.0.2", 0,
                                                                           "v5e-16")]
-    with pytest.raises(hosts.ClusterError, match=r"2 TPU slices .*--slice NAME"):
-        hosts.tpu_slice(two)
-    assert hosts.tpu_slice(two, "my-v5e-16").pod_type == "v5e-16"
+    with pytest.raises(hosts.ClusterError, match=r"multislice job must be alike; these are "
+                       r"my-v4-16 \(v4-16, 1 hosts\), my-v5e-16 \(v5e-16, 1 hosts\)\. "
+                       r"Choose alike ones with --slice NAME,NAME"):
+        hosts.tpu_slices(two)
+    assert [s.pod_type for s in hosts.tpu_slices(two, ["my-v5e-16"])] == ["v5e-16"]
     with pytest.raises(hosts.ClusterError, match="no TPU slice named 'other'"):
-        hosts.tpu_slice(two, "other")
+        hosts.tpu_slices(two, ["my-v4-16", "other"])
     missing = [hosts._tpu_node("a", "10.0.0.1", 0), hosts._tpu_node("c", "10.0.0.3", 2)]
     with pytest.raises(hosts.ClusterError, match=r"worker ids \[0, 2\].*missing"):
-        hosts.tpu_slice(missing)
+        hosts.tpu_slices(missing)
     dead = dict(hosts._tpu_node("b", "10.0.0.2", 1), Alive=False)
     with pytest.raises(hosts.ClusterError, match=r"worker ids \[0, 2\]"):  # 1 is dead
-        hosts.tpu_slice([hosts._tpu_node("a", "10.0.0.1", 0), dead, missing[1]])
+        hosts.tpu_slices([hosts._tpu_node("a", "10.0.0.1", 0), dead, missing[1]])
+
+
+def test_several_tpu_slices_are_one_job_ranked_slice_by_slice_each_by_worker_id():
+    nodes = [hosts._tpu_node(f"{name}{w}", f"10.{k}.0.{w}", w, slice_name=name)
+             for k, name in ((1, "s-b"), (0, "s-a")) for w in (1, 0)]
+    found = hosts.tpu_slices(nodes)
+    assert [s.name for s in found] == ["s-a", "s-b"]
+    assert [(h.rank, h.address) for s in found for h in s.hosts] == [
+        (0, "10.0.0.0"), (1, "10.0.0.1"), (2, "10.1.0.0"), (3, "10.1.0.1")]
+    assert [h.address for h in hosts.tpu_slices(nodes, ["s-b"])[0].hosts] == [
+        "10.1.0.0", "10.1.0.1"]  # one chosen: ranked from 0
+
+
+def test_each_host_of_two_slices_of_two_gets_its_megascale_variables_and_its_slices_workers():
+    layout = multislice.Slices(count=2, hosts_per_slice=2, coordinator="10.0.0.0")
+    names = ["10.0.0.0", "10.0.0.1", "10.1.0.0", "10.1.0.1"]
+    stale = {"MEGASCALE_SLICE_ID": "7", "MEGASCALE_NUM_SLICES": "9",
+             "MEGASCALE_COORDINATOR_ADDRESS": "old", "MEGASCALE_PORT": "1", "HOME": "/root",
+             "SKIP_MEGASCALE_PJRT_CLIENT": "true"}  # a first client must discover
+    seen = []
+    for host in range(4):
+        environ = dict(stale)
+        env = host_environment(environ, HostRank(host, 4, 4, names[host]), "TPU", names, layout)
+        assert environ == {"HOME": "/root"}  # the stale ones dropped from the agent's own
+        seen.append(env)
+    assert [(e["MEGASCALE_SLICE_ID"], e["TPU_WORKER_ID"], e["TPU_WORKER_HOSTNAMES"])
+            for e in seen] == [("0", "0", "10.0.0.0,10.0.0.1"), ("0", "1", "10.0.0.0,10.0.0.1"),
+                               ("1", "0", "10.1.0.0,10.1.0.1"), ("1", "1", "10.1.0.0,10.1.0.1")]
+    assert {(e["MEGASCALE_COORDINATOR_ADDRESS"], e["MEGASCALE_PORT"], e["MEGASCALE_NUM_SLICES"])
+            for e in seen} == {("10.0.0.0", "8081", "2")}
+    cpu = host_environment({}, HostRank(3, 4, 2), "CPU", names, layout)
+    assert cpu == {"PJRT_DEVICE": "CPU", **layout.environ(3)} and cpu["MEGASCALE_SLICE_ID"] == "1"
+    # One slice: none of them, stale values dropped all the same.
+    environ = dict(stale)
+    assert host_environment(environ, HostRank(0, 2, 2), "CPU", names[:2]) == {"PJRT_DEVICE": "CPU"}
+    assert environ == {"HOME": "/root"}
+
+
+def test_slices_of_cpu_hosts_must_divide_the_hosts():
+    assert multislice.split(4, None, "a") is None and multislice.split(4, 1, "a") is None
+    assert multislice.split(6, 3, "a") == multislice.Slices(3, 2, "a")
+    for slices in (3, 0, -2):
+        with pytest.raises(SetupError, match=rf"--slices {slices}: give a number of slices "
+                                             r"that divides the hosts \(4\)"):
+            multislice.split(4, slices, "a")
+    with pytest.raises(hosts.ClusterError, match="--slices is for CPU hosts"):
+        cluster.Cluster.connect("auto", slices=2)
 
 
 def test_cpu_hosts_need_enough_nodes_with_a_cpu():
@@ -164,8 +215,14 @@ def test_the_magic_refuses_what_it_cannot_do_before_anything_starts(ip, capsys):
     with pytest.raises(UsageError, match="stop takes no --hosts, -n: those are for "
                                          "%xla_cluster connect"):
         ip.run_line_magic("xla_cluster", "stop --hosts 2 -n 2")
-    with pytest.raises(UsageError, match="local takes no --slice.*local takes --hosts and -n"):
+    with pytest.raises(UsageError, match="local takes no --slice.*local takes --hosts, -n and "
+                                         "--slices"):
         ip.run_line_magic("xla_cluster", "local --hosts 2 -n 2 --slice s")
+    with pytest.raises(UsageError, match="--slices 3: give a number of slices that divides "
+                                         r"the hosts \(2\)"):
+        ip.run_line_magic("xla_cluster", "local --hosts 2 -n 2 --slices 3")
+    with pytest.raises(UsageError, match="--slices 0: give 1 or more"):
+        ip.run_line_magic("xla_cluster", "local --hosts 2 -n 2 --slices 0")
     ip.run_line_magic("xla_cluster", "stop")
     assert "none was connected" in capsys.readouterr().out
 

@@ -7,7 +7,8 @@ TPU here for the replicas). The cluster lives in a keeper process the test start
 ends by pid: this process is only the notebook (Ray's driver).
 
 The hosts are added worker 1 first, so Ray's node order and the slice placement group's
-bundle order differ from the TPU worker id that ranks the hosts.
+bundle order differ from the TPU worker id that ranks the hosts. The last test makes two
+such slices, one multislice job (each host's MegaScale variables), on a keeper of its own.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 import psutil
 import pytest
 
+from colab_xla import multislice
 from colab_xla.cluster.hosts import SLICE_LABEL, WORKER_LABEL, ClusterError
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
@@ -38,8 +40,8 @@ ANSWER_SECONDS = 120.0
 class Keeper:
     """The keeper process of the fake slice's Ray cluster (tests/_tpu_cluster.py)."""
 
-    def __init__(self, log_path: str):
-        env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    def __init__(self, log_path: str, **environ):
+        env = {**os.environ, **environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
                "PYTHONPATH": os.pathsep.join(
                    [os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])}
         self.log_path = log_path
@@ -53,10 +55,14 @@ class Keeper:
 
     def add_tpu_hosts(self, count: int) -> dict:
         if self.workers is None:
-            self.proc.stdin.write(f"tpu {count}\n".encode())
-            self.proc.stdin.flush()
-            self.workers = self._answer()["workers"]
+            self.workers = self.add_slice(count, SLICE)
         return self.workers
+
+    def add_slice(self, count: int, name: str) -> dict:
+        """Add ``count`` fake hosts of slice ``name``; their node ids -> worker ids."""
+        self.proc.stdin.write(f"tpu {count} {name}\n".encode())
+        self.proc.stdin.flush()
+        return self._answer()["workers"]
 
     def _answer(self) -> dict:
         deadline = time.monotonic() + ANSWER_SECONDS
@@ -191,8 +197,9 @@ def test_a_slice_is_found_reserved_and_ranked_by_worker_id_with_each_hosts_envir
 
         # Reserved once, as Ray's SlicePlacementGroup, one bundle per host; bundle 0 is
         # not host 0 here (worker 1 was added first), which the ranks do not follow.
-        assert isinstance(connected.placement_group, SlicePlacementGroup)
-        table = placement_group_table(connected.placement_group.placement_group)
+        [placement] = connected.placements
+        assert isinstance(placement, SlicePlacementGroup)
+        table = placement_group_table(placement.placement_group)
         assert table["state"] == "CREATED" and len(table["bundles"]) == HOSTS
         assert all(b.get("TPU") == 4 for b in table["bundles"].values())
         assert set(table["bundles_to_node_id"].values()) == {h.node_id for h in hosts}
@@ -244,3 +251,54 @@ def test_a_slice_is_found_reserved_and_ranked_by_worker_id_with_each_hosts_envir
     assert alive == [], alive
     assert [p for p in keeper.pids | set(agent_pids) if psutil.pid_exists(p)
             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE] == []
+
+
+@pytest.mark.timeout(420)
+def test_two_slices_are_one_multislice_job_each_host_with_fresh_megascale_variables(
+        tmp_path_factory):
+    import ray
+    from ray.util import placement_group_table
+
+    def agent_environ(agent):
+        import os
+
+        return {k: v for k, v in os.environ.items() if k.startswith("MEGASCALE_")}
+
+    # Stale values from an earlier job in every host's environment: replaced, not kept.
+    stale = {"MEGASCALE_SLICE_ID": "5", "MEGASCALE_NUM_SLICES": "9",
+             "MEGASCALE_COORDINATOR_ADDRESS": "10.9.9.9", "MEGASCALE_PORT": "1"}
+    from colab_xla.cluster.local import local_addresses
+
+    local_addresses()
+    keeper = Keeper(str(tmp_path_factory.mktemp("multislice") / "keeper.log"), **stale)
+    connected = None
+    try:
+        for name in ("fake-b", "fake-a"):  # added in reverse: ordered by name all the same
+            keeper.add_slice(HOSTS, name)
+        connected = _connect(keeper)
+        assert connected.slice_name == "fake-a,fake-b"
+        assert connected.slices == multislice.Slices(2, HOSTS, "127.0.0.10")
+        assert [h.address for h in connected.hosts] == [
+            "127.0.0.10", "127.0.0.11", "127.0.1.10", "127.0.1.11"]
+        assert len(connected.placements) == 2
+        for placement in connected.placements:  # one reservation per slice
+            table = placement_group_table(placement.placement_group)
+            assert table["state"] == "CREATED" and len(table["bundles"]) == HOSTS
+        envs = [d["env"] for d in connected.described]
+        assert [(e["MEGASCALE_SLICE_ID"], e["TPU_WORKER_ID"], e["TPU_WORKER_HOSTNAMES"])
+                for e in envs] == [
+            ("0", "0", "127.0.0.10,127.0.0.11"), ("0", "1", "127.0.0.10,127.0.0.11"),
+            ("1", "0", "127.0.1.10,127.0.1.11"), ("1", "1", "127.0.1.10,127.0.1.11")]
+        assert {(e["MEGASCALE_COORDINATOR_ADDRESS"], e["MEGASCALE_PORT"],
+                 e["MEGASCALE_NUM_SLICES"]) for e in envs} == {("127.0.0.10", "8081", "2")}
+        for agent in connected.agents:  # the agent's own stale ones are gone
+            assert ray.get(agent.__ray_call__.remote(agent_environ), timeout=60) == {}
+        assert "fake-a,fake-b · 2 slices (multislice)" in connected.describe()
+    finally:
+        if connected is not None:
+            connected.stop()
+        ray.shutdown()
+        mine = keeper.processes()
+        keeper.stop()
+        psutil.wait_procs(mine, timeout=30)
+    assert [p for p in mine if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []

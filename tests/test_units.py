@@ -356,7 +356,9 @@ def test_replica_globals_resolve_device_only_when_used(monkeypatch):
     import types
 
     calls = []
-    fake = types.SimpleNamespace(device=lambda: calls.append(1) or "xla:7")
+    fake = types.SimpleNamespace(device=lambda: calls.append(1) or "xla:7",
+                                 _XLAC=types.SimpleNamespace(  # (no client recorded here)
+                                     _xla_runtime_is_initialized=lambda: False))
     monkeypatch.setitem(sys.modules, "torch_xla", fake)
     ns = replica_job.ReplicaGlobals(x=1)
     exec("y = x + 1", ns)

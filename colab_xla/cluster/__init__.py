@@ -32,22 +32,27 @@ def current() -> Optional[Cluster]:
 
 def connect(address: Optional[str] = "auto", *, hosts: Optional[int] = None,
             replicas: Optional[int] = None, slice_name: Optional[str] = None,
-            announce=print) -> Cluster:
+            slices: Optional[int] = None, announce=print) -> Cluster:
     """Connect this notebook to the Ray cluster at ``address`` (see :meth:`Cluster.connect`)."""
     global _current
     _check_none()
     _current = Cluster.connect(address, hosts=hosts, replicas=replicas,
-                               slice_name=slice_name, announce=announce)
+                               slice_name=slice_name, slices=slices, announce=announce)
     return _current
 
 
-def start_local(hosts: int, replicas: int, announce=print) -> Cluster:
-    """Start a cluster of ``hosts`` CPU hosts on this machine and connect to it."""
+def start_local(hosts: int, replicas: int, slices: Optional[int] = None,
+                announce=print) -> Cluster:
+    """Start a cluster of ``hosts`` CPU hosts on this machine and connect to it; with
+    ``slices``, its hosts simulate that many slices (each host gets its MegaScale
+    variables, :mod:`colab_xla.multislice`)."""
     global _current
     _check_none()
+    from .. import multislice
     from .connection import import_ray
     from .local import LocalCluster, local_addresses
 
+    multislice.split(hosts, slices, "")  # refused before anything starts
     local_addresses()
     import_ray()  # said before anything starts
 
@@ -56,7 +61,7 @@ def start_local(hosts: int, replicas: int, announce=print) -> Cluster:
     local = LocalCluster(hosts)
     try:
         _current = Cluster.connect(local.address, hosts=hosts, replicas=replicas,
-                                   local=local, announce=announce)
+                                   slices=slices, local=local, announce=announce)
     except BaseException:
         local.shutdown()
         raise

@@ -24,38 +24,45 @@ import threading
 import traceback
 from typing import Any, Dict, List, MutableMapping, Optional
 
-from .. import interrupts
+from .. import interrupts, multislice
 from ..host_rank import VARIABLES, HostRank
 from ..launch import Launch
 from ..outcome import RunObserver, RunOutcome
 
 # What Ray sets in an actor's environment for the chips it reserved, which the replicas
-# of a whole host must not inherit (TPU_HOST_BOUNDS=1,1,1 makes one host its own slice).
+# of a whole host must not inherit (TPU_HOST_BOUNDS=1,1,1 makes one host its own slice);
+# and what an earlier job may have left: stale MegaScale values hang libtpu.
 STALE_VARIABLES = ("TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS",
-                   *VARIABLES)
+                   *VARIABLES, *multislice.VARIABLES, multislice.SKIP_DISCOVERY)
 
 
 def host_environment(environ: MutableMapping[str, str], rank: HostRank, device: str,
-                     hostnames: List[str]) -> Dict[str, str]:
-    """Drop from ``environ`` (the agent's) what Ray set for the chips it reserved; return
-    what this host's replicas get on top: on a TPU host its worker id and every host's
-    address, on a CPU host torch_xla's CPU backend."""
+                     hostnames: List[str],
+                     slices: Optional[multislice.Slices] = None) -> Dict[str, str]:
+    """Drop from ``environ`` (the agent's) what Ray set for the chips it reserved and
+    stale MegaScale values; return what this host's replicas get on top: on a TPU host its
+    worker id and the addresses of its slice's hosts, on a CPU host torch_xla's CPU
+    backend; on a cluster of several ``slices``, this host's MegaScale variables."""
     for name in STALE_VARIABLES:
         environ.pop(name, None)
+    env = {"PJRT_DEVICE": "CPU"}
     if device == "TPU":
-        return {"TPU_WORKER_ID": str(rank.host), "TPU_WORKER_HOSTNAMES": ",".join(hostnames)}
-    return {"PJRT_DEVICE": "CPU"}
+        worker, members = ((slices.worker_of(rank.host), slices.members(rank.host, hostnames))
+                           if slices else (rank.host, hostnames))
+        env = {"TPU_WORKER_ID": str(worker), "TPU_WORKER_HOSTNAMES": ",".join(members)}
+    return {**env, **(slices.environ(rank.host) if slices else {})}
 
 
 class HostAgent:
     """Host ``rank.host`` of a cluster. ``device`` is "TPU" (replicas on its chips, as
     many as torch_xla plans) or "CPU" (``rank.replicas`` replicas, one process each,
     their collectives through gloo across hosts); ``hostnames`` are every host's address
-    by rank (``TPU_WORKER_HOSTNAMES``)."""
+    by rank (``TPU_WORKER_HOSTNAMES``); ``slices``, the cluster's slices if several."""
 
     def __init__(self, rank: HostRank, device: str, hostnames: List[str],
-                 start_method: str = "forkserver"):
-        self.env = host_environment(os.environ, rank, device, hostnames)
+                 start_method: str = "forkserver",
+                 slices: Optional[multislice.Slices] = None):
+        self.env = host_environment(os.environ, rank, device, hostnames, slices)
         self.rank, self.device = rank, device
         self.start_method = start_method
         self._store = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
+from .. import multislice
 from ..host_rank import HostRank
 from . import hosts as hosts_mod
 from .hosts import ClusterError, Host
@@ -34,11 +35,13 @@ class Cluster:
     """Hosts with one agent each. Make one with :meth:`connect` (or
     :func:`colab_xla.cluster.start_local` for hosts on this machine)."""
 
-    def __init__(self, address: str, hosts: List[Host], agents: list, placement_group,
-                 described: List[Dict], slice_name: Optional[str], local=None):
+    def __init__(self, address: str, hosts: List[Host], agents: list, placements: list,
+                 described: List[Dict], slice_name: Optional[str], local=None,
+                 slices: Optional[multislice.Slices] = None):
         self.address, self.hosts, self.agents = address, hosts, agents
-        self.placement_group, self.described = placement_group, described
+        self.placements, self.described = placements, described  # one per slice, or 1
         self.slice_name, self.local = slice_name, local
+        self.slices = slices  # several slices as one job (MegaScale), or None
         self.cells_run = 0
         self.ended: Optional[str] = None
         self.session = None  # warm replicas on every host (.session.ClusterSession), if up
@@ -48,39 +51,55 @@ class Cluster:
     @classmethod
     def connect(cls, address: Optional[str] = "auto", *, hosts: Optional[int] = None,
                 replicas: Optional[int] = None, slice_name: Optional[str] = None,
-                start_method: str = "forkserver", local=None, announce=print) -> "Cluster":
+                slices: Optional[int] = None, start_method: str = "forkserver", local=None,
+                announce=print) -> "Cluster":
         """Join the Ray cluster at ``address`` and start an agent on each host: those of
-        its TPU slice, or (``hosts``) that many CPU hosts of ``replicas`` replicas each."""
+        its TPU slices (``slice_name``: the one, or comma-separated ones, to use; every
+        slice if None; several are one multislice job), or (``hosts``) that many CPU
+        hosts of ``replicas`` replicas each, as ``slices`` slices if given."""
         if (hosts is None) != (replicas is None):
             raise ClusterError("CPU hosts need both --hosts H and -n N (replicas per host); "
                                "a TPU slice needs neither.")
+        if hosts is None and slices is not None:
+            raise ClusterError("--slices is for CPU hosts (--hosts H -n N); the TPU slices of "
+                               "a cluster are found (choose some with --slice NAME,NAME).")
+        if hosts is not None:
+            multislice.split(hosts, slices, "")  # refused before Ray starts
         ray = import_ray()
         joined = not ray.is_initialized()  # (else the user's own connection: left as it is)
         if joined:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR")
-        placement = None
+        placements: list = []
         try:
             nodes = ray.nodes()
             if hosts is None:
-                found = hosts_mod.tpu_slice(nodes, slice_name)
-                placement, members = _reserve_slice(ray, found), found.hosts
-                slice_name, replicas = found.name, found.replicas_per_host
+                found = hosts_mod.tpu_slices(nodes, slice_name.split(",") if slice_name
+                                             else None)
+                for each in found:
+                    placements.append(_reserve_slice(ray, each))
+                members = [host for each in found for host in each.hosts]
+                slice_name = ",".join(each.name for each in found)
+                replicas = found[0].replicas_per_host
+                layout = (multislice.Slices(len(found), len(found[0].hosts), members[0].address)
+                          if len(found) > 1 else None)
             else:
                 hosts_mod.cpu_hosts(nodes, hosts)
-                placement = _reserve_cpu_hosts(ray, hosts)
-                members = hosts_mod.ordered_by_bundle(_bundle_nodes(ray, placement), nodes)
+                placements.append(_reserve_cpu_hosts(ray, hosts))
+                members = hosts_mod.ordered_by_bundle(_bundle_nodes(ray, placements[0]), nodes)
+                layout = multislice.split(hosts, slices, members[0].address)
             if announce:
                 announce(f"colab_xla: starting an agent on each of {len(members)} hosts "
                          "(each imports torch_xla once; a few seconds)")
-            agents = _start_agents(ray, placement, members, replicas, start_method)
+            agents = _start_agents(ray, placements, members, replicas, start_method, layout)
             described = _describe(ray, agents)
         except BaseException:
-            if placement is not None:
+            for placement in placements:
                 _release(ray, placement)
             if local is None and joined:  # a cluster this notebook joined: leave it
                 ray.shutdown()
             raise
-        return cls(address or "auto", members, agents, placement, described, slice_name, local)
+        return cls(address or "auto", members, agents, placements, described, slice_name, local,
+                   layout)
 
     # -- use ------------------------------------------------------------------------------
 
@@ -111,7 +130,8 @@ class Cluster:
                 ray.kill(agent)
             except Exception:  # noqa: BLE001 - already gone with its node
                 pass
-        _release(ray, self.placement_group)
+        for placement in self.placements:
+            _release(ray, placement)
         ray.shutdown()
         if self.local is not None:
             self.local.shutdown()
@@ -119,7 +139,9 @@ class Cluster:
     def describe(self) -> str:
         lines = [f"colab_xla cluster: {'up' if self.up else 'ended (' + self.ended + ')'} · "
                  f"{len(self.hosts)} hosts · {self.replicas} replicas · "
-                 f"{self.slice_name or 'CPU hosts'} · {self.address}"
+                 f"{self.slice_name or 'CPU hosts'}"
+                 + (f" · {self.slices.count} slices (multislice)" if self.slices else "")
+                 + f" · {self.address}"
                  + (" (local, started by this notebook)" if self.local else "")
                  + f" · cells run: {self.cells_run}"
                  + (" · a session is up (%xla_session)" if self.session is not None
@@ -182,25 +204,27 @@ def _release(ray, placement) -> None:
         pass
 
 
-def _start_agents(ray, placement, members: List[Host], replicas: int,
-                  start_method: str) -> list:
+def _start_agents(ray, placements: list, members: List[Host], replicas: int,
+                  start_method: str, slices: Optional[multislice.Slices]) -> list:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from .agent import HostAgent
 
     actor = ray.remote(HostAgent)
-    by_node = {node: bundle for bundle, node in _bundle_nodes(ray, placement).items()}
+    by_node = {node: (placement, bundle) for placement in placements
+               for bundle, node in _bundle_nodes(ray, placement).items()}
     hostnames = [h.address for h in members]
     agents = []
     for host in members:
         rank = HostRank(host.rank, len(members), replicas, host.address)
         resources = {"num_cpus": 1} if host.device == "CPU" else {
             "num_cpus": 0, "resources": {"TPU": host.chips}}
+        placement, bundle = by_node[host.node_id]
         strategy = PlacementGroupSchedulingStrategy(
-            _pg(placement), placement_group_bundle_index=by_node[host.node_id])
+            _pg(placement), placement_group_bundle_index=bundle)
         agents.append(actor.options(
             max_concurrency=AGENT_CONCURRENCY, scheduling_strategy=strategy,
-            **resources).remote(rank, host.device, hostnames, start_method))
+            **resources).remote(rank, host.device, hostnames, start_method, slices))
     return agents
 
 

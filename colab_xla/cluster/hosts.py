@@ -5,14 +5,15 @@ Pure: no Ray calls here, so every rule is tested on recorded node tables.
 * A **TPU slice**: nodes Ray labelled as one slice (``ray.io/tpu-slice-name``, which
   Ray sets from the TPU VM's metadata or GKE's variables), ordered by TPU worker id (the
   placement group's bundle order is not the worker id). Each host runs the replicas
-  torch_xla plans for its chips.
+  torch_xla plans for its chips. Several alike slices are one multislice job, their hosts
+  ranked slice by slice (:mod:`colab_xla.multislice`).
 * **CPU hosts** (``--hosts H -n N``): H nodes with a CPU, each running N replicas on
   torch_xla's CPU backend; one bundle per node (Ray's STRICT_SPREAD) picks them.
 
 Example::
 
     >>> nodes = [_tpu_node("b", "10.0.0.3", 1), _tpu_node("a", "10.0.0.2", 0)]
-    >>> found = tpu_slice(nodes)
+    >>> [found] = tpu_slices(nodes)
     >>> found.name, found.pod_type, [(h.rank, h.address) for h in found.hosts]
     ('my-v4-16', 'v4-16', [(0, '10.0.0.2'), (1, '10.0.0.3')])
 """
@@ -70,8 +71,10 @@ def _alive(nodes: List[Mapping]) -> List[Mapping]:
     return [n for n in nodes if n.get("Alive", n.get("alive", True))]
 
 
-def tpu_slice(nodes: List[Mapping], name: Optional[str] = None) -> TpuSlice:
-    """The TPU slice among ``nodes`` (the one named ``name``; the only one if None)."""
+def tpu_slices(nodes: List[Mapping], names: Optional[List[str]] = None) -> List[TpuSlice]:
+    """The TPU slices among ``nodes`` (those named ``names``; every one if None), ordered
+    by name, their hosts ranked slice by slice (slice k's worker w is host k * H + w).
+    Several slices are one multislice job, so they must be alike."""
     slices: Dict[str, List[Mapping]] = {}
     for node in _alive(nodes):
         label = (node.get("Labels") or {}).get(SLICE_LABEL)
@@ -81,14 +84,23 @@ def tpu_slice(nodes: List[Mapping], name: Optional[str] = None) -> TpuSlice:
         raise ClusterError("this Ray cluster has no TPU slice (no node labelled "
                            f"{SLICE_LABEL}). For hosts without TPUs, give their count and "
                            "replicas per host: %xla_cluster connect ADDRESS --hosts H -n N.")
-    if name is None and len(slices) > 1:
-        raise ClusterError(f"this Ray cluster has {len(slices)} TPU slices "
-                           f"({', '.join(sorted(slices))}): choose one with --slice NAME.")
-    if name is not None and name not in slices:
-        raise ClusterError(f"no TPU slice named {name!r} in this Ray cluster; it has "
-                           f"{', '.join(sorted(slices))}.")
-    name = name or next(iter(slices))
-    members = slices[name]
+    missing = [n for n in names or () if n not in slices]
+    if missing:
+        raise ClusterError(f"no TPU slice named {', '.join(map(repr, missing))} in this Ray "
+                           f"cluster; it has {', '.join(sorted(slices))}.")
+    found: List[TpuSlice] = []
+    for name in sorted(names or slices):
+        found.append(_slice(name, slices[name], first_rank=sum(len(s.hosts) for s in found)))
+    shapes = {(s.pod_type, len(s.hosts)) for s in found}
+    if len(shapes) > 1:
+        raise ClusterError("the TPU slices of a multislice job must be alike; these are "
+                           + ", ".join(f"{s.name} ({s.pod_type}, {len(s.hosts)} hosts)"
+                                       for s in found)
+                           + ". Choose alike ones with --slice NAME,NAME.")
+    return found
+
+
+def _slice(name: str, members: List[Mapping], first_rank: int) -> TpuSlice:
     labels = members[0]["Labels"]
     ordered = sorted(members, key=lambda n: int(n["Labels"].get(WORKER_LABEL, 0)))
     workers = [int(n["Labels"].get(WORKER_LABEL, -1)) for n in ordered]
@@ -96,9 +108,9 @@ def tpu_slice(nodes: List[Mapping], name: Optional[str] = None) -> TpuSlice:
         raise ClusterError(f"TPU slice {name!r}: Ray knows the hosts with worker ids "
                            f"{workers}, not 0 to {len(ordered) - 1}: a host is missing or "
                            "not yet up. Wait for it, or check `ray status`.")
-    hosts = [Host(rank, n["NodeID"], n["NodeManagerAddress"], "TPU",
+    hosts = [Host(first_rank + worker, n["NodeID"], n["NodeManagerAddress"], "TPU",
                   int((n.get("Resources") or {}).get("TPU", 0)))
-             for rank, n in enumerate(ordered)]
+             for worker, n in enumerate(ordered)]
     return TpuSlice(name, labels.get(POD_TYPE_LABEL, "?"), labels.get(TOPOLOGY_LABEL, "?"),
                     hosts)
 
@@ -119,9 +131,10 @@ def ordered_by_bundle(bundle_nodes: Mapping[int, str], nodes: List[Mapping]) -> 
             for rank, (_, node_id) in enumerate(sorted(bundle_nodes.items()))]
 
 
-def _tpu_node(node_id: str, address: str, worker: int, pod_type: str = "v4-16") -> Dict:
+def _tpu_node(node_id: str, address: str, worker: int, pod_type: str = "v4-16",
+              slice_name: Optional[str] = None) -> Dict:
     """A node as ``ray.nodes()`` describes a TPU VM host (for the examples and tests)."""
     return {"NodeID": node_id, "NodeManagerAddress": address, "Alive": True,
             "Resources": {"CPU": 240.0, "TPU": 4.0},
-            "Labels": {SLICE_LABEL: "my-" + pod_type, WORKER_LABEL: str(worker),
+            "Labels": {SLICE_LABEL: slice_name or "my-" + pod_type, WORKER_LABEL: str(worker),
                        POD_TYPE_LABEL: pod_type, TOPOLOGY_LABEL: "2x2x2"}}

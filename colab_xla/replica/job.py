@@ -30,6 +30,7 @@ from ..transport.frames import END, START
 from ..transport.names import REPLICA_NAMES
 from ..transport.values import pack_value, pull_names, safe_repr, write_report
 from .capture import capture_startup, flush_all
+from . import runtime_clients
 from .process import ReplicaProcess
 from .thread import current
 
@@ -128,7 +129,9 @@ class ReplicaGlobals(dict):
                 return value
             import torch_xla
 
+            runtime_clients.before_torch_xla()
             value = self["device"] = torch_xla.device()
+            runtime_clients.notice_torch_xla()  # from now on, a JAX backend skips discovery
             return value
         raise KeyError(key)
 
@@ -221,6 +224,7 @@ def _run_cell(index: int, job: ReplicaJob, process: "ReplicaProcess",
         return report
     finally:
         flush_all()
+        runtime_clients.notice_torch_xla(f"a call in {cell.label}")  # (not by `device`)
     problems = []
     # JAX arrays as NumPy arrays (the JAX runtime only: a plain list is not walked here).
     to_host = jax_runtime.to_host if jax_runtime.is_jax() else _as_is

@@ -34,6 +34,7 @@ from ..transport.frames import NOTE, STDERR, STDOUT, ChannelWriter
 from ..transport.values import lookup
 from .capture import (ReplicaStream, capture_fds, flush_all, no_stdin, replica_display,
                       streams_per_thread)
+from . import runtime_clients
 from .thread import current
 
 if TYPE_CHECKING:
@@ -111,6 +112,7 @@ class ReplicaProcess:
         _send_cell_definitions_by_value()
         _serialize_forks()
         _report_exits(self)
+        runtime_clients.install(self.call_site)  # MegaScale discovery once per process
         if jax_runtime.is_jax():  # JAX processes: jax.distributed starts before the cell
             jax_runtime.join()
             return
@@ -217,6 +219,12 @@ class ReplicaProcess:
                     os.path.join(run_dir, "replicas.store"), processes))
             elif int(os.environ.get("CPU_NUM_DEVICES", "1")) > 1:
                 cpu_sim.install(xm)
+
+    def call_site(self) -> str:
+        """The line of the cell this thread is running (for what a call made)."""
+        cell = self.cell
+        return runtime_clients.call_site(cell.path if cell else None,
+                                         cell.label if cell else "the cell")
 
     def enter(self, ordinal: int) -> None:
         with self._lock:
