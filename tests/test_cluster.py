@@ -237,8 +237,9 @@ HOSTS, PER_HOST = 2, 2
 
 @pytest.fixture(scope="module")
 def local():
-    """A local cluster of 2 CPU hosts x 2 replicas, for the module's tests."""
-    connected = cluster.start_local(HOSTS, PER_HOST, announce=None)
+    """A local cluster of 2 CPU hosts x 2 replicas, for the module's tests; its hosts
+    simulate 2 slices of 1 host (MegaScale variables only: nothing on CPU reads them)."""
+    connected = cluster.start_local(HOSTS, PER_HOST, slices=HOSTS, announce=None)
     yield connected
     cluster.stop()
 
@@ -268,6 +269,22 @@ def test_every_replica_of_every_host_runs_the_cell_with_its_global_ordinal(local
         assert outcome.replicas[ordinal].text == f"{index} {host} {local_index}"
     assert len({r.pid for r in outcome.replicas.values()}) == HOSTS * PER_HOST
     assert "── host 1 · replica 3 · done" in text_view.render(outcome)
+
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_each_replica_gets_its_hosts_slice_and_no_inherited_skip_of_discovery(local):
+    outcome = on_cluster("""
+        import os
+        {k: v for k, v in os.environ.items() if k.startswith(("MEGASCALE_", "SKIP_MEGA"))}
+        """, local)
+    assert outcome.ok, text_view.render(outcome)
+    assert outcome.results() == {
+        o: {"MEGASCALE_COORDINATOR_ADDRESS": local.hosts[0].address, "MEGASCALE_PORT": "8081",
+            "MEGASCALE_NUM_SLICES": str(HOSTS), "MEGASCALE_SLICE_ID": str(o // PER_HOST)}
+        for o in range(HOSTS * PER_HOST)}
+    assert "2 slices (multislice)" in local.describe()
 
 
 @needs_ray

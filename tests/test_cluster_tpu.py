@@ -273,13 +273,14 @@ def test_two_slices_are_one_multislice_job_each_host_with_fresh_megascale_variab
     keeper = Keeper(str(tmp_path_factory.mktemp("multislice") / "keeper.log"), **stale)
     connected = None
     try:
-        for name in ("fake-b", "fake-a"):  # added in reverse: ordered by name all the same
+        # Added b first (its hosts on 127.0.0.*, a's on 127.0.1.*): ranked by name all the same.
+        for name in ("fake-b", "fake-a"):
             keeper.add_slice(HOSTS, name)
         connected = _connect(keeper)
         assert connected.slice_name == "fake-a,fake-b"
-        assert connected.slices == multislice.Slices(2, HOSTS, "127.0.0.10")
-        assert [h.address for h in connected.hosts] == [
-            "127.0.0.10", "127.0.0.11", "127.0.1.10", "127.0.1.11"]
+        assert connected.slices == multislice.Slices(2, HOSTS, "127.0.1.10")
+        a, b = ["127.0.1.10", "127.0.1.11"], ["127.0.0.10", "127.0.0.11"]
+        assert [h.address for h in connected.hosts] == a + b
         assert len(connected.placements) == 2
         for placement in connected.placements:  # one reservation per slice
             table = placement_group_table(placement.placement_group)
@@ -287,10 +288,10 @@ def test_two_slices_are_one_multislice_job_each_host_with_fresh_megascale_variab
         envs = [d["env"] for d in connected.described]
         assert [(e["MEGASCALE_SLICE_ID"], e["TPU_WORKER_ID"], e["TPU_WORKER_HOSTNAMES"])
                 for e in envs] == [
-            ("0", "0", "127.0.0.10,127.0.0.11"), ("0", "1", "127.0.0.10,127.0.0.11"),
-            ("1", "0", "127.0.1.10,127.0.1.11"), ("1", "1", "127.0.1.10,127.0.1.11")]
+            ("0", "0", ",".join(a)), ("0", "1", ",".join(a)),
+            ("1", "0", ",".join(b)), ("1", "1", ",".join(b))]
         assert {(e["MEGASCALE_COORDINATOR_ADDRESS"], e["MEGASCALE_PORT"],
-                 e["MEGASCALE_NUM_SLICES"]) for e in envs} == {("127.0.0.10", "8081", "2")}
+                 e["MEGASCALE_NUM_SLICES"]) for e in envs} == {("127.0.1.10", "8081", "2")}
         for agent in connected.agents:  # the agent's own stale ones are gone
             assert ray.get(agent.__ray_call__.remote(agent_environ), timeout=60) == {}
         assert "fake-a,fake-b · 2 slices (multislice)" in connected.describe()
