@@ -33,9 +33,12 @@ from .replica.process import inherit
 from .transport import frames, shared_tensors, values
 
 # Live views draw every TICK_SECONDS while output flows (a few updates a second keep the
-# browser responsive), and FIRST_DRAW_SECONDS after the first output of a quiet spell.
+# browser responsive), and FIRST_DRAW_SECONDS after the first output of a quiet spell: soon
+# enough that a line shows at once (~10 ms on top of its way here), late enough that what
+# the replicas print in the same moment (they reach the pipes a few ms apart) is drawn in
+# one update.
 TICK_SECONDS = 0.25
-FIRST_DRAW_SECONDS = 0.05
+FIRST_DRAW_SECONDS = 0.01
 # After a kill, how long to wait for the driver thread to see its pool broken.
 _DRIVER_JOIN_SECONDS = 5.0
 # Once a replica has failed, how long the others may go on before the run is stopped:

@@ -158,3 +158,43 @@ def test_only_the_last_runs_keep_live_widgets_and_older_ones_show_their_summary(
     assert all("application/vnd.jupyter.widget-view+json" not in h.shown[-1] for h in handles[:3])
     assert all("text/html" in h.shown[-1] for h in handles[:3])
     assert all("application/vnd.jupyter.widget-view+json" in h.shown[-1] for h in handles[3:])
+
+
+def test_a_run_makes_few_widgets_sharing_one_layout(monkeypatch):
+    """Issue #18: each widget is a comm message the launch waits for; a run of 8 replicas
+    made 89 (a layout, and a style, per widget). Now: one layout and one style for the run,
+    a replica's error widget only if it fails, its error shown in its own tab."""
+    widgets = pytest.importorskip("ipywidgets")
+    from colab_xla.outcome import ReplicaError
+    from colab_xla.views import widget as widget_view
+
+    monkeypatch.setattr(widget_view, "display", lambda *a, **k: type(
+        "Handle", (), {"update": lambda self, data, raw=False: None})())
+    monkeypatch.setattr(widget_view, "_live", widget_view.collections.deque())
+    before = set(widget_view._registry())
+    view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
+    view.opened(outcome)
+    for o in range(8):
+        outcome.replica(o)
+        view.started(outcome, o)
+        view.output(outcome, o, [f"line {o}"])
+    view.tick(outcome)
+    for o in range(8):
+        rep = outcome.replicas[o]
+        rep.state, rep.elapsed = ("failed", 0.2) if o == 5 else ("done", 0.1)
+        if o == 5:
+            rep.error = ReplicaError(kind="exception", ename="ValueError", evalue="five",
+                                     traceback="ValueError: five\n")
+    outcome.elapsed = 0.3
+    view.closed(outcome)
+    made = [w for model_id, w in widget_view._registry().items() if model_id not in before]
+    assert len(made) == 6 + 3 * 8 + 1
+    assert len({w.layout.model_id for w in made if hasattr(w, "layout")}) == 1
+    assert len({w.style.model_id for w in made if isinstance(w, widgets.HTML)}) == 1
+    pages = view.tabs.children[1:]
+    assert [len(page.children) for page in pages] == [2] * 5 + [3] + [2] * 2
+    assert "ValueError: five" in pages[5].children[2].value
+    titles = (list(view.tabs.titles) if hasattr(view.tabs, "titles")
+              else [view.tabs._titles[str(i)] for i in range(9)])
+    assert titles == ["all"] + [f"{o} {'✗' if o == 5 else '✓'}" for o in range(8)]
+    view.retire()

@@ -34,7 +34,9 @@ _MERGE_WINDOW = 64
 # of a notebook with a few %%xla_spawn cells saves every one of them live), and an older
 # run's display is first turned into its static summary, which frontends and nbclient apply
 # to that older cell too (update_display by display_id), so nothing a person reads vanishes.
-# About 10 widgets plus 4 per replica (their layouts and styles included) per run.
+# A run has 6 widgets plus 3 per replica (4 for a replica that failed): every widget of a
+# run shares one layout and its HTML widgets one style (made per widget, they were most of
+# a run's widgets, and each is a comm message that a short cell's launch waits for).
 LIVE_RUNS = 5
 # What the live display says where widgets cannot show (its summary replaces it at the end).
 LIVE_TEXT = "colab_xla: the run's live view (a widget); its summary replaces this at the end."
@@ -46,8 +48,10 @@ class WidgetView(RunObserver):
         # The widgets are made when the run opens: a run that never starts (a bad option)
         # must not leave widgets behind.
         self.box: Optional[widgets.VBox] = None
-        self._replicas: Dict[int, Tuple[widgets.HTML, widgets.Output, widgets.HTML]] = {}
+        self._replicas: Dict[int, Tuple[widgets.HTML, widgets.Output]] = {}
+        self._errors: Dict[int, widgets.HTML] = {}  # made when a replica fails
         self._pages: Dict[int, widgets.VBox] = {}
+        self._titles: Tuple[str, ...] = ()
         self._summary: Optional[dict] = None
         self._before: Optional[set] = None  # the widgets that existed when the run opened
         self._made: List[widgets.Widget] = []
@@ -62,10 +66,12 @@ class WidgetView(RunObserver):
     def opened(self, outcome: RunOutcome) -> None:
         _retire_old_views(keep=LIVE_RUNS - 1)
         self._before = set(_registry())
-        self.header = widgets.HTML()
-        self.combined = widgets.Output()
-        self.tabs = widgets.Tab(children=[self.combined])
-        self.box = widgets.VBox([self.header, self.tabs])
+        self._layout = widgets.Layout()
+        self._style = widgets.HTML.class_traits()["style"].klass()
+        self.header = self._html()
+        self.combined = widgets.Output(layout=self._layout)
+        self.tabs = widgets.Tab(children=[self.combined], layout=self._layout)
+        self.box = widgets.VBox([self.header, self.tabs], layout=self._layout)
         _live.append(self)
         self._started = time.monotonic()
         self._draw_header(outcome)
@@ -75,8 +81,8 @@ class WidgetView(RunObserver):
         self._handle = display({**widget_bundle(self.box), "text/plain": LIVE_TEXT},
                                raw=True, display_id=True)
 
-    def started(self, outcome: RunOutcome, ordinal: int) -> None:
-        self._ensure_tab(ordinal)
+    # A replica's tab is made at the next tick (see _ensure_tabs), with those of the other
+    # replicas that started by then: one change of the Tab's children, not one per replica.
 
     def output(self, outcome: RunOutcome, origin, lines: List[str]) -> None:
         recent = list(self._lines)[-_MERGE_WINDOW:]
@@ -93,6 +99,7 @@ class WidgetView(RunObserver):
 
     def tick(self, outcome: RunOutcome) -> None:
         self._draw_header(outcome)
+        self._ensure_tabs(outcome)
         for ordinal in sorted(outcome.replicas):
             self._draw_replica(outcome, ordinal)
         if self._combined_dirty:
@@ -125,17 +132,33 @@ class WidgetView(RunObserver):
                 widget.close()
         self._made = []
         self.box = self._handle = None
-        self._replicas, self._pages = {}, {}
+        self._replicas, self._pages, self._errors = {}, {}, {}
 
     # -- drawing ----------------------------------------------------------------------------
 
-    def _ensure_tab(self, ordinal: int):
-        if ordinal not in self._replicas:
-            # Its state, then its output, then its error: the order things happened.
-            self._replicas[ordinal] = (widgets.HTML(), widgets.Output(), widgets.HTML())
-            self._pages[ordinal] = widgets.VBox(list(self._replicas[ordinal]))
+    def _html(self, value: str = "") -> widgets.HTML:
+        return widgets.HTML(value=value, layout=self._layout, style=self._style)
+
+    def _ensure_tabs(self, outcome: RunOutcome) -> None:
+        new = [o for o in sorted(outcome.replicas) if o not in self._replicas]
+        for ordinal in new:
+            # Its state, then its output (then its error, if it fails): the order things
+            # happened.
+            self._replicas[ordinal] = (self._html(self._status(outcome, ordinal)),
+                                       widgets.Output(layout=self._layout))
+            self._pages[ordinal] = widgets.VBox(list(self._replicas[ordinal]),
+                                                layout=self._layout)
+        if new:
             self.tabs.children = [self.combined] + [self._pages[o] for o in sorted(self._pages)]
-        return self._replicas[ordinal]
+
+    def _show_error(self, ordinal: int, value: str) -> None:
+        error = self._errors.get(ordinal)
+        if error is None:
+            error = self._errors[ordinal] = self._html(value)
+            page = self._pages[ordinal]
+            page.children = tuple(page.children) + (error,)
+        else:
+            error.value = value
 
     def _draw_header(self, outcome: RunOutcome) -> None:
         elapsed = outcome.elapsed if outcome.elapsed is not None else time.monotonic() - self._started
@@ -155,34 +178,38 @@ class WidgetView(RunObserver):
 
     def _draw_replica(self, outcome: RunOutcome, ordinal: int) -> None:
         rep = outcome.replicas[ordinal]
-        status, out, error = self._ensure_tab(ordinal)
+        status, out = self._replicas[ordinal]
         key = (rep.state, rep.log.version, rep.elapsed is not None)
         if self._drawn.get(ordinal) == key and rep.elapsed is not None:
             return
+        status.value = self._status(outcome, ordinal)
+        if rep.error is not None:
+            self._show_error(ordinal, f"<pre style='color:#cf222e;white-space:pre-wrap'>"
+                                      f"{html.escape(rep.error.render())}</pre>")
+        if self._drawn.get(ordinal, (None, None))[1] != rep.log.version:
+            out.outputs = _log_outputs(rep.log)
+        self._drawn[ordinal] = key
+
+    def _status(self, outcome: RunOutcome, ordinal: int) -> str:
+        rep = outcome.replicas[ordinal]
         took = rep.elapsed if rep.elapsed is not None else time.monotonic() - self._started
         result = ""
         if rep.value_repr is not None and rep.error is None:
             result = f" · Out: <code>{html.escape(rep.value_repr)}</code>"
         if rep.pulled:
             result += f" · Pulled: <code>{html.escape(rep.pulled_summary())}</code>"
-        status.value = (f"{html.escape(outcome.label(ordinal))} · <b>{rep.state}</b> · "
-                        f"{took:.1f} s{result}")
-        if rep.error is not None:
-            error.value = (f"<pre style='color:#cf222e;white-space:pre-wrap'>"
-                           f"{html.escape(rep.error.render())}</pre>")
-        if self._drawn.get(ordinal, (None, None))[1] != rep.log.version:
-            out.outputs = _log_outputs(rep.log)
-        self._drawn[ordinal] = key
+        return f"{html.escape(outcome.label(ordinal))} · <b>{rep.state}</b> · {took:.1f} s{result}"
 
     def _draw_titles(self, outcome: RunOutcome) -> None:
         titles = ["all"] + [f"{o} {html_view.state_mark(outcome.replicas[o].state)}"
                             for o in sorted(self._replicas)]
+        if tuple(titles) == self._titles:
+            return
+        self._titles = tuple(titles)
         if hasattr(self.tabs, "titles"):  # ipywidgets 8
-            if tuple(self.tabs.titles) != tuple(titles):
-                self.tabs.titles = tuple(titles)
-        else:  # ipywidgets 7 (Colab)
-            for i, title in enumerate(titles):
-                self.tabs.set_title(i, title)
+            self.tabs.titles = tuple(titles)
+        else:  # ipywidgets 7 (Colab): set_title sends the whole dict at each call
+            self.tabs._titles = {str(i): title for i, title in enumerate(titles)}
 
     def _combined_rows(self, outcome: RunOutcome) -> List[str]:
         n = len(outcome.replicas)
