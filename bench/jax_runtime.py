@@ -2,8 +2,8 @@
 launch of the same ``jax.distributed`` program, on CPU (one device per process).
 
 In one process (which imports jax without starting a backend, as a notebook may, and
-imports torch_xla through ``run_cell``: both paths fork from the same process), three
-paths run the same program, interleaved (the order rotates every iteration):
+imports torch_xla through ``run_cell``: both paths fork from the same process), two
+paths run the same program, interleaved (the order alternates every iteration):
 
 * ``colab_xla``: ``run_cell(cell, replicas=N, launch=Launch(runtime="jax"))``, which
   initializes ``jax.distributed`` in every process before the cell and shuts it down
@@ -11,15 +11,11 @@ paths run the same program, interleaved (the order rotates every iteration):
 * ``bare``: what a user would write: N ``multiprocessing`` processes (fork), each calling
   ``jax.distributed.initialize`` with a coordinator port the parent picked free, running
   the program, sending its result through a pipe and calling
-  ``jax.distributed.shutdown()``; the parent joins them all;
-* ``bare_frozen``: the same, with the parent's objects frozen (``gc.freeze()``) while it
-  forks, as colab_xla does: without it a forked process's first full garbage collection
-  (JAX's backend start sets one off) walks every object inherited from the parent and
-  copies the shared heap.
+  ``jax.distributed.shutdown()``; the parent joins them all.
 
 1. launch overhead: ``jax.process_index()`` as the program (``initialize``, the backend's
    start, the value back, the shutdown): median, p10-p90, ratio of medians and median of
-   paired differences against each bare path (N = 2 and 4 by default).
+   paired differences (N = 2 and 4 by default).
 2. first-output latency: each process takes ``time.time()`` first thing in the program
    (right after ``initialize``) and prints it; ms until the notebook side sees the line (a
    ``RunObserver``'s ``output``; bare: the parent reading a pipe the children write), and
@@ -36,12 +32,11 @@ paths run the same program, interleaved (the order rotates every iteration):
 Writes the "jax_runtime" section of results.md and results/jax_runtime.json.
 
     python bench/jax_runtime.py [--processes 2,4] [--repeats 10] [--latency-repeats 4]
-                                [--interrupts 2] [--term-cap 3] [--out DIR]
+                                [--interrupts 2] [--term-cap 2] [--out DIR]
 """
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
 import signal
@@ -59,8 +54,7 @@ from _results import (bench_parser, machine_info, machine_line, publish,  # noqa
                       replica_counts, stats)
 
 NAME = "jax_runtime"
-PATHS = ("colab_xla", "bare", "bare_frozen")
-BARE = ("bare", "bare_frozen")
+PATHS = ("colab_xla", "bare")
 SIGNAL_DELAY_S = 0.2  # after the last process's first line
 HANG_S = 60.0  # a run not done by then is cut, counted as hung, not measured
 LATENCY_SLEEP_S = 0.3  # the program goes on this long after its line
@@ -109,7 +103,7 @@ def _bare_child(i: int, n: int, port: int, conn, out_fd: int, program: str) -> N
 class BareRun:
     """N forked processes running ``program``; lines they write arrive on a pipe."""
 
-    def __init__(self, n: int, program: str, frozen: bool):
+    def __init__(self, n: int, program: str):
         from colab_xla.launch import free_port
 
         ctx = multiprocessing.get_context("fork")
@@ -123,14 +117,8 @@ class BareRun:
             self.conns.append(parent_end)
             self.processes.append(ctx.Process(target=_bare_child,
                                               args=(i, n, port, child_end, write_fd, program)))
-        if frozen:
-            gc.freeze()
-        try:
-            for p in self.processes:
-                p.start()
-        finally:
-            if frozen:
-                gc.unfreeze()
+        for p in self.processes:
+            p.start()
         os.close(write_fd)
         self._buffer = b""
 
@@ -201,7 +189,7 @@ def trivial_once(path: str, n: int) -> Optional[float]:
             return None
         raise RuntimeError(f"colab_xla -n {n}: ok={outcome.ok} results={outcome.results()} "
                            f"errors={[r.error for r in outcome.replicas.values()]}")
-    run = BareRun(n, "trivial", frozen=path == "bare_frozen")
+    run = BareRun(n, "trivial")
     try:
         got = run.results()
         ok = run.join()
@@ -237,7 +225,7 @@ def latency_once(path: str, n: int) -> dict:
         if not outcome.ok:
             raise RuntimeError(f"latency colab_xla: {outcome.replicas}")
     else:
-        run = BareRun(n, "latency", frozen=path == "bare_frozen")
+        run = BareRun(n, "latency")
         try:
             run.lines(n, on_line, HANG_S)
             if not run.join():
@@ -319,7 +307,7 @@ def interrupt_once(path: str, n: int, variant: str, term_cap: float) -> dict:
                 "interrupted": bool(outcome.interrupted), "left_at_return": len(left_now),
                 "left_after_cap": len(_left(pids)),
                 "states": sorted({r.state for r in outcome.replicas.values()})}
-    run = BareRun(n, variant, frozen=path == "bare_frozen")
+    run = BareRun(n, variant)
     pids = [p.pid for p in run.processes]
     try:
         run.lines(n, lambda line, arrived: None, HANG_S)
@@ -372,27 +360,29 @@ def render(res: dict, info: dict, seconds: float, args) -> str:
         "jax -n N`) and through a bare launch a user would write: N forked `multiprocessing` "
         "processes, each calling `jax.distributed.initialize` (coordinator on a free port), "
         "running the program, sending its value through a pipe and calling "
-        "`jax.distributed.shutdown()`, joined by the parent. *bare + gc.freeze* also freezes "
-        "the parent's objects while forking, as colab_xla does: without it, the forked "
-        "process's first full garbage collection (set off by the backend's start) walks "
-        "every object inherited from a parent that imported torch, torch_xla and jax, and "
-        "copies the shared heap. Interleaved in one process (the order rotates); the "
-        "parent imports jax without starting a backend.",
+        "`jax.distributed.shutdown()`, joined by the parent. Interleaved in one process "
+        "(the order alternates); the parent imports jax without starting a backend, and "
+        "torch_xla (through `run_cell`). colab_xla freezes the notebook's objects "
+        "(`gc.freeze`) while it forks: before it did, a replica's first full garbage "
+        "collection, set off by the backend's start, walked every object inherited from "
+        "the notebook and copied the shared heap, 1.3–1.9 s per process (a trivial `-n 2` "
+        "run took 2–3 s).",
         "",
         f"Launch overhead: `jax.process_index()` as the program (initialize, backend start, "
         f"value back, shutdown). ms, median (p10–p90) of {args.repeats}; ratio of medians; "
         "paired: median of (colab_xla − bare) in the same iteration.",
         "",
-        "| N | colab_xla ms | bare ms | bare + gc.freeze ms | colab_xla / bare "
-        "| colab_xla / bare + gc.freeze | paired vs bare + gc.freeze ms |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| N | colab_xla ms | bare ms | colab_xla / bare | paired diff ms |",
+        "|---:|---:|---:|---:|---:|",
     ]
     for n, r in res["trivial"].items():
         s = r["stats_ms"]
         lines.append(f"| {n} | {_cell(s['colab_xla'])} | {_cell(s['bare'])} "
-                     f"| {_cell(s['bare_frozen'])} | {r['ratio']['bare']:.2f}× "
-                     f"| {r['ratio']['bare_frozen']:.2f}× "
-                     f"| {r['paired_ms']['bare_frozen']:+.0f} |")
+                     f"| {r['ratio']:.2f}× | {r['paired_ms']:+.0f} |")
+    hung = {path: k for path, k in res["trivial_hung"].items() if k}
+    if hung:
+        lines += ["", f"Hung runs (cut after {HANG_S:g} s, left out above): "
+                  + ", ".join(f"{path}: {k}" for path, k in hung.items()) + "."]
     lat = res["latency"]
     lines += [
         "",
@@ -406,8 +396,7 @@ def render(res: dict, info: dict, seconds: float, args) -> str:
         "| path | print → seen ms | call → first line ms |",
         "|---|---:|---:|",
     ]
-    for path, label in (("colab_xla", "colab_xla"), ("bare", "bare"),
-                        ("bare_frozen", "bare + gc.freeze")):
+    for path, label in (("colab_xla", "colab_xla"), ("bare", "bare")):
         runs = lat["runs"][path]
         lines.append(f"| {label} | {_ms([x for r in runs for x in r['print_to_seen_ms']])} "
                      f"| {_ms([r['call_to_first_ms'] for r in runs])} |")
@@ -429,8 +418,7 @@ def render(res: dict, info: dict, seconds: float, args) -> str:
         "|---|---|---:|---:|---|---:|---:|",
     ]
     for variant in STUCK_CELLS:
-        for path, label in (("colab_xla", "colab_xla"), ("bare", "bare + terminate()"),
-                            ("bare_frozen", "bare + gc.freeze + terminate()")):
+        for path, label in (("colab_xla", "colab_xla"), ("bare", "bare + terminate()")):
             runs = [r for r in cut["runs"][variant][path] if not r["hung"]]
             hung = len(cut["runs"][variant][path]) - len(runs)
             if not runs:
@@ -448,6 +436,13 @@ def render(res: dict, info: dict, seconds: float, args) -> str:
                 f"| {interrupted} | {left_return} "
                 f"| {sum(r['left_after_cap'] for r in runs)}"
                 f"{f'; {hung} hung' if hung else ''} |")
+    kept = sum(r["left_after_cap"] for v in cut["runs"].values() for r in v["bare"]
+               if not r["hung"])
+    if kept:
+        lines += ["", f"Bare: {kept} children still alive {args.term_cap:g} s after "
+                  "`terminate()`: JAX's preemption notifier catches SIGTERM once "
+                  "`jax.distributed` is initialized, so `terminate()` does not end a JAX "
+                  "process; the user needs `kill()` (SIGKILL), as colab_xla uses."]
     lines += [
         "",
         machine_line(info, NAME, seconds,
@@ -474,8 +469,8 @@ def main(argv=None) -> int:
                         help="first-output runs per path (4)")
     parser.add_argument("--interrupts", type=int, default=2,
                         help="interrupts per path and program (2)")
-    parser.add_argument("--term-cap", type=float, default=3.0,
-                        help="s a bare launch waits for terminate()d children (3)")
+    parser.add_argument("--term-cap", type=float, default=2.0,
+                        help="s a bare launch waits for terminate()d children (2)")
     args, _ = parser.parse_known_args(argv)  # bench/run passes every benchmark's options
     counts = replica_counts(args.processes)
     if not counts or min(counts) < 2 or args.repeats < 2 or args.latency_repeats < 1 \
@@ -503,7 +498,7 @@ def main(argv=None) -> int:
         for path in PATHS:  # warm-up (torch_xla's import in the notebook, the first fork)
             trivial_once(path, n)
         samples: Dict[str, List[float]] = {path: [] for path in PATHS}
-        paired: Dict[str, List[float]] = {path: [] for path in BARE}
+        paired: List[float] = []
         for i in range(args.repeats):
             got = {path: trivial_once(path, n) for path in _rotated(i)}
             for path, ms in got.items():
@@ -511,14 +506,13 @@ def main(argv=None) -> int:
                     hung[path] += 1
                 else:
                     samples[path].append(ms)
-            for path in BARE:
-                if got["colab_xla"] is not None and got[path] is not None:
-                    paired[path].append(got["colab_xla"] - got[path])
+            if None not in got.values():
+                paired.append(got["colab_xla"] - got["bare"])
         st = {path: stats(samples[path]) for path in PATHS}
         res["trivial"][n] = {
             "samples_ms": samples, "stats_ms": st,
-            "ratio": {p: st["colab_xla"]["median"] / st[p]["median"] for p in BARE},
-            "paired_ms": {p: statistics.median(paired[p]) for p in BARE}}
+            "ratio": st["colab_xla"]["median"] / st["bare"]["median"],
+            "paired_ms": statistics.median(paired)}
         print(f"jax_runtime: -n {n}: " + ", ".join(
             f"{p} {st[p]['median']:.0f} ms" for p in PATHS)
             + f" [{time.perf_counter() - t0:.0f} s]", file=sys.stderr)
