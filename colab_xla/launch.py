@@ -31,6 +31,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.machinery
 import multiprocessing
 import multiprocessing.connection
@@ -160,8 +161,9 @@ def _start_processes(how: Launch, entry: Callable, job, count: int,
     replicas = [context.Process(target=_replica_process, name=f"colab_xla-replica-{index}",
                                 args=(entry, index, job, rank_env, how.start_method == "fork"))
                 for index in range(count)]
-    for process in replicas:
-        process.start()
+    with _heap_frozen(how.start_method == "fork"):
+        for process in replicas:
+            process.start()
     pending = {process.sentinel: (index, process) for index, process in enumerate(replicas)}
     while pending:
         multiprocessing.connection.wait(list(pending), timeout=_EXIT_POLL_SECONDS)
@@ -174,6 +176,25 @@ def _start_processes(how: Launch, entry: Callable, job, count: int,
             process.join()
             if ended is not None:
                 ended(index, process.exitcode)
+
+
+@contextlib.contextmanager
+def _heap_frozen(forking: bool) -> Iterator[None]:
+    """While forking, the notebook's objects in the garbage collector's permanent
+    generation (``gc.freeze``), in the notebook again after: a forked replica never
+    collects them. Its first full collection would otherwise write to every object the
+    notebook has (hundreds of thousands with torch_xla and jax imported), copying every
+    page of the heap it shares with the notebook: measured 1.3 s per replica process on
+    2 cores, which a JAX process pays when it starts its backend. (A notebook that froze
+    objects itself is left as it is.)"""
+    if not forking or gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _replica_process(entry: Callable, index: int, job, rank_env: Dict[str, str],
