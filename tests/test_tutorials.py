@@ -93,7 +93,8 @@ def wrong(tmp_path_factory):
 
 @pytest.mark.parametrize("path", [DEVICES, WRONG] + [
     run_notebooks.NOTEBOOKS_DIR / name
-    for name in ("03-mnist-every-replica.ipynb", "06-warm-session.ipynb", "07-pod-slice.ipynb")],
+    for name in ("03-mnist-every-replica.ipynb", "06-warm-session.ipynb", "07-pod-slice.ipynb",
+                 "08-torchax.ipynb")],
     ids=lambda p: p.stem)
 def test_saved_clean_with_stable_ids(path):
     nb = nbformat.read(path, as_version=4)
