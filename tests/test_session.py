@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import re
 import pathlib
@@ -279,11 +281,11 @@ def test_a_replica_killed_while_a_child_it_started_holds_its_descriptors_ends_th
         """, session, timeout=120)
     child = int(outcome.replicas[1].text.splitlines()[-1])  # (3.12+ warns of the fork first)
     try:
-        assert psutil.pid_exists(child)  # still holding them
         assert outcome.session_ended == "replica 1 died (killed by SIGKILL)"
-        assert not outcome.interrupted and outcome.elapsed < 60
+        assert not outcome.interrupted and outcome.elapsed < 60  # (the child sleeps 60 s)
     finally:
-        psutil.Process(child).kill()
+        with contextlib.suppress(psutil.NoSuchProcess):  # the session's end may have
+            psutil.Process(child).kill()  # killed it already (it ends what it started)
 
 
 @pytest.mark.xla
