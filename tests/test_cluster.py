@@ -97,6 +97,43 @@ def test_a_hosts_replicas_get_its_worker_id_and_none_of_rays_per_chip_variables(
     assert host_environment({}, rank, "CPU", []) == {"PJRT_DEVICE": "CPU"}
 
 
+def test_a_jax_process_on_a_host_is_its_global_ordinal_among_every_hosts_processes(
+        monkeypatch):
+    from types import SimpleNamespace
+
+    from colab_xla import jax_runtime
+    from colab_xla.cluster.agent import HostAgent
+    from colab_xla.cluster.run import check_jax, replicas_per_host
+    from colab_xla.errors import OptionError
+    from colab_xla.launch import Launch
+
+    monkeypatch.setattr(jax_runtime, "_membership", None)
+    local_rank = {"PJRT_LOCAL_PROCESS_RANK": "2", "PJRT_LOCAL_PROCESS_COUNT": "3"}
+    jax_runtime.join({**HostRank(1, 2, 3, "10.0.0.3").environ(), **local_rank,
+                      jax_runtime.COORDINATOR: "10.0.0.2:1234"})
+    assert jax_runtime._membership == ("10.0.0.2:1234", 6, 5)  # host 1's third of 2 x 3
+    jax_runtime.join({**local_rank, jax_runtime.COORDINATOR: "127.0.0.1:99"})  # one host
+    assert jax_runtime._membership == ("127.0.0.1:99", 3, 2)
+
+    tpu = HostAgent.__new__(HostAgent)  # (its __init__ imports torch_xla: not needed here)
+    tpu.env, tpu.device, tpu.start_method = {}, "TPU", "fork"
+    tpu.rank = HostRank(1, 2, 4, "10.0.0.3")
+    env = tpu._environ("run", {"coordinator": "10.0.0.2:5", "devices_per_process": None})
+    jax_runtime.join({**env, "PJRT_LOCAL_PROCESS_RANK": "0", "PJRT_LOCAL_PROCESS_COUNT": "1"})
+    assert jax_runtime._membership == ("10.0.0.2:5", 2, 1)  # one process per TPU host
+    assert tpu._launch({"coordinator": "x", "devices_per_process": None}).runtime == "jax"
+    assert jax_runtime.COORDINATOR not in tpu._environ("run")  # a torch_xla cell's
+
+    slice_ = SimpleNamespace(described=[{"device": "TPU", "replicas": 4}] * 2)
+    assert replicas_per_host(slice_, "jax") == [1, 1]
+    assert replicas_per_host(slice_, "torch_xla") == [4, 4]
+    with pytest.raises(OptionError, match="--devices-per-process 2: on a TPU host the JAX "
+                                          "runtime runs one process driving every chip"):
+        check_jax(slice_, Launch(runtime="jax", devices_per_process=2))
+    check_jax(SimpleNamespace(described=[{"device": "CPU", "replicas": 2}]),
+              Launch(runtime="jax", devices_per_process=2))
+
+
 def test_an_interrupt_asked_from_another_thread_reaches_the_block_that_holds_it():
     remote = interrupts.Remote()
     with interrupts.held(remote) as held:
