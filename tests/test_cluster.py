@@ -575,6 +575,31 @@ def test_a_jax_process_failing_on_one_host_stops_every_host_waiting_in_a_collect
 @pytest.mark.cluster
 @pytest.mark.jax
 @pytest.mark.timeout(300)
+def test_timeout_and_interrupt_stop_every_hosts_jax_processes(local):
+    timed = on_cluster("import time\ntime.sleep(120)", local, runtime="jax", timeout=3)
+    assert [r.state for r in timed.replicas.values()] == [STOPPED] * 4
+    assert replicas_left(timed) == []
+
+    class InterruptWhenAllStarted(RunObserver):
+        started_count = 0
+
+        def started(self, outcome, ordinal):
+            self.started_count += 1
+            if self.started_count == HOSTS * PER_HOST:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    outcome = on_cluster("import time\ntime.sleep(120)", local, runtime="jax",
+                         observer=InterruptWhenAllStarted())
+    assert outcome.interrupted
+    assert [r.state for r in outcome.replicas.values()] == [STOPPED] * 4
+    assert replicas_left(outcome) == []
+
+
+@needs_ray
+@needs_jax
+@pytest.mark.cluster
+@pytest.mark.jax
+@pytest.mark.timeout(300)
 def test_the_magic_runs_jax_cells_and_a_jax_session_on_the_cluster(local, capsys):
     shell = get_ipython()
     shell.run_line_magic("load_ext", "colab_xla")
