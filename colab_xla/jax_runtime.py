@@ -18,7 +18,10 @@ Both sides of the runtime live here, IPython-free:
 On CPU, JAX's default collectives between processes are gloo's: this simulates the
 program, not a pod's interconnect. The launcher (:mod:`colab_xla.launch`) starts the
 processes as for the CPU simulation, one ``multiprocessing`` process each, and gives them
-a coordinator address of the run's own (:data:`COORDINATOR`).
+a coordinator address of the run's own (:data:`COORDINATOR`). On a cluster
+(:mod:`colab_xla.cluster`), every host's agent starts its processes the same way, and
+all of them are one job: the coordinator is on host 0 (its agent picks the port), given
+to every host in :data:`COORDINATOR`.
 """
 
 from __future__ import annotations
@@ -135,10 +138,17 @@ _initialized = False
 def join(environ: Mapping[str, str] = os.environ) -> None:
     """In a new replica process: keep where its JAX processes meet and its process id,
     as the launcher set them (a session's later cells bring an environment without
-    them)."""
+    them). On a cluster's host (:class:`colab_xla.host_rank.HostRank` in the
+    environment), the processes are every host's and the id is the global ordinal."""
     global _membership
-    _membership = (environ[COORDINATOR], int(environ.get("PJRT_LOCAL_PROCESS_COUNT", "1")),
-                   int(environ.get("PJRT_LOCAL_PROCESS_RANK", "0")))
+    from .host_rank import HostRank
+
+    count = int(environ.get("PJRT_LOCAL_PROCESS_COUNT", "1"))
+    process_id = int(environ.get("PJRT_LOCAL_PROCESS_RANK", "0"))
+    rank = HostRank.from_environ(environ)
+    if rank is not None:
+        count, process_id = rank.world, rank.index(process_id)
+    _membership = (environ[COORDINATOR], count, process_id)
 
 
 def initialize() -> None:

@@ -156,7 +156,9 @@ def _start_processes(how: Launch, entry: Callable, job, count: int,
         for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):
             if key not in job.environ:
                 rank_env[key] = value
-        if is_jax(job.environ):  # where jax.distributed's processes meet (process 0 serves)
+        # Where jax.distributed's processes meet (process 0 serves): a cluster's host
+        # brings host 0's.
+        if is_jax(job.environ) and COORDINATOR not in job.environ:
             rank_env[COORDINATOR] = f"127.0.0.1:{free_port()}"
     replicas = [context.Process(target=_replica_process, name=f"colab_xla-replica-{index}",
                                 args=(entry, index, job, rank_env, how.start_method == "fork"))
@@ -207,7 +209,7 @@ def _replica_process(entry: Callable, index: int, job, rank_env: Dict[str, str],
     # LOCAL_RANK: what libraries read for the local rank off a TPU (accelerate on CPU).
     os.environ.update(rank_env, PJRT_LOCAL_PROCESS_RANK=str(index), LOCAL_RANK=str(index))
     entry(index, job)
-    if COORDINATOR in rank_env:  # a JAX process: it waits for the others to end
+    if job.environ is not None and is_jax(job.environ):  # it waits for the others to end
         from .jax_runtime import leave
 
         leave()

@@ -86,7 +86,9 @@ class XlaMagics(Magics):
                    "cell, so jax.process_index(), the global jax.devices() and collectives "
                    "across processes work, and torchax on top; `index` is the process "
                    "index, `device` its first local device; -o and --pull give JAX arrays as "
-                   "NumPy arrays, torchax tensors as CPU tensors.")
+                   "NumPy arrays, torchax tensors as CPU tensors. On a cluster "
+                   "(%%xla_cluster): every host's replicas (one per TPU host) are the "
+                   "processes of one job.")
     @argument("--devices-per-process", type=int, metavar="K", default=None,
               help="with --runtime jax on CPU: K devices per process (XLA's host platform "
                    "device count; default 1).")
@@ -120,7 +122,9 @@ class XlaMagics(Magics):
         replicas instead, which keep their globals from cell to cell (``--fresh``: a one-off
         run beside it). While a cluster is connected (``%xla_cluster``), it runs on every
         replica of every host: ``index`` is the global ordinal, ``host`` the host's rank,
-        ``local_index`` the ordinal on the host.
+        ``local_index`` the ordinal on the host; with ``--runtime jax``, as JAX processes
+        of one jax.distributed job across the hosts (the coordinator on host 0; the
+        process index is ``index``).
 
         If a replica raises or dies, the others get 3 s to finish, then the run is stopped
         (also when they wait in a collective for the failed one), and the cell raises one
@@ -188,11 +192,8 @@ class XlaMagics(Magics):
         self._show(outcome, view, args, pull)
 
     def _run_on_cluster(self, hosts, line, cell, args, pull) -> None:
-        """``%%xla_spawn`` while a cluster is connected: every replica of every host."""
-        if args.runtime == "jax" or args.devices_per_process is not None:
-            raise UsageError("--runtime jax on a cluster is not built yet: a cell on the "
-                             "cluster runs torch_xla replicas on every host. Add --fresh to "
-                             "run this cell's JAX processes on this machine.")
+        """``%%xla_spawn`` while a cluster is connected: every replica of every host (with
+        ``--runtime jax``, JAX processes of one job on every host)."""
         asked = [flag for flag, given in (
             ("-n", args.replicas is not None), ("--start-method", args.start_method),
             ("--launcher", args.launcher != "xmp"), ("--debug-single", args.debug_single),
@@ -211,7 +212,8 @@ class XlaMagics(Magics):
                 hosts, self.shell.transform_cell(cell), user_ns=self.shell.user_ns,
                 label=f"Cell In[{self._cell_number()}]",
                 header=f"# %%xla_spawn {line}".rstrip(), observer=view,
-                timeout=args.timeout, pull=pull, pull_from=args.pull_from)
+                timeout=args.timeout, pull=pull, pull_from=args.pull_from,
+                runtime=args.runtime, devices_per_process=args.devices_per_process)
         except SetupError as exc:
             raise UsageError(self._refusal(exc)) from None
         if not hosts.up:
@@ -278,9 +280,9 @@ class XlaMagics(Magics):
         The session's processes die with the notebook's process.
 
         While a cluster is connected (``%xla_cluster``), ``%xla_session start`` (no
-        options: the replicas are the cluster's) keeps warm replicas on every host, each
-        started by its host's agent; they start, run and end together: a session that
-        ends on one host ends on all.
+        options but ``--runtime`` and ``--devices-per-process``: the replicas are the
+        cluster's) keeps warm replicas on every host, each started by its host's agent;
+        they start, run and end together: a session that ends on one host ends on all.
 
         Example::
 
@@ -320,7 +322,7 @@ class XlaMagics(Magics):
             raise UsageError("%xla_session restart: no session was started "
                              "(%xla_session start starts one).")
         if hosts is not None:
-            self._session_on_cluster(hosts, args.action, given)
+            self._session_on_cluster(hosts, args, given)
             return
         if args.action == "restart":
             opts = live.options
@@ -345,25 +347,31 @@ class XlaMagics(Magics):
               f"{time.monotonic() - started:.1f} s.")
         print(new.describe())
 
-    def _session_on_cluster(self, hosts, action: str, given: list) -> None:
+    def _session_on_cluster(self, hosts, args, given: list) -> None:
         """``%xla_session start`` or ``restart`` while a cluster is connected: warm
         replicas on every host, started by each host's agent."""
         from .cluster.session import ClusterSession
 
+        given = [flag for flag in given if flag not in ("--runtime", "--devices-per-process")]
         if given:
             raise UsageError(f"{', '.join(given)}: on a cluster, each host's replicas are "
                              "the ones %xla_cluster planned (-n per CPU host; a TPU host's "
-                             "chips), so %xla_session start takes no options there.")
+                             "chips), so %xla_session start takes only --runtime (and "
+                             "--devices-per-process) there.")
         live = hosts.session
+        runtime, per_process = args.runtime or "torch_xla", args.devices_per_process
+        if args.action == "restart":  # the same options
+            runtime, per_process = live.runtime, live.devices_per_process
         if live is not None and live.up:
-            if action == "start":
+            if args.action == "start":
                 raise UsageError("a session is up on the cluster: %xla_session restart "
                                  "starts it again, %xla_session stop ends it.")
             live.stop()
         hosts.session = None
         started = time.monotonic()
         try:
-            hosts.session = ClusterSession.start(hosts)
+            hosts.session = ClusterSession.start(hosts, runtime=runtime,
+                                                 devices_per_process=per_process)
         except SetupError as exc:
             raise UsageError(self._refusal(exc)) from None
         print(f"colab_xla session: {hosts.session.replica_count} replicas started on "

@@ -148,6 +148,43 @@ def test_a_hosts_replicas_get_its_worker_id_and_none_of_rays_per_chip_variables(
     assert host_environment({}, rank, "CPU", []) == {"PJRT_DEVICE": "CPU"}
 
 
+def test_a_jax_process_on_a_host_is_its_global_ordinal_among_every_hosts_processes(
+        monkeypatch):
+    from types import SimpleNamespace
+
+    from colab_xla import jax_runtime
+    from colab_xla.cluster.agent import HostAgent
+    from colab_xla.cluster.run import check_jax, replicas_per_host
+    from colab_xla.errors import OptionError
+    from colab_xla.launch import Launch
+
+    monkeypatch.setattr(jax_runtime, "_membership", None)
+    local_rank = {"PJRT_LOCAL_PROCESS_RANK": "2", "PJRT_LOCAL_PROCESS_COUNT": "3"}
+    jax_runtime.join({**HostRank(1, 2, 3, "10.0.0.3").environ(), **local_rank,
+                      jax_runtime.COORDINATOR: "10.0.0.2:1234"})
+    assert jax_runtime._membership == ("10.0.0.2:1234", 6, 5)  # host 1's third of 2 x 3
+    jax_runtime.join({**local_rank, jax_runtime.COORDINATOR: "127.0.0.1:99"})  # one host
+    assert jax_runtime._membership == ("127.0.0.1:99", 3, 2)
+
+    tpu = HostAgent.__new__(HostAgent)  # (its __init__ imports torch_xla: not needed here)
+    tpu.env, tpu.device, tpu.start_method = {}, "TPU", "fork"
+    tpu.rank = HostRank(1, 2, 4, "10.0.0.3")
+    env = tpu._environ("run", {"coordinator": "10.0.0.2:5", "devices_per_process": None})
+    jax_runtime.join({**env, "PJRT_LOCAL_PROCESS_RANK": "0", "PJRT_LOCAL_PROCESS_COUNT": "1"})
+    assert jax_runtime._membership == ("10.0.0.2:5", 2, 1)  # one process per TPU host
+    assert tpu._launch({"coordinator": "x", "devices_per_process": None}).runtime == "jax"
+    assert jax_runtime.COORDINATOR not in tpu._environ("run")  # a torch_xla cell's
+
+    slice_ = SimpleNamespace(described=[{"device": "TPU", "replicas": 4}] * 2)
+    assert replicas_per_host(slice_, "jax") == [1, 1]
+    assert replicas_per_host(slice_, "torch_xla") == [4, 4]
+    with pytest.raises(OptionError, match="--devices-per-process 2: on a TPU host the JAX "
+                                          "runtime runs one process driving every chip"):
+        check_jax(slice_, Launch(runtime="jax", devices_per_process=2))
+    check_jax(SimpleNamespace(described=[{"device": "CPU", "replicas": 2}]),
+              Launch(runtime="jax", devices_per_process=2))
+
+
 def test_an_interrupt_asked_from_another_thread_reaches_the_block_that_holds_it():
     remote = interrupts.Remote()
     with interrupts.held(remote) as held:
@@ -543,3 +580,119 @@ def test_a_remote_hosts_unended_line_shows_while_it_grows_and_once_when_it_ends(
     assert watch.shown == [("stdout", "loading 50%")]
     assert outcome.replicas[3].text == "loading 50% 100%"  # shown once, not twice
     assert outcome.replicas[3].log.partial() == []
+
+
+# -- JAX processes on every host (%%xla_spawn --runtime jax while connected) -----------------
+
+needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None,
+                               reason="jax is not installed in this stack")
+
+
+@needs_ray
+@needs_jax
+@pytest.mark.cluster
+@pytest.mark.jax
+@pytest.mark.timeout(300)
+def test_jax_processes_of_every_host_are_one_job_with_global_devices_and_collectives(local):
+    import numpy as np
+
+    outcome = on_cluster("""
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.experimental import multihost_utils
+        from jax.sharding import Mesh, PartitionSpec as P
+        mesh = Mesh(np.array(jax.devices()), ("d",))
+        x = multihost_utils.host_local_array_to_global_array(
+            np.array([index + 1.0], dtype=np.float32), mesh, P("d"))
+        summed = jax.jit(lambda a: a.sum())(x)
+        gathered = multihost_utils.process_allgather(np.array([index]))
+        mine = jnp.arange(3) * index
+        print("process", jax.process_index(), "of", jax.process_count())
+        (jax.process_index(), jax.process_count(), [d.process_index for d in jax.devices()], host,
+         local_index, float(summed), gathered.ravel().tolist(), mine)
+        """, local, runtime="jax", pull=("mine",), pull_from=3)
+    assert outcome.ok, text_view.render(outcome)
+    results = outcome.results()
+    assert {o: r[:7] for o, r in results.items()} == {
+        h * PER_HOST + i: (h * PER_HOST + i, 4, [0, 1, 2, 3], h, i, 10.0, [0, 1, 2, 3])
+        for h in range(HOSTS) for i in range(PER_HOST)}
+    assert {o: (type(r[7]), r[7].tolist()) for o, r in results.items()} == {
+        o: (np.ndarray, [0, o, 2 * o]) for o in range(4)}  # NumPy, by global ordinal
+    assert outcome.replicas[3].text == "process 3 of 4"
+    assert list(outcome.pulled("mine")) == [3] and outcome.pulled("mine")[3].tolist() == [0, 3, 6]
+    assert outcome.hosts == {0: 0, 1: 0, 2: 1, 3: 1}
+
+
+@needs_ray
+@needs_jax
+@pytest.mark.cluster
+@pytest.mark.jax
+@pytest.mark.timeout(300)
+def test_a_jax_process_failing_on_one_host_stops_every_host_waiting_in_a_collective(local):
+    outcome = on_cluster("""
+        import numpy as np
+        from jax.experimental import multihost_utils
+        if index == 2:
+            raise ValueError("bad shard")
+        multihost_utils.process_allgather(np.ones(1))
+        """, local, runtime="jax")
+    assert outcome.replicas[2].state == FAILED
+    assert outcome.replicas[2].error.evalue == "bad shard"
+    assert "Cell In[3], line 5" in outcome.replicas[2].error.traceback  # (1: %%xla_spawn)
+    assert {outcome.replicas[o].state for o in (0, 1, 3)} <= {FAILED, STOPPED}
+    assert outcome.elapsed < 60
+    assert replicas_left(outcome) == []
+    assert on_cluster("index", local).ok  # the cluster goes on
+
+
+@needs_ray
+@needs_jax
+@pytest.mark.cluster
+@pytest.mark.jax
+@pytest.mark.timeout(300)
+def test_timeout_and_interrupt_stop_every_hosts_jax_processes(local):
+    timed = on_cluster("import time\ntime.sleep(120)", local, runtime="jax", timeout=3)
+    assert [r.state for r in timed.replicas.values()] == [STOPPED] * 4
+    assert replicas_left(timed) == []
+
+    class InterruptWhenAllStarted(RunObserver):
+        started_count = 0
+
+        def started(self, outcome, ordinal):
+            self.started_count += 1
+            if self.started_count == HOSTS * PER_HOST:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    outcome = on_cluster("import time\ntime.sleep(120)", local, runtime="jax",
+                         observer=InterruptWhenAllStarted())
+    assert outcome.interrupted
+    assert [r.state for r in outcome.replicas.values()] == [STOPPED] * 4
+    assert replicas_left(outcome) == []
+
+
+@needs_ray
+@needs_jax
+@pytest.mark.cluster
+@pytest.mark.jax
+@pytest.mark.timeout(300)
+def test_the_magic_runs_jax_cells_and_a_jax_session_on_the_cluster(local, capsys):
+    shell = get_ipython()
+    shell.run_line_magic("load_ext", "colab_xla")
+    shell.run_cell_magic("xla_spawn", "--runtime jax --devices-per-process 2 --no-widget -o got",
+                         "import jax\n(jax.process_count(), len(jax.devices()), "
+                         "len(jax.local_devices()))")
+    assert shell.user_ns["got"] == {o: (4, 8, 2) for o in range(4)}
+    try:
+        shell.run_line_magic("xla_session", "start --runtime jax")
+        assert "4 replicas (JAX processes) on 2 hosts" in capsys.readouterr().out
+        pids = session_pids(local.session)
+        shell.run_cell_magic("xla_spawn", "--no-widget", "import jax, os\nkept = os.getpid()")
+        shell.run_cell_magic("xla_spawn", "--no-widget -o again",
+                             "(kept, jax.process_index(), jax.process_count())")
+        assert shell.user_ns["again"] == {o: (pid, o, 4) for o, pid in pids.items()}
+        with pytest.raises(UsageError, match="--runtime: the session's replicas on the "
+                                             "cluster were started with their own options"):
+            shell.run_cell_magic("xla_spawn", "--runtime torch_xla", "1")
+    finally:
+        shell.run_line_magic("xla_session", "stop")
+    assert wait_until_gone([psutil.Process(p) for p in pids.values() if psutil.pid_exists(p)],
+                           timeout=10) == []

@@ -9,6 +9,11 @@ would see becomes events the notebook collects with :meth:`HostAgent.poll` (a Ra
 that waits for news), so the notebook draws every host in one view; values and ``--pull``
 names stay packed bytes, loaded in the notebook where its classes are.
 
+A JAX cell (``--runtime jax``) runs the same way, as the host's JAX processes
+(:mod:`colab_xla.jax_runtime`); the notebook gives every host the coordinator host 0's
+agent chose (:meth:`HostAgent.jax_coordinator`), and each process's id is its global
+ordinal.
+
 An Interrupt from the notebook (:meth:`HostAgent.interrupt`) stops the host's run as the
 notebook's Interrupt stops a local one (``ray.cancel`` cannot stop a running actor task).
 Ray-free itself: :mod:`colab_xla.cluster.connection` makes it an actor.
@@ -26,6 +31,7 @@ from typing import Any, Dict, List, MutableMapping, Optional
 
 from .. import interrupts, multislice
 from ..host_rank import VARIABLES, HostRank
+from ..jax_runtime import COORDINATOR
 from ..launch import Launch
 from ..outcome import RunObserver, RunOutcome
 
@@ -102,18 +108,20 @@ class HostAgent:
 
     # -- warm replicas (%xla_session on the cluster) ----------------------------------------
 
-    def start_session(self, session_id: str) -> Dict[str, Any]:
-        """Start this host's warm replicas, whose cells :meth:`start` then runs; reply
-        ``{"replicas": {local ordinal: pid}, "notes": [...]}``, or ``{"error": (ename,
-        message)}`` when they could not start (refused, or did not come up)."""
+    def start_session(self, session_id: str, jax: Optional[Dict[str, Any]] = None
+                      ) -> Dict[str, Any]:
+        """Start this host's warm replicas, whose cells :meth:`start` then runs (with
+        ``jax``, as for :meth:`start`: JAX processes); reply ``{"replicas": {local
+        ordinal: pid}, "notes": [...]}``, or ``{"error": (ename, message)}`` when they
+        could not start (refused, or did not come up)."""
         from ..errors import SetupError
         from ..run import new_session
         from ..session import SessionOptions
 
         self.stop_session()
         notes: List[str] = []
-        opts = SessionOptions(replicas=self._replicas(), launch=self._launch(),
-                              env=self._environ(session_id), simulate="processes")
+        opts = SessionOptions(replicas=self._replicas(), launch=self._launch(jax),
+                              env=self._environ(session_id, jax), simulate="processes")
         try:
             self._session = new_session(opts, {}, announce=notes.append)
         except SetupError as exc:
@@ -134,28 +142,48 @@ class HostAgent:
     # -- cells --------------------------------------------------------------------------------
 
     def start(self, run_id: str, source: str, names: Optional[bytes], label: str,
-              pull: List[str], pull_from: Optional[int]) -> None:
+              pull: List[str], pull_from: Optional[int],
+              jax: Optional[Dict[str, Any]] = None) -> None:
         """Start running the cell on this host's replicas (returns at once): the warm
-        ones, if a session is up, else replicas of the run's own."""
+        ones, if a session is up, else replicas of the run's own; with ``jax``
+        (``{"coordinator": "host 0's address:port", "devices_per_process": K or None}``),
+        JAX processes of one job with every host's."""
         run = self._run(run_id)
         session = self._session
         how = (dict(session=session) if session is not None else
-               dict(env=self._environ(run_id), replicas=self._replicas(),
-                    launch=self._launch(), simulate="processes"))
+               dict(env=self._environ(run_id, jax), replicas=self._replicas(),
+                    launch=self._launch(jax), simulate="processes"))
         thread = threading.Thread(
             target=run.run, name=f"colab_xla-host-run-{run_id}", daemon=True,
             args=(self.rank.host, source, names, label, how, pull, pull_from))
         thread.start()
 
-    def _environ(self, run: str) -> Dict[str, str]:
+    def _environ(self, run: str, jax: Optional[Dict[str, Any]] = None) -> Dict[str, str]:
         """What the replicas of run (or session) ``run`` get on top of the agent's."""
-        return {**self.env, **dataclasses.replace(self.rank, run=run).environ()}
+        rank = dataclasses.replace(self.rank, run=run)
+        if jax is None:
+            return {**self.env, **rank.environ()}
+        if self.device == "TPU":  # one JAX process per host: its global ordinal is the host's
+            rank = dataclasses.replace(rank, replicas=1)
+        return {**self.env, **rank.environ(), COORDINATOR: jax["coordinator"]}
 
     def _replicas(self) -> Optional[int]:
-        return self.rank.replicas if self.device == "CPU" else None  # (TPU: its chips)
+        # TPU: torch_xla's replicas are its chips; JAX's, one process driving them.
+        return self.rank.replicas if self.device == "CPU" else None
 
-    def _launch(self) -> Launch:
-        return Launch(start_method=self.start_method)
+    def _launch(self, jax: Optional[Dict[str, Any]] = None) -> Launch:
+        if jax is None:
+            return Launch(start_method=self.start_method)
+        return Launch(start_method=self.start_method, runtime="jax",
+                      devices_per_process=jax.get("devices_per_process"))
+
+    def jax_coordinator(self) -> str:
+        """Where a JAX job's processes meet (host 0's agent is asked, per run or
+        session): this host's address and a port free on it now. Process 0, which runs
+        here, serves it."""
+        with socket.socket() as sock:
+            sock.bind((self.rank.address, 0))
+            return f"{self.rank.address}:{sock.getsockname()[1]}"
 
     def poll(self, run_id: str, wait: float) -> Dict[str, Any]:
         """The run's events since the last poll (waiting up to ``wait`` s for one), and

@@ -7,6 +7,11 @@ global ordinals (host ``h``'s replica ``i`` is ``h * per_host + i``), drawn by t
 views as a one-off run. Values and ``--pull`` names arrive packed and are loaded here,
 where the notebook's classes are.
 
+With ``runtime="jax"``, every host runs the cell as JAX processes (on a CPU host one per
+replica, on a TPU host one driving its chips), all of one ``jax.distributed`` job:
+host 0's agent picks the coordinator's port, every host is told it, and each process's id
+is its global ordinal.
+
 The run is cut, on every host at once, on Interrupt, ``--timeout``, a host that is gone
 (its agent or node), or :data:`colab_xla.supervisor.FAIL_FAST_SECONDS` after a replica
 failed on any host: each agent stops its replicas as the notebook stops a local run's,
@@ -24,11 +29,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .. import endings, interrupts, options, preflight, state
 from ..cell import CellModule
+from ..errors import OptionError
+from ..session import SessionError
 from ..launch import Launch
 from ..outcome import DONE, FAILED, STOPPED, ReplicaError, RunObserver, RunOutcome
 from ..supervisor import FAIL_FAST_SECONDS, TICK_SECONDS
 from ..transport import names, values
 from .connection import Cluster, exception_line, host_note, import_ray
+from .hosts import ClusterError
 
 # How long a poll waits in the agent for news: the notebook's Interrupt is seen between polls.
 POLL_SECONDS = 0.1
@@ -40,13 +48,33 @@ def run_on_cluster(cluster: Cluster, source: str, *, user_ns: Optional[Mapping] 
                    label: str = "cell", header: str = "# %%xla_spawn",
                    observer: Optional[RunObserver] = None, announce=print,
                    timeout: Optional[float] = None, pull: Sequence[str] = (),
-                   pull_from: Optional[int] = None) -> RunOutcome:
+                   pull_from: Optional[int] = None, runtime: Optional[str] = None,
+                   devices_per_process: Optional[int] = None) -> RunOutcome:
     """Run ``source`` on every replica of every host of ``cluster``; the outcome has
-    every replica by global ordinal, ``outcome.hosts`` their host."""
+    every replica by global ordinal, ``outcome.hosts`` their host.
+
+    ``runtime`` is "torch_xla" or "jax" (JAX processes, ``devices_per_process`` devices
+    each on CPU hosts); None: the session's, if one is up, else torch_xla. A session's
+    cells run in its runtime: asking another is refused."""
     cluster.check_up()
+    session = cluster.session if cluster.session is not None and cluster.session.up else None
+    if session is not None:
+        asked = [flag for flag, given in (
+            ("--runtime", runtime not in (None, session.runtime)),
+            ("--devices-per-process", devices_per_process is not None)) if given]
+        if asked:
+            raise SessionError(f"{', '.join(asked)}: the session's replicas on the cluster "
+                               f"were started with their own options (--runtime "
+                               f"{session.runtime}), which a cell cannot change. Add --fresh "
+                               "to run this cell on this machine, or %xla_session stop, then "
+                               "%xla_session start with the options you want.")
+        runtime = session.runtime
+    launch = Launch(runtime=runtime or "torch_xla", devices_per_process=devices_per_process)
     options.check_run(replicas=None, timeout=timeout, env={}, pull=pull, pull_from=pull_from,
-                      cache_dir=None, launch=Launch())
-    options.check_pull_from(pull_from, cluster.replicas)
+                      cache_dir=None, launch=launch)
+    check_jax(cluster, launch)
+    per_host = replicas_per_host(cluster, launch.runtime)
+    options.check_pull_from(pull_from, sum(per_host))
     checked = tempfile.mkdtemp(prefix="colab_xla-")
     try:  # an empty cell or a SyntaxError is said here, with the cell's line, not per host
         CellModule.create(source, checked, label=label, header=header)
@@ -55,14 +83,17 @@ def run_on_cluster(cluster: Cluster, source: str, *, user_ns: Optional[Mapping] 
     for problem in preflight.cell_problems(source):
         raise preflight.refusal(problem)
     user_ns = user_ns if user_ns is not None else {}
-    session = cluster.session if cluster.session is not None and cluster.session.up else None
     if session is not None:  # the names every host's warm replicas do not have yet
         sent, sent_names = session.known.pack(source, user_ns)
     else:  # without fork between them, the notebook's names travel by value (as for spawn)
         sent = names.pack(names.used_names(source, user_ns), user_ns, "spawn")
-    run = _ClusterRun(cluster, user_ns, observer or RunObserver(), timeout, announce)
+    jax = None  # (a session's JAX processes met when it started)
+    if launch.runtime == "jax" and session is None:
+        jax = {"coordinator": jax_coordinator(cluster),
+               "devices_per_process": launch.devices_per_process}
+    run = _ClusterRun(cluster, per_host, user_ns, observer or RunObserver(), timeout, announce)
     cluster.cells_run += 1
-    outcome = run.run(source, sent, label, tuple(pull), pull_from)
+    outcome = run.run(source, sent, label, tuple(pull), pull_from, jax)
     if session is not None:
         session.cells_run += 1
         session.known.sent(sent_names, user_ns)
@@ -74,13 +105,40 @@ def run_on_cluster(cluster: Cluster, source: str, *, user_ns: Optional[Mapping] 
     return outcome
 
 
+def replicas_per_host(cluster: Cluster, runtime: str) -> List[int]:
+    """How many replicas each host runs: what %xla_cluster planned, but one JAX process
+    on a TPU host (it drives every chip)."""
+    return [1 if runtime == "jax" and d["device"] == "TPU" else d["replicas"]
+            for d in cluster.described]
+
+
+def check_jax(cluster: Cluster, launch: Launch) -> None:
+    """Refuse, before anything starts, a JAX option the cluster's hosts cannot honour."""
+    if launch.devices_per_process is not None and any(
+            d["device"] == "TPU" for d in cluster.described):
+        raise OptionError(f"--devices-per-process {launch.devices_per_process}: on a TPU "
+                          "host the JAX runtime runs one process driving every chip of the "
+                          "host; leave it out (it is for CPU hosts).")
+
+
+def jax_coordinator(cluster: Cluster) -> str:
+    """Where a JAX job's processes on every host meet: host 0's address, a port its
+    agent found free."""
+    ray = import_ray()
+    try:
+        return ray.get(cluster.agents[0].jax_coordinator.remote(), timeout=HOST_GRACE_SECONDS)
+    except Exception as exc:  # noqa: BLE001 - its agent or node is gone, or it is stuck
+        raise ClusterError(f"host 0 gave no port for the JAX processes' coordinator: "
+                           f"{exception_line(exc)}. %xla_cluster shows the hosts.") from None
+
+
 class _ClusterRun:
-    def __init__(self, cluster: Cluster, user_ns, observer: RunObserver,
+    def __init__(self, cluster: Cluster, per_host: List[int], user_ns, observer: RunObserver,
                  timeout: Optional[float], announce):
         self.cluster, self.user_ns, self.observer = cluster, user_ns, observer
         self.timeout, self.announce = timeout, announce
         self.run_id = secrets.token_hex(8)
-        self.per_host = [d["replicas"] for d in cluster.described]
+        self.per_host = per_host
         self.offsets = [sum(self.per_host[:h]) for h in range(len(self.per_host))]
         self.outcome = RunOutcome(device_type=cluster.described[0]["device"],
                                   log_dir=state.new_log_dir())
@@ -90,7 +148,8 @@ class _ClusterRun:
         self._gone: Dict[int, str] = {}  # host -> how it went
         self.session_ended: Dict[int, str] = {}  # host -> why its session ended in the cell
 
-    def run(self, source: str, sent: Optional[bytes], label: str, pull, pull_from) -> RunOutcome:
+    def run(self, source: str, sent: Optional[bytes], label: str, pull, pull_from,
+            jax: Optional[Dict[str, Any]]) -> RunOutcome:
         ray = import_ray()
         started = time.monotonic()
         timeout_at = started + self.timeout if self.timeout else None
@@ -103,7 +162,7 @@ class _ClusterRun:
             pending: Dict[Any, int] = {}
             for host, agent in enumerate(self.cluster.agents):
                 host_pull, host_from = self._pull_for(host, pull, pull_from)
-                agent.start.remote(self.run_id, source, sent, label, host_pull, host_from)
+                agent.start.remote(self.run_id, source, sent, label, host_pull, host_from, jax)
                 pending[agent.poll.remote(self.run_id, POLL_SECONDS)] = host
             next_tick, cut_at = time.monotonic() + TICK_SECONDS, None
             while pending:

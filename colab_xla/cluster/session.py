@@ -8,6 +8,10 @@ not start on one host, or ended on one (a replica died, an Interrupt not honoure
 time), ends on every host. The notebook keeps which of its names every host's replicas
 have, and sends a name again only when the notebook changed it, as on one host
 (:class:`colab_xla.session.KnownNames`).
+
+With ``runtime="jax"`` the hosts' replicas are JAX processes of one ``jax.distributed``
+job, which meet once, when the session starts, at host 0's coordinator
+(:func:`colab_xla.cluster.run.jax_coordinator`); every cell then runs in them.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ STOP_SECONDS = 10.0
 class ClusterSession:
     """Warm replicas on every host of ``cluster``. Make one with :meth:`start`."""
 
-    def __init__(self, cluster, replicas: Dict[int, Dict[int, int]]):
+    def __init__(self, cluster, replicas: Dict[int, Dict[int, int]],
+                 runtime: str = "torch_xla", devices_per_process: Optional[int] = None):
         self.cluster = cluster
+        self.runtime, self.devices_per_process = runtime, devices_per_process
         self.replicas = replicas  # host -> {local ordinal: pid}
         self.known = KnownNames()
         self.started_at = time.time()
@@ -37,14 +43,23 @@ class ClusterSession:
         self.ended: Optional[str] = None  # why it ended, once it has
 
     @classmethod
-    def start(cls, cluster, announce=print) -> "ClusterSession":
-        """Start warm replicas on every host of ``cluster`` and wait until all are up;
-        raise :class:`colab_xla.session.SessionError` naming the host that could not (every
-        host's are stopped then)."""
+    def start(cls, cluster, announce=print, runtime: str = "torch_xla",
+              devices_per_process: Optional[int] = None) -> "ClusterSession":
+        """Start warm replicas on every host of ``cluster`` (``runtime`` "jax": JAX
+        processes, ``devices_per_process`` devices each on CPU hosts) and wait until all
+        are up; raise :class:`colab_xla.session.SessionError` naming the host that could
+        not (every host's are stopped then)."""
+        from ..launch import Launch
+        from .run import check_jax, jax_coordinator
+
         cluster.check_up()
+        launch = Launch(runtime=runtime, devices_per_process=devices_per_process)
+        check_jax(cluster, launch)
         ray = import_ray()
         session_id = "session-" + secrets.token_hex(6)
-        refs = [agent.start_session.remote(session_id) for agent in cluster.agents]
+        jax = None if runtime != "jax" else {"coordinator": jax_coordinator(cluster),
+                                             "devices_per_process": devices_per_process}
+        refs = [agent.start_session.remote(session_id, jax) for agent in cluster.agents]
         ray.wait(refs, num_returns=len(refs), timeout=START_SECONDS)
         replicas: Dict[int, Dict[int, int]] = {}
         failures: List[str] = []
@@ -65,7 +80,7 @@ class ClusterSession:
                 failures.append(f"host {host}: {reply['error'][1]}")
             else:
                 replicas[host] = {int(i): pid for i, pid in reply["replicas"].items()}
-        session = cls(cluster, replicas)
+        session = cls(cluster, replicas, runtime, devices_per_process)
         if failures:
             session.stop("it did not start on every host")
             raise SessionError("The session did not start on every host, so it was "
@@ -99,7 +114,8 @@ class ClusterSession:
         ray = import_ray()
         uptime = time.time() - self.started_at
         lines = [f"colab_xla session: up {uptime:.0f} s on the cluster, "
-                 f"{self.replica_count} replicas on "
+                 f"{self.replica_count} replicas"
+                 f"{' (JAX processes)' if self.runtime == 'jax' else ''} on "
                  f"{len(self.replicas)} hosts, {self.cells_run} cell"
                  f"{'s' if self.cells_run != 1 else ''} run."]
         refs = [agent.session_status.remote() for agent in self.cluster.agents]
