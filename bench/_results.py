@@ -125,3 +125,20 @@ def machine_info(repeats: int, warmups: int) -> dict:
         "notebook_PJRT_DEVICE": os.environ.get("PJRT_DEVICE"),
         "notebook_CPU_NUM_DEVICES": os.environ.get("CPU_NUM_DEVICES"),
     }
+
+
+def _run_time(total: int, timings: List[str]) -> None:
+    """bench/run's own section: how long the whole run and each benchmark took."""
+    rows = "\n".join(f"| `{name}` | {seconds} |"
+                     for name, seconds in (t.split("=", 1) for t in timings))
+    goal = "met" if total < 600 else "**not met**"
+    markdown = (f"## The whole run\n\n`bench/run` took **{total} s** ({total / 60:.1f} min; "
+                f"goal: under 10 minutes, {goal}).\n\n| benchmark | s |\n|---|---:|\n{rows}\n")
+    write_section("run", markdown, {"total_seconds": total, "benchmarks": dict(
+        (name, int(seconds)) for name, seconds in (t.split("=", 1) for t in timings))})
+
+
+if __name__ == "__main__":  # bench/run's last step: python bench/_results.py run-time S NAME=S...
+    if len(sys.argv) < 3 or sys.argv[1] != "run-time":
+        sys.exit("usage: python bench/_results.py run-time SECONDS NAME=SECONDS...")
+    _run_time(int(sys.argv[2]), sys.argv[3:])
