@@ -127,6 +127,20 @@ def machine_info(repeats: int, warmups: int) -> dict:
     }
 
 
+def alive(pids: List[int]) -> List[int]:
+    """Those of ``pids`` still running (a zombie, ended but not yet reaped, is not)."""
+    import psutil
+
+    left = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                left.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
 def _run_time(total: int, timings: List[str]) -> None:
     """bench/run's own section: how long the whole run and each benchmark took."""
     rows = "\n".join(f"| `{name}` | {seconds} |"

@@ -46,7 +46,8 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import bench_parser, machine_info, machine_line, publish, stats  # noqa: E402
+from _results import (alive, bench_parser, machine_info, machine_line, publish,  # noqa: E402
+                      stats)
 from launch_overhead import _cell  # noqa: E402
 
 from colab_xla import cluster  # noqa: E402
@@ -116,17 +117,6 @@ class Interrupter(RunObserver):
         os.kill(os.getpid(), signal.SIGINT)
 
 
-def _left(pids: List[int]) -> List[int]:
-    left = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                left.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return left
-
-
 def interrupt_once(run: Callable[[RunObserver], object], total: int) -> dict:
     observer = Interrupter(total)
     outcome = run(observer)
@@ -139,9 +129,9 @@ def interrupt_once(run: Callable[[RunObserver], object], total: int) -> dict:
         return {"hung": True, "printed": sorted(observer.printed),
                 "errors": {i: str(r.error) for i, r in outcome.replicas.items() if r.error}}
     pids = [r.pid for r in outcome.replicas.values() if r.pid]
-    left_now = _left(pids)
+    left_now = alive(pids)
     time.sleep(1.0)
-    left_later = _left(pids)
+    left_later = alive(pids)
     return {"ms": (returned - observer.signal_at) * 1e3,
             "interrupted": bool(outcome.interrupted), "pids": pids,
             "states": sorted({r.state for r in outcome.replicas.values()}),
@@ -245,7 +235,7 @@ def measure_cluster(hosts: int, per_host: int, args, latency: bool, interrupts: 
         cluster.stop()
     time.sleep(2.0)  # Ray's node processes end shortly after shutdown
     result["processes_seen"] = len(seen)
-    result["processes_left"] = {pid: seen[pid] for pid in _left(list(seen))}
+    result["processes_left"] = {pid: seen[pid] for pid in alive(list(seen))}
     return result
 
 

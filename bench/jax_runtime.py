@@ -50,7 +50,7 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import (bench_parser, machine_info, machine_line, publish,  # noqa: E402
+from _results import (alive, bench_parser, machine_info, machine_line, publish,  # noqa: E402
                       replica_counts, stats)
 
 NAME = "jax_runtime"
@@ -239,19 +239,6 @@ def latency_once(path: str, n: int) -> dict:
             "call_to_first_ms": (min(seen for _, _, seen in arrivals) - called) * 1e3}
 
 
-def _left(pids: List[int]) -> List[int]:
-    import psutil
-
-    left = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                left.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return left
-
-
 class _Alarm:
     """SIGINT to this process ``SIGNAL_DELAY_S`` after ``arm()`` (from a timer thread)."""
 
@@ -295,17 +282,17 @@ def interrupt_once(path: str, n: int, variant: str, term_cap: float) -> dict:
             return {"hung": True, "errors": {i: str(r.error) for i, r in
                                              outcome.replicas.items() if r.error}}
         pids = [r.pid for r in outcome.replicas.values() if r.pid]
-        left_now = _left(pids)
+        left_now = alive(pids)
         gone_at = time.monotonic() if not left_now else None
         while left_now and time.monotonic() - returned < term_cap:
             time.sleep(0.02)  # (measuring how long they stay, not synchronizing)
-            if not _left(pids):
+            if not alive(pids):
                 gone_at = time.monotonic()
                 break
         return {"hung": False, "return_ms": (returned - alarm.signal_at) * 1e3,
                 "clean_ms": None if gone_at is None else (gone_at - alarm.signal_at) * 1e3,
                 "interrupted": bool(outcome.interrupted), "left_at_return": len(left_now),
-                "left_after_cap": len(_left(pids)),
+                "left_after_cap": len(alive(pids)),
                 "states": sorted({r.state for r in outcome.replicas.values()})}
     run = BareRun(n, variant)
     pids = [p.pid for p in run.processes]
@@ -333,7 +320,7 @@ def interrupt_once(path: str, n: int, variant: str, term_cap: float) -> dict:
     return {"hung": False, "return_ms": (caught - alarm.signal_at) * 1e3,
             "clean_ms": (gone_at - alarm.signal_at) * 1e3 if gone else None,
             "left_after_cap": left, "exit_codes_after_terminate": codes,
-            "left_after_kill": len(_left(pids))}
+            "left_after_kill": len(alive(pids))}
 
 
 # --- report ---------------------------------------------------------------------------------
