@@ -98,12 +98,14 @@ def notice_torch_xla(call: Optional[str] = None) -> None:
     """Record torch_xla's client if it exists and is not recorded yet (it is made in
     C++: this is called where it may have been)."""
     torch_xla = sys.modules.get("torch_xla")
-    if torch_xla is None or any(c.runtime == "torch_xla" for c in clients()):
+    if torch_xla is None:
         return
-    if torch_xla._XLAC._xla_runtime_is_initialized():
-        import torch_xla.runtime as xr
+    with _lock:  # (replicas that are threads of one process ask at once)
+        if (not any(c.runtime == "torch_xla" for c in _clients)
+                and torch_xla._XLAC._xla_runtime_is_initialized()):
+            import torch_xla.runtime as xr
 
-        created("torch_xla", xr.device_type() or "?", call or _where())
+            created("torch_xla", xr.device_type() or "?", call or _where())
 
 
 def install(where: Callable[[], str]) -> None:
