@@ -52,10 +52,9 @@ class GlooGroup:
     ``store``; groups of some replicas (``groups=[[0, 1], [2, 3]]``) made on first use."""
 
     def __init__(self, store, rank: int, world: int, *, hostname: str = "127.0.0.1"):
-        import torch.distributed as dist
-
         self.store, self.rank, self.world = store, rank, world
-        self._device = dist.ProcessGroupGloo.create_device(hostname=hostname)
+        self._hostname = hostname
+        self._device = None  # gloo's transport, made with the first group (a few ms)
         self._groups: Dict[Tuple[int, ...], object] = {}
         self._rendezvous_round = 0
 
@@ -68,6 +67,8 @@ class GlooGroup:
         if pg is None:
             options = dist.ProcessGroupGloo._Options()
             options._timeout = TIMEOUT
+            if self._device is None:
+                self._device = dist.ProcessGroupGloo.create_device(hostname=self._hostname)
             options._devices = [self._device]
             store = dist.PrefixStore("group-" + "-".join(map(str, key)), self.store)
             with _quiet_fd(1):  # gloo prints "[Gloo] Rank 0 is connected to 3 peer ranks"
