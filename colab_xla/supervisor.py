@@ -214,9 +214,11 @@ class Supervisor:
                 deadlines = (next_tick, self._timeout_at, self._fail_at)
             wake = min(t for t in deadlines if t is not None)
             for reader, _ in self._rings.values():
-                reader.waiting()  # (then read: what came before the flag is not missed)
+                reader.waiting(True)  # (then read: what came before the flag is not missed)
             if self._read_rings():
-                wake = now
+                wake = now  # no sleep: no wake-ups wanted
+                for reader, _ in self._rings.values():
+                    reader.waiting(False)
             readable, _, _ = select.select(fds, [], [], max(0.0, wake - now))
             for fd in readable:
                 if fd not in (done_r, self._interrupts.wake_fd):

@@ -127,7 +127,10 @@ class ChannelWriter:
     def send(self, kind: int, ordinal: int, payload: bytes) -> None:
         ring = self._ring
         if ring is not None and ring.pid == _PID:
-            data = b"".join(self._frames(kind, ordinal, payload))
+            if len(payload) <= MAX_PAYLOAD:
+                data = _HEADER.pack(kind, ordinal, _PID, len(payload)) + payload
+            else:
+                data = b"".join(self._frames(kind, ordinal, payload))
             try:
                 ring.append(data, self._wake)
                 return

@@ -58,6 +58,7 @@ class RingWriter:
         self.path, self.size = path, size
         self._data = memoryview(self._map)[_HEADER_SIZE:]
         self._written = 0
+        self._room = size  # known free bytes (at least)
         self._lock = threading.Lock()
         self.pid = os.getpid()
 
@@ -70,8 +71,10 @@ class RingWriter:
             if m is None:
                 raise RingClosed("the ring was closed")
             written, size = self._written, self.size
-            if size - (written - _POS.unpack_from(m, _READ)[0]) < need:
-                self._wait_for_room(need, wake)
+            if self._room < need:  # (what the reader has read may make room)
+                self._room = size - (written - _POS.unpack_from(m, _READ)[0])
+                if self._room < need:
+                    self._wait_for_room(need, wake)
             at = written % size
             first = size - at
             if first >= need:
@@ -80,6 +83,7 @@ class RingWriter:
                 self._data[at:] = data[:first]
                 self._data[:need - first] = data[first:]
             self._written = written = written + need
+            self._room -= need
             _POS.pack_into(m, _WRITE, written)
             if m[_WAITING]:
                 m[_WAITING] = 0
@@ -95,6 +99,7 @@ class RingWriter:
             wake()  # the reader may be asleep (a lost wake-up): it drains on waking
             time.sleep(pause)
             pause = min(pause * 2, _WAIT_MAX)
+        self._room = self.size - (self._written - _POS.unpack_from(m, _READ)[0])
 
     def close(self) -> None:
         with self._lock:
@@ -137,10 +142,10 @@ class RingReader:
         _POS.pack_into(m, _READ, written)
         return data
 
-    def waiting(self) -> None:
-        """The reader is about to sleep: the next append wakes it."""
+    def waiting(self, asleep: bool) -> None:
+        """Whether the reader is about to sleep (then the next append wakes it)."""
         if self._map is not None:
-            self._map[_WAITING] = 1
+            self._map[_WAITING] = asleep
 
     def close(self) -> None:
         if self._map is not None:
