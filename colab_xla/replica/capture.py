@@ -1,10 +1,10 @@
 """A replica's standard streams: what it prints reaches the notebook, labelled by replica;
 what it would read fails at once.
 
-Python-level output goes as frames (:class:`ReplicaStream`, one line per frame), per
-thread, so replicas that are threads of one process keep their own ``sys.stdout``; C-level
-output (XLA, absl, libtpu, printf) goes through fd 1 and 2 to named pipes the notebook
-reads. ``display()`` in a replica prints what it shows; ``input()`` raises
+Python-level output goes as frames (:class:`ReplicaStream`, one line per frame, through
+the process's output ring during a run), per thread, so replicas that are threads of one
+process keep their own ``sys.stdout``; C-level output (XLA, absl, libtpu, printf) goes
+through fd 1 and 2 to named pipes the notebook reads. ``display()`` in a replica prints what it shows; ``input()`` raises
 :class:`StdinUnavailable` instead of waiting forever.
 """
 

@@ -7,6 +7,10 @@ notebook reads it while the run goes on. Each frame is written with one ``write(
 processes and threads never interleave. Longer payloads are split into several frames;
 the reader joins output per replica, so a line is never mixed with another replica's.
 
+During a run, a replica process writes its frames to its output ring instead
+(:mod:`colab_xla.transport.ring`, :meth:`ChannelWriter.use_ring`): the pipe then names the
+ring and wakes the reader.
+
 A frame is ``kind, ordinal, pid, length`` then ``length`` payload bytes. ``ordinal`` is
 -1 for output that cannot be tied to one replica (a thread the cell started, say).
 
@@ -127,12 +131,15 @@ class ChannelWriter:
     def send(self, kind: int, ordinal: int, payload: bytes) -> None:
         ring = self._ring
         if ring is not None and ring.pid == _PID:
-            if len(payload) <= MAX_PAYLOAD:
-                data = _HEADER.pack(kind, ordinal, _PID, len(payload)) + payload
-            else:
-                data = b"".join(self._frames(kind, ordinal, payload))
             try:
-                ring.append(data, self._wake)
+                if len(payload) <= MAX_PAYLOAD:
+                    ring.append(_HEADER.pack(kind, ordinal, _PID, len(payload)) + payload,
+                                self._wake)
+                else:  # (a long line: a ring's room at most at a time)
+                    parts = self._frames(kind, ordinal, payload)
+                    step = 2 * max(1, ring.size // (4 * PIPE_BUF))
+                    for start in range(0, len(parts), step):
+                        ring.append(b"".join(parts[start:start + step]), self._wake)
                 return
             except _ring.RingClosed:
                 if self._ring is ring:  # the reader is gone: the pipe says so (EPIPE)
@@ -146,8 +153,6 @@ class ChannelWriter:
     @staticmethod
     def _frames(kind: int, ordinal: int, payload: bytes):
         pack = _HEADER.pack
-        if len(payload) <= MAX_PAYLOAD:
-            return (pack(kind, ordinal, _PID, len(payload)), payload)
         view = memoryview(payload)
         parts = []
         for start in range(0, len(view), MAX_PAYLOAD):

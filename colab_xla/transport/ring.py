@@ -16,7 +16,7 @@ writer wait for the reader (as a full pipe would), polling every few millisecond
 Layout: a 64-byte header (``write`` and ``read`` positions, u64, counting bytes since the
 start; the *waiting* flag; the *closed* flag, set by the reader when the run is over) then
 ``size`` bytes of data. Only the writer stores ``write``, only the reader ``read``; each
-stores its position after the bytes it covers. (Stores in one process become visible to the
+stores its position after the bytes it covers, as one aligned 8-byte store. (Stores in one process become visible to the
 other in order on x86-64, TPU VMs' and Colab's CPUs; the bounded ``select`` of the reader
 covers a wake-up lost to store reordering elsewhere.)
 """
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import struct
 import threading
 import time
 from typing import Optional
@@ -35,8 +34,8 @@ RING, WAKE = 6, 7
 
 DEFAULT_SIZE = 1 << 20  # per replica process: a burst of ~40,000 short lines
 _HEADER_SIZE = 64
-_POS = struct.Struct("<Q")
-_WRITE, _READ, _WAITING, _CLOSED = 0, 8, 16, 17
+_WRITE, _READ = 0, 1  # indexes of the u64 positions
+_WAITING, _CLOSED = 16, 17  # offsets of the flag bytes
 _WAIT_MIN, _WAIT_MAX = 0.0005, 0.01  # how often a writer looks for room in a full ring
 
 
@@ -57,6 +56,9 @@ class RingWriter:
             os.close(fd)
         self.path, self.size = path, size
         self._data = memoryview(self._map)[_HEADER_SIZE:]
+        # The positions as native aligned u64s: one load or store each, never torn (struct
+        # packs byte by byte: the reader once saw half a new position and read garbage).
+        self._pos = memoryview(self._map)[:16].cast("Q")
         self._written = 0
         self._room = size  # known free bytes (at least)
         self._lock = threading.Lock()
@@ -66,13 +68,15 @@ class RingWriter:
         """Append ``data`` (whole frames, at most ``size`` bytes); call ``wake()`` if the
         reader is waiting for output. Raises :class:`RingClosed` once the reader is gone."""
         need = len(data)
+        if need > self.size:
+            raise ValueError(f"{need} bytes do not fit in a ring of {self.size}")
         with self._lock:
             m = self._map
             if m is None:
                 raise RingClosed("the ring was closed")
             written, size = self._written, self.size
             if self._room < need:  # (what the reader has read may make room)
-                self._room = size - (written - _POS.unpack_from(m, _READ)[0])
+                self._room = size - (written - self._pos[_READ])
                 if self._room < need:
                     self._wait_for_room(need, wake)
             at = written % size
@@ -84,7 +88,7 @@ class RingWriter:
                 self._data[:need - first] = data[first:]
             self._written = written = written + need
             self._room -= need
-            _POS.pack_into(m, _WRITE, written)
+            self._pos[_WRITE] = written
             if m[_WAITING]:
                 m[_WAITING] = 0
                 wake()
@@ -92,19 +96,20 @@ class RingWriter:
     def _wait_for_room(self, need: int, wake) -> None:
         pause = _WAIT_MIN
         m = self._map
-        while self.size - (self._written - _POS.unpack_from(m, _READ)[0]) < need:
+        while self.size - (self._written - self._pos[_READ]) < need:
             if m[_CLOSED]:
                 raise RingClosed("the notebook no longer reads this ring")
             m[_WAITING] = 0
             wake()  # the reader may be asleep (a lost wake-up): it drains on waking
             time.sleep(pause)
             pause = min(pause * 2, _WAIT_MAX)
-        self._room = self.size - (self._written - _POS.unpack_from(m, _READ)[0])
+        self._room = self.size - (self._written - self._pos[_READ])
 
     def close(self) -> None:
         with self._lock:
             if self._map is not None:
                 self._data.release()
+                self._pos.release()
                 self._map.close()
                 self._map = None
 
@@ -121,14 +126,15 @@ class RingReader:
         self.path = path
         self.size = len(self._map) - _HEADER_SIZE
         self._data = memoryview(self._map)[_HEADER_SIZE:]
-        self._read = _POS.unpack_from(self._map, _READ)[0]
+        self._pos = memoryview(self._map)[:16].cast("Q")
+        self._read = self._pos[_READ]
 
     def read(self) -> bytes:
         """Everything appended since the last read (whole frames), and room for more."""
         m = self._map
         if m is None:
             return b""
-        written = _POS.unpack_from(m, _WRITE)[0]
+        written = self._pos[_WRITE]
         start = self._read
         if written == start:
             return b""
@@ -139,7 +145,7 @@ class RingReader:
         else:
             data = self._data[at:].tobytes() + self._data[:end].tobytes()
         self._read = written
-        _POS.pack_into(m, _READ, written)
+        self._pos[_READ] = written
         return data
 
     def waiting(self, asleep: bool) -> None:
@@ -151,5 +157,6 @@ class RingReader:
         if self._map is not None:
             self._map[_CLOSED] = 1
             self._data.release()
+            self._pos.release()
             self._map.close()
             self._map = None
