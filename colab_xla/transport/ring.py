@@ -16,9 +16,9 @@ writer wait for the reader (as a full pipe would), polling every few millisecond
 Layout: a 64-byte header (``write`` and ``read`` positions, u64, counting bytes since the
 start; the *waiting* flag; the *closed* flag, set by the reader when the run is over) then
 ``size`` bytes of data. Only the writer stores ``write``, only the reader ``read``; each
-stores its position after the bytes it covers, as one aligned 8-byte store. (Stores in one process become visible to the
-other in order on x86-64, TPU VMs' and Colab's CPUs; the bounded ``select`` of the reader
-covers a wake-up lost to store reordering elsewhere.)
+stores its position, one aligned 8-byte store, after the bytes it covers. (Stores in one
+process become visible to the other in order on x86-64, TPU VMs' and Colab's CPUs; the
+bounded ``select`` of the reader covers a wake-up lost to store reordering.)
 """
 
 from __future__ import annotations
