@@ -24,6 +24,15 @@ The plain path is slow (a zmq connection per flush): it runs ``--plain-lines`` l
 replica (default 5,000; the table says so), and the magic path runs that size too, for a
 like-for-like row, besides the full ``--lines``.
 
+Where the time went (py-spy, ``run_cell`` of 8 x 100,000 lines, 2 cores, before the output
+ring): in the replicas, a ``write(2)`` per line on the frame pipe (~35% of a replica's time)
+and ``os.getpid()`` per frame (a system call too, ~20%), then the stream layer's thread-local
+look-ups (a missed ``getattr`` raises inside); in the notebook, decoding frame by frame
+(``FrameDecoder.feed``, then a second pass to join a replica's lines), and, every tick,
+``psutil`` reading all of /proc once per replica process to find their children. Now: frames
+go to a shared-memory ring per replica process (``colab_xla.transport.ring``), no system call
+per line; the decoder joins a replica's consecutive lines as it goes; /proc is read once a tick.
+
 Writes the "output_throughput" section of results.md and results/output_throughput.json.
 
     python bench/output_throughput.py [--lines 100000] [--replicas 8] [--plain-lines 5000]

@@ -514,6 +514,45 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
 
 
+def throughput_lines(t: dict) -> List[str]:
+    """Section 3's markdown lines, from ``res["throughput"]``."""
+    full, runs = t["xla"]["lines"], len(t["xla"]["runs"])
+    L = ["### 3. Output throughput", "",
+          f"Every replica prints `r{{index}} line {{i}}`; {t['xla']['replicas']} replicas, "
+          f"{runs} runs per peer, interleaved. Lines counted from what reached the notebook: "
+          "IOPub `stream` messages; for `%%px`, the last update of each engine's output "
+          "display (it re-sends an engine's whole output on every update); for "
+          "`%%xla_spawn`, its full logs (its live view shows the first 200 lines per "
+          "replica). *mixed*: not exactly `r<k> line <i>` (or under another replica); *out of "
+          "order*: after a later line of its replica; *lost*: never seen intact; each summed "
+          f"over the {runs} runs. lines/s: `execute_request` to `idle`, median (min–max). "
+          "RSS: the kernel's largest peak growth.", "",
+          "| peer | replicas × lines | lines/s | lost | out of order | mixed | RSS MB |",
+          "|---|---|---:|---:|---:|---:|---:|"]
+    for p in PEERS:
+        r = t[p]
+        mark = " ¹" if r["lines"] != full else ""
+        lps = r["lines_per_s"]
+        L.append(f"| {LABEL[p]} | {r['replicas']} × {r['lines']:,}{mark} | {lps['median']:,.0f} "
+                 f"({lps['min']:,.0f}–{lps['max']:,.0f}) | {r['lost']:,} of {r['expected']:,} "
+                 f"| {r['out_of_order']:,} | {r['mixed']:,} | +{r['rss_peak_growth_mb']:.1f} |")
+    slow = [p for p in PEERS if t[p]["lines"] != full]
+    if slow:
+        ests = "; ".join(
+            f"{LABEL[p]} ≈{_duration(full * t[p]['replicas'] / t[p]['lines_per_s']['median'])}"
+            for p in slow)
+        example = next((t[p]["mixed_examples"][0] for p in slow if t[p]["mixed_examples"]), "")
+        L += ["", f"¹ {t[slow[0]]['lines']:,} lines per replica, not {full:,}: every `print` "
+                  "of a forked child goes out on its own (text, then newline) from the child's "
+                  "copy of ipykernel's OutStream, so the full size would take "
+                  f"{ests}. Lines are lost by being glued to other replicas' text"
+                  + (f" (e.g. `{example[:60]}`)." if example else ".")]
+    L.append("")
+    ratio = t["xla"]["lines_per_s"]["median"] / t["px"]["lines_per_s"]["median"]
+    L += [f"`%%xla_spawn` / ipyparallel `%%px` lines/s, same run: **{ratio:.2f}×**.", ""]
+    return L
+
+
 def render(res: dict, info: dict, seconds: float, args) -> str:
     L = ["## Peers: `%%xla_spawn` side by side", ""]
     L += [
@@ -591,39 +630,7 @@ def render(res: dict, info: dict, seconds: float, args) -> str:
             for r in res["latency"]) + " |")
     L.append("")
 
-    t = res["throughput"]
-    full, runs = t["xla"]["lines"], len(t["xla"]["runs"])
-    L += ["### 3. Output throughput", "",
-          f"Every replica prints `r{{index}} line {{i}}`; {t['xla']['replicas']} replicas, "
-          f"{runs} runs per peer, interleaved. Lines counted from what reached the notebook: "
-          "IOPub `stream` messages; for `%%px`, the last update of each engine's output "
-          "display (it re-sends an engine's whole output on every update); for "
-          "`%%xla_spawn`, its full logs (its live view shows the first 200 lines per "
-          "replica). *mixed*: not exactly `r<k> line <i>` (or under another replica); *out of "
-          "order*: after a later line of its replica; *lost*: never seen intact; each summed "
-          f"over the {runs} runs. lines/s: `execute_request` to `idle`, median (min–max). "
-          "RSS: the kernel's largest peak growth.", "",
-          "| peer | replicas × lines | lines/s | lost | out of order | mixed | RSS MB |",
-          "|---|---|---:|---:|---:|---:|---:|"]
-    for p in PEERS:
-        r = t[p]
-        mark = " ¹" if r["lines"] != full else ""
-        lps = r["lines_per_s"]
-        L.append(f"| {LABEL[p]} | {r['replicas']} × {r['lines']:,}{mark} | {lps['median']:,.0f} "
-                 f"({lps['min']:,.0f}–{lps['max']:,.0f}) | {r['lost']:,} of {r['expected']:,} "
-                 f"| {r['out_of_order']:,} | {r['mixed']:,} | +{r['rss_peak_growth_mb']:.1f} |")
-    slow = [p for p in PEERS if t[p]["lines"] != full]
-    if slow:
-        ests = "; ".join(
-            f"{LABEL[p]} ≈{_duration(full * t[p]['replicas'] / t[p]['lines_per_s']['median'])}"
-            for p in slow)
-        example = next((t[p]["mixed_examples"][0] for p in slow if t[p]["mixed_examples"]), "")
-        L += ["", f"¹ {t[slow[0]]['lines']:,} lines per replica, not {full:,}: every `print` "
-                  "of a forked child goes out on its own (text, then newline) from the child's "
-                  "copy of ipykernel's OutStream, so the full size would take "
-                  f"{ests}. Lines are lost by being glued to other replicas' text"
-                  + (f" (e.g. `{example[:60]}`)." if example else ".")]
-    L.append("")
+    L += throughput_lines(res["throughput"])
 
     r = res["return"]
     gib = r["bytes"] / (1 << 30)
@@ -726,6 +733,8 @@ def main(argv=None) -> int:
                         help="interrupts per cycle before the benchmark kills the run (2)")
     parser.add_argument("--deadline", type=float, default=300.0,
                         help="s a throughput cell may take (300)")
+    parser.add_argument("--only-throughput", action="store_true",
+                        help="section 3 alone: print its table (results.md is not written)")
     args, _ = parser.parse_known_args(argv)  # bench/run passes every benchmark's options
     counts = replica_counts(args.replicas)
     if (args.repeats < 2 or args.latency_repeats < 1 or args.return_repeats < 2
@@ -734,6 +743,15 @@ def main(argv=None) -> int:
         parser.error("need --repeats >= 2, --return-repeats >= 2, replica counts >= 1, "
                      "1 <= --throughput-replicas <= 10 (one-digit ordinals)")
 
+    if args.only_throughput:
+        s = Session(args.throughput_replicas)
+        try:
+            t = measure_throughput(s, args.lines, args.slow_lines, args.throughput_repeats,
+                                   args.deadline)
+        finally:
+            s.close()
+        print("\n".join(throughput_lines(t)))
+        return 0
     started = time.perf_counter()
     info = machine_info(args.repeats, args.warmups)
     for dist in ("accelerate", "ipyparallel", "ipykernel"):

@@ -30,7 +30,7 @@ from .launch import Launch, environ, replica_environ, start
 from .outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome
 from .replica import job as replica_job
 from .replica.process import inherit
-from .transport import frames, shared_tensors, values
+from .transport import frames, ring, shared_tensors, values
 
 # Live views draw every TICK_SECONDS while output flows (a few updates a second keep the
 # browser responsive), and FIRST_DRAW_SECONDS after the first output of a quiet spell: soon
@@ -96,6 +96,8 @@ class Supervisor:
         self._died: Dict[int, int] = {}  # replica -> exit code of its own process
         self._interrupts = interrupts.Interrupts(None)  # held while the run goes on
         self._decoder = frames.FrameDecoder()  # (an Interrupt may come before reading starts)
+        # The replica processes' output rings, by path (see colab_xla.transport.ring).
+        self._rings: Dict[str, Tuple[ring.RingReader, frames.FrameDecoder]] = {}
 
     # -- the run --------------------------------------------------------------------------
 
@@ -130,7 +132,7 @@ class Supervisor:
             environ=replica_environ(self.plan.env),
             cell=None if forked else self.cell, names=None if forked else opts.names,
             cache_dir=opts.cache_dir, pull=opts.pull, pull_from=opts.pull_from,
-            shm_dir=self._shm_dir)
+            shm_dir=self._shm_dir, rings=True)
         driver = threading.Thread(target=self._drive, args=(job, done_w, write_fd),
                                   name="colab_xla-driver", daemon=True)
         # From here on an Interrupt is a flag the read loop checks (see colab_xla.interrupts):
@@ -166,6 +168,8 @@ class Supervisor:
                 self._replicas.release(driver)
                 if self._shm_dir is not None:  # tensors already mapped stay valid
                     shared_tensors.remove_dir(self._shm_dir)
+                for reader, _ in self._rings.values():
+                    reader.close()
                 for fd in (read_fd, write_fd, done_r, done_w,
                            *(fd for pair in fd_pipes for pipe in pair for fd in pipe)):
                     os.close(fd)
@@ -212,6 +216,12 @@ class Supervisor:
                         return
                 deadlines = (next_tick, self._timeout_at, self._fail_at)
             wake = min(t for t in deadlines if t is not None)
+            for reader, _ in self._rings.values():
+                reader.waiting(True)  # (then read: what came before the flag is not missed)
+            if self._read_rings():
+                wake = now  # no sleep: no wake-ups wanted
+                for reader, _ in self._rings.values():
+                    reader.waiting(False)
             readable, _, _ = select.select(fds, [], [], max(0.0, wake - now))
             for fd in readable:
                 if fd not in (done_r, self._interrupts.wake_fd):
@@ -236,13 +246,25 @@ class Supervisor:
         for fd in [read_fd, *self._fd_sources]:
             if select.select([fd], [], [], 0)[0]:
                 self._read(fd, read_fd)
+        self._read_rings()
         self._stop = reason
 
     def _read(self, fd: int, read_fd: int) -> bool:
         """Read what ``fd`` has; False at end of file."""
         data = os.read(fd, 1 << 16)
         if fd == read_fd:
-            self._handle_all(self._decoder.feed(data))
+            for frame in self._decoder.feed(data, merge=True):
+                if frame.kind == ring.RING:
+                    self._open_ring(frame.payload.decode())
+                elif frame.kind == ring.WAKE:
+                    pass  # the rings are read below
+                else:
+                    if frame.kind not in frames.STREAMS:
+                        # Sent after what the rings hold (the driver's note that a process
+                        # ended, say): handled after it.
+                        self._read_rings()
+                    self._handle(frame)
+            self._read_rings()
         elif data:
             rank, kind = self._fd_sources[fd]
             self._text(self._fd_owner(rank), kind, data)
@@ -253,8 +275,23 @@ class Supervisor:
         for fd in [read_fd, *self._fd_sources]:
             while select.select([fd], [], [], 0)[0] and self._read(fd, read_fd):
                 pass
+        self._read_rings()  # (those of processes that were killed too)
         for (origin, kind), dec in self._decoders.items():
             self._emit(origin, kind, dec.decode(b"", final=True))
+
+    def _open_ring(self, path: str) -> None:
+        if path not in self._rings and os.path.dirname(path) == self.run_dir:
+            self._rings[path] = (ring.RingReader(path), frames.FrameDecoder())
+
+    def _read_rings(self) -> bool:
+        """Handle what the replica processes' rings hold; whether there was anything."""
+        got = False
+        for reader, decoder in self._rings.values():
+            data = reader.read()
+            if data:
+                got = True
+                self._handle_all(decoder.feed(data, merge=True))
+        return got
 
     def _fd_owner(self, rank: int):
         """C-level output of a process belongs to its replica if it runs only one."""
@@ -269,19 +306,8 @@ class Supervisor:
     # -- frames -----------------------------------------------------------------------------
 
     def _handle_all(self, batch: List[frames.Frame]) -> None:
-        # Consecutive output of one replica is handled as one chunk: a chatty replica
-        # sends a frame per line, and per-frame work would cap throughput.
-        run: List[frames.Frame] = []
-        for frame in batch:
-            if run and (frame.kind, frame.ordinal, frame.pid) != (run[0].kind, run[0].ordinal, run[0].pid):
-                self._handle(run[0]._replace(payload=b"".join(f.payload for f in run)))
-                run = []
-            if frame.kind in frames.STREAMS:
-                run.append(frame)
-            else:
-                self._handle(frame)
-        if run:
-            self._handle(run[0]._replace(payload=b"".join(f.payload for f in run)))
+        for frame in batch:  # (decoded with merge: a replica's consecutive lines are one)
+            self._handle(frame)
 
     def _handle(self, frame: frames.Frame) -> None:
         if frame.kind in frames.STREAMS:

@@ -1,10 +1,10 @@
 """A replica's standard streams: what it prints reaches the notebook, labelled by replica;
 what it would read fails at once.
 
-Python-level output goes as frames (:class:`ReplicaStream`, one line per frame), per
-thread, so replicas that are threads of one process keep their own ``sys.stdout``; C-level
-output (XLA, absl, libtpu, printf) goes through fd 1 and 2 to named pipes the notebook
-reads. ``display()`` in a replica prints what it shows; ``input()`` raises
+Python-level output goes as frames (:class:`ReplicaStream`, one line per frame, through
+the process's output ring during a run), per thread, so replicas that are threads of one
+process keep their own ``sys.stdout``; C-level output (XLA, absl, libtpu, printf) goes
+through fd 1 and 2 to named pipes the notebook reads. ``display()`` in a replica prints what it shows; ``input()`` raises
 :class:`StdinUnavailable` instead of waiting forever.
 """
 
@@ -62,31 +62,36 @@ class ReplicaStream(io.TextIOBase):
     def __init__(self, process: "ReplicaProcess", kind: int, name: str):
         super().__init__()
         self._process, self._kind, self.name = process, kind, name
-        self._pending = threading.local()
+        self._pending = _Pending()
 
     def writable(self) -> bool:
         return True
 
     def write(self, text: str) -> int:
-        if not isinstance(text, str):
+        if text.__class__ is not str and not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        pending = getattr(self._pending, "text", "") + text
+        local = self._pending
+        pending = local.text + text if local.text else text
+        if "\n" not in text and len(pending) <= MAX_PAYLOAD:  # (print's text before "\n")
+            local.text = pending
+            return len(text)
         cut = pending.rfind("\n") + 1
         if len(pending) > MAX_PAYLOAD:
             cut = len(pending)
         if cut:
-            self._send(pending[:cut])
-        self._pending.text = pending[cut:]
+            self._send(pending[:cut] if cut < len(pending) else pending)
+        local.text = pending[cut:]
         return len(text)
 
     def flush(self) -> None:
-        pending = getattr(self._pending, "text", "")
+        local = self._pending
+        pending = local.text
         if pending:
-            self._pending.text = ""
+            local.text = ""
             self._send(pending)
 
     def _send(self, text: str) -> None:
-        ordinal = getattr(current, "ordinal", None)
+        ordinal = current.ordinal
         if ordinal is None:
             ordinal = self._process.default_ordinal()
         self._process.writer.send(self._kind, ordinal, text.encode("utf-8", "replace"))
@@ -102,6 +107,10 @@ class ReplicaStream(io.TextIOBase):
         if buffer is None:
             buffer = self.__dict__["_buffer"] = _ReplicaBuffer(self)
         return buffer
+
+
+class _Pending(threading.local):
+    text = ""  # what a thread wrote since its last newline
 
 
 class _ReplicaBuffer(io.BufferedIOBase):
@@ -130,6 +139,10 @@ class _ReplicaBuffer(io.BufferedIOBase):
 _UNSET = object()
 
 
+class _Redirected(threading.local):
+    stream = _UNSET  # (a class default: reading it where no thread assigned one is fast)
+
+
 class _ThreadStream:
     """What ``sys.stdout`` (or ``sys.stderr``) holds in a replica process: it writes to
     the calling thread's own stream, the replica's unless that thread replaced it.
@@ -142,10 +155,10 @@ class _ThreadStream:
 
     def __init__(self, default):
         self.default = default
-        self._local = threading.local()
+        self._local = _Redirected()
 
     def target(self):
-        stream = getattr(self._local, "stream", _UNSET)
+        stream = self._local.stream
         return self.default if stream is _UNSET else stream
 
     def redirect(self, stream) -> None:
@@ -155,7 +168,9 @@ class _ThreadStream:
             self._local.stream = stream
 
     def write(self, text):
-        stream = self.target()
+        stream = self._local.stream
+        if stream is _UNSET:
+            stream = self.default
         return len(text) if stream is None else stream.write(text)
 
     def flush(self) -> None:

@@ -59,6 +59,9 @@ class ReplicaJob:
     pull: Tuple[str, ...] = ()  # --pull: names sent back after the cell
     pull_from: Optional[int] = None  # --pull-from: only this replica sends them
     shm_dir: Optional[str] = None  # where large CPU tensors go (colab_xla.transport.shared_tensors)
+    # Output through a ring per replica process in run_dir (colab_xla.transport.ring), for a
+    # reader that reads rings; without, every frame is a write to the pipe.
+    rings: bool = False
 
     def __reduce__(self):
         return _arrive, (dict(self.__dict__),)

@@ -145,6 +145,11 @@ class ReplicaProcess:
             self.writer = ChannelWriter(os.open(job.channel_path, os.O_WRONLY))
         else:
             self.writer.retarget(job.channel_path)
+        if job.rings:
+            try:
+                self.writer.use_ring(os.path.join(job.run_dir, f"ring-{os.getpid()}"))
+            except OSError:  # no room for the ring's file: frames go to the pipe
+                pass
         if job.run_dir not in sys.path:
             sys.path.insert(0, job.run_dir)  # the cell's module imports by name
         if job.fd_paths:

@@ -8,4 +8,8 @@ the cell started, a pool's helper thread).
 
 import threading
 
-current = threading.local()
+class _Current(threading.local):
+    ordinal = None  # (a class default: reading it in a thread that set none is fast)
+
+
+current = _Current()

@@ -7,6 +7,10 @@ notebook reads it while the run goes on. Each frame is written with one ``write(
 processes and threads never interleave. Longer payloads are split into several frames;
 the reader joins output per replica, so a line is never mixed with another replica's.
 
+During a run, a replica process writes its frames to its output ring instead
+(:mod:`colab_xla.transport.ring`, :meth:`ChannelWriter.use_ring`): the pipe then names the
+ring and wakes the reader.
+
 A frame is ``kind, ordinal, pid, length`` then ``length`` payload bytes. ``ordinal`` is
 -1 for output that cannot be tied to one replica (a thread the cell started, say).
 
@@ -24,10 +28,14 @@ import fcntl
 import os
 import select
 import struct
-from typing import List, NamedTuple
+import threading
+from typing import List, NamedTuple, Optional
+
+from . import ring as _ring
 
 STDOUT, STDERR, START, END, NOTE = 1, 2, 3, 4, 5
 STREAMS = {STDOUT: "stdout", STDERR: "stderr"}
+# RING, WAKE = 6, 7: a replica process's output ring and its wake-ups (see ring.py).
 
 _HEADER = struct.Struct("<BhiI")
 PIPE_BUF = select.PIPE_BUF
@@ -72,26 +80,92 @@ def make_fifo(path: str):
     return r, w
 
 
+_PID = os.getpid()  # os.getpid() is a system call: this process's, kept across forks
+
+
+def _forked() -> None:
+    global _PID
+    _PID = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 class ChannelWriter:
-    """The replica side: ``send`` never interleaves with another writer's frames."""
+    """The replica side: ``send`` never interleaves with another writer's frames.
+
+    With :meth:`use_ring`, frames go to the process's output ring
+    (:mod:`colab_xla.transport.ring`) instead of one ``write(2)`` each; a process forked from
+    this one (it shares the map but not the lock) writes to the pipe.
+    """
 
     def __init__(self, fd: int):
         self.fd = fd
+        self._ring: Optional[_ring.RingWriter] = None
+        self._switch = threading.Lock()
 
     def retarget(self, path: str) -> None:
         """Write to the named pipe at ``path`` from now on, on the same descriptor (a
         thread writing meanwhile writes whole frames to one pipe or the other)."""
+        self.drop_ring()
         fd = os.open(path, os.O_WRONLY)
         os.dup2(fd, self.fd)
         os.close(fd)
 
+    def use_ring(self, path: str, size: int = _ring.DEFAULT_SIZE) -> None:
+        """Send frames through a new ring at ``path`` (named to the reader on the pipe
+        first, so it reads the ring before anything sent later on the pipe is handled)."""
+        ring = _ring.RingWriter(path, size)
+        self._write_frames(_ring.RING, -1, path.encode())
+        with self._switch:
+            old, self._ring = self._ring, ring
+        if old is not None:
+            old.close()
+
+    def drop_ring(self) -> None:
+        with self._switch:
+            old, self._ring = self._ring, None
+        if old is not None:
+            old.close()
+
     def send(self, kind: int, ordinal: int, payload: bytes) -> None:
-        pid = os.getpid()
+        ring = self._ring
+        if ring is not None and ring.pid == _PID:
+            try:
+                if len(payload) <= MAX_PAYLOAD:
+                    ring.append(_HEADER.pack(kind, ordinal, _PID, len(payload)) + payload,
+                                self._wake)
+                else:  # (a long line: a ring's room at most at a time)
+                    parts = self._frames(kind, ordinal, payload)
+                    step = 2 * max(1, ring.size // (4 * PIPE_BUF))
+                    for start in range(0, len(parts), step):
+                        ring.append(b"".join(parts[start:start + step]), self._wake)
+                return
+            except _ring.RingClosed:
+                if self._ring is ring:  # the reader is gone: the pipe says so (EPIPE)
+                    raise
+                # switched meanwhile (a new run): the frames go where the writer points now
+        self._write_frames(kind, ordinal, payload)
+
+    def _wake(self) -> None:
+        os.write(self.fd, _HEADER.pack(_ring.WAKE, -1, _PID, 0))
+
+    @staticmethod
+    def _frames(kind: int, ordinal: int, payload: bytes):
+        pack = _HEADER.pack
+        view = memoryview(payload)
+        parts = []
+        for start in range(0, len(view), MAX_PAYLOAD):
+            chunk = view[start:start + MAX_PAYLOAD]
+            parts += (pack(kind, ordinal, _PID, len(chunk)), chunk)
+        return parts
+
+    def _write_frames(self, kind: int, ordinal: int, payload: bytes) -> None:
         view = memoryview(payload)
         for start in range(0, max(len(view), 1), MAX_PAYLOAD):
             chunk = view[start:start + MAX_PAYLOAD]
             # A blocking write of <= PIPE_BUF bytes is all-or-nothing: no partial frames.
-            os.write(self.fd, _HEADER.pack(kind, ordinal, pid, len(chunk)) + chunk)
+            os.write(self.fd, _HEADER.pack(kind, ordinal, _PID, len(chunk)) + chunk)
 
 
 class FrameDecoder:
@@ -100,21 +174,38 @@ class FrameDecoder:
     def __init__(self):
         self._buf = bytearray()
 
-    def feed(self, data: bytes) -> List[Frame]:
+    def feed(self, data: bytes, merge: bool = False) -> List[Frame]:
+        """The whole frames ``data`` completes. With ``merge``, consecutive output frames
+        of one replica, stream and process come as one frame (their payloads joined): a
+        chatty replica sends a frame per line, and per-frame work would cap throughput."""
         buf = self._buf
         buf += data
         frames, pos, end_of_data = [], 0, len(buf)
         size, unpack = _HEADER.size, _HEADER.unpack_from
         view = memoryview(buf)
+        key, parts = None, []  # the output frames being merged
         try:
             while end_of_data - pos >= size:
                 kind, ordinal, pid, length = unpack(buf, pos)
                 end = pos + size + length
                 if end > end_of_data:
                     break
-                frames.append(Frame(kind, ordinal, pid, view[pos + size:end].tobytes()))
+                if merge and kind in STREAMS:
+                    if key != (kind, ordinal, pid):
+                        if parts:
+                            frames.append(Frame(*key, b"".join(parts)))
+                        key, parts = (kind, ordinal, pid), []
+                    parts.append(view[pos + size:end])
+                else:
+                    if parts:
+                        frames.append(Frame(*key, b"".join(parts)))
+                        key, parts = None, []
+                    frames.append(Frame(kind, ordinal, pid, view[pos + size:end].tobytes()))
                 pos = end
+            if parts:
+                frames.append(Frame(*key, b"".join(parts)))
         finally:
+            parts = []
             view.release()  # a bytearray with a live view cannot be resized
         del buf[:pos]
         return frames
