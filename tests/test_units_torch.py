@@ -115,6 +115,15 @@ def test_free_pages_up_to_twice_the_size_are_used_and_cut_to_it(run_dir):
     assert torch.equal(small, torch.arange(1 << 18, dtype=torch.float32))
 
 
+def test_free_pages_can_be_given_back(run_dir):
+    back = [_returned(torch.ones(1 << 20), run_dir), _returned(torch.ones(1 << 20), run_dir)]
+    kept = back[0]
+    del back
+    root = os.path.dirname(run_dir)
+    assert shared_tensors.drop_free_pages(root) == 4 << 20
+    assert _listing(shared_tensors.pages_dir(run_dir)) == ["held"] and float(kept[0]) == 1
+
+
 def test_pages_beyond_the_limit_are_removed(run_dir, monkeypatch):
     monkeypatch.setattr(shared_tensors, "POOL_FRACTION", 0)
     back = _returned(torch.ones(1 << 20), run_dir)

@@ -18,7 +18,8 @@ them. A mapped tensor's file moves to the notebook process's page directory
 there as free pages (up to :data:`POOL_FRACTION` of the machine's memory in all), which
 the next replicas' tensors of the same size or up to twice it are written into. Pages
 are not kept if a process forked by the notebook after they were mapped is still alive
-(it may still see them), and the directory goes when the notebook's process exits.
+(it may still see them), and the directory goes when the notebook's process exits;
+:func:`drop_free_pages` gives them back at once.
 
 Example::
 
@@ -34,6 +35,7 @@ Example::
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import errno
 import itertools
@@ -88,6 +90,18 @@ def pages_dir(directory: str) -> Optional[str]:
     root, name = os.path.split(os.path.normpath(directory))
     pid = name[len(_prefix()):].split("-", 1)[0] if name.startswith(_prefix()) else ""
     return os.path.join(root, f"{_prefix()}{pid}-pages") if pid.isdigit() else None
+
+
+def drop_free_pages(root: str = SHM_ROOT) -> int:
+    """Give back the free pages this process keeps for its next results; the bytes freed."""
+    pages = os.path.join(root, f"{_prefix()}{os.getpid()}-pages")
+    freed = 0
+    for size, name in map(_free_size, os.listdir(pages) if os.path.isdir(pages) else ()):
+        if size >= 0:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(pages, name))
+                freed += size
+    return freed
 
 
 def _remove_own(path: str, owner: int) -> None:
