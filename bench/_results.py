@@ -19,6 +19,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 from typing import Any, Dict, List
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -95,6 +96,46 @@ def stats(ms: List[float]) -> Dict[str, float]:
     deciles = statistics.quantiles(ms, n=10, method="inclusive")
     return {"median": statistics.median(ms), "p10": deciles[0], "p90": deciles[-1],
             "min": min(ms), "max": max(ms)}
+
+
+class Memcpy:
+    """The one reference every result-return figure is a share of: what a copy of the same
+    bytes costs in the notebook's process.
+
+    ``count`` float32 tensors of ``nbytes`` each (the replicas' results), each copied by
+    ``dst.copy_(src)`` (torch's default threads) into a destination written before (warm:
+    its pages exist, so the copy allocates nothing). :meth:`seconds` times one copy of all
+    of them. Make it, and call it, in the notebook's process (in ``bench/peers.py``, the
+    kernel) in the same run as what it is compared with, interleaved where possible.
+    """
+
+    def __init__(self, nbytes: int, count: int):
+        import torch
+
+        self.nbytes, self.count = nbytes, count
+        self._src = [torch.full((nbytes // 4,), float(i)) for i in range(count)]
+        self._dst = [torch.zeros_like(s) for s in self._src]  # written: warm
+        self.seconds()  # first copy untimed
+
+    def seconds(self) -> float:
+        started = time.perf_counter()
+        for dst, src in zip(self._dst, self._src):
+            dst.copy_(src)
+        return time.perf_counter() - started
+
+    def gb_per_s(self, seconds: float) -> float:
+        return self.nbytes * self.count / seconds / 1e9
+
+
+def memcpy_seconds(nbytes: int, count: int, repeats: int) -> List[float]:
+    """:class:`Memcpy`: ``repeats`` timed copies of ``count`` x ``nbytes`` (then freed)."""
+    reference = Memcpy(nbytes, count)
+    return [reference.seconds() for _ in range(repeats)]
+
+
+MEMCPY_PROSE = ("memcpy (the reference): `dst.copy_(src)` of the same tensors in the "
+                "notebook's process, into destinations written before (warm), torch's default "
+                "threads (`bench/_results.py` `Memcpy`), measured in the same run")
 
 
 def machine_info(repeats: int, warmups: int) -> dict:

@@ -30,7 +30,7 @@ Measures (median and p10/p90 of repeated runs unless said):
    run at a few hundred lines/s get ``--slow-lines`` per replica (the table says so);
 4. result return: each replica makes a ``--return-mib`` MiB float32 tensor; time until
    all are values in the kernel, against the same job returning only its size (paired), and
-   against ``copy_`` of as many bytes in the kernel (memcpy, the limit);
+   against ``_results.Memcpy`` in the kernel (warm ``copy_`` of as many bytes: the reference);
 5. interrupt-to-clean: a job that runs until stopped; once every replica has said it
    started, SIGINT to the kernel (``KernelManager.interrupt_kernel``, its process group);
    time until no process the run started is alive (``%%px``: until no engine is busy).
@@ -63,8 +63,8 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import (bench_parser, machine_info, machine_line, publish,  # noqa: E402
-                      replica_counts, stats as _stats)
+from _results import (MEMCPY_PROSE, bench_parser, machine_info, machine_line,  # noqa: E402
+                      publish, replica_counts, stats as _stats)
 from output_throughput import (Kernel, RssSampler, run_magic, run_streamed,  # noqa: E402
                                split_lines, summarize, tally)
 
@@ -368,17 +368,9 @@ def measure_throughput(s: Session, lines: int, slow_lines: int, repeats: int,
 
 def measure_return(s: Session, mib: int, repeats: int) -> dict:
     n, nbytes = s.n, s.n * (mib << 20)
-    memcpy = eval(s.value(f"""\
-import torch
-_src = torch.full(({mib} << 18,), 1.0); _dst = torch.empty_like(_src); _dst.copy_(_src)
-_ts = []
-for _ in range({repeats}):
-    _t0 = time.perf_counter()
-    for _k in range({n}):
-        _dst.copy_(_src)
-    _ts.append(time.perf_counter() - _t0)
-del _src, _dst
-_ts""", deadline=300))
+    # The reference result_return.py uses too, in the kernel (the notebook's process).
+    memcpy = eval(s.value(f"__import__('_results').memcpy_seconds({mib << 20}, {n}, {repeats})",
+                          deadline=300))
     cells = {
         "xla": (f"%%xla_spawn -n {n} --no-widget -o _vals\npeer_jobs.tensor(index, {mib})",
                 f"%%xla_spawn -n {n} --no-widget\npeer_jobs.tensor_size(index, {mib})"),
@@ -639,8 +631,11 @@ def render(res: dict, info: dict, seconds: float, args) -> str:
           f"({gib:g} GiB in all) into the kernel's namespace, checked. Wall s (median, "
           f"p10–p90 of {args.return_repeats} runs, interleaved); GB/s = 10⁹ bytes/s. *Return "
           "only*: the paired difference with the same job returning only the tensor's size "
-          f"(making the tensor and launching cancel out). memcpy: `copy_` of {r['replicas']} "
-          f"× {r['mib']} MiB in the kernel, same run: **{r['memcpy_gb_s']:.1f} GB/s**.", "",
+          f"(making the tensor and launching cancel out). {MEMCPY_PROSE} (in the kernel, "
+          f"{r['replicas']} × {r['mib']} MiB): **{r['memcpy_gb_s']:.1f} GB/s**; return-only "
+          "GB/s is also given as its share. `%%xla_spawn` writes into the pages of the "
+          "previous run's results, freed by `del` (as a loop does; see "
+          "[Result return](#result-return-large-tensors-from-the-replicas)).", "",
           "| peer | how | wall s | size-only wall s | end-to-end GB/s | return-only GB/s |",
           "|---|---|---:|---:|---:|---:|",
           f"| {LABEL['bare']} | — | cannot: `xmp.spawn` returns None (with "
@@ -652,8 +647,9 @@ def render(res: dict, info: dict, seconds: float, args) -> str:
     for p in ("px", "xla"):
         x = r[p]
         ret_gb = f"{x['return_gb_s']:.2f}" if x["return_gb_s"] else "—"
+        share = (f" ({x['return_gb_s'] / r['memcpy_gb_s']:.0%})" if x["return_gb_s"] else "")
         L.append(f"| {LABEL[p]} | {how[p]} | {_ms(x['return_s'], 2)} | "
-                 f"{_ms(x['size_only_s'], 2)} | {x['end_to_end_gb_s']:.2f} | {ret_gb} |")
+                 f"{_ms(x['size_only_s'], 2)} | {x['end_to_end_gb_s']:.2f} | {ret_gb}{share} |")
     L.append("")
 
     it = res["interrupt"]

@@ -1,14 +1,16 @@
-"""Large results back to the notebook: shared memory against pickling, with memcpy as the limit.
+"""Large results back to the notebook: shared memory against pickling, against memcpy.
 
 Every replica holds a CPU tensor of ``--mib`` MiB (4 replicas x 256 MiB by default) and
-sends it back. Measured, interleaved, in one process:
+sends it back. Measured, interleaved, in one process (the notebook's):
 
-* memcpy (warm):  ``dst.copy_(src)`` of the same total into memory already touched: the
-                  machine's copy speed, an upper bound no transfer reaches;
+* memcpy (warm):  the reference (``_results.Memcpy``, shared with ``peers.py``):
+                  ``dst.copy_(src)`` of the same tensors into destinations written before;
 * memcpy (fresh): ``torch.empty_like(src).copy_(src)``: a copy into new pages, which the
-                  kernel must first allocate and zero, as it must for any transfer;
+                  kernel must first allocate and zero;
 * shm:            ``run_cell`` returning the tensor (``-o``): written once into
-                  ``/dev/shm`` by the replica, mapped by the notebook (colab_xla's path);
+                  ``/dev/shm`` by the replica, mapped by the notebook (colab_xla's path),
+                  into the pages the previous run's freed results left (as in a loop);
+* shm, new pages: the same with those pages given back first (a first result);
 * inline:         the same run with shared memory turned off: the tensor is pickled into
                   the replica's report and unpickled by the notebook (colab_xla before);
 * pipe:           forked processes ``pickle.dumps`` their tensor and send the bytes through
@@ -36,8 +38,8 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import (bench_parser, machine_info, machine_line, publish,  # noqa: E402
-                      stats)
+from _results import (MEMCPY_PROSE, Memcpy, bench_parser, machine_info,  # noqa: E402
+                      machine_line, publish, stats)
 
 import torch  # noqa: E402
 
@@ -45,10 +47,11 @@ from colab_xla.transport import shared_tensors  # noqa: E402
 from colab_xla.run import run_cell  # noqa: E402
 
 NAME = "result_return"
-PATHS = ("memcpy_warm", "memcpy_fresh", "shm", "inline", "pipe")
-LABELS = {"memcpy_warm": "memcpy, warm memory (limit)", "memcpy_fresh": "memcpy into new pages",
-          "shm": "`%%xla_spawn -o`, shared memory", "inline": "`%%xla_spawn -o`, pickled inline",
-          "pipe": "pickle through a pipe"}
+PATHS = ("memcpy_warm", "memcpy_fresh", "shm", "shm_new", "inline", "pipe")
+LABELS = {"memcpy_warm": "memcpy, warm (the reference)", "memcpy_fresh": "memcpy into new pages",
+          "shm": "`%%xla_spawn -o`, shared memory, reused pages",
+          "shm_new": "`%%xla_spawn -o`, shared memory, new pages",
+          "inline": "`%%xla_spawn -o`, pickled inline", "pipe": "pickle through a pipe"}
 
 CELL = """
 import time, torch, torch_xla.core.xla_model as xm
@@ -59,7 +62,9 @@ stamp = time.monotonic()
 """
 
 
-def run_colab_xla(replicas: int, elements: int, shared: bool) -> float:
+def run_colab_xla(replicas: int, elements: int, shared: bool, new_pages: bool = False) -> float:
+    if new_pages:
+        shared_tensors.drop_free_pages()
     saved = shared_tensors.MIN_BYTES
     if not shared:  # forked replicas inherit this: every tensor goes inline
         shared_tensors.MIN_BYTES = float("inf")
@@ -106,30 +111,28 @@ def run_pipe(replicas: int, elements: int) -> float:
     return done - min(stamp for stamp, _ in values)
 
 
-def run_memcpy(replicas: int, elements: int, fresh: bool, src: List[torch.Tensor],
-               dst: List[torch.Tensor]) -> float:
-    t0 = time.monotonic()
-    for i in range(replicas):
-        if fresh:
-            torch.empty_like(src[i]).copy_(src[i])
-        else:
-            dst[i].copy_(src[i])
-    return time.monotonic() - t0
+def run_memcpy_fresh(src: List[torch.Tensor]) -> float:
+    t0 = time.perf_counter()
+    for s in src:
+        torch.empty_like(s).copy_(s)
+    return time.perf_counter() - t0
 
 
 def measure(replicas: int, mib: int, repeats: int) -> dict:
     elements = mib * 2**20 // 4  # float32
     total = replicas * elements * 4
+    reference = Memcpy(elements * 4, replicas)
     src = [torch.full((elements,), float(i)) for i in range(replicas)]
-    dst = [torch.empty_like(s).fill_(0) for s in src]  # touched: pages exist
     paths = {
-        "memcpy_warm": lambda: run_memcpy(replicas, elements, False, src, dst),
-        "memcpy_fresh": lambda: run_memcpy(replicas, elements, True, src, dst),
+        "memcpy_warm": reference.seconds,
+        "memcpy_fresh": lambda: run_memcpy_fresh(src),
         "shm": lambda: run_colab_xla(replicas, elements, True),
+        "shm_new": lambda: run_colab_xla(replicas, elements, True, new_pages=True),
         "inline": lambda: run_colab_xla(replicas, elements, False),
         "pipe": lambda: run_pipe(replicas, elements),
     }
     run_colab_xla(replicas, 1024, True)  # warm: imports, the first fork
+    run_colab_xla(replicas, elements, True)  # its freed results' pages are the first reused
     seconds: Dict[str, List[float]] = {p: [] for p in PATHS}
     for i in range(repeats):
         order = PATHS[i % len(PATHS):] + PATHS[:i % len(PATHS)]
@@ -141,6 +144,20 @@ def measure(replicas: int, mib: int, repeats: int) -> dict:
             "shared_memory": os.path.isdir(shared_tensors.SHM_ROOT)}
 
 
+PROFILE = (
+    "Where the time goes (py-spy and a timeline of one run; per-CPU-second rates of the "
+    "single operations, measured alone): each replica's one copy, a `pwrite` of its tensor "
+    "into a `/dev/shm` file, is most of it; into new tmpfs pages it runs at ~2.4 GB/s per "
+    "CPU-second (the kernel allocates and charges every 4 KiB page), into pages that exist "
+    "at ~3.9, against ~9.5 for the warm `copy_` of the reference (whose destination torch "
+    "backs with huge pages; `/dev/shm` here has none: `shmem_enabled` is `never`). Hence "
+    "the reused pages. Mapping and populating a file then copying into it costs the same "
+    "as `pwrite` (34 ms of page tables per 256 MiB), so the replica keeps `pwrite`. The "
+    "notebook maps each file without copying or touching it: its first touch of a page "
+    "faults it in later (~0.1 s per GiB, not counted here). The rest is the replicas' "
+    "processes ending (~40 ms) and the report; there is no checksum.")
+
+
 def render(r: dict, info: dict, seconds: float) -> str:
     g = r["gbps"]
     limit = g["memcpy_warm"]["median"]
@@ -149,8 +166,8 @@ def render(r: dict, info: dict, seconds: float) -> str:
         "",
         f"{r['replicas']} replicas each return a {r['mib_each']} MiB CPU tensor "
         f"({r['total_bytes'] / 2**30:.0f} GiB in all), timed from all replicas holding "
-        "their tensor to the notebook holding all of them. GB/s median (p10-p90), and "
-        "the share of warm memcpy.",
+        "their tensor to the notebook holding all of them (mapped; checked at both ends). GB/s "
+        f"median (p10-p90), and the share of the reference: {MEMCPY_PROSE}.",
         "",
         "| path | GB/s | of memcpy | ms |",
         "|---|---:|---:|---:|",
@@ -163,9 +180,7 @@ def render(r: dict, info: dict, seconds: float) -> str:
         "",
         f"Shared memory is {g['shm']['median'] / g['pipe']['median']:.1f}x pickling through a "
         f"pipe and {g['shm']['median'] / g['inline']['median']:.1f}x the inline pickle, in the "
-        "same run. What it still pays is the kernel allocating and zeroing the new pages "
-        "(compare memcpy into new pages), and the replica's one copy into them; the notebook "
-        "maps them without copying.",
+        "same run. " + PROFILE,
         "",
         machine_line(info, NAME, seconds, f"{len(r['seconds']['shm'])} repeats per path, "
                      "interleaved"),

@@ -318,6 +318,7 @@ def _mapped_from_shm(tensor) -> bool:
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm here")
 def test_large_tensors_arrive_through_shared_memory_and_small_ones_inline():
+    _empty_pages()
     outcome = run("""
         import torch
         big = torch.arange(1 << 20, dtype=torch.float32) + index   # 4 MiB
@@ -329,11 +330,49 @@ def test_large_tensors_arrive_through_shared_memory_and_small_ones_inline():
         assert float(big[0]) == o and float(big[-1]) == (1 << 20) - 1 + o
         assert _mapped_from_shm(big) and not _mapped_from_shm(small)
         assert _mapped_from_shm(outcome.pulled("big")[o])
-    leftovers = [d for d in os.listdir("/dev/shm")
-                 if d.startswith(f"colab_xla-{os.getuid()}-{os.getpid()}-")]
-    assert leftovers == []  # the run's directory is gone; the mapped tensors live on
+    assert _run_dirs() == []  # the run's directory is gone; the mapped tensors live on
+    pages = _pages()
+    assert sorted(n.split("-")[0] for n in os.listdir(pages)) == ["held"] * 4
     del big
     assert float(outcome.results()[1][0].sum()) == sum(range(1 << 20)) + (1 << 20)
+    del outcome
+    assert sorted(n.split("-")[0] for n in os.listdir(pages)) == ["free"] * 4  # kept
+    again = run("import torch\ntorch.full((1 << 20,), float(index))", 2)  # 4 MiB: written into them
+    assert {o: float(t.sum()) for o, t in again.results().items()} == {0: 0, 1: 1 << 20}
+    assert sorted(n.split("-")[0] for n in os.listdir(pages)) == ["free", "free", "held", "held"]
+
+
+def _run_dirs():
+    return [d for d in os.listdir("/dev/shm")
+            if d.startswith(f"colab_xla-{os.getuid()}-{os.getpid()}-") and not d.endswith("-pages")]
+
+
+def _pages():
+    return f"/dev/shm/colab_xla-{os.getuid()}-{os.getpid()}-pages"
+
+
+def _empty_pages():
+    """Free pages other tests of this process left."""
+    for name in os.listdir(_pages()) if os.path.isdir(_pages()) else ():
+        if name.startswith("free-"):
+            os.unlink(os.path.join(_pages(), name))
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm here")
+def test_a_replica_that_dies_while_returning_leaves_no_shared_memory_behind():
+    _empty_pages()
+    first = run("import torch\ntorch.ones(1 << 20)", 1)  # its pages are free for the next run
+    del first
+    assert [n.split("-")[0] for n in os.listdir(_pages())] == ["free"]
+    outcome = run("""
+        import os, torch
+        class Dies:
+            def __reduce__(self):  # after the tensor before it was written
+                os._exit(3)
+        [torch.ones(1 << 20), torch.ones(2 << 20), Dies()]
+        """, 2)
+    assert not outcome.ok and not outcome.results()
+    assert _run_dirs() == [] and os.listdir(_pages()) == []  # claimed by the dead: gone
 
 
 def test_shared_memory_directory_of_a_dead_notebook_is_removed(tmp_path):
@@ -344,10 +383,11 @@ def test_shared_memory_directory_of_a_dead_notebook_is_removed(tmp_path):
     stale = root / f"colab_xla-{os.getuid()}-{dead.pid}-abc"
     mine = root / f"colab_xla-{os.getuid()}-{os.getpid()}-def"
     other = root / "someone-else"
-    for d in (stale, mine, other):
+    stale_pages = root / f"colab_xla-{os.getuid()}-{dead.pid}-pages"
+    for d in (stale, mine, other, stale_pages):
         d.mkdir()
     new = shared_tensors.make_dir("xyz", root=str(root))
-    assert not stale.exists() and mine.exists() and other.exists()
+    assert not stale.exists() and not stale_pages.exists() and mine.exists() and other.exists()
     assert new and os.stat(new).st_mode & 0o777 == 0o700
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 
 import json
+import os
 import re
 import pathlib
 import textwrap
@@ -19,7 +20,7 @@ from colab_xla import session as sessions
 from colab_xla.outcome import DONE, FAILED, STOPPED, XlaSpawnError
 from colab_xla.run import new_session, run_cell
 from colab_xla.session import SessionError, SessionOptions, _Known
-from colab_xla.transport import names
+from colab_xla.transport import names, shared_tensors
 
 from _kernel import wait_until_gone  # tests/ is on sys.path
 from test_magic import get_ipython
@@ -114,6 +115,26 @@ def test_globals_compiled_graphs_and_processes_stay_across_cells(live):
     # in the pid registry, where a later notebook process finds any that outlived this one
     record = json.loads(pathlib.Path(processes.RunRecord(live.id).path).read_text())
     assert set(session_pids(live)) <= {pid for pid, _ in record["processes"]}
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm here")
+def test_large_results_of_session_cells_arrive_in_the_pages_earlier_ones_freed(live):
+    if not live.up:
+        pytest.skip("an earlier test of this module ended the session")
+    pages = f"/dev/shm/colab_xla-{os.getuid()}-{os.getpid()}-pages"
+    shared_tensors.drop_free_pages()
+    first = cell("import torch\ntorch.full((1 << 20,), float(index))", live)  # 4 MiB each
+    assert first.ok and {o: float(t.sum()) for o, t in first.results().items()} == {
+        0: 0.0, 1: float(1 << 20)}
+    files = {os.stat(os.path.join(pages, n)).st_ino for n in os.listdir(pages)}
+    assert len(files) == 2
+    del first  # the session's processes started before these pages were mapped: kept
+    second = cell("torch.full((1 << 20,), index + 10.0)", live)
+    assert second.ok and {o: float(t[0]) + float(t[-1]) for o, t in second.results().items()} == {
+        0: 20.0, 1: 22.0}
+    assert {os.stat(os.path.join(pages, n)).st_ino for n in os.listdir(pages)} == files
 
 
 @pytest.mark.xla

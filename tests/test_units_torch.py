@@ -65,3 +65,112 @@ def test_pickled_values_use_shared_memory_for_big_tensors_inside_containers(shm_
     back = pickle.loads(data)
     assert torch.equal(back["w"], value["w"]) and torch.equal(back["small"], value["small"])
     assert len(values.pack_value(value)) > 4 << 20  # without a directory: inline
+
+
+# --- pages of freed results reused ------------------------------------------------------------
+
+
+@pytest.fixture
+def run_dir(tmp_path, monkeypatch):
+    """A run directory as the notebook makes it, in a root of its own."""
+    monkeypatch.setattr(shared_tensors, "POOL_FRACTION", 1 / 8)
+    path = shared_tensors.make_dir("run", root=str(tmp_path))
+    yield path
+    shared_tensors.remove_dir(shared_tensors.pages_dir(path))
+
+
+def _listing(path):
+    return sorted(name.split("-")[0] for name in os.listdir(path))
+
+
+def _returned(tensor, run_dir):
+    rebuild, args = shared_tensors.reduce_tensor(tensor, run_dir)
+    return rebuild(*args)
+
+
+def test_a_freed_results_pages_are_written_by_the_next_result_of_that_size(run_dir):
+    pages = shared_tensors.pages_dir(run_dir)
+    back = _returned(torch.ones(1 << 20), run_dir)
+    assert _listing(pages) == ["held"] and not os.listdir(run_dir)  # mapped: held
+    inode = os.stat(os.path.join(pages, os.listdir(pages)[0])).st_ino
+    del back
+    assert _listing(pages) == ["free"]
+    rebuild, args = shared_tensors.reduce_tensor(torch.full((1 << 20,), 2.0), run_dir)
+    assert os.listdir(pages) == [] and os.stat(args[0]).st_ino == inode  # the same file
+    again = rebuild(*args)
+    assert torch.equal(again, torch.full((1 << 20,), 2.0))
+
+
+def test_free_pages_up_to_twice_the_size_are_used_and_cut_to_it(run_dir):
+    pages = shared_tensors.pages_dir(run_dir)
+    del_me = [_returned(torch.ones(3 << 20), run_dir), _returned(torch.ones(1 << 20), run_dir)]
+    del del_me  # free: 12 MiB and 4 MiB
+    assert _listing(pages) == ["free", "free"]
+    small = _returned(torch.arange(1 << 18, dtype=torch.float32), run_dir)  # 1 MiB: none fits
+    assert _listing(pages) == ["free", "free", "held"]
+    middle = _returned(torch.arange(3 << 18, dtype=torch.float32), run_dir)  # 3 MiB: the 4 MiB
+    sizes = sorted(os.stat(os.path.join(pages, n)).st_size for n in os.listdir(pages))
+    assert sizes == [1 << 20, 3 << 20, 12 << 20] and _listing(pages) == ["free", "held", "held"]
+    assert torch.equal(middle, torch.arange(3 << 18, dtype=torch.float32))
+    assert torch.equal(small, torch.arange(1 << 18, dtype=torch.float32))
+
+
+def test_free_pages_can_be_given_back(run_dir):
+    back = [_returned(torch.ones(1 << 20), run_dir), _returned(torch.ones(1 << 20), run_dir)]
+    kept = back[0]
+    del back
+    root = os.path.dirname(run_dir)
+    assert shared_tensors.drop_free_pages(root) == 4 << 20
+    assert _listing(shared_tensors.pages_dir(run_dir)) == ["held"] and float(kept[0]) == 1
+
+
+def test_pages_beyond_the_limit_are_removed(run_dir, monkeypatch):
+    monkeypatch.setattr(shared_tensors, "POOL_FRACTION", 0)
+    back = _returned(torch.ones(1 << 20), run_dir)
+    del back
+    assert os.listdir(shared_tensors.pages_dir(run_dir)) == []
+
+
+def test_pages_a_child_forked_since_may_see_are_removed_not_reused(run_dir):
+    back = _returned(torch.ones(1 << 20), run_dir)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child maps the tensor too; it waits until the parent says go
+        os.close(write_fd)
+        os.read(read_fd, 1)
+        os._exit(0)
+    try:
+        os.close(read_fd)
+        del back
+        assert os.listdir(shared_tensors.pages_dir(run_dir)) == []
+    finally:
+        os.close(write_fd)
+        os.waitpid(pid, 0)
+
+
+def test_a_forked_child_letting_go_of_its_copy_frees_nothing(run_dir):
+    pages = shared_tensors.pages_dir(run_dir)
+    back = _returned(torch.ones(1 << 20), run_dir)
+    pid = os.fork()
+    if pid == 0:
+        del back  # runs the finalizer in the child: it must not free the notebook's pages
+        os._exit(0 if _listing(pages) == ["held"] else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert _listing(pages) == ["held"] and float(back.sum()) == 1 << 20
+    del back
+    assert _listing(pages) == ["free"]  # the child has ended: kept
+
+
+def test_the_page_directory_goes_when_the_notebook_process_exits(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from colab_xla.transport import shared_tensors as s\n"
+            "d = s.make_dir('r', root=sys.argv[1])\n"
+            "r, a = s.reduce_tensor(torch.ones(1 << 20), d); t = r(*a)\n"
+            "print(len(__import__('os').listdir(s.pages_dir(d))))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                         text=True, check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.stdout.strip() == "1"  # held while it lived
+    assert [n for n in os.listdir(tmp_path) if n.endswith("-pages")] == []  # gone at exit

@@ -12,6 +12,15 @@ removed when the run ends; tensors already mapped outlive it. Directories left b
 notebook process that died are removed by the next run. Where ``/dev/shm`` is missing or
 full, tensors are pickled inline, as smaller ones always are.
 
+Pages are reused: new shared-memory pages cost the kernel about as much as the copy into
+them. A mapped tensor's file moves to the notebook process's page directory
+(``colab_xla-UID-PID-pages``), and when the notebook frees the tensor its file is kept
+there as free pages (up to :data:`POOL_FRACTION` of the machine's memory in all), which
+the next replicas' tensors of the same size or up to twice it are written into. Pages
+are not kept if a process forked by the notebook after they were mapped is still alive
+(it may still see them), and the directory goes when the notebook's process exits;
+:func:`drop_free_pages` gives them back at once.
+
 Example::
 
     >>> import pickle, torch
@@ -25,19 +34,26 @@ Example::
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ctypes
 import errno
 import itertools
 import mmap
 import os
 import shutil
+import time
+import weakref
 from typing import Optional, Tuple
 
 # Smaller tensors are pickled inline: a file and a mapping cost more than copying them.
 MIN_BYTES = 1 << 20
 SHM_ROOT = "/dev/shm"
+# Freed results' pages kept for the next ones: at most this share of physical memory.
+POOL_FRACTION = 1 / 8
 
 _names = itertools.count()
+_exit_registered = set()
 
 
 def _prefix() -> str:
@@ -55,7 +71,42 @@ def make_dir(run_id: str, root: str = SHM_ROOT) -> Optional[str]:
         os.mkdir(path, 0o700)
     except OSError:
         return None
+    pages = pages_dir(path)
+    try:
+        os.mkdir(pages, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:  # no page reuse: tensors work as before
+        return path
+    if pages not in _exit_registered:
+        _exit_registered.add(pages)
+        atexit.register(_remove_own, pages, os.getpid())
     return path
+
+
+def pages_dir(directory: str) -> Optional[str]:
+    """The page directory of the notebook process whose run directory is ``directory``
+    (None if ``directory`` is not one: then pages are not reused)."""
+    root, name = os.path.split(os.path.normpath(directory))
+    pid = name[len(_prefix()):].split("-", 1)[0] if name.startswith(_prefix()) else ""
+    return os.path.join(root, f"{_prefix()}{pid}-pages") if pid.isdigit() else None
+
+
+def drop_free_pages(root: str = SHM_ROOT) -> int:
+    """Give back the free pages this process keeps for its next results; the bytes freed."""
+    pages = os.path.join(root, f"{_prefix()}{os.getpid()}-pages")
+    freed = 0
+    for size, name in map(_free_size, os.listdir(pages) if os.path.isdir(pages) else ()):
+        if size >= 0:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(pages, name))
+                freed += size
+    return freed
+
+
+def _remove_own(path: str, owner: int) -> None:
+    if os.getpid() == owner:  # not a forked replica that ran atexit
+        remove_dir(path)
 
 
 def remove_dir(path: Optional[str]) -> None:
@@ -100,7 +151,11 @@ def reduce_tensor(tensor, directory: Optional[str]) -> Optional[Tuple]:
     data = tensor.detach().contiguous()
     path = os.path.join(directory, f"{os.getpid()}-{next(_names)}")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        if _claim(directory, nbytes, path):  # pages a freed result left: no new pages
+            fd = os.open(path, os.O_WRONLY)
+            os.ftruncate(fd, nbytes)
+        else:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError:
         return None
     try:
@@ -118,17 +173,113 @@ def reduce_tensor(tensor, directory: Optional[str]) -> Optional[Tuple]:
     return rebuild, (path, str(tensor.dtype).rsplit(".", 1)[1], tuple(tensor.shape), nbytes)
 
 
+def _claim(directory: str, nbytes: int, path: str) -> bool:
+    """The replica side: move a free file of ``nbytes`` to ``2 * nbytes`` bytes from the
+    notebook's page directory to ``path``; False if there is none."""
+    pages = pages_dir(directory)
+    try:
+        names = os.listdir(pages) if pages else []
+    except OSError:
+        return False
+    fits = sorted((size, name) for size, name in map(_free_size, names)
+                  if nbytes <= size <= 2 * nbytes)
+    for _, name in fits:  # the smallest first; another replica may take it first
+        try:
+            os.rename(os.path.join(pages, name), path)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def _free_size(name: str) -> Tuple[int, str]:
+    """``free-SIZE-N`` -> ``(SIZE, name)``; -1 for the other files."""
+    parts = name.split("-")
+    return (int(parts[1]) if len(parts) == 3 and parts[0] == "free" and parts[1].isdigit()
+            else -1), name
+
+
 def rebuild(path: str, dtype: str, shape: Tuple[int, ...], nbytes: int):
-    """The notebook side: the tensor, mapped from its file (which is then removed)."""
+    """The notebook side: the tensor, mapped from its file (which then moves to the
+    page directory, or is removed)."""
     torch = _torch()
     fd = os.open(path, os.O_RDWR)
     try:
         memory = mmap.mmap(fd, nbytes)
     finally:
         os.close(fd)
-        os.unlink(path)  # the mapping keeps the memory until the tensor is freed
+        held = _hold(path)
+        if held is None:
+            os.unlink(path)  # the mapping keeps the memory until the tensor is freed
+    if held is not None:
+        weakref.finalize(memory, _release, held, nbytes, os.getpid(),
+                         _boot_ticks()).atexit = False
     flat = torch.frombuffer(memory, dtype=torch.uint8, count=nbytes)
     return flat.view(getattr(torch, dtype)).reshape(shape)
+
+
+def _hold(path: str) -> Optional[str]:
+    pages = pages_dir(os.path.dirname(path))
+    if pages is None:
+        return None
+    held = os.path.join(pages, f"held-{os.getpid()}-{next(_names)}")
+    try:
+        os.rename(path, held)
+    except OSError:
+        return None
+    return held
+
+
+def _release(held: str, nbytes: int, owner: int, mapped_at: int) -> None:
+    """The notebook freed the tensor mapped from ``held``: keep its pages for the next
+    results, or remove the file."""
+    try:
+        if os.getpid() != owner:  # a forked replica letting go of its copy of the mapping
+            return
+        pages = os.path.dirname(held)
+        kept = sum(max(0, _free_size(name)[0]) for name in os.listdir(pages))
+        if kept + nbytes > POOL_FRACTION * _physical_bytes() or _forked_since(mapped_at):
+            os.unlink(held)
+        else:
+            os.rename(held, os.path.join(pages, f"free-{nbytes}-{next(_names)}"))
+    except OSError:
+        pass  # the page directory is gone (the process is exiting): nothing to keep
+
+
+def _physical_bytes() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 0
+
+
+def _boot_ticks() -> int:
+    """Now, in the clock ticks since boot that /proc/PID/stat gives a start time in."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+
+
+def _forked_since(ticks: int) -> bool:
+    """Whether a child of this process that started at ``ticks`` or later (or one whose
+    start cannot be read) is alive: a forked child maps what this process mapped."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return True
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                children = f.read().split()
+        except OSError:
+            return True
+        for pid in children:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    started = int(f.read().rsplit(")", 1)[1].split()[19])
+            except (OSError, ValueError, IndexError):
+                continue  # ended meanwhile
+            if started >= ticks - 1:
+                return True
+    return False
 
 
 def _torch():
