@@ -447,6 +447,9 @@ def _rotated(i: int):
 
 
 def main(argv=None) -> int:
+    # The interrupts are SIGINTs to this process: a benchmark started in the background
+    # inherits SIGINT ignored (a shell's `cmd &`), and the bare path's join would never end.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     parser = bench_parser(__doc__)
     parser.add_argument("--processes", default="2,4",
                         help="JAX process counts for the launch overhead (2,4); latency and "
