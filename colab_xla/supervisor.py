@@ -32,12 +32,18 @@ from .replica import job as replica_job
 from .replica.process import inherit
 from .transport import frames, ring, shared_tensors, values
 
-# Live views draw every TICK_SECONDS while output flows (a few updates a second keep the
-# browser responsive), and FIRST_DRAW_SECONDS after the first output of a quiet spell: soon
-# enough that a line shows at once (~10 ms on top of its way here), late enough that what
-# the replicas print in the same moment (they reach the pipes a few ms apart) is drawn in
-# one update.
+# Live views draw FIRST_DRAW_SECONDS after the first output of a quiet spell: soon enough
+# that a line shows at once (~10 ms on top of its way here), late enough that what the
+# replicas print in the same moment is drawn in one update. While output keeps coming, the
+# wait between draws doubles up to TICK_SECONDS (a few updates a second keep the browser
+# responsive); without output, a draw (elapsed times) comes every TICK_SECONDS.
 TICK_SECONDS = 0.25
+# While replica processes write to output rings, the reader looks at them at least this
+# often: a ring's wake-up can be lost (a writer and the reader each store, then load what
+# the other stored: x86 may order those loads first), and a lost one must cost a few
+# milliseconds, not a tick (measured: first lines of 4 and 8 replicas seen 166 and 256 ms
+# late without this).
+RING_POLL_SECONDS = 0.005
 FIRST_DRAW_SECONDS = 0.01
 # After a kill, how long to wait for the driver thread to see its pool broken.
 _DRIVER_JOIN_SECONDS = 5.0
@@ -201,6 +207,10 @@ class Supervisor:
             fds.append(self._interrupts.wake_fd)
         next_tick = time.monotonic() + TICK_SECONDS
         quiet = True  # the last draw showed no new output: new output is drawn soon
+        # While output flows, the wait between draws doubles from FIRST_DRAW_SECONDS up to a
+        # tick: replicas that start a few ms apart have their first lines drawn at once, a
+        # long flow settles at a few draws a second.
+        interval = FIRST_DRAW_SECONDS
         while True:
             now = time.monotonic()
             if until is not None:
@@ -222,6 +232,8 @@ class Supervisor:
                 wake = now  # no sleep: no wake-ups wanted
                 for reader, _ in self._rings.values():
                     reader.waiting(False)
+            if self._rings:
+                wake = min(wake, now + RING_POLL_SECONDS)
             readable, _, _ = select.select(fds, [], [], max(0.0, wake - now))
             for fd in readable:
                 if fd not in (done_r, self._interrupts.wake_fd):
@@ -233,8 +245,10 @@ class Supervisor:
             if time.monotonic() >= next_tick:
                 self._replicas.tick()
                 self.observer.tick(self.outcome)
-                quiet, self._output_since_draw = not self._output_since_draw, False
-                next_tick = time.monotonic() + TICK_SECONDS
+                drew, self._output_since_draw = self._output_since_draw, False
+                quiet = not drew
+                interval = min(TICK_SECONDS, interval * 2) if drew else FIRST_DRAW_SECONDS
+                next_tick = time.monotonic() + (interval if drew else TICK_SECONDS)
             if readable == [done_r]:
                 return  # the driver ended and the pipes hold nothing more right now
 
