@@ -68,7 +68,6 @@ from _results import (MEMCPY_PROSE, bench_parser, machine_info, machine_line,  #
 from output_throughput import (Kernel, RssSampler, run_magic, run_streamed,  # noqa: E402
                                split_lines, summarize, tally)
 
-from colab_xla.launch import free_port  # noqa: E402
 
 NAME = "peers"
 PEERS = ("bare", "accelerate", "px", "xla")
@@ -108,7 +107,7 @@ class Session:
     """One kernel with N replicas' environment, and an ipyparallel cluster of N engines."""
 
     def __init__(self, n: int, engine_torch: bool = False):
-        self.n, self.port = n, free_port()
+        self.n = n
         t0 = time.perf_counter()
         self.k = Kernel(n)
         self.kernel_start_s = time.perf_counter() - t0
@@ -127,6 +126,7 @@ sys.path.insert(0, {BENCH_DIR!r})
 import peer_jobs
 import torch_xla.distributed.xla_multiprocessing as xmp
 from accelerate import notebook_launcher
+from colab_xla.launch import free_port
 import ipyparallel as ipp
 get_ipython().run_line_magic("load_ext", "colab_xla")
 """, deadline=180)
@@ -179,7 +179,9 @@ for _i in rc.ids:
         if peer == "accelerate":
             return (f"notebook_launcher(peer_jobs.{fn}, args=(None,{' ' + args if args else ''}), "
                     f"num_processes={n}, "
-                    f"use_port='{self.port}')")
+                    # a port of its own each call: a fixed one was once still held (in use
+                    # after the previous call's close) and the launch failed to listen
+                    "use_port=str(free_port()))")
         if peer in ("px", "px_beside_session"):
             return f"%%px\npeer_jobs.{fn}(index{rest})"
         view = "" if peer.endswith("_widget") else " --no-widget"
