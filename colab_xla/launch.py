@@ -163,9 +163,8 @@ def _start_processes(how: Launch, entry: Callable, job, count: int,
     replicas = [context.Process(target=_replica_process, name=f"colab_xla-replica-{index}",
                                 args=(entry, index, job, rank_env, how.start_method == "fork"))
                 for index in range(count)]
-    with _heap_frozen(how.start_method == "fork"):
-        for process in replicas:
-            process.start()
+    for process in replicas:
+        process.start()
     pending = {process.sentinel: (index, process) for index, process in enumerate(replicas)}
     while pending:
         multiprocessing.connection.wait(list(pending), timeout=_EXIT_POLL_SECONDS)
@@ -180,29 +179,17 @@ def _start_processes(how: Launch, entry: Callable, job, count: int,
                 ended(index, process.exitcode)
 
 
-@contextlib.contextmanager
-def _heap_frozen(forking: bool) -> Iterator[None]:
-    """While forking, the notebook's objects in the garbage collector's permanent
-    generation (``gc.freeze``), in the notebook again after: a forked replica never
-    collects them. Its first full collection would otherwise write to every object the
-    notebook has (hundreds of thousands with torch_xla and jax imported), copying every
-    page of the heap it shares with the notebook: measured 1.3 s per replica process on
-    2 cores, which a JAX process pays when it starts its backend. (A notebook that froze
-    objects itself is left as it is.)"""
-    if not forking or gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 def _replica_process(entry: Callable, index: int, job, rank_env: Dict[str, str],
                      forked: bool) -> None:
     """A replica process of the CPU simulation: its rank, then the replica."""
     if forked:  # its arguments were not pickled, so the job has not arrived yet
+        # What it inherited from the notebook goes to the collector's permanent generation
+        # first (gc.freeze moves list heads: it touches no object), so that no full
+        # collection here walks it, writing to every page it shares with the notebook:
+        # 1.3-1.9 s a JAX process paid when its backend started (bench/jax_runtime.py).
+        # (Frozen in the notebook while forking instead, the notebook's young garbage was
+        # promoted to its oldest generation each run: its memory grew ~130 KB per run.)
+        gc.freeze()
         from .replica.job import arrived
 
         arrived(job)

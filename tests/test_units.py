@@ -504,25 +504,6 @@ def test_environ_sets_and_restores_variables(monkeypatch):
     assert os.environ["COLAB_XLA_T1"] == "before" and "COLAB_XLA_T2" not in os.environ
 
 
-def test_the_notebooks_objects_are_frozen_only_while_replicas_fork():
-    import gc
-
-    assert gc.get_freeze_count() == 0
-    with launch._heap_frozen(forking=True):  # a forked replica never collects them
-        assert gc.get_freeze_count() > 0
-    assert gc.get_freeze_count() == 0  # the notebook collects them again
-    with launch._heap_frozen(forking=False):  # spawn/forkserver: nothing shared to copy
-        assert gc.get_freeze_count() == 0
-    gc.freeze()  # a notebook that froze objects itself keeps them frozen
-    try:
-        frozen = gc.get_freeze_count()
-        with launch._heap_frozen(forking=True):
-            pass
-        assert gc.get_freeze_count() == frozen
-    finally:
-        gc.unfreeze()
-
-
 def test_a_replica_job_sets_its_environment_where_it_is_unpickled(tmp_path):
     job = replica_job.ReplicaJob(run_id="r", run_dir=str(tmp_path), channel_path="c", parent_pid=1,
                              environ={"PATH": os.environ["PATH"], "ONLY_IN_JOB": "yes"})
