@@ -41,8 +41,7 @@ TICK_SECONDS = 0.25
 # While replica processes write to output rings, the reader looks at them at least this
 # often: a ring's wake-up can be lost (a writer and the reader each store, then load what
 # the other stored: x86 may order those loads first), and a lost one must cost a few
-# milliseconds, not a tick (measured: first lines of 4 and 8 replicas seen 166 and 256 ms
-# late without this).
+# milliseconds, not a tick.
 RING_POLL_SECONDS = 0.005
 FIRST_DRAW_SECONDS = 0.01
 # After a kill, how long to wait for the driver thread to see its pool broken.
@@ -304,7 +303,9 @@ class Supervisor:
             data = reader.read()
             if data:
                 got = True
-                self._handle_all(decoder.feed(data, merge=True))
+                # (decoded with merge: a replica's consecutive lines come as one frame)
+                for frame in decoder.feed(data, merge=True):
+                    self._handle(frame)
         return got
 
     def _fd_owner(self, rank: int):
@@ -318,10 +319,6 @@ class Supervisor:
         return f"process {rank}"
 
     # -- frames -----------------------------------------------------------------------------
-
-    def _handle_all(self, batch: List[frames.Frame]) -> None:
-        for frame in batch:  # (decoded with merge: a replica's consecutive lines are one)
-            self._handle(frame)
 
     def _handle(self, frame: frames.Frame) -> None:
         if frame.kind in frames.STREAMS:

@@ -4,8 +4,8 @@ what it would read fails at once.
 Python-level output goes as frames (:class:`ReplicaStream`, one line per frame, through
 the process's output ring during a run), per thread, so replicas that are threads of one
 process keep their own ``sys.stdout``; C-level output (XLA, absl, libtpu, printf) goes
-through fd 1 and 2 to named pipes the notebook reads. ``display()`` in a replica prints what it shows; ``input()`` raises
-:class:`StdinUnavailable` instead of waiting forever.
+through fd 1 and 2 to named pipes the notebook reads. ``display()`` in a replica prints
+what it shows; ``input()`` raises :class:`StdinUnavailable` instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ class _ThreadStream:
         else:
             self._local.stream = stream
 
-    def write(self, text):
+    def write(self, text):  # (target(), inlined: every print of a replica comes here)
         stream = self._local.stream
         if stream is _UNSET:
             stream = self.default

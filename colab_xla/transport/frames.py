@@ -151,21 +151,22 @@ class ChannelWriter:
         os.write(self.fd, _HEADER.pack(_ring.WAKE, -1, _PID, 0))
 
     @staticmethod
-    def _frames(kind: int, ordinal: int, payload: bytes):
+    def _frames(kind: int, ordinal: int, payload: bytes) -> list:
+        """``payload`` as frames of at most MAX_PAYLOAD bytes: header, chunk, header, ...
+        (one empty frame for an empty payload)."""
         pack = _HEADER.pack
         view = memoryview(payload)
         parts = []
-        for start in range(0, len(view), MAX_PAYLOAD):
+        for start in range(0, max(len(view), 1), MAX_PAYLOAD):
             chunk = view[start:start + MAX_PAYLOAD]
             parts += (pack(kind, ordinal, _PID, len(chunk)), chunk)
         return parts
 
     def _write_frames(self, kind: int, ordinal: int, payload: bytes) -> None:
-        view = memoryview(payload)
-        for start in range(0, max(len(view), 1), MAX_PAYLOAD):
-            chunk = view[start:start + MAX_PAYLOAD]
+        parts = self._frames(kind, ordinal, payload)
+        for i in range(0, len(parts), 2):
             # A blocking write of <= PIPE_BUF bytes is all-or-nothing: no partial frames.
-            os.write(self.fd, _HEADER.pack(kind, ordinal, _PID, len(chunk)) + chunk)
+            os.write(self.fd, parts[i] + parts[i + 1])
 
 
 class FrameDecoder:
@@ -205,7 +206,7 @@ class FrameDecoder:
             if parts:
                 frames.append(Frame(*key, b"".join(parts)))
         finally:
-            parts = []
+            parts = []  # (its chunks are views of buf: released before buf is resized)
             view.release()  # a bytearray with a live view cannot be resized
         del buf[:pos]
         return frames

@@ -27,7 +27,6 @@ import mmap
 import os
 import threading
 import time
-from typing import Optional
 
 # Frame kinds on the pipe (see frames.py for the others).
 RING, WAKE = 6, 7
