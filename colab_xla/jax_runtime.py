@@ -31,6 +31,8 @@ import re
 import sys
 from typing import Any, Mapping, Optional, Tuple
 
+from .host_rank import HostRank
+
 RUNTIMES = ("torch_xla", "jax")
 # What the launcher and the replicas read (set by plan() and the launcher, per run).
 RUNTIME = "COLAB_XLA_RUNTIME"
@@ -141,8 +143,6 @@ def join(environ: Mapping[str, str] = os.environ) -> None:
     them). On a cluster's host (:class:`colab_xla.host_rank.HostRank` in the
     environment), the processes are every host's and the id is the global ordinal."""
     global _membership
-    from .host_rank import HostRank
-
     count = int(environ.get("PJRT_LOCAL_PROCESS_COUNT", "1"))
     process_id = int(environ.get("PJRT_LOCAL_PROCESS_RANK", "0"))
     rank = HostRank.from_environ(environ)

@@ -202,10 +202,10 @@ def _replica_process(entry: Callable, index: int, job, rank_env: Dict[str, str],
         leave()
 
 
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 free right now."""
+def free_port(address: str = "127.0.0.1") -> int:
+    """A TCP port of ``address`` (this machine's) free right now."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((address, 0))
         return sock.getsockname()[1]
 
 

@@ -405,17 +405,18 @@ class XlaMagics(Magics):
     def xla_cluster(self, line):
         """Run %%xla_spawn cells on every host of a cluster, through Ray.
 
-        ``%xla_cluster connect [ADDRESS]`` joins a Ray cluster, finds its TPU slice (hosts
-        ordered by TPU worker id), reserves it and starts one agent per host (it keeps
+        ``%xla_cluster connect [ADDRESS]`` joins a Ray cluster, finds its TPU slices (hosts
+        ordered by TPU worker id), reserves them and starts one agent per host (it keeps
         torch_xla imported and runs each cell's replicas on its host); ``--hosts H -n N``
         uses H CPU hosts of N replicas each instead. ``%xla_cluster local --hosts H -n N``
         starts such hosts on this machine. Several TPU slices (or ``--slices S`` of CPU
         hosts) are one multislice job: hosts are ranked slice by slice, and each gets its
-        MegaScale variables (``MEGASCALE_SLICE_ID`` ...), stale ones replaced. While connected, every %%xla_spawn cell runs
-        on every replica of every host: ``index`` is the global ordinal, ``host`` the
-        host's rank, ``local_index`` the ordinal on the host; the notebook names the cell
-        uses travel by value; output shows as ``host h · replica i``; a failure, a host
-        that is gone, Interrupt or --timeout stop every host. On CPU hosts, collectives
+        MegaScale variables (``MEGASCALE_SLICE_ID`` ...), stale ones replaced. While
+        connected, every %%xla_spawn cell runs on every replica of every host: ``index``
+        is the global ordinal, ``host`` the host's rank, ``local_index`` the ordinal on the
+        host; the notebook names the cell uses travel by value; output shows as ``host h ·
+        replica i``; a failure, a host that is gone, Interrupt or --timeout stop every
+        host. On CPU hosts, collectives
         span the hosts through gloo: this simulates the program, not a pod's interconnect.
         Needs Ray (``pip install colab_xla[ray]``) here and on every host.
 

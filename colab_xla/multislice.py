@@ -73,13 +73,16 @@ class Slices:
                 NUM_SLICES: str(self.count), SLICE_ID: str(self.slice_of(host))}
 
 
-def split(hosts: int, slices: Optional[int], coordinator: str) -> Optional[Slices]:
-    """``hosts`` CPU hosts as ``slices`` slices of equal size (None: one slice, no
-    MegaScale variables). Refuses a count that does not divide the hosts."""
-    if slices is None or slices == 1:
-        return None
-    if slices < 1 or hosts % slices:
+def check(hosts: int, slices: Optional[int]) -> None:
+    """Refuse ``slices`` slices of ``hosts`` CPU hosts unless they divide the hosts."""
+    if slices is not None and (slices < 1 or hosts % slices):
         raise SetupError(f"--slices {slices}: give a number of slices that divides the hosts "
                          f"({hosts}); every slice has as many hosts (e.g. --hosts 4 "
                          "--slices 2).")
-    return Slices(slices, hosts // slices, coordinator)
+
+
+def split(hosts: int, slices: Optional[int], coordinator: str) -> Optional[Slices]:
+    """``hosts`` CPU hosts as ``slices`` slices of equal size (None: one slice, no
+    MegaScale variables); refused as :func:`check` does."""
+    check(hosts, slices)
+    return None if slices in (None, 1) else Slices(slices, hosts // slices, coordinator)

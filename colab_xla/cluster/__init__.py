@@ -52,7 +52,7 @@ def start_local(hosts: int, replicas: int, slices: Optional[int] = None,
     from .connection import import_ray
     from .local import LocalCluster, local_addresses
 
-    multislice.split(hosts, slices, "")  # refused before anything starts
+    multislice.check(hosts, slices)  # refused before anything starts
     local_addresses()
     import_ray()  # said before anything starts
 

@@ -32,7 +32,7 @@ from typing import Any, Dict, List, MutableMapping, Optional
 from .. import interrupts, multislice
 from ..host_rank import VARIABLES, HostRank
 from ..jax_runtime import COORDINATOR
-from ..launch import Launch
+from ..launch import Launch, free_port
 from ..outcome import RunObserver, RunOutcome
 
 # What Ray sets in an actor's environment for the chips it reserved, which the replicas
@@ -181,9 +181,7 @@ class HostAgent:
         """Where a JAX job's processes meet (host 0's agent is asked, per run or
         session): this host's address and a port free on it now. Process 0, which runs
         here, serves it."""
-        with socket.socket() as sock:
-            sock.bind((self.rank.address, 0))
-            return f"{self.rank.address}:{sock.getsockname()[1]}"
+        return f"{self.rank.address}:{free_port(self.rank.address)}"
 
     def poll(self, run_id: str, wait: float) -> Dict[str, Any]:
         """The run's events since the last poll (waiting up to ``wait`` s for one), and

@@ -64,7 +64,7 @@ class Cluster:
             raise ClusterError("--slices is for CPU hosts (--hosts H -n N); the TPU slices of "
                                "a cluster are found (choose some with --slice NAME,NAME).")
         if hosts is not None:
-            multislice.split(hosts, slices, "")  # refused before Ray starts
+            multislice.check(hosts, slices)  # refused before Ray starts
         ray = import_ray()
         joined = not ray.is_initialized()  # (else the user's own connection: left as it is)
         if joined:
