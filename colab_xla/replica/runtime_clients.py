@@ -76,8 +76,10 @@ def check(runtime: str, platform: str, call: str) -> None:
                 f"{runtime} is starting a second {platform.upper()} runtime client in this "
                 f"process ({call}) with {SKIP} unset, so it would run MegaScale discovery "
                 f"again, which hangs multislice training (pytorch/xla#8812). This process "
-                f"has {describe()}. Keep {SKIP}=true once a client exists (colab_xla sets "
-                "it; something removed it).")
+                f"has {describe()}. colab_xla set {SKIP}=true when the first client "
+                "started, and something in this process removed it since: find the code "
+                f"that deletes or restores it (os.environ.pop('{SKIP}'), a context manager "
+                "restoring the environment) and leave it set.")
 
 
 def created(runtime: str, platform: str, call: str) -> None:
