@@ -318,7 +318,7 @@ def _mapped_from_shm(tensor) -> bool:
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm here")
 def test_large_tensors_arrive_through_shared_memory_and_small_ones_inline():
-    _empty_pages()
+    shared_tensors.drop_free_pages()  # (what other tests of this process left)
     outcome = run("""
         import torch
         big = torch.arange(1 << 20, dtype=torch.float32) + index   # 4 MiB
@@ -331,7 +331,7 @@ def test_large_tensors_arrive_through_shared_memory_and_small_ones_inline():
         assert _mapped_from_shm(big) and not _mapped_from_shm(small)
         assert _mapped_from_shm(outcome.pulled("big")[o])
     assert _run_dirs() == []  # the run's directory is gone; the mapped tensors live on
-    pages = _pages()
+    pages = shared_tensors.own_pages_dir()
     assert sorted(n.split("-")[0] for n in os.listdir(pages)) == ["held"] * 4
     del big
     assert float(outcome.results()[1][0].sum()) == sum(range(1 << 20)) + (1 << 20)
@@ -347,23 +347,13 @@ def _run_dirs():
             if d.startswith(f"colab_xla-{os.getuid()}-{os.getpid()}-") and not d.endswith("-pages")]
 
 
-def _pages():
-    return f"/dev/shm/colab_xla-{os.getuid()}-{os.getpid()}-pages"
-
-
-def _empty_pages():
-    """Free pages other tests of this process left."""
-    for name in os.listdir(_pages()) if os.path.isdir(_pages()) else ():
-        if name.startswith("free-"):
-            os.unlink(os.path.join(_pages(), name))
-
-
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm here")
 def test_a_replica_that_dies_while_returning_leaves_no_shared_memory_behind():
-    _empty_pages()
+    shared_tensors.drop_free_pages()  # (what other tests of this process left)
+    pages = shared_tensors.own_pages_dir()
     first = run("import torch\ntorch.ones(1 << 20)", 1)  # its pages are free for the next run
     del first
-    assert [n.split("-")[0] for n in os.listdir(_pages())] == ["free"]
+    assert [n.split("-")[0] for n in os.listdir(pages)] == ["free"]
     outcome = run("""
         import os, torch
         class Dies:
@@ -372,7 +362,7 @@ def test_a_replica_that_dies_while_returning_leaves_no_shared_memory_behind():
         [torch.ones(1 << 20), torch.ones(2 << 20), Dies()]
         """, 2)
     assert not outcome.ok and not outcome.results()
-    assert _run_dirs() == [] and os.listdir(_pages()) == []  # claimed by the dead: gone
+    assert _run_dirs() == [] and os.listdir(pages) == []  # claimed by the dead: gone
 
 
 def test_shared_memory_directory_of_a_dead_notebook_is_removed(tmp_path):

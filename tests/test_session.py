@@ -123,7 +123,7 @@ def test_globals_compiled_graphs_and_processes_stay_across_cells(live):
 def test_large_results_of_session_cells_arrive_in_the_pages_earlier_ones_freed(live):
     if not live.up:
         pytest.skip("an earlier test of this module ended the session")
-    pages = f"/dev/shm/colab_xla-{os.getuid()}-{os.getpid()}-pages"
+    pages = shared_tensors.own_pages_dir()
     shared_tensors.drop_free_pages()
     first = cell("import torch\ntorch.full((1 << 20,), float(index))", live)  # 4 MiB each
     assert first.ok and {o: float(t.sum()) for o, t in first.results().items()} == {

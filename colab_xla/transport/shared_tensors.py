@@ -92,9 +92,14 @@ def pages_dir(directory: str) -> Optional[str]:
     return os.path.join(root, f"{_prefix()}{pid}-pages") if pid.isdigit() else None
 
 
+def own_pages_dir(root: str = SHM_ROOT) -> str:
+    """This process's page directory (where the pages of its freed results are kept)."""
+    return os.path.join(root, f"{_prefix()}{os.getpid()}-pages")
+
+
 def drop_free_pages(root: str = SHM_ROOT) -> int:
     """Give back the free pages this process keeps for its next results; the bytes freed."""
-    pages = os.path.join(root, f"{_prefix()}{os.getpid()}-pages")
+    pages = own_pages_dir(root)
     freed = 0
     for size, name in map(_free_size, os.listdir(pages) if os.path.isdir(pages) else ()):
         if size >= 0:
