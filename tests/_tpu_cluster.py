@@ -10,8 +10,8 @@ a process of its own so the test's process is only the notebook (Ray's driver).
 Protocol, one JSON line per answer on stdout (Ray's processes print to stderr):
 
 * at start: ``{"address": ..., "pids": [...]}`` once the head (no TPU) is up;
-* ``tpu N [SLICE]`` on stdin: adds N fake TPU hosts of slice SLICE (default
-  ``fake-v4-16``; each further slice gets addresses of its own, ``127.0.K.*``) in REVERSE
+* ``tpu N SLICE`` on stdin: adds N fake TPU hosts of slice SLICE (each further slice gets
+  addresses of its own, ``127.0.K.*``) in REVERSE
   worker-id order (worker N-1 first, so Ray's node and bundle order differ from the
   worker id), answers ``{"workers": {node_id: worker_id}, "pids": [...]}``;
 * SIGTERM, or the notebook's process dying: kills every process of the cluster, exits.
@@ -28,16 +28,15 @@ import psutil
 
 from colab_xla import processes
 
-SLICE = "fake-v4-16"
 OBJECT_STORE_BYTES = 128 * 2**20
 
 
-def tpu_env(worker: int, name: str = SLICE) -> dict:
+def tpu_env(worker: int, name: str) -> dict:
     return {"TPU_NAME": name, "TPU_WORKER_ID": str(worker),
             "TPU_ACCELERATOR_TYPE": "v4-16", "TPU_TOPOLOGY": "2x2x2"}
 
 
-def host_address(worker: int, slice_number: int = 0) -> str:
+def host_address(worker: int, slice_number: int) -> str:
     """Host ``worker``'s own loopback address (127.0.0.0/8 is all this machine's), so the
     hosts' addresses tell them apart, as a real slice's do."""
     return f"127.0.{slice_number}.{10 + worker}"
@@ -74,9 +73,8 @@ def main(notebook_pid: int) -> None:
     say({"address": cluster.address, "pids": _descendants()})
     slice_names: list = []
     for line in sys.stdin:
-        command, count, *name = line.split()
+        command, count, name = line.split()
         assert command == "tpu", line
-        name = name[0] if name else SLICE
         if name not in slice_names:
             slice_names.append(name)
         workers = {}

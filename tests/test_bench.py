@@ -1,13 +1,14 @@
 """The benchmarks still run (tiny sizes, results to a temp dir): figures are not checked here,
 only that each writes its section and raw JSON. Performance is shown by bench/run."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from test_jax_runtime import needs_jax  # tests/ is on sys.path
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
@@ -33,8 +34,7 @@ pytestmark = [pytest.mark.xla, pytest.mark.timeout(300)]
     pytest.param("jax_runtime.py", ["--processes", "2", "--repeats", "2",
                                     "--latency-repeats", "1", "--interrupts", "1",
                                     "--term-cap", "0.5"],
-                 marks=[pytest.mark.jax, pytest.mark.skipif(
-                     importlib.util.find_spec("jax") is None, reason="jax is not installed")]),
+                 marks=[pytest.mark.jax, needs_jax]),
 ])
 def test_benchmark_runs_and_writes_its_section(tmp_path, script, args):
     done = subprocess.run([sys.executable, str(BENCH / script), *args, "--out", str(tmp_path)],

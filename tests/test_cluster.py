@@ -28,6 +28,7 @@ from colab_xla.host_rank import HostRank
 from colab_xla.outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome
 from colab_xla.views import text as text_view
 from _kernel import replicas_left, wait_until_gone  # tests/ is on sys.path
+from test_jax_runtime import needs_jax
 from test_launch import notebook_namespace
 from test_magic import get_ipython
 
@@ -399,23 +400,29 @@ def test_a_failure_on_one_host_stops_every_host_and_names_the_replica(local):
     assert replicas_left(outcome) == []
 
 
+class InterruptWhenAllStarted(RunObserver):
+    """The notebook's Interrupt (SIGINT to this process) once every replica has started."""
+
+    started_count = 0
+
+    def started(self, outcome, ordinal):
+        self.started_count += 1
+        if self.started_count == HOSTS * PER_HOST:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
 @needs_ray
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
-def test_timeout_and_interrupt_stop_every_host_and_leave_no_replica(local):
-    timed = on_cluster("import time\ntime.sleep(120)", local, timeout=3)
+@pytest.mark.parametrize("runtime", ["torch_xla", pytest.param(
+    "jax", marks=[needs_jax, pytest.mark.jax])])
+def test_timeout_and_interrupt_stop_every_host_and_leave_no_replica(local, runtime):
+    timed = on_cluster("import time\ntime.sleep(120)", local, timeout=3, runtime=runtime)
     assert [r.state for r in timed.replicas.values()] == [STOPPED] * 4
     assert "--timeout 3 s" in timed.replicas[3].error.evalue
+    assert replicas_left(timed) == []
 
-    class InterruptWhenAllStarted(RunObserver):
-        started_count = 0
-
-        def started(self, outcome, ordinal):
-            self.started_count += 1
-            if self.started_count == HOSTS * PER_HOST:
-                os.kill(os.getpid(), signal.SIGINT)  # the notebook's Interrupt
-
-    outcome = on_cluster("import time\ntime.sleep(120)", local,
+    outcome = on_cluster("import time\ntime.sleep(120)", local, runtime=runtime,
                          observer=InterruptWhenAllStarted())
     assert outcome.interrupted
     assert [r.state for r in outcome.replicas.values()] == [STOPPED] * 4
@@ -494,14 +501,6 @@ def test_a_session_gets_a_notebook_name_once_and_again_when_the_notebook_changes
 def test_an_interrupted_session_cell_keeps_the_session_and_a_dead_replica_ends_it_everywhere(
         warm):
     pids = session_pids(warm.session)
-
-    class InterruptWhenAllStarted(RunObserver):
-        started_count = 0
-
-        def started(self, outcome, ordinal):
-            self.started_count += 1
-            if self.started_count == HOSTS * PER_HOST:
-                os.kill(os.getpid(), signal.SIGINT)
 
     stopped = on_cluster("kept = index\nimport time\ntime.sleep(120)", warm,
                          observer=InterruptWhenAllStarted())
@@ -584,15 +583,15 @@ def test_a_remote_hosts_unended_line_shows_while_it_grows_and_once_when_it_ends(
 
 # -- JAX processes on every host (%%xla_spawn --runtime jax while connected) -----------------
 
-needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None,
-                               reason="jax is not installed in this stack")
+def on_jax_cluster(test):
+    """A test of JAX processes on this module's local cluster (it needs Ray and jax)."""
+    for mark in (pytest.mark.timeout(300), pytest.mark.jax, pytest.mark.cluster, needs_jax,
+                 needs_ray):
+        test = mark(test)
+    return test
 
 
-@needs_ray
-@needs_jax
-@pytest.mark.cluster
-@pytest.mark.jax
-@pytest.mark.timeout(300)
+@on_jax_cluster
 def test_jax_processes_of_every_host_are_one_job_with_global_devices_and_collectives(local):
     import numpy as np
 
@@ -622,11 +621,7 @@ def test_jax_processes_of_every_host_are_one_job_with_global_devices_and_collect
     assert outcome.hosts == {0: 0, 1: 0, 2: 1, 3: 1}
 
 
-@needs_ray
-@needs_jax
-@pytest.mark.cluster
-@pytest.mark.jax
-@pytest.mark.timeout(300)
+@on_jax_cluster
 def test_a_jax_process_failing_on_one_host_stops_every_host_waiting_in_a_collective(local):
     outcome = on_cluster("""
         import numpy as np
@@ -644,36 +639,7 @@ def test_a_jax_process_failing_on_one_host_stops_every_host_waiting_in_a_collect
     assert on_cluster("index", local).ok  # the cluster goes on
 
 
-@needs_ray
-@needs_jax
-@pytest.mark.cluster
-@pytest.mark.jax
-@pytest.mark.timeout(300)
-def test_timeout_and_interrupt_stop_every_hosts_jax_processes(local):
-    timed = on_cluster("import time\ntime.sleep(120)", local, runtime="jax", timeout=3)
-    assert [r.state for r in timed.replicas.values()] == [STOPPED] * 4
-    assert replicas_left(timed) == []
-
-    class InterruptWhenAllStarted(RunObserver):
-        started_count = 0
-
-        def started(self, outcome, ordinal):
-            self.started_count += 1
-            if self.started_count == HOSTS * PER_HOST:
-                os.kill(os.getpid(), signal.SIGINT)
-
-    outcome = on_cluster("import time\ntime.sleep(120)", local, runtime="jax",
-                         observer=InterruptWhenAllStarted())
-    assert outcome.interrupted
-    assert [r.state for r in outcome.replicas.values()] == [STOPPED] * 4
-    assert replicas_left(outcome) == []
-
-
-@needs_ray
-@needs_jax
-@pytest.mark.cluster
-@pytest.mark.jax
-@pytest.mark.timeout(300)
+@on_jax_cluster
 def test_the_magic_runs_jax_cells_and_a_jax_session_on_the_cluster(local, capsys):
     shell = get_ipython()
     shell.run_line_magic("load_ext", "colab_xla")

@@ -13,6 +13,7 @@ such slices, one multislice job (each host's MegaScale variables), on a keeper o
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -26,6 +27,7 @@ import pytest
 
 from colab_xla import multislice
 from colab_xla.cluster.hosts import SLICE_LABEL, WORKER_LABEL, ClusterError
+from _kernel import wait_until_gone  # tests/ is on sys.path
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                reason="Ray (colab_xla[ray]) is not installed in this stack")
@@ -100,20 +102,30 @@ class Keeper:
         self.proc.stdout.close()
 
 
-@pytest.fixture(scope="module")
-def keeper(tmp_path_factory):
+@contextlib.contextmanager
+def started_keeper(tmp_path_factory, name: str, **environ):
+    """A keeper of a cluster of its own (``environ``: on top of this process's, for every
+    node). At the end, whatever the test left: the notebook leaves Ray, then the cluster
+    goes, by pid; ``keeper.left`` is what is still alive 30 s later."""
     from colab_xla.cluster.local import local_addresses
 
     local_addresses()  # this driver on 127.0.0.1 too
-    started = Keeper(str(tmp_path_factory.mktemp("tpu-cluster") / "keeper.log"))
-    yield started
-    # Whatever a test left: the notebook leaves Ray, then the cluster goes, by pid.
-    import ray
+    started = Keeper(str(tmp_path_factory.mktemp(name) / "keeper.log"), **environ)
+    try:
+        yield started
+    finally:
+        import ray
 
-    ray.shutdown()
-    left = started.processes()
-    started.stop()
-    psutil.wait_procs(left, timeout=30)
+        ray.shutdown()
+        mine = started.processes()
+        started.stop()
+        started.left = wait_until_gone(mine, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def keeper(tmp_path_factory):
+    with started_keeper(tmp_path_factory, "tpu-cluster") as started:
+        yield started
 
 
 def _connect(keeper: Keeper, **kw):
@@ -267,39 +279,32 @@ def test_two_slices_are_one_multislice_job_each_host_with_fresh_megascale_variab
     # Stale values from an earlier job in every host's environment: replaced, not kept.
     stale = {"MEGASCALE_SLICE_ID": "5", "MEGASCALE_NUM_SLICES": "9",
              "MEGASCALE_COORDINATOR_ADDRESS": "10.9.9.9", "MEGASCALE_PORT": "1"}
-    from colab_xla.cluster.local import local_addresses
-
-    local_addresses()
-    keeper = Keeper(str(tmp_path_factory.mktemp("multislice") / "keeper.log"), **stale)
-    connected = None
-    try:
-        # Added b first (its hosts on 127.0.0.*, a's on 127.0.1.*): ranked by name all the same.
-        for name in ("fake-b", "fake-a"):
-            keeper.add_slice(HOSTS, name)
-        connected = _connect(keeper)
-        assert connected.slice_name == "fake-a,fake-b"
-        assert connected.slices == multislice.Slices(2, HOSTS, "127.0.1.10")
-        a, b = ["127.0.1.10", "127.0.1.11"], ["127.0.0.10", "127.0.0.11"]
-        assert [h.address for h in connected.hosts] == a + b
-        assert len(connected.placements) == 2
-        for placement in connected.placements:  # one reservation per slice
-            table = placement_group_table(placement.placement_group)
-            assert table["state"] == "CREATED" and len(table["bundles"]) == HOSTS
-        envs = [d["env"] for d in connected.described]
-        assert [(e["MEGASCALE_SLICE_ID"], e["TPU_WORKER_ID"], e["TPU_WORKER_HOSTNAMES"])
-                for e in envs] == [
-            ("0", "0", ",".join(a)), ("0", "1", ",".join(a)),
-            ("1", "0", ",".join(b)), ("1", "1", ",".join(b))]
-        assert {(e["MEGASCALE_COORDINATOR_ADDRESS"], e["MEGASCALE_PORT"],
-                 e["MEGASCALE_NUM_SLICES"]) for e in envs} == {("127.0.1.10", "8081", "2")}
-        for agent in connected.agents:  # the agent's own stale ones are gone
-            assert ray.get(agent.__ray_call__.remote(agent_environ), timeout=60) == {}
-        assert "fake-a,fake-b · 2 slices (multislice)" in connected.describe()
-    finally:
-        if connected is not None:
-            connected.stop()
-        ray.shutdown()
-        mine = keeper.processes()
-        keeper.stop()
-        psutil.wait_procs(mine, timeout=30)
-    assert [p for p in mine if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+    with started_keeper(tmp_path_factory, "multislice", **stale) as keeper:
+        connected = None
+        try:
+            # Added b first (its hosts on 127.0.0.*, a's on 127.0.1.*): ranked by name anyway.
+            for name in ("fake-b", "fake-a"):
+                keeper.add_slice(HOSTS, name)
+            connected = _connect(keeper)
+            assert connected.slice_name == "fake-a,fake-b"
+            assert connected.slices == multislice.Slices(2, HOSTS, "127.0.1.10")
+            a, b = ["127.0.1.10", "127.0.1.11"], ["127.0.0.10", "127.0.0.11"]
+            assert [h.address for h in connected.hosts] == a + b
+            assert len(connected.placements) == 2
+            for placement in connected.placements:  # one reservation per slice
+                table = placement_group_table(placement.placement_group)
+                assert table["state"] == "CREATED" and len(table["bundles"]) == HOSTS
+            envs = [d["env"] for d in connected.described]
+            assert [(e["MEGASCALE_SLICE_ID"], e["TPU_WORKER_ID"], e["TPU_WORKER_HOSTNAMES"])
+                    for e in envs] == [
+                ("0", "0", ",".join(a)), ("0", "1", ",".join(a)),
+                ("1", "0", ",".join(b)), ("1", "1", ",".join(b))]
+            assert {(e["MEGASCALE_COORDINATOR_ADDRESS"], e["MEGASCALE_PORT"],
+                     e["MEGASCALE_NUM_SLICES"]) for e in envs} == {("127.0.1.10", "8081", "2")}
+            for agent in connected.agents:  # the agent's own stale ones are gone
+                assert ray.get(agent.__ray_call__.remote(agent_environ), timeout=60) == {}
+            assert "fake-a,fake-b · 2 slices (multislice)" in connected.describe()
+        finally:
+            if connected is not None:
+                connected.stop()
+    assert keeper.left == []

@@ -6,6 +6,7 @@ import os
 import select
 import signal
 import threading
+import time
 
 import pytest
 
@@ -13,11 +14,46 @@ from _runs import run  # tests/ is on sys.path
 from colab_xla.transport import frames, ring
 
 
-def _read_all(reader, pipe_r, wanted: int):
+class Channel:
+    """A replica's frame pipe and output ring, as a test holds them: the pipe's ends, the
+    ring's path, the writer (with ``use(size)`` its ring is made) and the readers opened
+    (``reader()``); everything is closed when the test ends, whatever happened."""
+
+    def __init__(self, tmp_path):
+        self.pipe_r, self.pipe_w = os.pipe()
+        self.path = str(tmp_path / "ring")
+        self.writer = frames.ChannelWriter(self.pipe_w)
+        self._readers = []
+
+    def use(self, size: int = ring.DEFAULT_SIZE) -> None:
+        self.writer.use_ring(self.path, size)
+
+    def reader(self) -> ring.RingReader:
+        self._readers.append(ring.RingReader(self.path))
+        return self._readers[-1]
+
+    def close(self) -> None:
+        for reader in self._readers:
+            reader.close()
+        self.writer.drop_ring()
+        for fd in (self.pipe_r, self.pipe_w):
+            os.close(fd)
+
+
+@pytest.fixture
+def channel(tmp_path):
+    made = Channel(tmp_path)
+    yield made
+    made.close()
+
+
+def _read_all(reader, pipe_r, wanted: int, seconds: float = 120):
     """Read the ring as the notebook does: sleep on the pipe (wake-ups) when it is empty;
     the lines read, and the kinds of frame the pipe carried."""
     decoder, pipe, text, kinds = frames.FrameDecoder(), frames.FrameDecoder(), b"", set()
-    while text.count(b"\n") < wanted:
+    deadline = time.monotonic() + seconds
+    while (read := text.count(b"\n")) < wanted:
+        assert time.monotonic() < deadline, f"{read} of {wanted} lines read"
         reader.waiting(True)
         data = reader.read()  # (after the flag: what came before it is not missed)
         if data:
@@ -28,94 +64,68 @@ def _read_all(reader, pipe_r, wanted: int):
     return text.decode().splitlines(), kinds
 
 
-def test_a_ring_that_wraps_while_the_reader_is_slow_loses_nothing(tmp_path):
-    pipe_r, pipe_w = os.pipe()
-    writer = frames.ChannelWriter(pipe_w)
-    path = str(tmp_path / "ring")
-    writer.use_ring(path, size=256)  # a few frames: it wraps every few lines
-    named = frames.FrameDecoder().feed(os.read(pipe_r, 1 << 16))
-    assert [(f.kind, f.payload) for f in named] == [(ring.RING, path.encode())]
-    reader = ring.RingReader(path)
+def test_a_ring_that_wraps_while_the_reader_is_slow_loses_nothing(channel):
+    channel.use(size=256)  # a few frames: it wraps every few lines
+    named = frames.FrameDecoder().feed(os.read(channel.pipe_r, 1 << 16))
+    assert [(f.kind, f.payload) for f in named] == [(ring.RING, channel.path.encode())]
+    reader = channel.reader()
     n = 3000
 
     def write():
         for i in range(n):
-            writer.send(frames.STDOUT, 0, f"line {i} {'x' * (i % 50)}\n".encode())
+            channel.writer.send(frames.STDOUT, 0, f"line {i} {'x' * (i % 50)}\n".encode())
 
     thread = threading.Thread(target=write)
     thread.start()
     try:
-        lines, kinds = _read_all(reader, pipe_r, n)
+        lines, kinds = _read_all(reader, channel.pipe_r, n)
     finally:
         thread.join()
     assert lines == [f"line {i} {'x' * (i % 50)}" for i in range(n)]
     assert kinds <= {ring.WAKE}  # the pipe carried wake-ups only
-    reader.close()
-    writer.drop_ring()
-    for fd in (pipe_r, pipe_w):
-        os.close(fd)
 
 
-def test_a_writer_waiting_for_room_stops_when_the_reader_has_closed_the_ring(tmp_path):
-    pipe_r, pipe_w = os.pipe()
-    writer = frames.ChannelWriter(pipe_w)
-    writer.use_ring(str(tmp_path / "ring"), size=64)
-    reader = ring.RingReader(str(tmp_path / "ring"))
-    reader.close()
+def test_a_writer_waiting_for_room_stops_when_the_reader_has_closed_the_ring(channel):
+    channel.use(size=64)
+    channel.reader().close()
     with pytest.raises(BrokenPipeError):
         for _ in range(10):
-            writer.send(frames.STDOUT, 0, b"a line that fills a tiny ring\n")
-    writer.drop_ring()
-    for fd in (pipe_r, pipe_w):
-        os.close(fd)
+            channel.writer.send(frames.STDOUT, 0, b"a line that fills a tiny ring\n")
 
 
-def test_lines_appended_before_a_sigkill_are_all_read(tmp_path):
-    pipe_r, pipe_w = os.pipe()
-    path = str(tmp_path / "ring")
+def test_lines_appended_before_a_sigkill_are_all_read(channel):
     pid = os.fork()
     if pid == 0:  # the replica: print, and die at once
         try:
-            writer = frames.ChannelWriter(pipe_w)
-            writer.use_ring(path)
+            channel.use()
             for i in range(5000):
-                writer.send(frames.STDOUT, 0, f"line {i}\n".encode())
-            writer.send(frames.STDOUT, 0, b"a partial line")
+                channel.writer.send(frames.STDOUT, 0, f"line {i}\n".encode())
+            channel.writer.send(frames.STDOUT, 0, b"a partial line")
             os.kill(os.getpid(), signal.SIGKILL)
         finally:
             os._exit(3)
     _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-    reader = ring.RingReader(path)
-    payloads = [f.payload for f in frames.FrameDecoder().feed(reader.read())]
+    payloads = [f.payload for f in frames.FrameDecoder().feed(channel.reader().read())]
     assert b"".join(payloads).decode() == "".join(f"line {i}\n" for i in range(5000)) + "a partial line"
-    reader.close()
-    for fd in (pipe_r, pipe_w):
-        os.close(fd)
 
 
-def test_a_process_forked_from_a_ring_writer_writes_to_the_pipe(tmp_path):
-    pipe_r, pipe_w = os.pipe()
-    writer = frames.ChannelWriter(pipe_w)
-    writer.use_ring(str(tmp_path / "ring"))
-    os.read(pipe_r, 1 << 16)  # the ring's name
-    reader = ring.RingReader(str(tmp_path / "ring"))
+def test_a_process_forked_from_a_ring_writer_writes_to_the_pipe(channel):
+    channel.use()
+    os.read(channel.pipe_r, 1 << 16)  # the ring's name
+    reader = channel.reader()
     pid = os.fork()
     if pid == 0:
         try:
-            writer.send(frames.STDOUT, 1, b"from the child\n")
+            channel.writer.send(frames.STDOUT, 1, b"from the child\n")
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
-    writer.send(frames.STDOUT, 0, b"from the parent\n")
-    piped = frames.FrameDecoder().feed(os.read(pipe_r, 1 << 16))
+    channel.writer.send(frames.STDOUT, 0, b"from the parent\n")
+    piped = frames.FrameDecoder().feed(os.read(channel.pipe_r, 1 << 16))
     assert [(f.ordinal, f.pid, f.payload) for f in piped] == [(1, pid, b"from the child\n")]
     ringed = frames.FrameDecoder().feed(reader.read())
     assert [(f.ordinal, f.pid, f.payload) for f in ringed] == [(0, os.getpid(), b"from the parent\n")]
-    reader.close()
-    writer.drop_ring()
-    for fd in (pipe_r, pipe_w):
-        os.close(fd)
 
 
 @pytest.mark.xla

@@ -12,7 +12,6 @@ terms: that libtpu then skips discovery).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -22,9 +21,7 @@ import types
 import pytest
 
 from colab_xla.replica import runtime_clients as rc
-
-needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None,
-                               reason="jax is not installed in this stack")
+from test_jax_runtime import needs_jax  # tests/ is on sys.path
 
 
 @pytest.fixture

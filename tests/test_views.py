@@ -123,33 +123,50 @@ def test_the_widget_display_data_is_what_ipywidgets_itself_displays(monkeypatch)
     assert shown[0][key]["model_id"] == box.model_id
 
 
-def test_only_the_last_runs_keep_live_widgets_and_older_ones_show_their_summary(monkeypatch):
-    """Issue #12: every run left ~31 live widgets in the kernel for good."""
+class Handle:
+    """What ``display(..., display_id=True)`` returns, keeping what each update showed."""
+
+    def __init__(self):
+        self.shown = []
+
+    def update(self, data, raw=False):
+        self.shown.append(data)
+
+
+@pytest.fixture
+def widget_view(monkeypatch):
+    """``(the widget view's module, the handles of its displays)``: its displays made into
+    :class:`Handle` s, and its live runs its own for the test."""
     pytest.importorskip("ipywidgets")
     from colab_xla.views import widget as widget_view
-
-    def live():
-        return {id(w) for w in widget_view._registry().values()}
-
-    class Handle:
-        def __init__(self):
-            self.shown = []
-
-        def update(self, data, raw=False):
-            self.shown.append(data)
 
     handles = []
     monkeypatch.setattr(widget_view, "display",
                         lambda *a, **k: handles.append(Handle()) or handles[-1])
     monkeypatch.setattr(widget_view, "_live", widget_view.collections.deque())
+    return widget_view, handles
+
+
+def _start(view, outcome, replicas: int) -> None:
+    """Replicas 0 to ``replicas - 1`` start and print a line each."""
+    for o in range(replicas):
+        outcome.replica(o)
+        view.started(outcome, o)
+        view.output(outcome, o, [f"line {o}"])
+
+
+def test_only_the_last_runs_keep_live_widgets_and_older_ones_show_their_summary(widget_view):
+    """Issue #12: every run left ~31 live widgets in the kernel for good."""
+    widget_view, handles = widget_view
+
+    def live():
+        return {id(w) for w in widget_view._registry().values()}
+
     before, per_run = live(), []
     for run in range(widget_view.LIVE_RUNS + 3):
         view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
         view.opened(outcome)
-        for o in range(3):
-            outcome.replica(o)
-            view.started(outcome, o)
-            view.output(outcome, o, [f"line {o}"])
+        _start(view, outcome, 3)
         outcome.elapsed = 0.1
         view.closed(outcome)
         per_run.append(len(live() - before))
@@ -160,24 +177,19 @@ def test_only_the_last_runs_keep_live_widgets_and_older_ones_show_their_summary(
     assert all("application/vnd.jupyter.widget-view+json" in h.shown[-1] for h in handles[3:])
 
 
-def test_a_run_makes_few_widgets_sharing_one_layout(monkeypatch):
+def test_a_run_makes_few_widgets_sharing_one_layout(widget_view):
     """Issue #18: each widget is a comm message the launch waits for; a run of 8 replicas
     made 89 (a layout, and a style, per widget). Now: one layout and one style for the run,
     a replica's error widget only if it fails, its error shown in its own tab."""
-    widgets = pytest.importorskip("ipywidgets")
-    from colab_xla.outcome import ReplicaError
-    from colab_xla.views import widget as widget_view
+    import ipywidgets as widgets
 
-    monkeypatch.setattr(widget_view, "display", lambda *a, **k: type(
-        "Handle", (), {"update": lambda self, data, raw=False: None})())
-    monkeypatch.setattr(widget_view, "_live", widget_view.collections.deque())
+    from colab_xla.outcome import ReplicaError
+
+    widget_view, _ = widget_view
     before = set(widget_view._registry())
     view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
     view.opened(outcome)
-    for o in range(8):
-        outcome.replica(o)
-        view.started(outcome, o)
-        view.output(outcome, o, [f"line {o}"])
+    _start(view, outcome, 8)
     view.tick(outcome)
     for o in range(8):
         rep = outcome.replicas[o]
