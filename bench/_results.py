@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH_DIR)
@@ -92,6 +92,23 @@ def replica_counts(text: str) -> List[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def rotated(paths, i: int):
+    """``paths`` starting at the ``i``-th (cyclically): the order of iteration ``i``, so
+    drift and position effects hit every path alike (A B C, B C A, C A B, ...)."""
+    k = i % len(paths)
+    return tuple(paths[k:]) + tuple(paths[:k])
+
+
+def median_range(values: List[Optional[float]]) -> str:
+    """``"median (min–max)"`` of the values given (None: not measured), ms, whole."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.0f}"
+    return f"{statistics.median(values):.0f} ({min(values):.0f}–{max(values):.0f})"
+
+
 def stats(ms: List[float]) -> Dict[str, float]:
     deciles = statistics.quantiles(ms, n=10, method="inclusive")
     return {"median": statistics.median(ms), "p10": deciles[0], "p90": deciles[-1],
@@ -106,25 +123,23 @@ class Memcpy:
     ``dst.copy_(src)`` (torch's default threads) into a destination written before (warm:
     its pages exist, so the copy allocates nothing). :meth:`seconds` times one copy of all
     of them. Make it, and call it, in the notebook's process (in ``bench/peers.py``, the
-    kernel) in the same run as what it is compared with, interleaved where possible.
+    kernel, once before the cells it is compared with; in ``bench/result_return.py``,
+    interleaved with them) in the same run. ``src`` are the tensors it copies.
     """
 
     def __init__(self, nbytes: int, count: int):
         import torch
 
         self.nbytes, self.count = nbytes, count
-        self._src = [torch.full((nbytes // 4,), float(i)) for i in range(count)]
-        self._dst = [torch.zeros_like(s) for s in self._src]  # written: warm
+        self.src = [torch.full((nbytes // 4,), float(i)) for i in range(count)]
+        self._dst = [torch.zeros_like(s) for s in self.src]  # written: warm
         self.seconds()  # first copy untimed
 
     def seconds(self) -> float:
         started = time.perf_counter()
-        for dst, src in zip(self._dst, self._src):
+        for dst, src in zip(self._dst, self.src):
             dst.copy_(src)
         return time.perf_counter() - started
-
-    def gb_per_s(self, seconds: float) -> float:
-        return self.nbytes * self.count / seconds / 1e9
 
 
 def memcpy_seconds(nbytes: int, count: int, repeats: int) -> List[float]:
@@ -184,13 +199,12 @@ def alive(pids: List[int]) -> List[int]:
 
 def _run_time(total: int, timings: List[str]) -> None:
     """bench/run's own section: how long the whole run and each benchmark took."""
-    rows = "\n".join(f"| `{name}` | {seconds} |"
-                     for name, seconds in (t.split("=", 1) for t in timings))
+    took = {name: int(seconds) for name, seconds in (t.split("=", 1) for t in timings)}
+    rows = "\n".join(f"| `{name}` | {seconds} |" for name, seconds in took.items())
     goal = "met" if total < 600 else "**not met**"
     markdown = (f"## The whole run\n\n`bench/run` took **{total} s** ({total / 60:.1f} min; "
                 f"goal: under 10 minutes, {goal}).\n\n| benchmark | s |\n|---|---:|\n{rows}\n")
-    write_section("run", markdown, {"total_seconds": total, "benchmarks": dict(
-        (name, int(seconds)) for name, seconds in (t.split("=", 1) for t in timings))})
+    write_section("run", markdown, {"total_seconds": total, "benchmarks": took})
 
 
 if __name__ == "__main__":  # bench/run's last step: python bench/_results.py run-time S NAME=S...

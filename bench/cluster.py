@@ -46,8 +46,8 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import (alive, bench_parser, machine_info, machine_line, publish,  # noqa: E402
-                      stats)
+from _results import (alive, bench_parser, machine_info, machine_line,  # noqa: E402
+                      median_range, publish, stats)
 from launch_overhead import _cell  # noqa: E402
 
 from colab_xla import cluster  # noqa: E402
@@ -239,14 +239,6 @@ def measure_cluster(hosts: int, per_host: int, args, latency: bool, interrupts: 
     return result
 
 
-def _ms(values: List[float]) -> str:
-    if not values:
-        return "–"
-    if len(values) == 1:
-        return f"{values[0]:.0f}"
-    return f"{statistics.median(values):.0f} ({min(values):.0f}–{max(values):.0f})"
-
-
 def render(results: List[dict], info: dict, seconds: float, args) -> str:
     lines = [
         "## Cluster of hosts (colab_xla.cluster, local Ray cluster)",
@@ -289,7 +281,7 @@ def render(results: List[dict], info: dict, seconds: float, args) -> str:
             "",
             "| host 1 (remote) | host 0 | one-off local |",
             "|---:|---:|---:|",
-            f"| {_ms(remote)} | {_ms(host0)} | {_ms(local)} |",
+            f"| {median_range(remote)} | {median_range(host0)} | {median_range(local)} |",
         ]
     cut = main.get("interrupts")
     if cut:
@@ -312,7 +304,7 @@ def render(results: List[dict], info: dict, seconds: float, args) -> str:
                 continue
             states = sorted({s for run in runs for s in run["states"]})
             lines.append(
-                f"| {label} | {_ms([run['ms'] for run in runs])} "
+                f"| {label} | {median_range([run['ms'] for run in runs])} "
                 f"| {sum(run['interrupted'] for run in runs)}/{len(runs)} "
                 f"| {', '.join(states)} "
                 f"| {sum(len(run['left_at_return']) for run in runs)} / "

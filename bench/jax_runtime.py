@@ -50,8 +50,8 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import (alive, bench_parser, machine_info, machine_line, publish,  # noqa: E402
-                      replica_counts, stats)
+from _results import (alive, bench_parser, machine_info, machine_line,  # noqa: E402
+                      median_range, publish, replica_counts, rotated, stats)
 
 NAME = "jax_runtime"
 PATHS = ("colab_xla", "bare")
@@ -149,9 +149,7 @@ class BareRun:
         deadline = time.monotonic() + limit
         for p in self.processes:
             p.join(max(0.0, deadline - time.monotonic()))
-        ok = all(p.exitcode == 0 for p in self.processes)
-        self.close()
-        return ok
+        return all(p.exitcode == 0 for p in self.processes)  # (the caller closes)
 
     def close(self) -> None:
         for p in self.processes:
@@ -329,15 +327,6 @@ def _cell(s: Dict[str, float]) -> str:
     return f"{s['median']:.0f} ({s['p10']:.0f}–{s['p90']:.0f})"
 
 
-def _ms(values: List[float]) -> str:
-    values = [v for v in values if v is not None]
-    if not values:
-        return "–"
-    if len(values) == 1:
-        return f"{values[0]:.0f}"
-    return f"{statistics.median(values):.0f} ({min(values):.0f}–{max(values):.0f})"
-
-
 def render(res: dict, info: dict, seconds: float, args) -> str:
     lines = [
         "## JAX runtime (`--runtime jax`) against a bare `multiprocessing` launch",
@@ -349,11 +338,10 @@ def render(res: dict, info: dict, seconds: float, args) -> str:
         "running the program, sending its value through a pipe and calling "
         "`jax.distributed.shutdown()`, joined by the parent. Interleaved in one process "
         "(the order alternates); the parent imports jax without starting a backend, and "
-        "torch_xla (through `run_cell`). colab_xla freezes the notebook's objects "
-        "(`gc.freeze`) while it forks: before it did, a replica's first full garbage "
-        "collection, set off by the backend's start, walked every object inherited from "
-        "the notebook and copied the shared heap, 1.3–1.9 s per process (a trivial `-n 2` "
-        "run took 2–3 s).",
+        "torch_xla (through `run_cell`). Each forked replica process first freezes what it "
+        "inherited (`gc.freeze`): before it did, its first full garbage collection, set off "
+        "by the backend's start, walked every object inherited from the notebook and "
+        "copied the shared heap, 1.3–1.9 s per process (a trivial `-n 2` run took 2–3 s).",
         "",
         f"Launch overhead: `jax.process_index()` as the program (initialize, backend start, "
         f"value back, shutdown). ms, median (p10–p90) of {args.repeats}; ratio of medians; "
@@ -383,10 +371,10 @@ def render(res: dict, info: dict, seconds: float, args) -> str:
         "| path | print → seen ms | call → first line ms |",
         "|---|---:|---:|",
     ]
-    for path, label in (("colab_xla", "colab_xla"), ("bare", "bare")):
+    for path in PATHS:
         runs = lat["runs"][path]
-        lines.append(f"| {label} | {_ms([x for r in runs for x in r['print_to_seen_ms']])} "
-                     f"| {_ms([r['call_to_first_ms'] for r in runs])} |")
+        lines.append(f"| {path} | {median_range([x for r in runs for x in r['print_to_seen_ms']])} "
+                     f"| {median_range([r['call_to_first_ms'] for r in runs])} |")
     cut = res["interrupts"]
     lines += [
         "",
@@ -418,8 +406,8 @@ def render(res: dict, info: dict, seconds: float, args) -> str:
             left_return = (str(sum(r["left_at_return"] for r in runs))
                            if path == "colab_xla" else "–")
             lines.append(
-                f"| {variant} | {label} | {_ms([r['return_ms'] for r in runs])} "
-                f"| {_ms(gone)}{f' ({never} not within the cap)' if never else ''} "
+                f"| {variant} | {label} | {median_range([r['return_ms'] for r in runs])} "
+                f"| {median_range(gone)}{f' ({never} not within the cap)' if never else ''} "
                 f"| {interrupted} | {left_return} "
                 f"| {sum(r['left_after_cap'] for r in runs)}"
                 f"{f'; {hung} hung' if hung else ''} |")
@@ -439,11 +427,6 @@ def render(res: dict, info: dict, seconds: float, args) -> str:
                      packages=f"jax {info.get('jax', '?')}"),
     ]
     return "\n".join(lines)
-
-
-def _rotated(i: int):
-    k = i % len(PATHS)
-    return PATHS[k:] + PATHS[:k]
 
 
 def main(argv=None) -> int:
@@ -490,7 +473,7 @@ def main(argv=None) -> int:
         samples: Dict[str, List[float]] = {path: [] for path in PATHS}
         paired: List[float] = []
         for i in range(args.repeats):
-            got = {path: trivial_once(path, n) for path in _rotated(i)}
+            got = {path: trivial_once(path, n) for path in rotated(PATHS, i)}
             for path, ms in got.items():
                 if ms is None:
                     hung[path] += 1
@@ -512,7 +495,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     lat = {path: [] for path in PATHS}
     for i in range(args.latency_repeats):
-        for path in _rotated(i):
+        for path in rotated(PATHS, i):
             lat[path].append(latency_once(path, n))
     res["latency"] = {"processes": n, "runs": lat}
     print(f"jax_runtime: latency [{time.perf_counter() - t0:.0f} s]", file=sys.stderr)
@@ -521,13 +504,12 @@ def main(argv=None) -> int:
     cut: Dict[str, Dict[str, list]] = {v: {path: [] for path in PATHS} for v in STUCK_CELLS}
     for variant in STUCK_CELLS:
         for i in range(args.interrupts):
-            for path in _rotated(i):
+            for path in rotated(PATHS, i):
                 cut[variant][path].append(interrupt_once(path, n, variant, args.term_cap))
     res["interrupts"] = {"processes": n, "term_cap_s": args.term_cap, "runs": cut}
     print(f"jax_runtime: interrupts [{time.perf_counter() - t0:.0f} s]", file=sys.stderr)
 
     seconds = time.perf_counter() - started
-    info["notebook_PJRT_DEVICE"] = os.environ.get("PJRT_DEVICE")
     return publish(NAME, render(res, info, seconds, args),
                    {"machine": info, "seconds": seconds, "args": vars(args), "results": res},
                    out_dir=args.out)

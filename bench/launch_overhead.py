@@ -34,7 +34,7 @@ if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
 from _results import (bench_parser, machine_info, machine_line, publish,  # noqa: E402
-                      replica_counts, stats)
+                      replica_counts, rotated, stats)
 from colab_xla import hardware  # noqa: E402
 from colab_xla.launch import environ  # noqa: E402
 from peer_jobs import trivial  # noqa: E402
@@ -97,9 +97,7 @@ def measure(n: int, repeats: int, warmups: int) -> dict:
             paths[name]()
     samples: Dict[str, List[float]] = {name: [] for name in PATHS}
     for i in range(repeats):
-        k = i % len(PATHS)
-        order = PATHS[k:] + PATHS[:k]  # A B C D, B C D A, ...
-        for name in order:
+        for name in rotated(PATHS, i):
             samples[name].append(paths[name]() * 1e3)
     result = {"replicas": n, "samples_ms": samples,
               "stats_ms": {name: stats(samples[name]) for name in PATHS}}

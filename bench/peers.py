@@ -64,7 +64,7 @@ if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
 from _results import (MEMCPY_PROSE, bench_parser, machine_info, machine_line,  # noqa: E402
-                      publish, replica_counts, stats as _stats)
+                      publish, replica_counts, rotated, stats as _stats)
 from output_throughput import (Kernel, RssSampler, run_magic, run_streamed,  # noqa: E402
                                split_lines, summarize, tally)
 
@@ -230,9 +230,8 @@ def measure_launch(s: Session, repeats: int, warmups: int) -> dict:
         for p in LAUNCH_PEERS:
             s.run(cells[p])
     samples: Dict[str, List[float]] = {p: [] for p in LAUNCH_PEERS}
-    k = len(LAUNCH_PEERS)
     for i in range(repeats):
-        for p in LAUNCH_PEERS[i % k:] + LAUNCH_PEERS[:i % k]:
+        for p in rotated(LAUNCH_PEERS, i):
             samples[p].append(s.run(cells[p])["idle_s"] * 1e3)
     # A warm session's cell, side by side with %%px: a session started before timing (every
     # %%xla_spawn cell runs on it while it is up, so after the one-off peers), stopped after.
@@ -246,7 +245,7 @@ def measure_launch(s: Session, repeats: int, warmups: int) -> dict:
         for p in warm:
             samples[p] = []
         for i in range(repeats):
-            for p in warm[i % 3:] + warm[:i % 3]:
+            for p in rotated(warm, i):
                 samples[p].append(s.run(cells[p])["idle_s"] * 1e3)
     finally:
         s.run("get_ipython().run_line_magic('xla_session', 'stop')", deadline=120, ok=False)

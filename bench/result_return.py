@@ -38,7 +38,7 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import (MEMCPY_PROSE, Memcpy, bench_parser, machine_info,  # noqa: E402
+from _results import (MEMCPY_PROSE, Memcpy, bench_parser, machine_info, rotated,  # noqa: E402
                       machine_line, publish, stats)
 
 import torch  # noqa: E402
@@ -122,10 +122,9 @@ def measure(replicas: int, mib: int, repeats: int) -> dict:
     elements = mib * 2**20 // 4  # float32
     total = replicas * elements * 4
     reference = Memcpy(elements * 4, replicas)
-    src = [torch.full((elements,), float(i)) for i in range(replicas)]
     paths = {
         "memcpy_warm": reference.seconds,
-        "memcpy_fresh": lambda: run_memcpy_fresh(src),
+        "memcpy_fresh": lambda: run_memcpy_fresh(reference.src),  # (the same tensors)
         "shm": lambda: run_colab_xla(replicas, elements, True),
         "shm_new": lambda: run_colab_xla(replicas, elements, True, new_pages=True),
         "inline": lambda: run_colab_xla(replicas, elements, False),
@@ -135,8 +134,7 @@ def measure(replicas: int, mib: int, repeats: int) -> dict:
     run_colab_xla(replicas, elements, True)  # its freed results' pages are the first reused
     seconds: Dict[str, List[float]] = {p: [] for p in PATHS}
     for i in range(repeats):
-        order = PATHS[i % len(PATHS):] + PATHS[:i % len(PATHS)]
-        for name in order:
+        for name in rotated(PATHS, i):
             seconds[name].append(paths[name]())
     gbps = {p: [total / s / 1e9 for s in seconds[p]] for p in PATHS}
     return {"replicas": replicas, "mib_each": mib, "total_bytes": total,

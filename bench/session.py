@@ -42,7 +42,7 @@ if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
 from _results import (bench_parser, machine_info, machine_line, publish,  # noqa: E402
-                      replica_counts, stats)
+                      replica_counts, rotated, stats)
 from launch_overhead import _cell, make_paths  # noqa: E402
 
 from colab_xla.launch import environ  # noqa: E402
@@ -171,7 +171,7 @@ def measure(n: int, repeats: int, train_repeats: int, steps: int, batch: int) ->
             trivial[name]()
         samples: Dict[str, List[float]] = {name: [] for name in TRIVIAL}
         for i in range(repeats):
-            for name in TRIVIAL[i % 3:] + TRIVIAL[:i % 3]:
+            for name in rotated(TRIVIAL, i):
                 samples[name].append(trivial[name]() * 1e3)
 
         train, define = train_paths(n, session, cache_dir, steps, batch)
@@ -179,7 +179,7 @@ def measure(n: int, repeats: int, train_repeats: int, steps: int, batch: int) ->
         setup = {"session_cell2": train["session"](), "cache_warm": train["cached"]()}
         runs: Dict[str, list] = {name: [] for name in TRAIN}
         for i in range(train_repeats):
-            for name in TRAIN[i % 3:] + TRAIN[:i % 3]:
+            for name in rotated(TRAIN, i):
                 runs[name].append(train[name]())
         cells_run = session.cells_run
     finally:

@@ -25,7 +25,7 @@ if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
 from _results import (bench_parser, machine_info, machine_line, publish,  # noqa: E402
-                      replica_counts, stats)
+                      replica_counts, rotated, stats)
 
 from colab_xla.launch import Launch  # noqa: E402
 from colab_xla.run import run_cell  # noqa: E402
@@ -47,7 +47,7 @@ def timed_run(method: str, n: int) -> float:
 def measure(n: int, repeats: int, spawn_repeats: int) -> dict:
     samples: Dict[str, List[float]] = {m: [] for m in METHODS}
     for i in range(repeats):
-        order = METHODS[i % 3:] + METHODS[:i % 3]
+        order = rotated(METHODS, i)
         for method in order:
             if method == "spawn" and len(samples["spawn"]) >= spawn_repeats:
                 continue
