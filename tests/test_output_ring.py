@@ -85,6 +85,71 @@ def test_a_ring_that_wraps_while_the_reader_is_slow_loses_nothing(channel):
     assert kinds <= {ring.WAKE}  # the pipe carried wake-ups only
 
 
+def _mixed_sends(writer):
+    """Runs of lines broken by every other kind of frame: another stream, another
+    replica, a note, a line that is not UTF-8 (0xFE in it), an empty line, a long one."""
+    sent = []
+
+    def send(kind, ordinal, payload):
+        writer.send(kind, ordinal, payload)
+        sent.append((kind, ordinal, payload))
+
+    for i in range(50):
+        send(frames.STDOUT, 0, f"out {i}\n".encode())
+    send(frames.STDERR, 0, "érr\n".encode())
+    send(frames.STDOUT, 0, b"after the error\n")
+    send(frames.STDOUT, 1, b"another replica\n")
+    send(frames.NOTE, 1, b"a note")
+    send(frames.STDOUT, 1, b"not utf-8 \xfe\xff\n")
+    send(frames.STDOUT, 1, b"")
+    send(frames.STDOUT, 1, b"y" * (3 * frames.MAX_PAYLOAD) + b"\n")
+    for i in range(20):
+        send(frames.STDOUT, 1, f"more {i}\n".encode())
+    return sent
+
+
+def _joined(received):
+    """Consecutive payloads of one (kind, ordinal) joined: what a view shows."""
+    out = []
+    for kind, ordinal, payload in received:
+        if out and out[-1][:2] == (kind, ordinal) and kind in frames.STREAMS:
+            out[-1] = (kind, ordinal, out[-1][2] + payload)
+        else:
+            out.append((kind, ordinal, payload))
+    return [item for item in out if item[2] or item[0] not in frames.STREAMS]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 20])
+def test_runs_and_frames_decode_in_order_however_the_bytes_are_cut(channel, chunk):
+    channel.use()
+    reader = channel.reader()
+    sent = _mixed_sends(channel.writer)
+    data = reader.read()
+    decoder = frames.FrameDecoder()
+    received = [(f.kind, f.ordinal, f.payload) for start in range(0, len(data), chunk)
+                for f in decoder.feed(data[start:start + chunk], merge=chunk > 1)]
+    assert _joined(received) == _joined(sent)
+    assert all(f[0] in frames.STREAMS or f[0] == frames.NOTE for f in received)
+    assert decoder.pending == 0
+
+
+def test_a_print_loop_is_one_run_in_the_ring_one_header_for_all_its_lines(channel):
+    channel.use()
+    reader = channel.reader()
+    lines = [f"line {i}\n".encode() for i in range(1000)]
+    for line in lines:
+        channel.writer.send(frames.STDOUT, 0, line)
+    data = reader.read()
+    header = frames._HEADER.size
+    assert len(data) == header + sum(map(len, lines))  # the lines' bytes, one header
+    (frame,) = frames.FrameDecoder().feed(data)  # all of them as one frame, even unmerged
+    assert (frame.kind, frame.ordinal, frame.payload) == (frames.STDOUT, 0, b"".join(lines))
+    channel.writer.send(frames.END, 0, b"")  # ends the run: the next line opens another
+    channel.writer.send(frames.STDOUT, 0, b"last\n")
+    # RUN_END, END's header, the new run's header, its line
+    assert len(reader.read()) == 1 + header + header + len(b"last\n")
+
+
 def test_a_writer_waiting_for_room_stops_when_the_reader_has_closed_the_ring(channel):
     channel.use(size=64)
     channel.reader().close()

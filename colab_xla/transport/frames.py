@@ -36,6 +36,8 @@ from . import ring as _ring
 STDOUT, STDERR, START, END, NOTE = 1, 2, 3, 4, 5
 STREAMS = {STDOUT: "stdout", STDERR: "stderr"}
 # RING, WAKE = 6, 7: a replica process's output ring and its wake-ups (see ring.py).
+# An output kind | RUN opens a run of that stream's lines in a ring (see ring.py).
+RUN = 0x80
 
 _HEADER = struct.Struct("<BhiI")
 PIPE_BUF = select.PIPE_BUF
@@ -133,8 +135,11 @@ class ChannelWriter:
         if ring is not None and ring.pid == _PID:
             try:
                 if len(payload) <= MAX_PAYLOAD:
-                    ring.append(_HEADER.pack(kind, ordinal, _PID, len(payload)) + payload,
-                                self._wake)
+                    if kind in STREAMS and _ring.RUN_END not in payload:
+                        ring.append_run((kind, ordinal), payload, _run_opening, self._wake)
+                    else:
+                        ring.append(_HEADER.pack(kind, ordinal, _PID, len(payload)) + payload,
+                                    self._wake)
                 else:  # (a long line: a ring's room at most at a time)
                     parts = self._frames(kind, ordinal, payload)
                     step = 2 * max(1, ring.size // (4 * PIPE_BUF))
@@ -169,34 +174,62 @@ class ChannelWriter:
             os.write(self.fd, parts[i] + parts[i + 1])
 
 
+def _run_opening(key) -> bytes:
+    """The header that opens a run of ``key`` = (output kind, ordinal) in a ring."""
+    return _HEADER.pack(key[0] | RUN, key[1], _PID, 0)
+
+
 class FrameDecoder:
     """The notebook side: turns bytes read from the pipe into :class:`Frame` objects."""
 
     def __init__(self):
         self._buf = bytearray()
+        self._run: Optional[tuple] = None  # (kind, ordinal, pid) of the run being read
 
     def feed(self, data: bytes, merge: bool = False) -> List[Frame]:
         """The whole frames ``data`` completes. With ``merge``, consecutive output frames
         of one replica, stream and process come as one frame (their payloads joined): a
-        chatty replica sends a frame per line, and per-frame work would cap throughput."""
+        chatty replica sends a frame per line, and per-frame work would cap throughput.
+        What a ring's run holds comes as one frame in any case."""
         buf = self._buf
         buf += data
         frames, pos, end_of_data = [], 0, len(buf)
         size, unpack = _HEADER.size, _HEADER.unpack_from
         view = memoryview(buf)
         key, parts = None, []  # the output frames being merged
+
+        def output(of, chunk) -> None:
+            nonlocal key, parts
+            if key != of:
+                if parts:
+                    frames.append(Frame(*key, b"".join(parts)))
+                key, parts = of, []
+            parts.append(chunk)
+            if not merge:
+                frames.append(Frame(*key, b"".join(parts)))
+                key, parts = None, []
+
         try:
-            while end_of_data - pos >= size:
+            while True:
+                if self._run is not None:  # the lines of a run, up to its end
+                    stop = buf.find(_ring.RUN_END, pos)
+                    end = end_of_data if stop < 0 else stop
+                    if end > pos:
+                        output(self._run, view[pos:end])
+                    if stop < 0:
+                        pos = end_of_data
+                        break
+                    self._run, pos = None, stop + 1
+                if end_of_data - pos < size:
+                    break
                 kind, ordinal, pid, length = unpack(buf, pos)
                 end = pos + size + length
                 if end > end_of_data:
                     break
-                if merge and kind in STREAMS:
-                    if key != (kind, ordinal, pid):
-                        if parts:
-                            frames.append(Frame(*key, b"".join(parts)))
-                        key, parts = (kind, ordinal, pid), []
-                    parts.append(view[pos + size:end])
+                if kind & RUN:
+                    self._run = (kind & ~RUN, ordinal, pid)
+                elif merge and kind in STREAMS:
+                    output((kind, ordinal, pid), view[pos + size:end])
                 else:
                     if parts:
                         frames.append(Frame(*key, b"".join(parts)))

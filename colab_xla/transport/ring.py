@@ -13,6 +13,12 @@ in ``select``; a writer that appends while the flag is set clears it and writes 
 frame. While the reader keeps up, lines cost no system call at all. A full ring makes the
 writer wait for the reader (as a full pipe would), polling every few milliseconds.
 
+Lines of one stream of one replica, one after another (a ``print`` loop), go in as a *run*
+(:meth:`RingWriter.append_run`): the frame header that opens it, then each line's bytes as
+they are, until :data:`RUN_END`, a byte that UTF-8 text never holds. The reader takes all
+of a run it finds in one slice (:class:`colab_xla.transport.frames.FrameDecoder`): framed one
+by one, the lines cost the notebook more to decode than anything else it did with them.
+
 Layout: a 64-byte header (``write`` and ``read`` positions, u64, counting bytes since the
 start; the *waiting* flag; the *closed* flag, set by the reader when the run is over) then
 ``size`` bytes of data. Only the writer stores ``write``, only the reader ``read``; each
@@ -30,8 +36,10 @@ import time
 
 # Frame kinds on the pipe (see frames.py for the others).
 RING, WAKE = 6, 7
+# Ends a run (see above): never in UTF-8 text, so never in a line of a run.
+RUN_END = b"\xfe"
 
-DEFAULT_SIZE = 1 << 20  # per replica process: a burst of ~40,000 short lines
+DEFAULT_SIZE = 1 << 20  # per replica process: a burst of ~70,000 short lines
 _HEADER_SIZE = 64
 _WRITE, _READ = 0, 1  # indexes of the u64 positions
 _WAITING, _CLOSED = 16, 17  # offsets of the flag bytes
@@ -43,8 +51,9 @@ class RingClosed(BrokenPipeError):
 
 
 class RingWriter:
-    """The replica side. ``append`` is thread-safe; the process that created the ring is
-    its only writer (a child forked from it writes to the pipe instead: see frames.py)."""
+    """The replica side. ``append`` and ``append_run`` are thread-safe; the process that
+    created the ring is its only writer (a child forked from it writes to the pipe instead:
+    see frames.py)."""
 
     def __init__(self, path: str, size: int = DEFAULT_SIZE):
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -60,37 +69,53 @@ class RingWriter:
         self._pos = memoryview(self._map)[:16].cast("Q")
         self._written = 0
         self._room = size  # known free bytes (at least)
+        self._run = None  # the key of the run the last append continued or opened
         self._lock = threading.Lock()
         self.pid = os.getpid()
 
     def append(self, data: bytes, wake) -> None:
         """Append ``data`` (whole frames, at most ``size`` bytes); call ``wake()`` if the
         reader is waiting for output. Raises :class:`RingClosed` once the reader is gone."""
+        with self._lock:
+            if self._run is not None:
+                data = RUN_END + data
+            self._append(data, wake, None)
+
+    def append_run(self, key, payload: bytes, opening, wake) -> None:
+        """Append ``payload`` (no RUN_END in it) to the run of ``key``: as it is if the
+        last append was of that run, else after ``opening(key)``, the frame header that
+        opens it (and RUN_END, ending the run before)."""
+        with self._lock:
+            if key != self._run:
+                payload = (b"" if self._run is None else RUN_END) + opening(key) + payload
+            self._append(payload, wake, key)
+
+    def _append(self, data: bytes, wake, run) -> None:
         need = len(data)
         if need > self.size:
             raise ValueError(f"{need} bytes do not fit in a ring of {self.size}")
-        with self._lock:
-            m = self._map
-            if m is None:
-                raise RingClosed("the ring was closed")
-            written, size = self._written, self.size
-            if self._room < need:  # (what the reader has read may make room)
-                self._room = size - (written - self._pos[_READ])
-                if self._room < need:
-                    self._wait_for_room(need, wake)
-            at = written % size
-            first = size - at
-            if first >= need:
-                self._data[at:at + need] = data
-            else:
-                self._data[at:] = data[:first]
-                self._data[:need - first] = data[first:]
-            self._written = written = written + need
-            self._room -= need
-            self._pos[_WRITE] = written
-            if m[_WAITING]:
-                m[_WAITING] = 0
-                wake()
+        m = self._map
+        if m is None:
+            raise RingClosed("the ring was closed")
+        written, size = self._written, self.size
+        if self._room < need:  # (what the reader has read may make room)
+            self._room = size - (written - self._pos[_READ])
+            if self._room < need:
+                self._wait_for_room(need, wake)
+        at = written % size
+        first = size - at
+        if first >= need:
+            self._data[at:at + need] = data
+        else:
+            self._data[at:] = data[:first]
+            self._data[:need - first] = data[first:]
+        self._written = written = written + need
+        self._room -= need
+        self._run = run
+        self._pos[_WRITE] = written
+        if m[_WAITING]:
+            m[_WAITING] = 0
+            wake()
 
     def _wait_for_room(self, need: int, wake) -> None:
         pause = _WAIT_MIN
