@@ -11,6 +11,7 @@ import time
 import pytest
 
 from _runs import run  # tests/ is on sys.path
+from colab_xla.outcome import RunObserver
 from colab_xla.transport import frames, ring
 
 
@@ -212,3 +213,46 @@ def test_a_replica_that_dies_right_after_printing_loses_no_line(how):
     # (replica 0 may be stopped by the run's fail-fast, or die with it if they share a process)
     assert text.startswith("".join(f"r1 line {i}\n" for i in range(20000)))
     assert "progress 50%" in text[-40:]
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_a_replica_printing_fast_sends_almost_no_wake_ups():
+    """While output flows the notebook looks at the ring without asking for wake-ups: a
+    print loop pays no write(2) per line (it paid one every ~3 lines when each look asked)."""
+    outcome = run("""
+        from colab_xla.transport import frames
+        wakes = []
+        send_wake = frames.ChannelWriter._wake
+        frames.ChannelWriter._wake = lambda self: wakes.append(1) or send_wake(self)
+        for i in range(50000):
+            print(f"r{index} line {i}")
+        len(wakes)
+        """, 1)
+    assert outcome.replicas[0].state == "done", outcome.replicas[0].error
+    assert outcome.replicas[0].value < 500  # under 1% of the lines
+
+
+class _Draws(RunObserver):
+    def __init__(self):
+        self.ticks = 0
+
+    def tick(self, outcome):
+        self.ticks += 1
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_while_output_flows_the_views_draw_a_few_times_a_second_not_per_line():
+    draws = _Draws()
+    outcome = run("""
+        import time
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            print("x" * 20)
+            time.sleep(0.001)
+        """, 1, observer=draws)
+    assert outcome.replicas[0].state == "done", outcome.replicas[0].error
+    # at once, then after 10, 20, 40, 80, 160 ms, then every 250 ms: about 11 in 1.5 s
+    # (a draw per look at the rings would be hundreds)
+    assert 4 <= draws.ticks <= 25, draws.ticks
