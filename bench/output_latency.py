@@ -5,8 +5,8 @@ In one process, ``colab_xla.run.run_cell`` runs a cell in which every replica ta
 the run is still going when the line arrives). A :class:`colab_xla.outcome.RunObserver`
 records ``time.time()`` when each line reaches the notebook side (``output``, called by
 run_cell's reading loop: this is where a live view gets the line) and when the next
-``tick`` comes after it (the live views draw at ticks: soon after the first output of a quiet
-spell, then every ``TICK_SECONDS``).
+``tick`` comes after it (the live views draw at ticks: at once for the first output of a
+quiet spell, then at most every ``TICK_SECONDS``).
 
 Reported, in ms, median and p10/p90 over every replica of every run:
 
@@ -103,8 +103,8 @@ def render(result: dict, info: dict, seconds: float) -> str:
         "`time.time()` right before `print`ing one line carrying it, then sleeps; a "
         "`RunObserver` takes `time.time()` when the line reaches the notebook side "
         "(`output`, where a live view gets it) and at the next `tick` (when the views draw "
-        f"it: {result['first_draw_ms']:.0f} ms after the first output of a quiet spell, then "
-        f"every {result['tick_ms']:.0f} ms while output flows). ms, over {tick['n']} lines "
+        "it: at once for the first output of a quiet spell, then at most every "
+        f"{result['tick_ms']:.0f} ms while output flows). ms, over {tick['n']} lines "
         f"({info['repeats']} runs × {result['replicas']} replicas).",
         "",
         "| print → | median ms | p10–p90 ms | max ms |",
@@ -116,12 +116,12 @@ def render(result: dict, info: dict, seconds: float) -> str:
         f"| (wait from notebook side to next tick) | {wait['median']:.1f} | "
         f"{wait['p10']:.1f}–{wait['p90']:.1f} | {wait['max']:.1f} |",
         "",
-        "A line is handed to the view as soon as it arrives; the view draws it "
-        f"`FIRST_DRAW_SECONDS` ({result['first_draw_ms']:.0f} ms) later when it is the first "
-        "output after a quiet spell (so lines the replicas print together are drawn "
-        f"together), or at the next `TICK_SECONDS` ({result['tick_ms']:.0f} ms) beat while "
-        "output keeps flowing (a few updates a second keep the browser responsive). The "
-        f"replicas printed {opened['median']:.0f} ms (median) after the run opened.",
+        "A line is handed to the view as soon as it arrives; the view draws it at once when "
+        "it is the first output after a quiet spell; while output keeps flowing, the wait "
+        f"between draws doubles from `NEXT_DRAW_SECONDS` ({result['next_draw_ms']:.0f} ms) up "
+        f"to `TICK_SECONDS` ({result['tick_ms']:.0f} ms; a few updates a second keep the "
+        "browser responsive). The replicas printed "
+        f"{opened['median']:.0f} ms (median) after the run opened.",
         "",
         machine_line(info, NAME, seconds,
                      f"{info['repeats']} runs of {result['replicas']} replicas after "
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     if args.repeats < 1 or n < 1:
         parser.error("need --repeats >= 1 and replicas >= 1")
 
-    from colab_xla.supervisor import FIRST_DRAW_SECONDS, TICK_SECONDS
+    from colab_xla.supervisor import NEXT_DRAW_SECONDS, TICK_SECONDS
 
     started = time.perf_counter()
     info = machine_info(args.repeats, args.warmups)
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     to_tick = [s["to_tick_ms"] for s in samples if s["to_tick_ms"] is not None]
     waits = [s["tick_wait_ms"] for s in samples if s["tick_wait_ms"] is not None]
     result = {"replicas": n, "sleep": args.sleep, "tick_ms": TICK_SECONDS * 1e3,
-              "first_draw_ms": FIRST_DRAW_SECONDS * 1e3,
+              "next_draw_ms": NEXT_DRAW_SECONDS * 1e3,
               "to_observer_ms": {**stats(to_obs), "n": len(to_obs)},
               "to_tick_ms": {**stats(to_tick), "n": len(to_tick)},
               "tick_wait_ms": {**stats(waits), "n": len(waits)},

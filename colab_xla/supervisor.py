@@ -32,10 +32,9 @@ from .replica import job as replica_job
 from .replica.process import inherit
 from .transport import frames, ring, shared_tensors, values
 
-# Live views draw FIRST_DRAW_SECONDS after the first output of a quiet spell: soon enough
-# that a line shows at once (~10 ms on top of its way here), late enough that what the
-# replicas print in the same moment is drawn in one update. While output keeps coming, the
-# wait between draws doubles up to TICK_SECONDS (a few updates a second keep the browser
+# Live views draw the first output of a quiet spell at once. While output keeps coming, the
+# wait between draws doubles from NEXT_DRAW_SECONDS up to TICK_SECONDS (lines that come in
+# the same moment are drawn in one update; a few updates a second keep the browser
 # responsive); without output, a draw (elapsed times) comes every TICK_SECONDS.
 TICK_SECONDS = 0.25
 # While replica processes write to output rings, the reader looks at them at least this
@@ -47,7 +46,7 @@ RING_POLL_SECONDS = 0.005
 # without asking for a wake-up: a writer then pays no system call per line (a wake-up
 # cost a fast replica one in three lines), and the reader takes more lines per look.
 RING_FLOW_SECONDS = 0.002
-FIRST_DRAW_SECONDS = 0.01
+NEXT_DRAW_SECONDS = 0.01
 # After a kill, how long to wait for the driver thread to see its pool broken.
 _DRIVER_JOIN_SECONDS = 5.0
 # Once a replica has failed, how long the others may go on before the run is stopped:
@@ -211,10 +210,9 @@ class Supervisor:
             fds.append(self._interrupts.wake_fd)
         next_tick = time.monotonic() + TICK_SECONDS
         quiet = True  # the last draw showed no new output: new output is drawn soon
-        # While output flows, the wait between draws doubles from FIRST_DRAW_SECONDS up to a
-        # tick: replicas that start a few ms apart have their first lines drawn at once, a
-        # long flow settles at a few draws a second.
-        interval = FIRST_DRAW_SECONDS
+        # While output flows, the wait between draws doubles from NEXT_DRAW_SECONDS up to a
+        # tick: a long flow settles at a few draws a second.
+        interval = NEXT_DRAW_SECONDS
         while True:
             now = time.monotonic()
             if until is not None:
@@ -247,16 +245,17 @@ class Supervisor:
                 if fd not in (done_r, self._interrupts.wake_fd):
                     self._read(fd, read_fd)
             if self._output_since_draw and quiet:
-                # First output after a quiet spell: draw it soon (with what the other
-                # replicas print in the same moment), not a whole tick later.
-                next_tick, quiet = min(next_tick, time.monotonic() + FIRST_DRAW_SECONDS), False
+                next_tick, quiet = 0.0, False  # first output after a quiet spell: now
             if time.monotonic() >= next_tick:
                 self._replicas.tick()
                 self.observer.tick(self.outcome)
                 drew, self._output_since_draw = self._output_since_draw, False
                 quiet = not drew
-                interval = min(TICK_SECONDS, interval * 2) if drew else FIRST_DRAW_SECONDS
-                next_tick = time.monotonic() + (interval if drew else TICK_SECONDS)
+                if drew:
+                    next_tick = time.monotonic() + interval
+                    interval = min(TICK_SECONDS, interval * 2)
+                else:
+                    next_tick, interval = time.monotonic() + TICK_SECONDS, NEXT_DRAW_SECONDS
             if readable == [done_r]:
                 return  # the driver ended and the pipes hold nothing more right now
 
