@@ -163,28 +163,21 @@ class RunProcesses:
         all in the pid registry."""
         for child in self.new_children():
             self.track(child.pid)
-        # One pass over /proc for all of them (Process.children makes one per process:
-        # a notebook with 8 replica processes read /proc 9 times a tick, while output
-        # flowed, on a machine with many processes most of its time).
-        children: Dict[int, List[int]] = {}
-        for proc in psutil.process_iter(["ppid"]):
-            children.setdefault(proc.info["ppid"], []).append(proc.pid)
-        todo = [pid for pid, process in self._tracked.items() if process.is_running()]
-        while todo:
-            for pid in children.pop(todo.pop(), ()):
-                self.track(pid)
-                todo.append(pid)
+        for pid in _descendants([pid for pid, process in self._tracked.items()
+                                 if process.is_running()]):
+            self.track(pid)
 
     def kill(self) -> None:
         """SIGKILL every process of the run (by pid, never by name) and reap them."""
         children = self.new_children()
         for child in children:
             self.track(child.pid)
-        victims: List[psutil.Process] = []
-        for process in list(self._tracked.values()):
+        # (What a process that has ended started was tracked while it ran, or went to its
+        # replica, the subreaper: only the running ones are looked under.)
+        victims = [process for process in self._tracked.values() if process.is_running()]
+        for pid in _descendants([process.pid for process in victims]):
             with contextlib.suppress(psutil.Error):
-                victims.extend(process.children(recursive=True))
-                victims.append(process)
+                victims.append(psutil.Process(pid))
         for victim in victims:
             with contextlib.suppress(psutil.Error):
                 victim.kill()  # psutil refuses if the pid now belongs to another process
@@ -213,6 +206,24 @@ class RunProcesses:
             if not starter.is_alive() or time.monotonic() >= deadline:
                 return
             starter.join(0.05)
+
+
+def _descendants(pids: List[int]) -> List[int]:
+    """Every descendant of these processes, found in one pass over /proc, none if there are
+    no ``pids`` (``Process.children`` makes a pass per process: a notebook with 8 replica
+    processes read /proc 9 times a tick while output flowed, and again at every run's end,
+    on a machine with many processes most of its time)."""
+    if not pids:
+        return []
+    children: Dict[int, List[int]] = {}
+    for proc in psutil.process_iter(["ppid"]):
+        children.setdefault(proc.info["ppid"], []).append(proc.pid)
+    found, todo = [], list(pids)
+    while todo:
+        for pid in children.pop(todo.pop(), ()):
+            found.append(pid)
+            todo.append(pid)
+    return found
 
 
 # --- how a process started for a run ends with it ---------------------------------------------
