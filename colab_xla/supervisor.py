@@ -301,7 +301,7 @@ class Supervisor:
             self._emit(origin, kind, dec.decode(b"", final=True))
 
     def _open_ring(self, path: str) -> None:
-        if path not in self._rings and os.path.dirname(path) == self.run_dir:
+        if path not in self._rings and os.path.dirname(path) in (self.run_dir, self._shm_dir):
             self._rings[path] = (ring.RingReader(path), frames.FrameDecoder())
 
     def _read_rings(self) -> bool:

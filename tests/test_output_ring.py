@@ -151,6 +151,21 @@ def test_a_print_loop_is_one_run_in_the_ring_one_header_for_all_its_lines(channe
     assert len(reader.read()) == 1 + header + header + len(b"last\n")
 
 
+def test_a_ring_without_room_for_its_pages_is_not_made_and_frames_go_to_the_pipe(channel, monkeypatch):
+    """On a full file system the ring's pages are refused at once (ENOSPC), not later as a
+    SIGBUS at the print that touches one: the file is gone and the pipe carries the line."""
+    def no_room(fd, offset, length):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_room)
+    with pytest.raises(OSError):
+        channel.use()
+    assert not os.path.exists(channel.path)
+    channel.writer.send(frames.STDOUT, 0, b"still here\n")
+    piped = frames.FrameDecoder().feed(os.read(channel.pipe_r, 1 << 16))
+    assert [(f.kind, f.payload) for f in piped] == [(frames.STDOUT, b"still here\n")]
+
+
 def test_a_writer_waiting_for_room_stops_when_the_reader_has_closed_the_ring(channel):
     channel.use(size=64)
     channel.reader().close()

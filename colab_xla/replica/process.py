@@ -146,8 +146,10 @@ class ReplicaProcess:
         else:
             self.writer.retarget(job.channel_path)
         if job.rings:
+            # In shared memory where the run has a directory there (no disk under it).
+            ring_dir = job.shm_dir or job.run_dir
             try:
-                self.writer.use_ring(os.path.join(job.run_dir, f"ring-{os.getpid()}"))
+                self.writer.use_ring(os.path.join(ring_dir, f"ring-{os.getpid()}"))
             except OSError:  # no room for the ring's file: frames go to the pipe
                 pass
         if job.run_dir not in sys.path:

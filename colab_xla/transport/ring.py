@@ -58,10 +58,15 @@ class RingWriter:
     def __init__(self, path: str, size: int = DEFAULT_SIZE):
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, _HEADER_SIZE + size)
+            # Every page now (OSError if there is no room): a page a print touched first
+            # on a full file system would kill the process with SIGBUS.
+            os.posix_fallocate(fd, 0, _HEADER_SIZE + size)
             self._map = mmap.mmap(fd, _HEADER_SIZE + size)
-        finally:
+        except BaseException:
             os.close(fd)
+            os.unlink(path)
+            raise
+        os.close(fd)
         self.path, self.size = path, size
         self._data = memoryview(self._map)[_HEADER_SIZE:]
         # The positions as native aligned u64s: one load or store each, never torn (struct
