@@ -1,6 +1,6 @@
 """Launch overhead of ``%%xla_spawn`` against a bare ``xmp.spawn``.
 
-In one process, for each replica count N, four paths run a trivial cell, interleaved
+In one process, for each replica count N, five paths run a trivial cell, interleaved
 (the order rotates every iteration, so drift and position effects hit all alike):
 
 * bare:  ``xmp.spawn(trivial, start_method='fork')`` of a module-level function, with
@@ -10,7 +10,9 @@ In one process, for each replica count N, four paths run a trivial cell, interle
 * core:  ``colab_xla.run.run_cell('index', replicas=N, announce=None)``, no IPython;
 * threads: the magic with ``--simulate threads``: one replica process of N threads, as bare
          ``xmp.spawn`` runs them on CPU (the default simulation forks one process per
-         replica, as on a TPU host: each fork of a notebook process costs ~10 ms here).
+         replica, as on a TPU host: each fork of a notebook process costs ~10 ms here);
+* forks: ``peer_jobs.fork_each(N)``: N processes forked and joined, each calling the trivial
+         function: the floor of the default simulation's model, one process per replica.
 
 Warm-up runs (torch_xla import, the lock Manager's start) are excluded. Reported per
 path: median and p10/p90 in ms; against bare: the median of paired differences (each
@@ -37,11 +39,11 @@ from _results import (bench_parser, machine_info, machine_line, publish,  # noqa
                       replica_counts, rotated, stats)
 from colab_xla import hardware  # noqa: E402
 from colab_xla.launch import environ  # noqa: E402
-from peer_jobs import trivial  # noqa: E402
+from peer_jobs import fork_each, trivial  # noqa: E402
 
 NAME = "launch_overhead"
 GOAL_MS = 30.0
-PATHS = ("bare", "magic", "core", "threads")
+PATHS = ("bare", "magic", "core", "threads", "forks")
 
 
 # The bare path gets what %%xla_spawn itself uses: torch_xla imported without writing a
@@ -86,8 +88,13 @@ def make_paths(n: int) -> Dict[str, Callable[[], float]]:
                                f"results={outcome.results()}")
         return elapsed
 
+    def forks() -> float:
+        t0 = time.perf_counter()
+        fork_each(n)
+        return time.perf_counter() - t0
+
     return {"bare": bare, "magic": magic, "core": core,
-            "threads": lambda: magic(" --simulate threads")}
+            "threads": lambda: magic(" --simulate threads"), "forks": forks}
 
 
 def measure(n: int, repeats: int, warmups: int) -> dict:
@@ -106,6 +113,9 @@ def measure(n: int, repeats: int, warmups: int) -> dict:
         result[f"{name}_minus_bare_ms"] = stats(paired)
         result[f"{name}_ratio_of_medians"] = (result["stats_ms"][name]["median"]
                                               / result["stats_ms"]["bare"]["median"])
+    for name in ("magic", "core"):
+        result[f"{name}_minus_forks_ms"] = stats(
+            [a - b for a, b in zip(samples[name], samples["forks"])])
     return result
 
 
@@ -148,14 +158,31 @@ def render(results: List[dict], info: dict, seconds: float) -> str:
             f"| {_signed(r['magic_minus_bare_ms'])} | {r['magic_ratio_of_medians']:.2f}× "
             f"| {_cell(s['core'])} | {_signed(r['core_minus_bare_ms'])} "
             f"| {_cell(s['threads'])} | {_signed(r['threads_minus_bare_ms'])} |")
+    lines += [
+        "",
+        "The floor of the default simulation's own model, one process per replica: "
+        "`peer_jobs.fork_each(N)` forks N processes from the same process and joins them, "
+        "each calling the trivial function (interleaved with the rest).",
+        "",
+        "| replicas | N forked processes ms | %%xla_spawn over it ms | core run_cell over it ms |",
+        "|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(f"| {r['replicas']} | {_cell(r['stats_ms']['forks'])} "
+                     f"| {_signed(r['magic_minus_forks_ms'])} | {_signed(r['core_minus_forks_ms'])} |")
     pjrt = info["notebook_PJRT_DEVICE"] or "unset"
+    largest = results[-1]
     lines += [
         "",
         f"Goal (%%xla_spawn at most {GOAL_MS:.0f} ms above bare xmp.spawn at the median): "
         f"default simulation (a process per replica) {_goal(results, 'magic')}; "
-        f"`--simulate threads` {_goal(results, 'threads')}. What the default pays beyond the "
-        "floor is mostly fork itself, once per replica (a notebook process with torch_xla "
-        "imported takes ~10 ms to fork here; the replica's own start-up is ~5 ms of Python).",
+        f"`--simulate threads` {_goal(results, 'threads')}. What the default pays beyond "
+        "bare xmp.spawn (one process of N threads on CPU) is mostly the forks themselves: "
+        f"at N={largest['replicas']}, forking N bare processes takes "
+        f"{largest['stats_ms']['forks']['median']:.0f} ms, and %%xla_spawn is "
+        f"{largest['magic_minus_forks_ms']['median']:+.1f} ms from that floor (each fork "
+        "copies the page tables of a notebook process with torch_xla imported, and each "
+        "exit tears them down).",
         "",
         machine_line(info, NAME, seconds,
                      f"{info['repeats']} repeats after {info['warmups']} warm-ups per path; "

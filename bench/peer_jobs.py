@@ -7,6 +7,7 @@ calls them with its own ``index``. ``index=None`` means: take the rank from the 
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 
@@ -17,6 +18,20 @@ def replica_index(index=None) -> int:
 
 def trivial(index=None):
     return replica_index(index)
+
+
+def fork_each(n: int, fn=trivial) -> None:
+    """The floor of one process per replica (as on a TPU v4 or later host, and the CPU
+    simulation's default): fork ``n`` processes that each call ``fn(index)``, wait for all."""
+    context = multiprocessing.get_context("fork")
+    processes = [context.Process(target=fn, args=(index,)) for index in range(n)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join()
+    codes = [process.exitcode for process in processes]
+    if any(codes):
+        raise RuntimeError(f"fork_each({n}): exit codes {codes}")
 
 
 def stamp(index=None, sleep=1.0):

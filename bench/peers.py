@@ -71,13 +71,16 @@ from output_throughput import (Kernel, RssSampler, run_magic, run_streamed,  # n
 
 NAME = "peers"
 PEERS = ("bare", "accelerate", "px", "xla")
-LAUNCH_PEERS = PEERS + ("xla_widget",)
+# "forks": N processes forked from the kernel, each calling fn: the floor of one process
+# per replica (the CPU simulation's default, a TPU v4 or later host's model).
+LAUNCH_PEERS = PEERS + ("xla_widget", "forks")
 # Timed after the others, on a session started in the kernel (``%xla_session start -n N``),
 # interleaved with ``%%px`` again (px_beside_session) so the two are side by side.
 SESSION_PEERS = ("xla_session", "xla_session_widget")
 LABEL = {"bare": "bare `xmp.spawn` (floor)", "accelerate": "`accelerate.notebook_launcher`",
          "px": "ipyparallel `%%px`", "xla": "`%%xla_spawn`",
          "xla_widget": "`%%xla_spawn` (widget view)",
+         "forks": "N forked processes (`peer_jobs.fork_each(N)`, floor of a process per replica)",
          "xla_session": "warm `%xla_session` cell",
          "xla_session_widget": "warm `%xla_session` cell (widget view)",
          "px_beside_session": "ipyparallel `%%px` (interleaved with the session cells)"}
@@ -176,6 +179,8 @@ for _i in rc.ids:
         if peer == "bare":
             return (f"xmp.spawn(peer_jobs.{fn}, args=({args},), start_method='fork')" if args
                     else f"xmp.spawn(peer_jobs.{fn}, start_method='fork')")
+        if peer == "forks":
+            return f"peer_jobs.fork_each({n}, peer_jobs.{fn})"
         if peer == "accelerate":
             return (f"notebook_launcher(peer_jobs.{fn}, args=(None,{' ' + args if args else ''}), "
                     f"num_processes={n}, "
@@ -255,6 +260,8 @@ def measure_launch(s: Session, repeats: int, warmups: int) -> dict:
     bare = result["stats_ms"]["bare"]["median"]
     result["minus_bare_ms"] = {p: stats([a - b for a, b in zip(samples[p], samples["bare"])])
                                for p in LAUNCH_PEERS}
+    result["minus_forks_ms"] = {p: stats([a - b for a, b in zip(samples[p], samples["forks"])])
+                                for p in ("xla", "xla_widget")}
     result["minus_px_ms"] = {p: stats([a - b for a, b in zip(samples[p],
                                                              samples["px_beside_session"])])
                              for p in SESSION_PEERS}
@@ -583,6 +590,12 @@ def render(res: dict, info: dict, seconds: float, args) -> str:
                  f"({'met' if r['minus_bare_ms'][p]['median'] <= above else 'not met'})"
                  for r in res["launch"]]
         L.append(f"- {LABEL[p]} within +{above:g} ms of the floor (paired difference): "
+                 + "; ".join(parts) + ".")
+    for p in ("xla", "xla_widget"):
+        parts = [f"N={r['replicas']}: {r['minus_forks_ms'][p]['median']:+.1f} ms"
+                 for r in res["launch"]]
+        L.append(f"- (for comparison, not a goal) {LABEL[p]} above N forked processes, the "
+                 "floor of its own model, one process per replica (paired difference): "
                  + "; ".join(parts) + ".")
     for p in SESSION_PEERS:
         parts = []
