@@ -32,9 +32,9 @@ from .replica import job as replica_job
 from .replica.process import inherit
 from .transport import frames, ring, shared_tensors, values
 
-# Live views draw the first output of a quiet spell at once. While output keeps coming, the
-# wait between draws doubles from NEXT_DRAW_SECONDS up to TICK_SECONDS (lines that come in
-# the same moment are drawn in one update; a few updates a second keep the browser
+# Live views draw output at once, unless they drew less than an interval ago (then when it
+# has passed): the interval starts at NEXT_DRAW_SECONDS and doubles while output keeps
+# waiting for draws, up to TICK_SECONDS (a few updates a second keep the browser
 # responsive); without output, a draw (elapsed times) comes every TICK_SECONDS.
 TICK_SECONDS = 0.25
 # While replica processes write to output rings, the reader looks at them at least this
@@ -209,10 +209,13 @@ class Supervisor:
         if self._interrupts.wake_fd is not None and until is None:
             fds.append(self._interrupts.wake_fd)
         next_tick = time.monotonic() + TICK_SECONDS
-        quiet = True  # the last draw showed no new output: new output is drawn soon
-        # While output flows, the wait between draws doubles from NEXT_DRAW_SECONDS up to a
-        # tick: a long flow settles at a few draws a second.
-        interval = NEXT_DRAW_SECONDS
+        # Output is drawn at once unless the last draw was less than ``interval`` ago; then
+        # when that much has passed. A draw whose output had to wait doubles the interval
+        # (up to a tick: a long flow settles at a few draws a second); output that comes
+        # later than that (replicas starting one after another) sets it back.
+        last_draw, interval = float("-inf"), NEXT_DRAW_SECONDS
+        waiting_since = None  # when output came that no draw has shown yet
+        next_track = next_tick  # when the replicas' processes are looked for again
         while True:
             now = time.monotonic()
             if until is not None:
@@ -244,18 +247,20 @@ class Supervisor:
             for fd in readable:
                 if fd not in (done_r, self._interrupts.wake_fd):
                     self._read(fd, read_fd)
-            if self._output_since_draw and quiet:
-                next_tick, quiet = 0.0, False  # first output after a quiet spell: now
+            if self._output_since_draw and waiting_since is None:
+                waiting_since = time.monotonic()
+                next_tick = min(next_tick, last_draw + interval)
             if time.monotonic() >= next_tick:
-                self._replicas.tick()
-                self.observer.tick(self.outcome)
-                drew, self._output_since_draw = self._output_since_draw, False
-                quiet = not drew
-                if drew:
-                    next_tick = time.monotonic() + interval
-                    interval = min(TICK_SECONDS, interval * 2)
-                else:
-                    next_tick, interval = time.monotonic() + TICK_SECONDS, NEXT_DRAW_SECONDS
+                self.observer.tick(self.outcome)  # (drawn first: what a person waits for)
+                now, self._output_since_draw = time.monotonic(), False
+                if now >= next_track:  # a pass over /proc: once a tick, not per draw
+                    self._replicas.tick()
+                    next_track = now + TICK_SECONDS
+                if waiting_since is not None:
+                    waited = waiting_since < last_draw + interval
+                    interval = min(TICK_SECONDS, interval * 2) if waited else NEXT_DRAW_SECONDS
+                    last_draw, waiting_since = now, None
+                next_tick = now + TICK_SECONDS
             if readable == [done_r]:
                 return  # the driver ended and the pipes hold nothing more right now
 
