@@ -5,8 +5,8 @@ In one process, ``colab_xla.run.run_cell`` runs a cell in which every replica ta
 the run is still going when the line arrives). A :class:`colab_xla.outcome.RunObserver`
 records ``time.time()`` when each line reaches the notebook side (``output``, called by
 run_cell's reading loop: this is where a live view gets the line) and when the next
-``tick`` comes after it (the live views draw at ticks: at once for the first output of a
-quiet spell, then at most every ``TICK_SECONDS``).
+``tick`` comes after it (the live views draw at ticks: at once, or at most every
+``TICK_SECONDS`` while output floods).
 
 Reported, in ms, median and p10/p90 over every replica of every run:
 
@@ -103,8 +103,8 @@ def render(result: dict, info: dict, seconds: float) -> str:
         "`time.time()` right before `print`ing one line carrying it, then sleeps; a "
         "`RunObserver` takes `time.time()` when the line reaches the notebook side "
         "(`output`, where a live view gets it) and at the next `tick` (when the views draw "
-        "it: at once for the first output of a quiet spell, then at most every "
-        f"{result['tick_ms']:.0f} ms while output flows). ms, over {tick['n']} lines "
+        "it: at once, or at most every "
+        f"{result['tick_ms']:.0f} ms while output floods). ms, over {tick['n']} lines "
         f"({info['repeats']} runs × {result['replicas']} replicas).",
         "",
         "| print → | median ms | p10–p90 ms | max ms |",
@@ -116,11 +116,11 @@ def render(result: dict, info: dict, seconds: float) -> str:
         f"| (wait from notebook side to next tick) | {wait['median']:.1f} | "
         f"{wait['p10']:.1f}–{wait['p90']:.1f} | {wait['max']:.1f} |",
         "",
-        "A line is handed to the view as soon as it arrives; the view draws it at once when "
-        "it is the first output after a quiet spell; while output keeps flowing, the wait "
-        f"between draws doubles from `NEXT_DRAW_SECONDS` ({result['next_draw_ms']:.0f} ms) up "
-        f"to `TICK_SECONDS` ({result['tick_ms']:.0f} ms; a few updates a second keep the "
-        "browser responsive). The replicas printed "
+        "A line is handed to the view as soon as it arrives; the view draws it at once, "
+        "unless it drew less than an interval ago (then when the interval has passed): the "
+        f"interval starts at `NEXT_DRAW_SECONDS` ({result['next_draw_ms']:.0f} ms) and doubles "
+        f"while output keeps waiting, up to `TICK_SECONDS` ({result['tick_ms']:.0f} ms; a few "
+        "updates a second keep the browser responsive). The replicas printed "
         f"{opened['median']:.0f} ms (median) after the run opened.",
         "",
         machine_line(info, NAME, seconds,

@@ -174,9 +174,9 @@ class RunObserver:
 
     ``origin`` of output is a replica ordinal, or a process label ("process 0") for output
     no single replica owns; ``lines`` are the lines it completed (``\\r`` collapsed).
-    ``tick`` is when views draw: at once after the first output of a quiet spell; while
-    output flows, after waits that double from ``colab_xla.supervisor.NEXT_DRAW_SECONDS`` up
-    to ``TICK_SECONDS`` (a quarter second); without output, every ``TICK_SECONDS``.
+    ``tick`` is when views draw: at once after output, unless the last draw was less than
+    an interval ago (``colab_xla.supervisor.NEXT_DRAW_SECONDS``, doubling while output keeps
+    waiting, up to ``TICK_SECONDS``, a quarter second); without output, every ``TICK_SECONDS``.
     ``closed`` is not called by :func:`run_cell`: whoever called it calls ``closed`` once
     it has used the outcome (the magic stores ``-o`` and ``--pull`` values first, so a
     view that fails while drawing the end cannot lose them).
