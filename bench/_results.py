@@ -121,8 +121,8 @@ class Memcpy:
 
     ``count`` float32 tensors of ``nbytes`` each (the replicas' results), each copied by
     ``dst.copy_(src)`` (torch's default threads) into a destination written before (warm:
-    its pages exist, so the copy allocates nothing). :meth:`seconds` times one copy of all
-    of them. Make it, and call it, in the notebook's process (in ``bench/peers.py``, the
+    its pages exist and are this process's own, so the copy allocates and faults nothing).
+    :meth:`seconds` times one copy of all of them. Make it, and call it, in the notebook's process (in ``bench/peers.py``, the
     kernel, once before the cells it is compared with; in ``bench/result_return.py``,
     interleaved with them) in the same run. ``src`` are the tensors it copies.
     """
@@ -136,6 +136,12 @@ class Memcpy:
         self.seconds()  # first copy untimed
 
     def seconds(self) -> float:
+        # Untimed: every destination page written again first. A fork since the last copy
+        # (the replicas of a run timed in between) left them write-protected, and the copy
+        # would time copy-on-write faults: 0.6 GB/s with a child alive, 8 once it is gone,
+        # against ~40 GB/s here (what bench/result_return.py reported as memcpy until now).
+        for dst in self._dst:
+            dst.zero_()
         started = time.perf_counter()
         for dst, src in zip(self._dst, self.src):
             dst.copy_(src)
