@@ -55,6 +55,40 @@ _DRIVER_JOIN_SECONDS = 5.0
 FAIL_FAST_SECONDS = 3.0
 
 
+class DrawPacer:
+    """When the live views draw (``tick``): output at once, unless the last draw was less
+    than an interval ago (then when it has passed). A draw whose output had to wait
+    doubles the interval, from NEXT_DRAW_SECONDS up to TICK_SECONDS (a flood settles at a
+    few draws a second); output that comes later than that (replicas starting one after
+    another) sets it back. Without output, a draw every TICK_SECONDS. Times are
+    ``time.monotonic()`` seconds, given by the caller.
+
+    >>> p = DrawPacer(now=0.0)
+    >>> p.drew(0.3); p.output(0.4); p.due  # drawn at once
+    0.4
+    """
+
+    def __init__(self, now: float):
+        self.due = now + TICK_SECONDS  # the next draw
+        self._last, self._interval = float("-inf"), NEXT_DRAW_SECONDS
+        self._since: Optional[float] = None  # when output came that no draw has shown yet
+
+    def output(self, now: float) -> None:
+        """Output came (again) that is not drawn yet."""
+        if self._since is None:
+            self._since = now
+            self.due = min(self.due, max(now, self._last + self._interval))
+
+    def drew(self, now: float) -> None:
+        """The views drew at ``now``."""
+        if self._since is not None:
+            waited = self._since < self._last + self._interval
+            self._interval = (min(TICK_SECONDS, self._interval * 2) if waited
+                              else NEXT_DRAW_SECONDS)
+            self._last, self._since = now, None
+        self.due = now + TICK_SECONDS
+
+
 # The origin of output of replica processes before their replicas start (see Supervisor.run).
 STARTUP, STARTUP_LABEL = -1, "process start-up"
 
@@ -208,20 +242,14 @@ class Supervisor:
         fds = [read_fd, done_r, *self._fd_sources]
         if self._interrupts.wake_fd is not None and until is None:
             fds.append(self._interrupts.wake_fd)
-        next_tick = time.monotonic() + TICK_SECONDS
-        # Output is drawn at once unless the last draw was less than ``interval`` ago; then
-        # when that much has passed. A draw whose output had to wait doubles the interval
-        # (up to a tick: a long flow settles at a few draws a second); output that comes
-        # later than that (replicas starting one after another) sets it back.
-        last_draw, interval = float("-inf"), NEXT_DRAW_SECONDS
-        waiting_since = None  # when output came that no draw has shown yet
-        next_track = next_tick  # when the replicas' processes are looked for again
+        draws = DrawPacer(time.monotonic())
+        next_track = draws.due  # when the replicas' processes are looked for again
         while True:
             now = time.monotonic()
             if until is not None:
                 if now >= until:
                     return
-                deadlines = (next_tick, until)
+                deadlines = (draws.due, until)
             else:
                 if self._interrupts.requested:
                     return
@@ -229,38 +257,31 @@ class Supervisor:
                     if at is not None and now >= at:
                         self._cut(reason, read_fd)
                         return
-                deadlines = (next_tick, self._timeout_at, self._fail_at)
+                deadlines = (draws.due, self._timeout_at, self._fail_at)
             wake = min(t for t in deadlines if t is not None)
             self._read_rings()
-            # Output since the last look (read here, or by _read on a wake-up): it flows.
-            flowing, self._ring_output = self._ring_output, False
-            if not flowing:
+            if not self._ring_output:  # none since the last look (here, or by _read): ask
                 for reader, _ in self._rings.values():
                     reader.waiting(True)  # (then read: what came before the flag is not missed)
-                flowing, self._ring_output = self._read_rings(), False
-                if flowing:
+                if self._read_rings():
                     for reader, _ in self._rings.values():
                         reader.waiting(False)
+            flowing, self._ring_output = self._ring_output, False
             if self._rings:
                 wake = min(wake, now + (RING_FLOW_SECONDS if flowing else RING_POLL_SECONDS))
             readable, _, _ = select.select(fds, [], [], max(0.0, wake - now))
             for fd in readable:
                 if fd not in (done_r, self._interrupts.wake_fd):
                     self._read(fd, read_fd)
-            if self._output_since_draw and waiting_since is None:
-                waiting_since = time.monotonic()
-                next_tick = min(next_tick, last_draw + interval)
-            if time.monotonic() >= next_tick:
+            if self._output_since_draw:
+                draws.output(time.monotonic())
+            if time.monotonic() >= draws.due:
                 self.observer.tick(self.outcome)  # (drawn first: what a person waits for)
                 now, self._output_since_draw = time.monotonic(), False
+                draws.drew(now)
                 if now >= next_track:  # a pass over /proc: once a tick, not per draw
                     self._replicas.tick()
                     next_track = now + TICK_SECONDS
-                if waiting_since is not None:
-                    waited = waiting_since < last_draw + interval
-                    interval = min(TICK_SECONDS, interval * 2) if waited else NEXT_DRAW_SECONDS
-                    last_draw, waiting_since = now, None
-                next_tick = now + TICK_SECONDS
             if readable == [done_r]:
                 return  # the driver ended and the pipes hold nothing more right now
 
