@@ -196,18 +196,22 @@ class FrameDecoder:
         frames, pos, end_of_data = [], 0, len(buf)
         size, unpack = _HEADER.size, _HEADER.unpack_from
         view = memoryview(buf)
-        key, parts = None, []  # the output frames being merged
+        key, parts = None, []  # the output being merged: its (kind, ordinal, pid), chunks
+
+        def flush() -> None:
+            nonlocal key, parts
+            if parts:
+                frames.append(Frame(*key, b"".join(parts)))
+            key, parts = None, []
 
         def output(of, chunk) -> None:
-            nonlocal key, parts
+            nonlocal key
             if key != of:
-                if parts:
-                    frames.append(Frame(*key, b"".join(parts)))
-                key, parts = of, []
+                flush()
+                key = of
             parts.append(chunk)
             if not merge:
-                frames.append(Frame(*key, b"".join(parts)))
-                key, parts = None, []
+                flush()
 
         try:
             while True:
@@ -228,16 +232,13 @@ class FrameDecoder:
                     break
                 if kind & RUN:
                     self._run = (kind & ~RUN, ordinal, pid)
-                elif merge and kind in STREAMS:
+                elif kind in STREAMS:
                     output((kind, ordinal, pid), view[pos + size:end])
                 else:
-                    if parts:
-                        frames.append(Frame(*key, b"".join(parts)))
-                        key, parts = None, []
+                    flush()
                     frames.append(Frame(kind, ordinal, pid, view[pos + size:end].tobytes()))
                 pos = end
-            if parts:
-                frames.append(Frame(*key, b"".join(parts)))
+            flush()
         finally:
             parts = []  # (its chunks are views of buf: released before buf is resized)
             view.release()  # a bytearray with a live view cannot be resized
