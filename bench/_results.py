@@ -109,7 +109,18 @@ def median_range(values: List[Optional[float]]) -> str:
     return f"{statistics.median(values):.0f} ({min(values):.0f}–{max(values):.0f})"
 
 
-def stats(ms: List[float]) -> Dict[str, float]:
+def paired(samples: List[float], floor: List[float]) -> Dict[str, float]:
+    """:func:`stats` of the paired differences, each iteration's sample minus that
+    iteration's ``floor`` sample (robust to drift across iterations)."""
+    return stats([a - b for a, b in zip(samples, floor)])
+
+
+def stats(ms: List[float]) -> Optional[Dict[str, float]]:
+    """Median, p10/p90, min, max; None for no samples (one sample: all the same)."""
+    if not ms:
+        return None
+    if len(ms) == 1:
+        return dict.fromkeys(("median", "p10", "p90", "min", "max"), ms[0])
     deciles = statistics.quantiles(ms, n=10, method="inclusive")
     return {"median": statistics.median(ms), "p10": deciles[0], "p90": deciles[-1],
             "min": min(ms), "max": max(ms)}
@@ -122,9 +133,10 @@ class Memcpy:
     ``count`` float32 tensors of ``nbytes`` each (the replicas' results), each copied by
     ``dst.copy_(src)`` (torch's default threads) into a destination written before (warm:
     its pages exist and are this process's own, so the copy allocates and faults nothing).
-    :meth:`seconds` times one copy of all of them. Make it, and call it, in the notebook's process (in ``bench/peers.py``, the
-    kernel, once before the cells it is compared with; in ``bench/result_return.py``,
-    interleaved with them) in the same run. ``src`` are the tensors it copies.
+    :meth:`seconds` times one copy of all of them. Make it, and call it, in the notebook's
+    process (in ``bench/peers.py``, the kernel, once before the cells it is compared with;
+    in ``bench/result_return.py``, interleaved with them) in the same run. ``src`` are the
+    tensors it copies.
     """
 
     def __init__(self, nbytes: int, count: int):

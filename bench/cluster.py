@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import os
 import signal
-import statistics
 import sys
 import threading
 import time
@@ -47,7 +46,7 @@ if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
 from _results import (alive, bench_parser, machine_info, machine_line,  # noqa: E402
-                      median_range, publish, stats)
+                      median_range, paired, publish, stats)
 from launch_overhead import _cell  # noqa: E402
 
 from colab_xla import cluster  # noqa: E402
@@ -206,8 +205,8 @@ def measure_cluster(hosts: int, per_host: int, args, latency: bool, interrupts: 
         result["trivial_stats_ms"] = {name: stats(samples[name]) for name in PATHS}
         med = {name: result["trivial_stats_ms"][name]["median"] for name in PATHS}
         result["trivial_ratio_to_one_off"] = med["cluster"] / med["one_off"]
-        result["trivial_paired_diff_ms"] = statistics.median(
-            a - b for a, b in zip(samples["cluster"], samples["one_off"]))
+        result["trivial_paired_diff_ms"] = paired(samples["cluster"],
+                                                  samples["one_off"])["median"]
 
         if latency:
             lat = {"cluster": [], "one_off": []}

@@ -35,8 +35,8 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import (bench_parser, machine_info, machine_line, publish,  # noqa: E402
-                      replica_counts, rotated, stats)
+from _results import (bench_parser, machine_info, machine_line, paired,  # noqa: E402
+                      publish, replica_counts, rotated, stats)
 from colab_xla import hardware  # noqa: E402
 from colab_xla.launch import environ  # noqa: E402
 from peer_jobs import fork_each, trivial  # noqa: E402
@@ -109,13 +109,11 @@ def measure(n: int, repeats: int, warmups: int) -> dict:
     result = {"replicas": n, "samples_ms": samples,
               "stats_ms": {name: stats(samples[name]) for name in PATHS}}
     for name in ("magic", "core", "threads"):
-        paired = [a - b for a, b in zip(samples[name], samples["bare"])]
-        result[f"{name}_minus_bare_ms"] = stats(paired)
+        result[f"{name}_minus_bare_ms"] = paired(samples[name], samples["bare"])
         result[f"{name}_ratio_of_medians"] = (result["stats_ms"][name]["median"]
                                               / result["stats_ms"]["bare"]["median"])
     for name in ("magic", "core"):
-        result[f"{name}_minus_forks_ms"] = stats(
-            [a - b for a, b in zip(samples[name], samples["forks"])])
+        result[f"{name}_minus_forks_ms"] = paired(samples[name], samples["forks"])
     return result
 
 

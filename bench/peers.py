@@ -64,7 +64,7 @@ if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
 from _results import (MEMCPY_PROSE, bench_parser, machine_info, machine_line,  # noqa: E402
-                      publish, replica_counts, rotated, stats as _stats)
+                      paired, publish, replica_counts, rotated, stats)
 from output_throughput import (Kernel, RssSampler, run_magic, run_streamed,  # noqa: E402
                                split_lines, summarize, tally)
 
@@ -89,14 +89,6 @@ GOAL_ABOVE_FLOOR_MS = {"xla_widget": 30.0, "xla": 10.0}
 ACCELERATE_BANNER = re.compile(r"^Launching training on ")
 _STAMP = re.compile(r"stamp (\d+) (\d+\.\d+)")
 _PX_PREFIX = re.compile(r"^\[stdout:(\d+)\] ")
-
-
-def stats(xs: List[float]) -> Optional[Dict[str, float]]:
-    """Median, p10/p90, min, max; None for no samples (one sample: all the same)."""
-    if not xs:
-        return None
-    return _stats(xs) if len(xs) > 1 else dict.fromkeys(("median", "p10", "p90", "min", "max"),
-                                                         xs[0])
 
 
 def alive(proc: psutil.Process) -> bool:
@@ -258,12 +250,10 @@ def measure_launch(s: Session, repeats: int, warmups: int) -> dict:
     result = {"replicas": s.n, "cells": cells, "samples_ms": samples,
               "stats_ms": {p: stats(samples[p]) for p in every}}
     bare = result["stats_ms"]["bare"]["median"]
-    result["minus_bare_ms"] = {p: stats([a - b for a, b in zip(samples[p], samples["bare"])])
-                               for p in LAUNCH_PEERS}
-    result["minus_forks_ms"] = {p: stats([a - b for a, b in zip(samples[p], samples["forks"])])
+    result["minus_bare_ms"] = {p: paired(samples[p], samples["bare"]) for p in LAUNCH_PEERS}
+    result["minus_forks_ms"] = {p: paired(samples[p], samples["forks"])
                                 for p in ("xla", "xla_widget")}
-    result["minus_px_ms"] = {p: stats([a - b for a, b in zip(samples[p],
-                                                             samples["px_beside_session"])])
+    result["minus_px_ms"] = {p: paired(samples[p], samples["px_beside_session"])
                              for p in SESSION_PEERS}
     result["ratio_of_medians"] = {p: result["stats_ms"][p]["median"] / bare for p in every}
     return result
@@ -407,12 +397,12 @@ def measure_return(s: Session, mib: int, repeats: int) -> dict:
            "memcpy_s": memcpy, "memcpy_gb_s": nbytes / statistics.median(memcpy) / 1e9}
     for p in cells:
         ret, size = samples[p]["return"], samples[p]["size_only"]
-        paired = [a - b for a, b in zip(ret, size)]
+        differences = paired(ret, size)
         out[p] = {"return_s": stats(ret), "size_only_s": stats(size),
-                  "return_minus_size_s": stats(paired),
+                  "return_minus_size_s": differences,
                   "end_to_end_gb_s": nbytes / statistics.median(ret) / 1e9,
-                  "return_gb_s": (nbytes / statistics.median(paired) / 1e9
-                                  if statistics.median(paired) > 0 else None)}
+                  "return_gb_s": (nbytes / differences["median"] / 1e9
+                                  if differences["median"] > 0 else None)}
     return out
 
 
