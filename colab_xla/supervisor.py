@@ -47,6 +47,7 @@ RING_POLL_SECONDS = 0.005
 # cost a fast replica one in three lines), and the reader takes more lines per look.
 RING_FLOW_SECONDS = 0.002
 NEXT_DRAW_SECONDS = 0.01
+READ_SIZE = 1 << 16  # what one read of a pipe takes
 # After a kill, how long to wait for the driver thread to see its pool broken.
 _DRIVER_JOIN_SECONDS = 5.0
 # Once a replica has failed, how long the others may go on before the run is stopped:
@@ -298,7 +299,7 @@ class Supervisor:
 
     def _read(self, fd: int, read_fd: int) -> bool:
         """Read what ``fd`` has; False at end of file."""
-        data = os.read(fd, 1 << 16)
+        data = os.read(fd, READ_SIZE)
         if fd == read_fd:
             for frame in self._decoder.feed(data, merge=True):
                 if frame.kind == ring.RING:
@@ -314,8 +315,19 @@ class Supervisor:
             self._read_rings()
         elif data:
             rank, kind = self._fd_sources[fd]
+            self._catch_up(read_fd)
             self._text(self._fd_owner(rank), kind, data)
         return bool(data)
+
+    def _catch_up(self, read_fd: int) -> None:
+        """Handle the frames sent before C-level output was read: the process's start,
+        which says whose output it is, and the Python lines printed before it. (While
+        output flows, a ring's frames come without a wake-up, so a C-level line can wake
+        the loop before them.)"""
+        for _ in range(frames.PIPE_SIZE // READ_SIZE):  # (at most what the pipe holds)
+            if not (select.select([read_fd], [], [], 0)[0] and self._read(read_fd, read_fd)):
+                break
+        self._read_rings()
 
     def _drain(self, read_fd: int) -> None:
         # Every replica process has exited: what they wrote is in the pipes already.

@@ -1,6 +1,7 @@
 """Real torch_xla CPU replicas forked from this process through xmp.spawn."""
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 
 from _runs import LABEL, run  # tests/ is on sys.path
 
-from colab_xla import hardware
+from colab_xla import hardware, supervisor
 from colab_xla.replica import job as replica_job
 from colab_xla.outcome import DONE, FAILED, XlaSpawnError
 
@@ -216,6 +217,41 @@ def test_c_level_writes_of_a_one_replica_process_go_to_that_replica():
         """, 1)
     assert sorted(outcome.replicas[0].text.splitlines()) == ["from C", "from Python"]
     assert outcome.processes == {}
+
+
+def test_c_level_output_read_before_the_frame_naming_its_replica_still_goes_to_it(monkeypatch):
+    """While output flows, a ring's frames come without a wake-up: the loop can be woken by
+    a process's C-level line before it has read the frame saying which replica the process
+    runs. Forced here: the loop's first wait returns only once C-level output is there,
+    and says only that."""
+    loops = []
+    read_until_done = supervisor.Supervisor._read_until_done
+
+    def remember(self, *args, **kw):
+        loops.append(self)
+        return read_until_done(self, *args, **kw)
+
+    real_select, forced = select.select, []
+
+    def c_output_first(readable, writable, errors, timeout=None):
+        sources = [fd for fd, (rank, _) in loops[0]._fd_sources.items()
+                   if rank >= 0 and fd in readable] if loops else []
+        if sources and not forced:
+            forced.append(real_select(sources, [], [], 60)[0])
+            return forced[0], [], []
+        return real_select(readable, writable, errors, timeout)
+
+    monkeypatch.setattr(supervisor.Supervisor, "_read_until_done", remember)
+    monkeypatch.setattr(select, "select", c_output_first)
+    outcome = run("""
+        import ctypes
+        ctypes.CDLL(None).printf(b"from C\\n")
+        print("from Python")
+        """, 2)
+    assert forced and forced[0], "the loop was never woken by C-level output first"
+    assert outcome.processes == {}
+    for o in range(2):
+        assert sorted(outcome.replicas[o].text.splitlines()) == ["from C", "from Python"]
 
 
 def test_output_is_ordered_complete_and_unmixed_per_replica():

@@ -43,7 +43,7 @@ _HEADER = struct.Struct("<BhiI")
 PIPE_BUF = select.PIPE_BUF
 MAX_PAYLOAD = PIPE_BUF - _HEADER.size
 # A roomy pipe lets replicas print bursts without waiting for the notebook to read.
-_PIPE_SIZE = 1 << 20
+PIPE_SIZE = 1 << 20
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
@@ -63,7 +63,7 @@ def make_pipe():
 
 def _enlarge(fd: int) -> None:
     try:
-        fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_SIZE)
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_SIZE)
     except OSError:  # over /proc/sys/fs/pipe-max-size, or not Linux: default size
         pass
 
