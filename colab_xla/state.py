@@ -9,6 +9,7 @@ else owns it or can write to it (a predictable path another user could pre-creat
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import stat
@@ -65,8 +66,12 @@ def process_alive(pid: int, created: float) -> Optional[psutil.Process]:
 
 def kernel_key() -> str:
     """This notebook process, as pid and start time."""
-    me = psutil.Process()
-    return f"{me.pid}-{me.create_time():.2f}"
+    return _process_key(os.getpid())  # (a forked child asks for its own)
+
+
+@functools.lru_cache(maxsize=None)
+def _process_key(pid: int) -> str:
+    return f"{pid}-{psutil.Process(pid).create_time():.2f}"
 
 
 def kernel_alive(key: str) -> bool:
