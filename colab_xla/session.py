@@ -26,8 +26,10 @@ process's, :func:`make_current`).
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import hashlib
+import importlib
 import json
 import os
 import pickle
@@ -128,6 +130,7 @@ class Session:
         parent, this process or the forkserver; ``cache_dir`` checked) and wait until every
         one is ready; raise :class:`SessionError` (with what they printed) if they cannot."""
         session = cls(opts, plan, tempfile.mkdtemp(prefix="colab_xla-session-"))
+        _stopped_at_exit(session)
         try:
             session._start(parent_pid, cache_dir, dict(user_ns))
         except BaseException:
@@ -538,6 +541,43 @@ class SessionReplicas(Replicas):
         elif self.session.death_reason is not None and self.session.ended is None:
             self.session.end(self.session.death_reason)
         driver.join(_KILL_SECONDS)
+
+
+# -- the end of the notebook's process ----------------------------------------------------------
+
+_up: "weakref.WeakSet[Session]" = weakref.WeakSet()  # the sessions this process started
+_exit_hook_pid: Optional[int] = None
+
+
+def _stopped_at_exit(session: Session) -> None:
+    """Stop ``session`` when this process exits normally (a kernel shut down or restarted,
+    a script's end), if it is still up.
+
+    A replica runs until it is told to stop or its notebook's process is gone, and the
+    interpreter's exit first waits for the replicas' processes: xmp.spawn's process pool
+    (concurrent.futures joins it), the simulation's processes (multiprocessing joins its
+    children). Without this the process never ended on its own: a kernel waited to be
+    killed. The hook runs in ``threading``'s exit, before those joins (its hooks run last
+    registered first, hence the import)."""
+    global _exit_hook_pid
+    _up.add(session)
+    if _exit_hook_pid == os.getpid():
+        return
+    importlib.import_module("concurrent.futures.process")  # (registers its join of pools)
+    register = getattr(threading, "_register_atexit", None)  # (CPython 3.9+)
+    if register is None:
+        atexit.register(_stop_sessions)
+    else:
+        register(_stop_sessions)
+    _exit_hook_pid = os.getpid()
+
+
+def _stop_sessions() -> None:
+    if os.getpid() != _exit_hook_pid:  # a child forked from this process, ending
+        return
+    for session in list(_up):
+        if session.up:
+            session.stop()
 
 
 # -- the notebook's session -------------------------------------------------------------------

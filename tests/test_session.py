@@ -9,6 +9,8 @@ import json
 import os
 import re
 import pathlib
+import subprocess
+import sys
 import textwrap
 
 import psutil
@@ -333,6 +335,44 @@ def test_many_session_cells_leave_descriptors_threads_and_memory_flat(session):
     assert counts() == before
     grown = [r.memory_info().rss - b for r, b in zip(replicas, rss)]
     assert max(grown) < 64 * 2**20, grown
+
+
+def test_a_child_forked_from_the_notebook_ending_leaves_the_session_up(live):
+    """The session is stopped at the exit of the process that started it, not at the exit
+    of a process forked from it (a notebook cell's os.fork)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            sessions._stop_sessions()  # what the child's interpreter exit runs
+        finally:
+            os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert live.up
+    assert cell("index", live).results() == {0: 0, 1: 1}
+
+
+@pytest.mark.xla
+@pytest.mark.parametrize("n", [1, 2])  # 1: xmp.spawn's process pool; 2: a process each
+def test_a_script_that_leaves_its_session_up_ends_on_its_own_and_leaves_nothing(n):
+    """The interpreter's exit waits for the replicas' processes (concurrent.futures joins
+    xmp.spawn's pool, multiprocessing its children), and a replica waits to be told to
+    stop: a script (or terminal IPython) that did not stop its session never ended."""
+    script = textwrap.dedent(f"""
+        from colab_xla.run import run_cell, start_session
+        from colab_xla.session import SessionOptions
+        s = start_session(SessionOptions(replicas={n}), {{}}, announce=None)
+        assert run_cell("index", session=s, announce=None).ok
+        print(*sorted({{r.pid for r in s.replicas.values()}}), flush=True)
+        """)
+    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pids = [int(p) for p in proc.stdout.split()]
+    assert len(pids) == n
+    alive = [p for p in pids if psutil.pid_exists(p)
+             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert alive == []
 
 
 # -- the magic --------------------------------------------------------------------------------
