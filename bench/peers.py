@@ -543,6 +543,33 @@ def throughput_lines(t: dict) -> List[str]:
     return L
 
 
+# What py-spy of a kernel running one session cell ~1,000 times showed (N=1).
+SESSION_CELL_PROFILE = (
+    "Where a warm session cell's time goes (py-spy of a kernel running the N=1 cell ~1,000 "
+    "times, each view; ~6.9 ms a text-view cell there): an empty cell takes that kernel "
+    "~2.5 ms; the magic's own CPU is ~1.7 ms (the cell's pipes, output ring, log directory "
+    "and module file, made and removed); the replica's ~0.4 ms (a quarter of it making its "
+    "output ring); the rest is waiting on hand-overs between the notebook's threads and the "
+    "replica's process. The widget view adds its widgets' messages and three displays (its "
+    "own, its last update, and the static summary of the run it retires); ipykernel "
+    "flushes stdout and stderr at each display through its IOPub thread and waits for it, "
+    "~0.7 ms a cell. Tried: sending the cell from the reading thread instead of a driver "
+    "thread per cell: 6.86 against 6.92 ms a text-view cell, not kept.")
+
+
+# What A/B runs in one kernel showed (bench/peers.py's cell, 10 runs per variant, interleaved).
+FIRST_LINE_PROFILE = (
+    "Where the time goes at 4 and 8 replicas (A/B runs of this cell in one kernel): a line "
+    "printed while the notebook still forks the later replicas waits for those forks. Each "
+    "fork holds the GIL for ~8-12 ms while it copies the page tables of a notebook process "
+    "with torch_xla imported (~400 MB of anonymous memory), and both the run's reading thread "
+    "and ipykernel's IOPub thread need the GIL to pass the line on. Tried: a GIL switch "
+    "interval of 0.2 ms (default 5) while forking: no change beyond the noise. Holding every "
+    "replica until all are forked cut this measure to ~8-9 ms, but the first line a person "
+    "sees came later (call to first line ~43 → ~82 ms at 4 replicas, ~45 → ~144 ms at 8), "
+    "so it was not kept.")
+
+
 def render(res: dict, info: dict, seconds: float, args) -> str:
     L = ["## Peers: `%%xla_spawn` side by side", ""]
     L += [
@@ -605,7 +632,7 @@ def render(res: dict, info: dict, seconds: float, args) -> str:
               "The summary bundle and the static HTML cost little. Now every widget of a run "
               "shares one layout and one style, a replica's error widget is made only if it "
               "fails, tabs are made at a tick in one change, titles are sent once when they "
-              "change: 30 widgets and ~74 messages per run of 8."]
+              "change: 30 widgets and ~74 messages per run of 8.", "", SESSION_CELL_PROFILE]
     ups = ", ".join(f"N={x['replicas']}: {x['cluster_start_s']:.1f} s "
                     f"(+{x['engine_setup_s']:.1f} s imports and `index` on the engines)"
                     for x in res["sessions"])
@@ -624,7 +651,7 @@ def render(res: dict, info: dict, seconds: float, args) -> str:
             _ms(r["stats_ms"][p]) + (f" ({r['missing'][p]} lines missing)"
                                      if r["missing"][p] else "")
             for r in res["latency"]) + " |")
-    L.append("")
+    L += ["", FIRST_LINE_PROFILE, ""]
 
     L += throughput_lines(res["throughput"])
 
