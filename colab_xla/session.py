@@ -18,6 +18,8 @@ is a run of its own (pipes, frames, reports, views, fail-fast: the
 * A replica whose process dies ends the session, with how it died. The session's
   processes die with the notebook's (parent-death signal) and are in the pid registry,
   where a later notebook process (its runs, ``%xla_doctor``) finds any that outlived it.
+  A notebook process that exits normally stops its sessions first (see
+  :func:`_stopped_at_exit`).
 
 The plan and the checks before the start are a run's: :func:`colab_xla.run.new_session`
 makes them (and :func:`colab_xla.run.start_session` makes the session this notebook
