@@ -288,8 +288,9 @@ class Supervisor:
 
     def _cut(self, reason: str, read_fd: int) -> None:
         """Stop the run now: what the pipes hold was written before this moment and counts
-        (a replica that reported its end in time is done); a report read after it is late
-        and ignored, so the replica is settled as stopped for ``reason``, even if the kill
+        (a replica that reported its end in time is done: for a timeout, one that ended
+        before the deadline, see _after_timeout); a report read after it is late and
+        ignored, so the replica is settled as stopped for ``reason``, even if the kill
         comes too late to stop it (a --timeout shorter than the start-up)."""
         for fd in [read_fd, *self._fd_sources]:
             if select.select([fd], [], [], 0)[0]:
@@ -384,6 +385,11 @@ class Supervisor:
             self._replicas.finished(frame.ordinal)
             if self._stop:  # it ended after the run was stopped: not in time (see _cut)
                 return
+            if self._after_timeout(frame.payload):
+                # Read before the loop saw the deadline pass (forks held it up): not in
+                # time either, and the run is over all the same.
+                self._stop = "timeout"
+                return
             self._load_report(frame.ordinal)
             if self.outcome.replicas[frame.ordinal].error and self._fail_at is None:
                 self._first_failed = frame.ordinal
@@ -397,6 +403,12 @@ class Supervisor:
                 self._exits[note["pid"]] = (frame.ordinal, note["exit"])
             if "ended" in note:  # the process of this replica alone ended (see _drive)
                 self._process_ended(frame.ordinal, note["ended"])
+
+    def _after_timeout(self, end_payload: bytes) -> bool:
+        """Whether a replica's end (an END frame's payload) came after --timeout's deadline."""
+        if self._timeout_at is None or len(end_payload) != frames.ENDED_AT.size:
+            return False
+        return frames.ENDED_AT.unpack(end_payload)[0] > self._timeout_at
 
     def _process_ended(self, ordinal: int, code: int) -> None:
         """A replica's own process ended with ``code``. Before its report, the replica

@@ -14,9 +14,10 @@ import pytest
 
 from _runs import run  # tests/ is on sys.path
 
-from colab_xla import doctor, preflight, processes, state
+from colab_xla import doctor, preflight, processes, state, supervisor
 from colab_xla.outcome import DONE, STOPPED, XlaSpawnError
 from colab_xla.supervisor import FAIL_FAST_SECONDS
+from colab_xla.transport import values
 
 _PY = [sys.executable, "-u", "-c"]
 
@@ -182,6 +183,27 @@ def test_a_replica_process_that_dies_ends_the_run_and_says_how(how, expected):
     error = outcome.replicas[0].error
     assert error.kind == "died" and expected in error.evalue
     assert outcome.replicas[0].text == "about to die"
+
+
+@xla
+@pytest.mark.timeout(120)
+def test_a_replica_that_ended_after_the_timeout_is_stopped_though_the_loop_looked_late(
+        monkeypatch):
+    """The reading loop can first look after the replicas have ended (the driver's forks
+    hold the GIL): an end read then, but sent after --timeout's deadline, is not in time.
+    Forced here: the loop starts once every replica has left its report."""
+    read_until_done = supervisor.Supervisor._read_until_done
+
+    def late(self, *args, **kw):
+        wait_for(lambda: all(os.path.exists(values.report_path(self.run_dir, o))
+                             for o in range(2)), 60, "the replicas' reports")
+        return read_until_done(self, *args, **kw)
+
+    monkeypatch.setattr(supervisor.Supervisor, "_read_until_done", late)
+    outcome = run("index", 2, timeout=0.001)
+    assert outcome.stopped == [0, 1] and outcome.results() == {}
+    for rep in outcome.replicas.values():
+        assert rep.error.kind == "timeout" and "--timeout 0.001 s" in rep.error.evalue
 
 
 @xla

@@ -26,7 +26,7 @@ from .. import jax_runtime
 from ..cell import CellModule
 from ..outcome import RETURN_PLAIN_DATA, ReplicaError, ReplicaReport
 from ..processes import end_descendants
-from ..transport.frames import END, START
+from ..transport.frames import END, ENDED_AT, START
 from ..transport.names import REPLICA_NAMES
 from ..transport.values import pack_value, pull_names, safe_repr, write_report
 from .capture import capture_startup, flush_all
@@ -114,7 +114,7 @@ def serve_run(index: int, job: ReplicaJob, make_globals, end_started: bool = Tru
         write_report(job.run_dir, report)
         if process.leave(index) and end_started:  # the last replica: what the cell started ends
             end_descendants()
-        process.writer.send(END, index, b"")
+        process.writer.send(END, index, ENDED_AT.pack(time.monotonic()))
     finally:
         process.leave(index)
         current.ordinal = None

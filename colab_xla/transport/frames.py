@@ -40,6 +40,9 @@ STREAMS = {STDOUT: "stdout", STDERR: "stderr"}
 RUN = 0x80
 
 _HEADER = struct.Struct("<BhiI")
+# An END frame's payload: when the replica ended, by this host's CLOCK_MONOTONIC (the
+# same clock in every process: Python's time.monotonic()).
+ENDED_AT = struct.Struct("<d")
 PIPE_BUF = select.PIPE_BUF
 MAX_PAYLOAD = PIPE_BUF - _HEADER.size
 # A roomy pipe lets replicas print bursts without waiting for the notebook to read.
