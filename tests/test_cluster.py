@@ -411,6 +411,20 @@ class InterruptWhenAllStarted(RunObserver):
             os.kill(os.getpid(), signal.SIGINT)
 
 
+class InterruptWhenAllPrinted(RunObserver):
+    """The notebook's Interrupt once every replica has printed ``line`` (a replica's start
+    comes before its cell's first line runs: what the cell did before the line is done)."""
+
+    def __init__(self, line: str):
+        self.line, self.printed = line, set()
+
+    def output(self, outcome, origin, lines):
+        if self.line in lines and isinstance(origin, int) and origin not in self.printed:
+            self.printed.add(origin)
+            if len(self.printed) == HOSTS * PER_HOST:
+                os.kill(os.getpid(), signal.SIGINT)
+
+
 @needs_ray
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
@@ -502,8 +516,8 @@ def test_an_interrupted_session_cell_keeps_the_session_and_a_dead_replica_ends_i
         warm):
     pids = session_pids(warm.session)
 
-    stopped = on_cluster("kept = index\nimport time\ntime.sleep(120)", warm,
-                         observer=InterruptWhenAllStarted())
+    stopped = on_cluster("kept = index\nprint('kept')\nimport time\ntime.sleep(120)", warm,
+                         observer=InterruptWhenAllPrinted("kept"))
     assert stopped.interrupted and stopped.session_ended is None
     assert [r.state for r in stopped.replicas.values()] == [STOPPED] * 4
     after = on_cluster("import os\n(kept, os.getpid())", warm)
