@@ -545,8 +545,8 @@ def throughput_lines(t: dict) -> List[str]:
 
 # What py-spy of a kernel running one session cell ~1,000 times showed (N=1).
 SESSION_CELL_PROFILE = (
-    "Where a warm session cell's time goes (py-spy of a kernel running the N=1 cell ~1,000 "
-    "times, each view; ~6.9 ms a text-view cell there): an empty cell takes that kernel "
+    "Where a warm session cell's time goes (measured once, outside this benchmark: py-spy of "
+    "a kernel running the N=1 cell ~1,000 times, each view; ~6.9 ms a text-view cell there): an empty cell takes that kernel "
     "~2.5 ms; the magic's own CPU is ~1.7 ms (the cell's pipes, output ring, log directory "
     "and module file, made and removed); the replica's ~0.4 ms (a quarter of it making its "
     "output ring); the rest is waiting on hand-overs between the notebook's threads and the "
@@ -559,7 +559,8 @@ SESSION_CELL_PROFILE = (
 
 # What A/B runs in one kernel showed (bench/peers.py's cell, 10 runs per variant, interleaved).
 FIRST_LINE_PROFILE = (
-    "Where the time goes at 4 and 8 replicas (A/B runs of this cell in one kernel): a line "
+    "Where the time goes at 4 and 8 replicas (measured once, outside this benchmark: A/B "
+    "runs of this cell in one kernel, 10 per variant, interleaved): a line "
     "printed while the notebook still forks the later replicas waits for those forks. Each "
     "fork holds the GIL for ~8-12 ms while it copies the page tables of a notebook process "
     "with torch_xla imported (~400 MB of anonymous memory), and both the run's reading thread "

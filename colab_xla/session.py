@@ -566,8 +566,8 @@ def _stopped_at_exit(session: Session) -> None:
     if _exit_hook_pid == os.getpid():
         return
     importlib.import_module("concurrent.futures.process")  # (registers its join of pools)
-    register = getattr(threading, "_register_atexit", None)  # (CPython 3.9+)
-    if register is None:
+    register = getattr(threading, "_register_atexit", None)  # private, in 3.10-3.13
+    if register is None:  # (were it gone: atexit still runs before multiprocessing's join)
         atexit.register(_stop_sessions)
     else:
         register(_stop_sessions)

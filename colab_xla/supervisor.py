@@ -16,6 +16,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import secrets
@@ -48,6 +49,7 @@ RING_POLL_SECONDS = 0.005
 RING_FLOW_SECONDS = 0.002
 NEXT_DRAW_SECONDS = 0.01
 READ_SIZE = 1 << 16  # what one read of a pipe takes
+PIPE_READS = frames.PIPE_SIZE // READ_SIZE  # reads that take what a full pipe holds
 # After a kill, how long to wait for the driver thread to see its pool broken.
 _DRIVER_JOIN_SECONDS = 5.0
 # Once a replica has failed, how long the others may go on before the run is stopped:
@@ -293,8 +295,7 @@ class Supervisor:
         ignored, so the replica is settled as stopped for ``reason``, even if the kill
         comes too late to stop it (a --timeout shorter than the start-up)."""
         for fd in [read_fd, *self._fd_sources]:
-            if select.select([fd], [], [], 0)[0]:
-                self._read(fd, read_fd)
+            self._read_ready(fd, read_fd, PIPE_READS)
         self._read_rings()
         self._stop = reason
 
@@ -325,16 +326,20 @@ class Supervisor:
         which says whose output it is, and the Python lines printed before it. (While
         output flows, a ring's frames come without a wake-up, so a C-level line can wake
         the loop before them.)"""
-        for _ in range(frames.PIPE_SIZE // READ_SIZE):  # (at most what the pipe holds)
-            if not (select.select([read_fd], [], [], 0)[0] and self._read(read_fd, read_fd)):
-                break
+        self._read_ready(read_fd, read_fd, PIPE_READS)
         self._read_rings()
+
+    def _read_ready(self, fd: int, read_fd: int, reads: Optional[int] = None) -> None:
+        """Read what ``fd`` holds, without waiting for more: at most ``reads`` reads (what
+        the pipe held when asked, while writers may go on), else until it is empty."""
+        for _ in range(reads) if reads is not None else itertools.count():
+            if not (select.select([fd], [], [], 0)[0] and self._read(fd, read_fd)):
+                return
 
     def _drain(self, read_fd: int) -> None:
         # Every replica process has exited: what they wrote is in the pipes already.
         for fd in [read_fd, *self._fd_sources]:
-            while select.select([fd], [], [], 0)[0] and self._read(fd, read_fd):
-                pass
+            self._read_ready(fd, read_fd)
         self._read_rings()  # (those of processes that were killed too)
         for (origin, kind), dec in self._decoders.items():
             self._emit(origin, kind, dec.decode(b"", final=True))
