@@ -7,10 +7,15 @@ sends it back. Measured, interleaved, in one process (the notebook's):
                   ``dst.copy_(src)`` of the same tensors into destinations written before;
 * memcpy (fresh): ``torch.empty_like(src).copy_(src)``: a copy into new pages, which the
                   kernel must first allocate and zero;
+* tmpfs write:    the same tensors ``pwrite`` into ``/dev/shm`` files whose pages exist,
+                  from as many threads as the memcpy uses: the one copy the shm path makes,
+                  alone (its ceiling: no replicas, no processes to end);
 * shm:            ``run_cell`` returning the tensor (``-o``): written once into
                   ``/dev/shm`` by the replica, mapped by the notebook (colab_xla's path),
                   into the pages the previous run's freed results left (as in a loop);
 * shm, new pages: the same with those pages given back first (a first result);
+* shm, session:   the same cell on a warm session (``%xla_session``, started once): no
+                  processes start or end around the return;
 * inline:         the same run with shared memory turned off: the tensor is pickled into
                   the replica's report and unpickled by the notebook (colab_xla before);
 * pipe:           forked processes ``pickle.dumps`` their tensor and send the bytes through
@@ -27,6 +32,8 @@ Writes the "result_return" section of results.md and results/result_return.json.
 
 from __future__ import annotations
 
+import concurrent.futures
+import ctypes
 import multiprocessing
 import os
 import pickle
@@ -38,18 +45,22 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import (MEMCPY_PROSE, Memcpy, bench_parser, machine_info, rotated,  # noqa: E402
-                      machine_line, publish, stats)
+from _results import (MEMCPY_PROSE, bench_parser, machine_info, machine_line,  # noqa: E402
+                      memcpy_seconds, publish, rotated, stats)
 
 import torch  # noqa: E402
 
 from colab_xla.transport import shared_tensors  # noqa: E402
-from colab_xla.run import run_cell  # noqa: E402
+from colab_xla.run import run_cell, start_session  # noqa: E402
+from colab_xla.session import SessionOptions, stop_session  # noqa: E402
 
 NAME = "result_return"
-PATHS = ("memcpy_warm", "memcpy_fresh", "shm", "shm_new", "inline", "pipe")
+PATHS = ("memcpy_warm", "memcpy_fresh", "tmpfs_write", "shm", "shm_session", "shm_new", "inline",
+         "pipe")
 LABELS = {"memcpy_warm": "memcpy, warm (the reference)", "memcpy_fresh": "memcpy into new pages",
+          "tmpfs_write": "`pwrite` into `/dev/shm` pages that exist (the shm path's copy alone)",
           "shm": "`%%xla_spawn -o`, shared memory, reused pages",
+          "shm_session": "`%%xla_spawn -o` on a warm session, shared memory, reused pages",
           "shm_new": "`%%xla_spawn -o`, shared memory, new pages",
           "inline": "`%%xla_spawn -o`, pickled inline", "pipe": "pickle through a pipe"}
 
@@ -62,14 +73,16 @@ stamp = time.monotonic()
 """
 
 
-def run_colab_xla(replicas: int, elements: int, shared: bool, new_pages: bool = False) -> float:
+def run_colab_xla(replicas: int, elements: int, shared: bool, new_pages: bool = False,
+                  session=None) -> float:
     if new_pages:
         shared_tensors.drop_free_pages()
     saved = shared_tensors.MIN_BYTES
     if not shared:  # forked replicas inherit this: every tensor goes inline
         shared_tensors.MIN_BYTES = float("inf")
     try:
-        outcome = run_cell(CELL.format(elements=elements), replicas=replicas, announce=None)
+        outcome = run_cell(CELL.format(elements=elements), announce=None,
+                           **({"session": session} if session else {"replicas": replicas}))
         done = time.monotonic()
     finally:
         shared_tensors.MIN_BYTES = saved
@@ -111,31 +124,83 @@ def run_pipe(replicas: int, elements: int) -> float:
     return done - min(stamp for stamp, _ in values)
 
 
-def run_memcpy_fresh(src: List[torch.Tensor]) -> float:
+def sources(count: int, elements: int) -> List[torch.Tensor]:
+    """The notebook-side paths' tensors, made for each measurement and freed after it: held
+    between them, their pages would be copied at every replica fork and torn down at every
+    replica exit of the runs measured in between."""
+    return [torch.full((elements,), float(i)) for i in range(count)]
+
+
+def run_memcpy_fresh(count: int, elements: int) -> float:
+    src = sources(count, elements)
     t0 = time.perf_counter()
     for s in src:
         torch.empty_like(s).copy_(s)
     return time.perf_counter() - t0
 
 
+class TmpfsWrite:
+    """What the shared-memory path's one copy costs alone: ``count`` tensors each written by
+    one ``pwrite`` into a ``/dev/shm`` file whose pages exist (as the replicas write into
+    the pages of freed results), from as many threads as torch's copy uses."""
+
+    def __init__(self, count: int, elements: int):
+        self.count, self.elements = count, elements
+        self.paths = [os.path.join(shared_tensors.SHM_ROOT, f"colab_xla-bench-{os.getpid()}-{i}")
+                      for i in range(count)]
+        self.pool = concurrent.futures.ThreadPoolExecutor(torch.get_num_threads())
+        self.seconds()  # first write untimed: it allocates the pages
+
+    @staticmethod
+    def _write(path: str, tensor: torch.Tensor) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        view = memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            written = 0
+            while written < nbytes:
+                written += os.pwrite(fd, view[written:], written)
+        finally:
+            os.close(fd)
+
+    def seconds(self) -> float:
+        src = sources(self.count, self.elements)
+        started = time.perf_counter()
+        list(self.pool.map(self._write, self.paths, src))
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        for path in self.paths:
+            os.unlink(path)
+
+
 def measure(replicas: int, mib: int, repeats: int) -> dict:
     elements = mib * 2**20 // 4  # float32
     total = replicas * elements * 4
-    reference = Memcpy(elements * 4, replicas)
+    tmpfs = TmpfsWrite(replicas, elements)
+    session = start_session(SessionOptions(replicas=replicas), {}, announce=None)
     paths = {
-        "memcpy_warm": reference.seconds,
-        "memcpy_fresh": lambda: run_memcpy_fresh(reference.src),  # (the same tensors)
+        "memcpy_warm": lambda: memcpy_seconds(elements * 4, replicas, 1)[0],
+        "memcpy_fresh": lambda: run_memcpy_fresh(replicas, elements),
+        "tmpfs_write": tmpfs.seconds,
         "shm": lambda: run_colab_xla(replicas, elements, True),
+        "shm_session": lambda: run_colab_xla(replicas, elements, True, session=session),
         "shm_new": lambda: run_colab_xla(replicas, elements, True, new_pages=True),
         "inline": lambda: run_colab_xla(replicas, elements, False),
         "pipe": lambda: run_pipe(replicas, elements),
     }
-    run_colab_xla(replicas, 1024, True)  # warm: imports, the first fork
-    run_colab_xla(replicas, elements, True)  # its freed results' pages are the first reused
     seconds: Dict[str, List[float]] = {p: [] for p in PATHS}
-    for i in range(repeats):
-        for name in rotated(PATHS, i):
-            seconds[name].append(paths[name]())
+    try:
+        for warm in (session, None):  # imports, the first fork; then pages for the first reuse
+            run_colab_xla(replicas, 1024, True, session=warm)
+            run_colab_xla(replicas, elements, True, session=warm)
+        for i in range(repeats):
+            for name in rotated(PATHS, i):
+                seconds[name].append(paths[name]())
+    finally:
+        tmpfs.close()
+        stop_session()
     gbps = {p: [total / s / 1e9 for s in seconds[p]] for p in PATHS}
     return {"replicas": replicas, "mib_each": mib, "total_bytes": total,
             "seconds": seconds, "gbps": {p: stats(v) for p, v in gbps.items()},
@@ -143,19 +208,23 @@ def measure(replicas: int, mib: int, repeats: int) -> dict:
 
 
 PROFILE = (
-    "Where the time goes (py-spy and a timeline of one run; per-CPU-second rates of the "
-    "single operations, measured alone): each replica's one copy, a `pwrite` of its tensor "
-    "into a `/dev/shm` file, is most of it; into new tmpfs pages it runs at ~2.4 GB/s per "
-    "CPU-second (the kernel allocates and charges every 4 KiB page), into pages that exist "
-    "at ~3.9, against ~20 for the warm `copy_` of the reference (in one thread; no huge "
-    "pages on either side here). Hence the reused pages. The reference writes its "
-    "destinations again, untimed, before each timed copy: each fork of the runs around it "
-    "write-protects the notebook's pages, and the copy would time copy-on-write faults "
-    "(~8 GB/s). Mapping and populating a file then copying into it costs the same as "
-    "`pwrite` (34 ms of page tables per 256 MiB), so the replica keeps `pwrite`. The "
-    "notebook maps each file without copying or touching it: its first touch of a page "
-    "faults it in later (~0.1 s per GiB, not counted here). The rest is the replicas' "
-    "processes ending (~40 ms) and the report; there is no checksum.")
+    "Where the time goes (measured once, outside this benchmark: a timeline of runs with "
+    "stamps in the replicas, and per-CPU-second rates of the single operations, each alone, "
+    "in one thread, no huge pages here): of a shared-memory run's ~155 ms, the replicas' "
+    "`pwrite`s (4 at once on the 2 cores) end at ~85 ms; each replica's report, and its "
+    "loading in the notebook, take under 1 ms; then the replicas' processes take ~60 ms to "
+    "end, the kernel freeing each one's 256 MiB tensor (~17 ms) and the address space it "
+    "inherited from the notebook (~10 ms) on the same 2 cores. `pwrite` into tmpfs pages that "
+    "exist runs at ~7.5 GB/s per CPU-second, against ~16.5 for the warm `copy_` (the kernel "
+    "finds and locks every 4 KiB page), and into new pages at ~2.4 (it allocates and charges "
+    "every page): hence the reused pages. The other ways to make the one copy cost more: "
+    "mapping the file and copying into it, ~2.7 GB/s per CPU-second (a page fault per 4 KiB; "
+    "~4.9 with `MADV_POPULATE_READ` first), and the notebook reading each replica's tensor with "
+    "`process_vm_readv`, ~7 (with the replica kept alive until it is read). The notebook maps "
+    "each file without copying or touching it: its first touch of a page faults it in later "
+    "(~0.1 s per GiB, not counted here). The reference writes its destinations again, "
+    "untimed, before each timed copy: each fork of the runs around it write-protects the "
+    "notebook's pages, and the copy would time copy-on-write faults (~8 GB/s).")
 
 
 def render(r: dict, info: dict, seconds: float) -> str:
@@ -180,7 +249,10 @@ def render(r: dict, info: dict, seconds: float) -> str:
         "",
         f"Shared memory is {g['shm']['median'] / g['pipe']['median']:.1f}x pickling through a "
         f"pipe and {g['shm']['median'] / g['inline']['median']:.1f}x the inline pickle, in the "
-        "same run. " + PROFILE,
+        f"same run. Its one copy, made alone in the notebook (`pwrite` row), runs at "
+        f"{g['tmpfs_write']['median'] / limit:.0%} of memcpy: that is the ceiling of a path "
+        "that copies once through tmpfs; the whole path reaches "
+        f"{g['shm']['median'] / g['tmpfs_write']['median']:.0%} of it. " + PROFILE,
         "",
         machine_line(info, NAME, seconds, f"{len(r['seconds']['shm'])} repeats per path, "
                      "interleaved"),
