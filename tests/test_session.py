@@ -12,6 +12,7 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import time
 
 import psutil
 import pytest
@@ -137,6 +138,49 @@ def test_large_results_of_session_cells_arrive_in_the_pages_earlier_ones_freed(l
     assert second.ok and {o: float(t[0]) + float(t[-1]) for o, t in second.results().items()} == {
         0: 20.0, 1: 22.0}
     assert {os.stat(os.path.join(pages, n)).st_ino for n in os.listdir(pages)} == files
+
+
+def _kept_maps(pids):
+    """The notebook's shared-memory files that processes ``pids`` map, by line of their maps."""
+    ours = f"{shared_tensors.SHM_ROOT}/colab_xla-{os.getuid()}-{os.getpid()}-"
+    lines = []
+    for pid in pids:
+        with open(f"/proc/{pid}/maps") as f:
+            lines += [line for line in f if ours in line]
+    return lines
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm here")
+def test_a_session_replica_writes_freed_pages_again_through_its_own_mapping_then_lets_go(live):
+    if not live.up:
+        pytest.skip("an earlier test of this module ended the session")
+    shared_tensors.drop_free_pages()
+    first = cell("""
+        import torch
+        def written():  # bytes this process wrote by write calls (pwrite among them)
+            with open("/proc/self/io") as f:
+                return int(next(line for line in f if line.startswith("wchar")).split()[1])
+        torch.full((1 << 20,), float(index))  # 4 MiB: written into a new file
+    """, live)
+    assert first.ok
+    del first  # free: the pages go to the pool, where the replicas claim them again
+    second = cell("""
+        before = written()
+        torch.full((1 << 20,), index + 10.0)
+    """, live)
+    assert second.ok and {o: float(t[0]) + float(t[-1]) for o, t in second.results().items()} == {
+        0: 20.0, 1: 22.0}
+    third = cell("written() - before", live)  # what sending the second cell's value wrote
+    assert third.ok and all(n < 1 << 20 for n in third.results().values()), third.results()
+    assert len(_kept_maps(session_pids(live))) == 2  # one file each, mapped
+    del second
+    shared_tensors.drop_free_pages()  # the notebook removes the files: the replicas let go
+    deadline = time.monotonic() + 10 * shared_tensors.KEPT_CHECK_SECONDS
+    while _kept_maps(session_pids(live)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _kept_maps(session_pids(live)) == []
 
 
 @pytest.mark.xla

@@ -174,3 +174,82 @@ def test_the_page_directory_goes_when_the_notebook_process_exits(tmp_path):
                          text=True, check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert out.stdout.strip() == "1"  # held while it lived
     assert [n for n in os.listdir(tmp_path) if n.endswith("-pages")] == []  # gone at exit
+
+
+# --- a session replica's kept mappings ---------------------------------------------------------
+
+
+@pytest.fixture
+def keeping(monkeypatch):
+    """This process as a session's replica: it keeps mappings of what it writes."""
+    monkeypatch.setattr(shared_tensors, "_kept", {})
+    monkeypatch.setattr(shared_tensors, "_to_map", [])
+    monkeypatch.setattr(shared_tensors, "_keeping", False)  # restored so when the test ends
+    shared_tensors.keep_mappings()
+    yield
+    for kept in shared_tensors._kept.values():
+        kept.memory.close()
+        os.close(kept.fd)
+
+
+def _no_pwrite(monkeypatch):
+    def refused(*args):
+        raise AssertionError("pwrite called: the kept mapping was not used")
+
+    monkeypatch.setattr(shared_tensors.os, "pwrite", refused)
+
+
+def test_a_replica_that_keeps_mappings_writes_its_freed_pages_again_by_a_copy(
+        run_dir, keeping, monkeypatch):
+    pages = shared_tensors.pages_dir(run_dir)
+    rebuild, args = shared_tensors.reduce_tensor(torch.ones(1 << 20), run_dir)  # pwrite
+    assert shared_tensors.kept_bytes() == 0  # mapped only once the cell has ended
+    shared_tensors.map_written()
+    assert shared_tensors.kept_bytes() == 4 << 20
+    back = rebuild(*args)  # the notebook maps it, then frees it
+    del back
+    assert _listing(pages) == ["free"]
+    _no_pwrite(monkeypatch)
+    again = _returned(torch.arange(1 << 20, dtype=torch.float32), run_dir)
+    assert torch.equal(again, torch.arange(1 << 20, dtype=torch.float32))
+    shared_tensors.map_written()  # known already: still one mapping
+    assert shared_tensors.kept_bytes() == 4 << 20
+
+
+def test_free_pages_kept_mapped_are_claimed_before_smaller_ones(run_dir, keeping):
+    pages = shared_tensors.pages_dir(run_dir)
+    rebuild, args = shared_tensors.reduce_tensor(torch.ones(1 << 20), run_dir)  # 4 MiB
+    shared_tensors.map_written()
+    inode = os.stat(args[0]).st_ino
+    freed = [rebuild(*args), _returned(torch.ones(3 << 18), run_dir)]  # 4 MiB kept, 3 MiB not
+    del freed
+    assert _listing(pages) == ["free", "free"]
+    rebuild, args = shared_tensors.reduce_tensor(torch.ones(1 << 19), run_dir)  # 2 MiB
+    assert os.stat(args[0]).st_ino == inode  # the kept file, though the other one fits too
+    assert torch.equal(rebuild(*args), torch.ones(1 << 19))
+
+
+def test_kept_mappings_of_files_the_notebook_removed_are_let_go(run_dir, keeping):
+    rebuild, args = shared_tensors.reduce_tensor(torch.ones(1 << 20), run_dir)
+    shared_tensors.map_written()
+    back = rebuild(*args)
+    del back
+    shared_tensors.let_go_removed()
+    assert shared_tensors.kept_bytes() == 4 << 20  # free in the pool: kept
+    assert shared_tensors.drop_free_pages(os.path.dirname(run_dir)) == 4 << 20
+    shared_tensors.let_go_removed()
+    assert shared_tensors.kept_bytes() == 0 and shared_tensors._kept == {}
+
+
+def test_a_file_removed_before_the_cell_ended_is_not_mapped(run_dir, keeping):
+    rebuild, args = shared_tensors.reduce_tensor(torch.ones(1 << 20), run_dir)
+    os.unlink(args[0])  # a run cut short: the notebook removed its directory
+    shared_tensors.map_written()
+    assert shared_tensors.kept_bytes() == 0 and shared_tensors._to_map == []
+
+
+def test_a_replica_that_does_not_keep_mappings_maps_nothing(run_dir):
+    rebuild, args = shared_tensors.reduce_tensor(torch.ones(1 << 20), run_dir)
+    shared_tensors.map_written()
+    assert shared_tensors.kept_bytes() == 0 and shared_tensors._to_map == []
+    assert torch.equal(rebuild(*args), torch.ones(1 << 20))

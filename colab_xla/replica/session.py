@@ -30,6 +30,7 @@ import threading
 import traceback
 from typing import Dict, Optional
 
+from ..transport import shared_tensors
 from ..transport.frames import NOTE
 from ..transport.names import REPLICA_NAMES
 from .job import ReplicaGlobals, ReplicaJob, cell_globals, serve_run
@@ -65,6 +66,7 @@ def _serve(index: int, job: ReplicaJob) -> None:
     interruptible = Interruptible()
     current.interruptible = interruptible
     commands = _Commands(command_path(job.run_dir, index), interruptible)
+    shared_tensors.keep_mappings()  # its large results' pages, written again, cost a copy
     process.writer.send(NOTE, index, json.dumps({"ready": os.getpid(),
                                                  "rank": process.rank}).encode())
     kept: Optional[ReplicaGlobals] = None
@@ -85,6 +87,7 @@ def _serve(index: int, job: ReplicaJob) -> None:
             serve_run(index, cell_job, session_globals, end_started=False)
         except KeyboardInterrupt:  # an interrupt that came as the cell ended: it is over
             pass
+        shared_tensors.map_written()  # the cell's report is out: off its time
         # The process's last replica to finish the cell takes it home (to the session's
         # pipes) once every replica it serves is done with the cell: one that has not
         # started the cell yet still needs the cell's pipes.
@@ -175,8 +178,13 @@ class _Commands:
                          daemon=True).start()
 
     def next(self) -> Optional[ReplicaJob]:
-        """The next cell's job; None when the session ends."""
-        return self._queue.get()
+        """The next cell's job; None when the session ends. While it waits, the pages of
+        results the notebook has removed are let go of."""
+        while True:
+            try:
+                return self._queue.get(timeout=shared_tensors.KEPT_CHECK_SECONDS)
+            except queue.Empty:
+                shared_tensors.let_go_removed()
 
     def _read(self) -> None:
         buffered = b""

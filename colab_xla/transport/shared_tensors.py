@@ -21,6 +21,12 @@ are not kept if a process forked by the notebook after they were mapped is still
 (it may still see them), and the directory goes when the notebook's process exits;
 :func:`drop_free_pages` gives them back at once.
 
+A replica process that runs many cells (a session's, after :func:`keep_mappings`) also
+keeps a mapping of each file it wrote, made once its cell has ended
+(:func:`map_written`): when it claims that file again, its page tables exist, and the
+write is a plain memory copy, ~2.5x ``pwrite`` into tmpfs. It lets go of a file's mapping
+within :data:`KEPT_CHECK_SECONDS` of the notebook removing the file.
+
 Example::
 
     >>> import pickle, torch
@@ -42,9 +48,10 @@ import itertools
 import mmap
 import os
 import shutil
+import threading
 import time
 import weakref
-from typing import Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 # Smaller tensors are pickled inline: a file and a mapping cost more than copying them.
 MIN_BYTES = 1 << 20
@@ -52,8 +59,25 @@ SHM_ROOT = "/dev/shm"
 # Freed results' pages kept for the next ones: at most this share of physical memory.
 POOL_FRACTION = 1 / 8
 
+# How often a session's idle replica lets go of kept mappings whose file the notebook removed.
+KEPT_CHECK_SECONDS = 2.0
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14; Python 3.13
+
 _names = itertools.count()
 _exit_registered = set()
+
+
+class _Kept(NamedTuple):
+    fd: int
+    memory: mmap.mmap
+    address: int
+
+
+# The replica side, in a process that keeps mappings (see keep_mappings): by inode.
+_kept: Dict[int, _Kept] = {}
+_to_map: List[int] = []  # the files written in the current cell (their descriptors)
+_kept_lock = threading.Lock()
+_keeping = False
 
 
 def _prefix() -> str:
@@ -98,7 +122,9 @@ def own_pages_dir(root: str = SHM_ROOT) -> str:
 
 
 def drop_free_pages(root: str = SHM_ROOT) -> int:
-    """Give back the free pages this process keeps for its next results; the bytes freed."""
+    """Give back the free pages this process keeps for its next results; the bytes freed.
+    (A session's replicas let go of their own mappings of them within
+    :data:`KEPT_CHECK_SECONDS`.)"""
     pages = own_pages_dir(root)
     freed = 0
     for size, name in map(_free_size, os.listdir(pages) if os.path.isdir(pages) else ()):
@@ -156,26 +182,104 @@ def reduce_tensor(tensor, directory: Optional[str]) -> Optional[Tuple]:
     data = tensor.detach().contiguous()
     path = os.path.join(directory, f"{os.getpid()}-{next(_names)}")
     try:
-        if _claim(directory, nbytes, path):  # pages a freed result left: no new pages
-            fd = os.open(path, os.O_WRONLY)
+        claimed = _claim(directory, nbytes, path)  # pages a freed result left: no new pages
+        if claimed:
+            fd = os.open(path, os.O_RDWR)
             os.ftruncate(fd, nbytes)
         else:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError:
         return None
     try:
-        view = memoryview((ctypes.c_char * nbytes).from_address(data.data_ptr())).cast("B")
-        written = 0
-        while written < nbytes:  # a write to tmpfs may be partial; a full one is ENOSPC
-            written += os.pwrite(fd, view[written:], written)
+        if not (claimed and _copy_into_kept(fd, data.data_ptr(), nbytes)):
+            view = memoryview((ctypes.c_char * nbytes).from_address(data.data_ptr())).cast("B")
+            written = 0
+            while written < nbytes:  # a write to tmpfs may be partial; a full one is ENOSPC
+                written += os.pwrite(fd, view[written:], written)
     except OSError as exc:
         os.close(fd)
         os.unlink(path)
         if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
             return None  # /dev/shm is full: this one goes inline
         raise
-    os.close(fd)
+    if _keeping:
+        with _kept_lock:
+            _to_map.append(fd)  # mapped once the cell has ended (or closed, if kept already)
+    else:
+        os.close(fd)
     return rebuild, (path, str(tensor.dtype).rsplit(".", 1)[1], tuple(tensor.shape), nbytes)
+
+
+def keep_mappings() -> None:
+    """In a replica process that runs many cells: keep a mapping of every file it writes
+    (see :func:`map_written`), so that writing the same pages again is a memory copy."""
+    global _keeping
+    _keeping = True
+
+
+def _copy_into_kept(fd: int, address: int, nbytes: int) -> bool:
+    """Copy ``nbytes`` from ``address`` into the file ``fd`` through this process's kept
+    mapping of it; False if it has none (or one too short)."""
+    if not _keeping:
+        return False
+    with _kept_lock:
+        kept = _kept.get(os.fstat(fd).st_ino)
+    if kept is None or len(kept.memory) < nbytes:
+        return False
+    ctypes.memmove(kept.address, address, nbytes)
+    return True
+
+
+def map_written() -> None:
+    """The replica side, once its cell has ended: map the files it wrote in the cell and
+    populate their page tables (off the cell's time), and let go of the kept mappings of
+    files the notebook removed."""
+    with _kept_lock:
+        fds, _to_map[:] = list(_to_map), []
+    for fd in fds:
+        kept = None
+        try:
+            st = os.fstat(fd)
+            with _kept_lock:
+                known = st.st_ino in _kept
+            if not known and st.st_nlink and st.st_size:
+                memory = mmap.mmap(fd, st.st_size)
+                try:
+                    memory.madvise(MADV_POPULATE_WRITE)
+                    address = ctypes.addressof(ctypes.c_char.from_buffer(memory))
+                except (OSError, ValueError):  # an older kernel: faults would cost more
+                    memory.close()
+                else:
+                    kept = _Kept(fd, memory, address)
+        except OSError:
+            pass
+        if kept is None:
+            os.close(fd)
+            continue
+        with _kept_lock:
+            _kept[st.st_ino] = kept
+    let_go_removed()
+
+
+def let_go_removed() -> None:
+    """The replica side: drop the kept mappings of files the notebook removed (their pages
+    are freed only when no process maps them)."""
+    with _kept_lock:
+        for inode, kept in list(_kept.items()):
+            try:
+                removed = os.fstat(kept.fd).st_nlink == 0
+            except OSError:
+                removed = True
+            if removed:
+                del _kept[inode]
+                kept.memory.close()
+                os.close(kept.fd)
+
+
+def kept_bytes() -> int:
+    """The replica side: how many bytes of files this process keeps mapped."""
+    with _kept_lock:
+        return sum(len(kept.memory) for kept in _kept.values())
 
 
 def _claim(directory: str, nbytes: int, path: str) -> bool:
@@ -186,15 +290,26 @@ def _claim(directory: str, nbytes: int, path: str) -> bool:
         names = os.listdir(pages) if pages else []
     except OSError:
         return False
-    fits = sorted((size, name) for size, name in map(_free_size, names)
+    fits = sorted((_not_kept(pages, name), size, name) for size, name in map(_free_size, names)
                   if nbytes <= size <= 2 * nbytes)
-    for _, name in fits:  # the smallest first; another replica may take it first
+    for _, _, name in fits:  # kept mapped here, then the smallest; another replica may take it
         try:
             os.rename(os.path.join(pages, name), path)
             return True
         except OSError:
             continue
     return False
+
+
+def _not_kept(pages: str, name: str) -> bool:
+    if not _keeping:
+        return True
+    try:
+        inode = os.stat(os.path.join(pages, name)).st_ino
+    except OSError:
+        return True
+    with _kept_lock:
+        return inode not in _kept
 
 
 def _free_size(name: str) -> Tuple[int, str]:
