@@ -372,6 +372,9 @@ def measure_return(s: Session, mib: int, repeats: int) -> dict:
     cells = {
         "xla": (f"%%xla_spawn -n {n} --no-widget -o _vals\npeer_jobs.tensor(index, {mib})",
                 f"%%xla_spawn -n {n} --no-widget\npeer_jobs.tensor_size(index, {mib})"),
+        # on a session started below (no -n: the session's replicas run the cell)
+        "xla_session": (f"%%xla_spawn --no-widget -o _vals\npeer_jobs.tensor(index, {mib})",
+                        f"%%xla_spawn --no-widget\npeer_jobs.tensor_size(index, {mib})"),
         "px": (f"_vals = dict(enumerate(dv.apply_sync(peer_jobs.tensor, "
                f"ipp.Reference('index'), {mib})))",
                f"dv.apply_sync(peer_jobs.tensor_size, ipp.Reference('index'), {mib})"),
@@ -381,18 +384,34 @@ def measure_return(s: Session, mib: int, repeats: int) -> dict:
     expect = repr(sorted((i, float(i), float(i), mib << 18, "torch.float32") for i in range(n)))
     samples: Dict[str, Dict[str, List[float]]] = {p: {"return": [], "size_only": []}
                                                   for p in cells}
-    order = [(p, what) for p in cells for what in ("return", "size_only")]
-    for p in cells:  # warm-up
-        s.run(cells[p][1], deadline=300)
-    for i in range(repeats):
-        for p, what in order[i % 4:] + order[:i % 4]:
-            r = s.run(cells[p][0 if what == "return" else 1], deadline=300)
-            if what == "return":
-                got = s.value(check)
-                s.run("del _vals")
-                if got.replace("\n", "").replace(" ", "") != expect.replace(" ", ""):
-                    raise RuntimeError(f"{p} returned {got[:300]}, expected {expect[:300]}")
-            samples[p][what].append(r["idle_s"])
+
+    def returned(p: str) -> float:
+        r = s.run(cells[p][0], deadline=300)
+        got = s.value(check)
+        s.run("del _vals")  # freed: the next results write into its pages (as in a loop)
+        if got.replace("\n", "").replace(" ", "") != expect.replace(" ", ""):
+            raise RuntimeError(f"{p} returned {got[:300]}, expected {expect[:300]}")
+        return r["idle_s"]
+
+    def interleaved(peers) -> None:
+        for p in peers:  # warm-up: the first cells, and the first large result
+            s.run(cells[p][1], deadline=300)
+            returned(p)
+        order = [(p, what) for p in peers for what in ("return", "size_only")]
+        for i in range(repeats):
+            for p, what in order[i % len(order):] + order[:i % len(order)]:
+                samples[p][what].append(
+                    returned(p) if what == "return"
+                    else s.run(cells[p][1], deadline=300)["idle_s"])
+
+    interleaved(("xla", "px"))
+    # Then the session's cells, alone in a second loop: while a session is up, a cell's -n
+    # runs it on the session's replicas.
+    s.run(f"get_ipython().run_line_magic('xla_session', 'start -n {n}')", deadline=300)
+    try:
+        interleaved(("xla_session",))
+    finally:
+        s.run("get_ipython().run_line_magic('xla_session', 'stop')", deadline=120, ok=False)
     out = {"replicas": n, "mib": mib, "bytes": nbytes, "cells": cells, "samples_s": samples,
            "memcpy_s": memcpy, "memcpy_gb_s": nbytes / statistics.median(memcpy) / 1e9}
     for p in cells:
@@ -667,7 +686,10 @@ def render(res: dict, info: dict, seconds: float, args) -> str:
           f"{r['replicas']} × {r['mib']} MiB): **{r['memcpy_gb_s']:.1f} GB/s**; return-only "
           "GB/s is also given as its share. `%%xla_spawn` writes into the pages of the "
           "previous run's results, freed by `del` (as a loop does; see "
-          "[Result return](#result-return-large-tensors-from-the-replicas)).", "",
+          "[Result return](#result-return-large-tensors-from-the-replicas)); a session's "
+          "replica writes into the pages it wrote before through its own mapping of them, "
+          "a plain memory copy. The session's cells come in a second loop (a session is "
+          "started after the first, not timed, and stopped after its cells).", "",
           "| peer | how | wall s | size-only wall s | end-to-end GB/s | return-only GB/s |",
           "|---|---|---:|---:|---:|---:|",
           f"| {LABEL['bare']} | — | cannot: `xmp.spawn` returns None (with "
@@ -675,8 +697,9 @@ def render(res: dict, info: dict, seconds: float, args) -> str:
           f"| {LABEL['accelerate']} | — | cannot: `notebook_launcher` returns None | | | |"]
     how = {"px": "`dv.apply_sync(peer_jobs.tensor, ipp.Reference('index'), MiB)` "
                  "(`%%px` returns no values)",
-           "xla": "`%%xla_spawn -o vals`"}
-    for p in ("px", "xla"):
+           "xla": "`%%xla_spawn -o vals`",
+           "xla_session": "`%%xla_spawn -o vals` on a session (`%xla_session start -n N`)"}
+    for p in ("px", "xla", "xla_session"):
         x = r[p]
         ret_gb = f"{x['return_gb_s']:.2f}" if x["return_gb_s"] else "—"
         share = (f" ({x['return_gb_s'] / r['memcpy_gb_s']:.0%})" if x["return_gb_s"] else "")

@@ -14,8 +14,10 @@ sends it back. Measured, interleaved, in one process (the notebook's):
                   ``/dev/shm`` by the replica, mapped by the notebook (colab_xla's path),
                   into the pages the previous run's freed results left (as in a loop);
 * shm, new pages: the same with those pages given back first (a first result);
-* shm, session:   the same cell on a warm session (``%xla_session``, started once): no
-                  processes start or end around the return;
+* shm, session:   the same cell on a warm session (``%xla_session``, started once), right
+                  after an untimed one whose results were freed (as in a loop: the other
+                  paths' runs share the page pool): no processes start or end around the
+                  return, and each replica writes into the pages it wrote the cell before;
 * inline:         the same run with shared memory turned off: the tensor is pickled into
                   the replica's report and unpickled by the notebook (colab_xla before);
 * pipe:           forked processes ``pickle.dumps`` their tensor and send the bytes through
@@ -185,7 +187,8 @@ def measure(replicas: int, mib: int, repeats: int) -> dict:
         "memcpy_fresh": lambda: run_memcpy_fresh(replicas, elements),
         "tmpfs_write": tmpfs.seconds,
         "shm": lambda: run_colab_xla(replicas, elements, True),
-        "shm_session": lambda: run_colab_xla(replicas, elements, True, session=session),
+        "shm_session": lambda: (run_colab_xla(replicas, elements, True, session=session),
+                                run_colab_xla(replicas, elements, True, session=session))[1],
         "shm_new": lambda: run_colab_xla(replicas, elements, True, new_pages=True),
         "inline": lambda: run_colab_xla(replicas, elements, False),
         "pipe": lambda: run_pipe(replicas, elements),
