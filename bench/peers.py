@@ -388,7 +388,10 @@ def measure_return(s: Session, mib: int, repeats: int) -> dict:
     def returned(p: str) -> float:
         r = s.run(cells[p][0], deadline=300)
         got = s.value(check)
-        s.run("del _vals")  # freed: the next results write into its pages (as in a loop)
+        # Freed: the next results write into its pages (as in a loop). ipyparallel's client
+        # keeps every result it received: 1 GiB a run in the kernel, which every later fork
+        # of it (every other peer's run) would copy and tear down.
+        s.run("del _vals" + ("; rc.purge_local_results('all')" if p == "px" else ""))
         if got.replace("\n", "").replace(" ", "") != expect.replace(" ", ""):
             raise RuntimeError(f"{p} returned {got[:300]}, expected {expect[:300]}")
         return r["idle_s"]
@@ -684,8 +687,11 @@ def render(res: dict, info: dict, seconds: float, args) -> str:
           "only*: the paired difference with the same job returning only the tensor's size "
           f"(making the tensor and launching cancel out). {MEMCPY_PROSE} (in the kernel, "
           f"{r['replicas']} × {r['mib']} MiB): **{r['memcpy_gb_s']:.1f} GB/s**; return-only "
-          "GB/s is also given as its share. `%%xla_spawn` writes into the pages of the "
-          "previous run's results, freed by `del` (as a loop does; see "
+          "GB/s is also given as its share. After each run, untimed: its results are checked "
+          "and freed (`del`; for `%%px`, also `rc.purge_local_results('all')`: ipyparallel's "
+          "client keeps every result, 1 GiB a run in the kernel, which every later fork of it "
+          "would copy). `%%xla_spawn` writes into the pages of the "
+          "previous run's results (as a loop does; see "
           "[Result return](#result-return-large-tensors-from-the-replicas)); a session's "
           "replica writes into the pages it wrote before through its own mapping of them, "
           "a plain memory copy. The session's cells come in a second loop (a session is "
