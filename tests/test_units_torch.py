@@ -184,7 +184,7 @@ def keeping(monkeypatch):
     """This process as a session's replica: it keeps mappings of what it writes."""
     monkeypatch.setattr(shared_tensors, "_kept", {})
     monkeypatch.setattr(shared_tensors, "_to_map", [])
-    monkeypatch.setattr(shared_tensors, "_keeping", False)  # restored so when the test ends
+    monkeypatch.setattr(shared_tensors, "_keeping", None)  # restored so when the test ends
     shared_tensors.keep_mappings()
     yield
     for kept in shared_tensors._kept.values():
@@ -253,3 +253,33 @@ def test_a_replica_that_does_not_keep_mappings_maps_nothing(run_dir):
     shared_tensors.map_written()
     assert shared_tensors.kept_bytes() == 0 and shared_tensors._to_map == []
     assert torch.equal(rebuild(*args), torch.ones(1 << 20))
+
+
+def test_a_child_forked_from_a_keeping_replica_has_no_mapping_and_writes_by_pwrite(
+        run_dir, keeping):
+    rebuild, args = shared_tensors.reduce_tensor(torch.ones(1 << 20), run_dir)
+    shared_tensors.map_written()
+    inode = str(os.stat(args[0]).st_ino)
+    back = rebuild(*args)
+    del back  # free: the child below claims it
+    src = torch.full((1 << 20,), 3.0)  # made here: the child runs no torch op after fork
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a DataLoader worker, say
+        code = 1
+        try:
+            with open("/proc/self/maps") as f:
+                mapped = any(line.split()[4] == inode for line in f)
+            _, child_args = shared_tensors.reduce_tensor(src, run_dir)
+            os.write(write_fd, pickle.dumps(child_args))
+            code = 2 if mapped else 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0  # 2: it mapped the file; < 0: it crashed
+    child_args = pickle.loads(data)
+    assert str(os.stat(child_args[0]).st_ino) == inode  # the same pages, written by pwrite
+    assert torch.equal(shared_tensors.rebuild(*child_args), src)

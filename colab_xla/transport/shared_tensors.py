@@ -25,7 +25,8 @@ A replica process that runs many cells (a session's, after :func:`keep_mappings`
 keeps a mapping of each file it wrote, made once its cell has ended
 (:func:`map_written`): when it claims that file again, its page tables exist, and the
 write is a plain memory copy, ~2.5x ``pwrite`` into tmpfs. It lets go of a file's mapping
-within :data:`KEPT_CHECK_SECONDS` of the notebook removing the file.
+within :data:`KEPT_CHECK_SECONDS` of the notebook removing the file; a process it forks
+(a DataLoader worker) does not inherit these mappings.
 
 Example::
 
@@ -77,7 +78,7 @@ class _Kept(NamedTuple):
 _kept: Dict[int, _Kept] = {}
 _to_map: List[int] = []  # the files written in the current cell (their descriptors)
 _kept_lock = threading.Lock()
-_keeping = False
+_keeping: Optional[int] = None  # the pid of the process that keeps them (not its children)
 
 
 def _prefix() -> str:
@@ -202,7 +203,7 @@ def reduce_tensor(tensor, directory: Optional[str]) -> Optional[Tuple]:
         if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
             return None  # /dev/shm is full: this one goes inline
         raise
-    if _keeping:
+    if _keeping_here():
         with _kept_lock:
             _to_map.append(fd)  # mapped once the cell has ended (or closed, if kept already)
     else:
@@ -214,13 +215,17 @@ def keep_mappings() -> None:
     """In a replica process that runs many cells: keep a mapping of every file it writes
     (see :func:`map_written`), so that writing the same pages again is a memory copy."""
     global _keeping
-    _keeping = True
+    _keeping = os.getpid()
+
+
+def _keeping_here() -> bool:
+    return _keeping == os.getpid()  # a child forked from it has no mappings (MADV_DONTFORK)
 
 
 def _copy_into_kept(fd: int, address: int, nbytes: int) -> bool:
     """Copy ``nbytes`` from ``address`` into the file ``fd`` through this process's kept
     mapping of it; False if it has none (or one too short)."""
-    if not _keeping:
+    if not _keeping_here():
         return False
     with _kept_lock:
         kept = _kept.get(os.fstat(fd).st_ino)
@@ -251,6 +256,10 @@ def map_written() -> None:
                     memory.close()
                 else:
                     kept = _Kept(fd, memory, address)
+                    with contextlib.suppress(OSError, AttributeError):
+                        # a process the replica forks (a DataLoader worker) would keep the
+                        # pages of removed files alive as long as it lives
+                        memory.madvise(mmap.MADV_DONTFORK)
         except OSError:
             pass
         if kept is None:
@@ -302,7 +311,7 @@ def _claim(directory: str, nbytes: int, path: str) -> bool:
 
 
 def _not_kept(pages: str, name: str) -> bool:
-    if not _keeping:
+    if not _keeping_here():
         return True
     try:
         inode = os.stat(os.path.join(pages, name)).st_ino
