@@ -49,6 +49,11 @@ RING_POLL_SECONDS = 0.005
 RING_FLOW_SECONDS = 0.002
 NEXT_DRAW_SECONDS = 0.01
 READ_SIZE = 1 << 16  # what one read of a pipe takes
+# C-level output (a process's fd 1 and 2) is handed on a line at a time: C stdio may write
+# one line in pieces (a printf's text, then its conversion), and a Python line the replica
+# prints next, which comes another way, must not land inside it. A piece whose line has
+# not ended is held this long at most (then it is shown as it is: a prompt, say).
+PARTIAL_LINE_SECONDS = 0.2
 PIPE_READS = frames.PIPE_SIZE // READ_SIZE  # reads that take what a full pipe holds
 # After a kill, how long to wait for the driver thread to see its pool broken.
 _DRIVER_JOIN_SECONDS = 5.0
@@ -132,6 +137,8 @@ class Supervisor:
         self.run_id = secrets.token_hex(8)
         self.outcome = RunOutcome(device_type=plan.device_type, log_dir=state.new_log_dir())
         self._decoders: Dict[tuple, Any] = {}
+        # fd -> (the text of an unended C-level line, its origin, its kind, held since)
+        self._held: Dict[int, Tuple[str, Any, int, float]] = {}
         self._ranks: Dict[int, set] = {}  # local process rank -> ordinals it runs
         self._pid_rank: Dict[int, int] = {}
         self._replicas = replicas or FreshReplicas(self.run_id, options.launch, plan)
@@ -272,10 +279,15 @@ class Supervisor:
             flowing, self._ring_output = self._ring_output, False
             if self._rings:
                 wake = min(wake, now + (RING_FLOW_SECONDS if flowing else RING_POLL_SECONDS))
+            if self._held:
+                wake = min(wake, min(since for *_, since in self._held.values())
+                           + PARTIAL_LINE_SECONDS)
             readable, _, _ = select.select(fds, [], [], max(0.0, wake - now))
             for fd in readable:
                 if fd not in (done_r, self._interrupts.wake_fd):
                     self._read(fd, read_fd)
+            if self._held:
+                self._release_held(time.monotonic() - PARTIAL_LINE_SECONDS)
             if self._output_since_draw:
                 draws.output(time.monotonic())
             if time.monotonic() >= draws.due:
@@ -318,8 +330,25 @@ class Supervisor:
         elif data:
             rank, kind = self._fd_sources[fd]
             self._catch_up(read_fd)
-            self._text(self._fd_owner(rank), kind, data)
+            self._line_text(fd, self._fd_owner(rank), kind, data)
         return bool(data)
+
+    def _line_text(self, fd: int, origin, kind: int, data: bytes) -> None:
+        """C-level output read from ``fd``: its ended lines now, the rest held (see
+        PARTIAL_LINE_SECONDS)."""
+        held, _, _, since = self._held.pop(fd, ("", None, kind, time.monotonic()))
+        text = held + self._decoded(origin, kind, data)
+        end = max(text.rfind("\n"), text.rfind("\r")) + 1  # (\r: a progress line's end)
+        if end < len(text):
+            self._held[fd] = (text[end:], origin, kind, since)
+        self._emit(origin, kind, text[:end])
+
+    def _release_held(self, before: Optional[float] = None) -> None:
+        """Show the held pieces of C-level lines (those held since ``before`` or earlier)."""
+        for fd, (text, origin, kind, since) in list(self._held.items()):
+            if before is None or since <= before:
+                del self._held[fd]
+                self._emit(origin, kind, text)
 
     def _catch_up(self, read_fd: int) -> None:
         """Handle the frames sent before C-level output was read: the process's start,
@@ -341,6 +370,7 @@ class Supervisor:
         for fd in [read_fd, *self._fd_sources]:
             self._read_ready(fd, read_fd)
         self._read_rings()  # (those of processes that were killed too)
+        self._release_held()
         for (origin, kind), dec in self._decoders.items():
             self._emit(origin, kind, dec.decode(b"", final=True))
 
@@ -428,11 +458,14 @@ class Supervisor:
             self._fail_at = time.monotonic() + FAIL_FAST_SECONDS
 
     def _text(self, origin, kind: int, data: bytes) -> None:
+        self._emit(origin, kind, self._decoded(origin, kind, data))
+
+    def _decoded(self, origin, kind: int, data: bytes) -> str:
         key = (origin, kind)
         dec = self._decoders.get(key)
         if dec is None:
             dec = self._decoders[key] = codecs.getincrementaldecoder("utf-8")("replace")
-        self._emit(origin, kind, dec.decode(data))
+        return dec.decode(data)
 
     def _log(self, origin):
         return (self.outcome.replica(origin).log if isinstance(origin, int)

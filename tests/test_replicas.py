@@ -254,6 +254,36 @@ def test_c_level_output_read_before_the_frame_naming_its_replica_still_goes_to_i
         assert sorted(outcome.replicas[o].text.splitlines()) == ["from C", "from Python"]
 
 
+def test_a_c_level_line_written_in_pieces_keeps_a_python_line_out_of_it():
+    """C stdio may write one line in pieces (glibc's printf: its text, then its conversion).
+    Forced here: the replica writes a line's first piece, waits until the notebook has read
+    it, prints a Python line (which comes through the ring), then ends the C-level line."""
+    outcome = run("""
+        import fcntl, os, struct, termios, time
+        def unread():  # bytes of this process's fd 1 the notebook has not read yet
+            return struct.unpack("i", fcntl.ioctl(1, termios.FIONREAD, b"0000"))[0]
+        os.write(1, b"from C, ")
+        deadline = time.monotonic() + 30
+        while unread() and time.monotonic() < deadline:
+            time.sleep(0.001)  # (polling the pipe, until the notebook has read the piece)
+        assert unread() == 0, "the notebook never read the first piece"
+        print("from Python", flush=True)
+        os.write(1, b"in two pieces\\n")
+        """, 2)
+    for o in range(2):
+        assert outcome.replicas[o].error is None, outcome.replicas[o].error
+        assert sorted(outcome.replicas[o].text.splitlines()) == [
+            "from C, in two pieces", "from Python"], outcome.replicas[o].text
+
+
+def test_a_c_level_piece_without_its_line_end_is_shown_when_the_run_ends():
+    outcome = run("""
+        import os
+        os.write(1, b"Password for nothing: ")
+        """, 1)
+    assert outcome.replicas[0].text == "Password for nothing: "
+
+
 def test_output_is_ordered_complete_and_unmixed_per_replica():
     outcome = run("""
         import sys
