@@ -165,6 +165,10 @@ def test_a_session_replica_writes_freed_pages_again_through_its_own_mapping_then
         torch.full((1 << 20,), float(index))  # 4 MiB: written into a new file
     """, live)
     assert first.ok
+    files = {o: _mapped_inode(t) for o, t in first.results().items()}
+    # what each replica's process wrote, and so maps (threads of one process share it)
+    mapped = {o: {files[p] for p, rep in first.replicas.items() if rep.pid == mine.pid}
+              for o, mine in first.replicas.items()}
     del first  # free: the pages go to the pool, where the replicas claim them again
     second = cell("""
         before = written()
@@ -172,8 +176,14 @@ def test_a_session_replica_writes_freed_pages_again_through_its_own_mapping_then
     """, live)
     assert second.ok and {o: float(t[0]) + float(t[-1]) for o, t in second.results().items()} == {
         0: 20.0, 1: 22.0}
+    again = {o: _mapped_inode(t) for o, t in second.results().items()}
     third = cell("written() - before", live)  # what sending the second cell's value wrote
-    assert third.ok and all(n < 1 << 20 for n in third.results().values()), third.results()
+    assert third.ok
+    for o, n in third.results().items():
+        # A replica that got a file its process maps copied into it; one that did not (a
+        # new file: the pool's order is the replicas' race) wrote by pwrite.
+        assert (n < 1 << 20) == (again[o] in mapped[o]), (o, n, files, again)
+    assert any(again[o] in mapped[o] for o in again), (files, again)
     assert len(_kept_maps(session_pids(live))) == 2  # one file each, mapped
     del second
     shared_tensors.drop_free_pages()  # the notebook removes the files: the replicas let go
@@ -181,6 +191,17 @@ def test_a_session_replica_writes_freed_pages_again_through_its_own_mapping_then
     while _kept_maps(session_pids(live)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _kept_maps(session_pids(live)) == []
+
+
+def _mapped_inode(tensor) -> int:
+    """The inode of the shared-memory file the notebook maps ``tensor`` from."""
+    address = tensor.data_ptr()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            start, end = (int(x, 16) for x in line.split()[0].split("-"))
+            if start <= address < end:
+                return int(line.split()[4])
+    raise AssertionError("the tensor is not mapped from a file")
 
 
 @pytest.mark.xla
