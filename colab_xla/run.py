@@ -20,10 +20,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import tempfile
 from typing import Mapping, Optional, Sequence, Tuple
 
-from . import cpu_sim, hardware, interrupts, jax_runtime, options, preflight, processes
+from . import cpu_sim, hardware, interrupts, jax_runtime, options, preflight, processes, state
 from . import session as sessions
 from .cell import CellModule
 from .launch import Launch, replica_environ, warm_forkserver
@@ -87,7 +86,7 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
                                   pull_from=pull_from, cache_dir=cache_dir, launch=launch,
                                   simulate=simulate)
     user_ns = dict(user_ns or {})
-    run_dir = tempfile.mkdtemp(prefix="colab_xla-")  # mode 0700, unpredictable name
+    run_dir = state.new_work_dir("run-")
     try:
         cell = CellModule.create(source, run_dir, label=label, header=header)
         plan, notes = _planned(source, replicas=replicas, launch=launch, env=env,
@@ -189,7 +188,7 @@ def _run_on_session(session: Session, source: str, *, replicas, user_ns, label, 
                       cache_dir=None, launch=Launch())
     options.check_pull_from(pull_from, session.plan.replicas)
     user_ns = user_ns if user_ns is not None else {}
-    run_dir = tempfile.mkdtemp(prefix="colab_xla-")
+    run_dir = state.new_work_dir("run-")
     try:
         # The cell's file lives as long as the session: what it defines is called later.
         cell = CellModule.create(source, session.directory, label=label, header=header)

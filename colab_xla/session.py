@@ -39,7 +39,6 @@ import secrets
 import select
 import shutil
 import signal
-import tempfile
 import threading
 import time
 import weakref
@@ -48,7 +47,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import cloudpickle
 import psutil
 
-from . import hardware, processes
+from . import hardware, processes, state
 from .endings import describe_exit
 from .errors import SetupError
 from .host_rank import HostRank
@@ -131,7 +130,7 @@ class Session:
         """Start the replicas ``plan`` says (``parent_pid``: the replica processes'
         parent, this process or the forkserver; ``cache_dir`` checked) and wait until every
         one is ready; raise :class:`SessionError` (with what they printed) if they cannot."""
-        session = cls(opts, plan, tempfile.mkdtemp(prefix="colab_xla-session-"))
+        session = cls(opts, plan, state.new_work_dir("session-"))
         _stopped_at_exit(session)
         try:
             session._start(parent_pid, cache_dir, dict(user_ns))

@@ -1,6 +1,7 @@
 """colab_xla's state on disk: a private per-user directory holding the pid registry
-(:mod:`colab_xla.processes`) and the full logs of recent runs, each kept under the notebook
-process it belongs to (its pid and start time, so a recycled pid is never mistaken for it).
+(:mod:`colab_xla.processes`), the full logs of recent runs and the files of the runs and
+sessions under way, each kept under the notebook process it belongs to (its pid and start
+time, so a recycled pid is never mistaken for it) and removed once that process is gone.
 
 The directory is ``$TMPDIR/colab_xla-<uid>``, created mode 0700 and refused if someone
 else owns it or can write to it (a predictable path another user could pre-create).
@@ -84,19 +85,36 @@ def kernel_alive(key: str) -> bool:
 # those of notebook processes that are gone.
 KEEP_LOGS_OF_RUNS = 10
 _run_number = 0
+_swept = set()  # the kinds whose directories of notebook processes that are gone were removed
+
+
+def own_dir(kind: str) -> str:
+    """This notebook process's directory of ``kind`` (``logs``, ``work``), made on first
+    use, when those of notebook processes that are gone (killed before they could clean up)
+    are removed."""
+    parent = subdir(kind)
+    mine = os.path.join(parent, kernel_key())
+    if (kind, mine) not in _swept:
+        _swept.add((kind, mine))
+        for name in os.listdir(parent):
+            if name != kernel_key() and not kernel_alive(name):
+                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(mine, 0o700)
+    return mine
+
+
+def new_work_dir(prefix: str) -> str:
+    """A new directory, mode 0700, for the files of one run or one session (the cell's
+    module, pipes, reports), under this notebook process's own: its owner removes it when
+    done, and if the notebook process is killed first, the next one sweeps it."""
+    return tempfile.mkdtemp(prefix=prefix, dir=own_dir("work"))
 
 
 def new_log_dir() -> str:
     """A directory for one run's full logs, under this notebook process's own."""
     global _run_number
-    logs = subdir("logs")
-    mine = os.path.join(logs, kernel_key())
-    if _run_number == 0:
-        for name in os.listdir(logs):
-            if name != kernel_key() and not kernel_alive(name):
-                shutil.rmtree(os.path.join(logs, name), ignore_errors=True)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(mine, 0o700)
+    mine = own_dir("logs")
     _run_number += 1
     path = os.path.join(mine, f"run-{_run_number:05d}")
     os.mkdir(path, 0o700)

@@ -77,6 +77,23 @@ def _dead_kernel_key():
     return f"{gone.pid}-{created:.2f}"
 
 
+@pytest.mark.parametrize("kind", ["work", "logs"])
+def test_the_directories_of_notebook_processes_that_are_gone_are_swept(private_state, kind):
+    parent = state.subdir(kind)
+    with subprocess.Popen(["sleep", "60"]) as other:  # another notebook process, running
+        try:
+            running = f"{other.pid}-{psutil.Process(other.pid).create_time():.2f}"
+            recycled = f"{other.pid}-{psutil.Process(other.pid).create_time() - 5:.2f}"
+            for key in (_dead_kernel_key(), recycled, running):
+                os.makedirs(os.path.join(parent, key, "run-1"))
+            made = state.new_work_dir("run-") if kind == "work" else state.new_log_dir()
+            assert sorted(os.listdir(parent)) == sorted([running, state.kernel_key()])
+            assert os.path.dirname(made) == os.path.join(parent, state.kernel_key())
+            assert oct(os.stat(made).st_mode & 0o777) == "0o700"
+        finally:
+            other.kill()
+
+
 def test_leftovers_are_found_by_pid_and_start_time_and_only_they_are_killed(private_state):
     ours = subprocess.Popen(["sleep", "600"])
     bystander = subprocess.Popen(["sleep", "600"])

@@ -23,7 +23,6 @@ from __future__ import annotations
 import itertools
 import secrets
 import shutil
-import tempfile
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -75,7 +74,7 @@ def run_on_cluster(cluster: Cluster, source: str, *, user_ns: Optional[Mapping] 
     check_jax(cluster, launch)
     per_host = replicas_per_host(cluster, launch.runtime)
     options.check_pull_from(pull_from, sum(per_host))
-    checked = tempfile.mkdtemp(prefix="colab_xla-")
+    checked = state.new_work_dir("check-")
     try:  # an empty cell or a SyntaxError is said here, with the cell's line, not per host
         CellModule.create(source, checked, label=label, header=header)
     finally:
