@@ -23,7 +23,7 @@ import secrets
 import select
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from . import endings, hardware, interrupts, processes, shared_lock, state
 from .cell import CellModule
@@ -101,6 +101,14 @@ class DrawPacer:
 STARTUP, STARTUP_LABEL = -1, "process start-up"
 
 
+class _Held(NamedTuple):
+    """The piece of a C-level line read so far (its line not ended yet)."""
+    text: str
+    origin: Any  # whose output it is, as read (shown under it if it is shown unended)
+    kind: int
+    since: float  # monotonic time of its first read
+
+
 @dataclasses.dataclass(frozen=True)
 class RunRequest:
     """What a run does besides running the cell (see :func:`colab_xla.run.run_cell`)."""
@@ -138,7 +146,7 @@ class Supervisor:
         self.outcome = RunOutcome(device_type=plan.device_type, log_dir=state.new_log_dir())
         self._decoders: Dict[tuple, Any] = {}
         # fd -> (the text of an unended C-level line, its origin, its kind, held since)
-        self._held: Dict[int, Tuple[str, Any, int, float]] = {}
+        self._held: Dict[int, _Held] = {}
         self._ranks: Dict[int, set] = {}  # local process rank -> ordinals it runs
         self._pid_rank: Dict[int, int] = {}
         self._replicas = replicas or FreshReplicas(self.run_id, options.launch, plan)
@@ -280,7 +288,7 @@ class Supervisor:
             if self._rings:
                 wake = min(wake, now + (RING_FLOW_SECONDS if flowing else RING_POLL_SECONDS))
             if self._held:
-                wake = min(wake, min(since for *_, since in self._held.values())
+                wake = min(wake, min(held.since for held in self._held.values())
                            + PARTIAL_LINE_SECONDS)
             readable, _, _ = select.select(fds, [], [], max(0.0, wake - now))
             for fd in readable:
@@ -336,19 +344,20 @@ class Supervisor:
     def _line_text(self, fd: int, origin, kind: int, data: bytes) -> None:
         """C-level output read from ``fd``: its ended lines now, the rest held (see
         PARTIAL_LINE_SECONDS)."""
-        held, _, _, since = self._held.pop(fd, ("", None, kind, time.monotonic()))
-        text = held + self._decoded(origin, kind, data)
+        held = self._held.pop(fd, None)
+        text = (held.text if held else "") + self._decoded(origin, kind, data)
         end = max(text.rfind("\n"), text.rfind("\r")) + 1  # (\r: a progress line's end)
         if end < len(text):
-            self._held[fd] = (text[end:], origin, kind, since)
+            since = held.since if held else time.monotonic()
+            self._held[fd] = _Held(text[end:], origin, kind, since)
         self._emit(origin, kind, text[:end])
 
     def _release_held(self, before: Optional[float] = None) -> None:
         """Show the held pieces of C-level lines (those held since ``before`` or earlier)."""
-        for fd, (text, origin, kind, since) in list(self._held.items()):
-            if before is None or since <= before:
+        for fd, held in list(self._held.items()):
+            if before is None or held.since <= before:
                 del self._held[fd]
-                self._emit(origin, kind, text)
+                self._emit(held.origin, held.kind, held.text)
 
     def _catch_up(self, read_fd: int) -> None:
         """Handle the frames sent before C-level output was read: the process's start,

@@ -70,12 +70,20 @@ def cell(source: str, session, **kw):
 
 
 @pytest.fixture(params=["processes", "threads"], scope="module")
-def live(request):
+def _module_session(request):
     """A session of 2 replicas in each CPU model, ended after the module's tests."""
     session = new_session(SessionOptions(replicas=2, simulate=request.param), {},
                           announce=None)
     yield session
     session.stop()
+
+
+@pytest.fixture
+def live(_module_session):
+    """The module's session, for a test that needs it up."""
+    if not _module_session.up:
+        pytest.skip("an earlier test of this module ended the session")
+    return _module_session
 
 
 def session_pids(session):
@@ -85,8 +93,6 @@ def session_pids(session):
 @pytest.mark.xla
 @pytest.mark.timeout(600)
 def test_globals_compiled_graphs_and_processes_stay_across_cells(live):
-    if not live.up:
-        pytest.skip("an earlier test of this module ended the session")
     first = cell("""
         import torch, torch_xla, torch_xla.core.xla_model as xm
         import torch_xla.debug.metrics as met
@@ -124,8 +130,6 @@ def test_globals_compiled_graphs_and_processes_stay_across_cells(live):
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm here")
 def test_large_results_of_session_cells_arrive_in_the_pages_earlier_ones_freed(live):
-    if not live.up:
-        pytest.skip("an earlier test of this module ended the session")
     pages = shared_tensors.own_pages_dir()
     shared_tensors.drop_free_pages()
     first = cell("import torch\ntorch.full((1 << 20,), float(index))", live)  # 4 MiB each
@@ -154,8 +158,6 @@ def _kept_maps(pids):
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm here")
 def test_a_session_replica_writes_freed_pages_again_through_its_own_mapping_then_lets_go(live):
-    if not live.up:
-        pytest.skip("an earlier test of this module ended the session")
     shared_tensors.drop_free_pages()
     first = cell("""
         import torch
@@ -207,8 +209,6 @@ def _mapped_inode(tensor) -> int:
 @pytest.mark.xla
 @pytest.mark.timeout(600)
 def test_notebook_names_reach_the_replicas_when_new_or_changed(live):
-    if not live.up:
-        pytest.skip("an earlier test of this module ended the session")
     ns = {"scale": 3}
     assert cell("scale * 10", live, user_ns=ns).results() == {0: 30, 1: 30}
 
@@ -229,8 +229,6 @@ def test_notebook_names_reach_the_replicas_when_new_or_changed(live):
 @pytest.mark.xla
 @pytest.mark.timeout(600)
 def test_a_replica_that_raises_fails_the_cell_and_the_session_stays(live):
-    if not live.up:
-        pytest.skip("an earlier test of this module ended the session")
     pids = session_pids(live)
     cell("kept = index * 11", live)
     failed = cell("""
@@ -248,8 +246,6 @@ def test_a_replica_that_raises_fails_the_cell_and_the_session_stays(live):
 @pytest.mark.xla
 @pytest.mark.timeout(600)
 def test_a_timeout_interrupts_the_cell_and_keeps_the_session_and_its_state(live):
-    if not live.up:
-        pytest.skip("an earlier test of this module ended the session")
     if live.plan.simulation == "threads":
         pytest.skip("threads are interrupted at their next Python line: see the loop test")
     cell("state = [index]", live)
@@ -263,8 +259,6 @@ def test_a_timeout_interrupts_the_cell_and_keeps_the_session_and_its_state(live)
 @pytest.mark.xla
 @pytest.mark.timeout(600)
 def test_a_python_loop_is_interrupted_in_every_model(live):
-    if not live.up:
-        pytest.skip("an earlier test of this module ended the session")
     cell("n = 0", live)
     outcome = cell("while True:\n    n += 1", live, timeout=1)
     assert [r.state for r in outcome.replicas.values()] == [STOPPED, STOPPED]
@@ -276,8 +270,6 @@ def test_a_python_loop_is_interrupted_in_every_model(live):
 @pytest.mark.xla
 @pytest.mark.timeout(600)
 def test_fail_fast_interrupts_replicas_waiting_for_the_failed_one(live):
-    if not live.up:
-        pytest.skip("an earlier test of this module ended the session")
     outcome = cell("""
         import time
         if index == 0:

@@ -4,6 +4,7 @@ shared-memory tensors. Kept apart from test_units.py so a missing torch skips on
 import errno
 import os
 import pickle
+import queue
 
 import pytest
 
@@ -192,6 +193,11 @@ def keeping(monkeypatch):
         os.close(kept.fd)
 
 
+def _kept_bytes():
+    """How many bytes of files this process keeps mapped."""
+    return sum(len(kept.memory) for kept in shared_tensors._kept.values())
+
+
 def _no_pwrite(monkeypatch):
     def refused(*args):
         raise AssertionError("pwrite called: the kept mapping was not used")
@@ -203,9 +209,9 @@ def test_a_replica_that_keeps_mappings_writes_its_freed_pages_again_by_a_copy(
         run_dir, keeping, monkeypatch):
     pages = shared_tensors.pages_dir(run_dir)
     rebuild, args = shared_tensors.reduce_tensor(torch.ones(1 << 20), run_dir)  # pwrite
-    assert shared_tensors.kept_bytes() == 0  # mapped only once the cell has ended
+    assert _kept_bytes() == 0  # mapped only once the cell has ended
     shared_tensors.map_written()
-    assert shared_tensors.kept_bytes() == 4 << 20
+    assert _kept_bytes() == 4 << 20
     back = rebuild(*args)  # the notebook maps it, then frees it
     del back
     assert _listing(pages) == ["free"]
@@ -213,7 +219,7 @@ def test_a_replica_that_keeps_mappings_writes_its_freed_pages_again_by_a_copy(
     again = _returned(torch.arange(1 << 20, dtype=torch.float32), run_dir)
     assert torch.equal(again, torch.arange(1 << 20, dtype=torch.float32))
     shared_tensors.map_written()  # known already: still one mapping
-    assert shared_tensors.kept_bytes() == 4 << 20
+    assert _kept_bytes() == 4 << 20
 
 
 def test_free_pages_kept_mapped_are_claimed_before_smaller_ones(run_dir, keeping):
@@ -235,23 +241,48 @@ def test_kept_mappings_of_files_the_notebook_removed_are_let_go(run_dir, keeping
     back = rebuild(*args)
     del back
     shared_tensors.let_go_removed()
-    assert shared_tensors.kept_bytes() == 4 << 20  # free in the pool: kept
+    assert _kept_bytes() == 4 << 20  # free in the pool: kept
     assert shared_tensors.drop_free_pages(os.path.dirname(run_dir)) == 4 << 20
     shared_tensors.let_go_removed()
-    assert shared_tensors.kept_bytes() == 0 and shared_tensors._kept == {}
+    assert _kept_bytes() == 0 and shared_tensors._kept == {}
+
+
+def test_a_session_replica_waiting_for_its_next_cell_lets_go_each_check_period(monkeypatch):
+    from colab_xla.replica import session as replica_session
+
+    waits = []
+
+    class Recorded(queue.Queue):
+        def get(self, block=True, timeout=None):
+            waits.append(timeout)
+            return super().get(block, timeout)
+
+    commands = object.__new__(replica_session._Commands)  # (without its reading thread)
+    commands._queue = Recorded()
+    checks = []
+
+    def let_go_removed():
+        checks.append(1)
+        if len(checks) == 3:  # the next cell's job comes after the third check
+            commands._queue.put("job")
+
+    monkeypatch.setattr(shared_tensors, "let_go_removed", let_go_removed)
+    monkeypatch.setattr(shared_tensors, "KEPT_CHECK_SECONDS", 0.01)
+    assert commands.next() == "job" and len(checks) == 3
+    assert waits == [0.01] * 4  # each wait as long as the check period, and no longer
 
 
 def test_a_file_removed_before_the_cell_ended_is_not_mapped(run_dir, keeping):
     rebuild, args = shared_tensors.reduce_tensor(torch.ones(1 << 20), run_dir)
     os.unlink(args[0])  # a run cut short: the notebook removed its directory
     shared_tensors.map_written()
-    assert shared_tensors.kept_bytes() == 0 and shared_tensors._to_map == []
+    assert _kept_bytes() == 0 and shared_tensors._to_map == []
 
 
 def test_a_replica_that_does_not_keep_mappings_maps_nothing(run_dir):
     rebuild, args = shared_tensors.reduce_tensor(torch.ones(1 << 20), run_dir)
     shared_tensors.map_written()
-    assert shared_tensors.kept_bytes() == 0 and shared_tensors._to_map == []
+    assert _kept_bytes() == 0 and shared_tensors._to_map == []
     assert torch.equal(rebuild(*args), torch.ones(1 << 20))
 
 

@@ -24,9 +24,10 @@ are not kept if a process forked by the notebook after they were mapped is still
 A replica process that runs many cells (a session's, after :func:`keep_mappings`) also
 keeps a mapping of each file it wrote, made once its cell has ended
 (:func:`map_written`): when it claims that file again, its page tables exist, and the
-write is a plain memory copy, ~2.5x ``pwrite`` into tmpfs. It lets go of a file's mapping
-within :data:`KEPT_CHECK_SECONDS` of the notebook removing the file; a process it forks
-(a DataLoader worker) does not inherit these mappings.
+write is a plain memory copy (in ``bench/result_return.py``, ~2.3x ``pwrite`` into tmpfs).
+It lets go of the mappings of files the notebook removed when its cell ends, and between
+cells every :data:`KEPT_CHECK_SECONDS`; a process it forks (a DataLoader worker) does not
+inherit these mappings.
 
 Example::
 
@@ -283,12 +284,6 @@ def let_go_removed() -> None:
                 del _kept[inode]
                 kept.memory.close()
                 os.close(kept.fd)
-
-
-def kept_bytes() -> int:
-    """The replica side: how many bytes of files this process keeps mapped."""
-    with _kept_lock:
-        return sum(len(kept.memory) for kept in _kept.values())
 
 
 def _claim(directory: str, nbytes: int, path: str) -> bool:
