@@ -1,7 +1,9 @@
 """The live widget as a person sees it: JupyterLab in headless chromium runs a notebook
 whose ``%%xla_spawn -n 4`` cell has one failing replica, and the rendered widget shows
 the header, the combined "all" tab and one tab per replica with the right marks, output,
-result and traceback; the cell itself ends with an XlaSpawnError.
+result and traceback; the cell itself ends with an XlaSpawnError. A cell before it runs
+six quick runs, so that the spawn cell's widgets are a retired run's, made over: it shows
+only its own run, and the retired runs show their summary.
 
 Needs torch_xla (the cell runs real replicas), chromium at /usr/lib/chromium/chromium
 (``scripts/env --browser`` installs it) and the playwright Python package; any of them
@@ -27,6 +29,14 @@ REPLICAS = 4
 FAILING = 2
 RUN_TIMEOUT = 180  # s, from Run All to a finished widget
 
+# Runs before the spawn cell, so that its widgets are a retired run's, made over (issue 18):
+# of these, the runs that the next runs retired show their summary, the others their widget.
+WARM_UP_RUNS = 6
+WARM_UP_CELL = f"""for _run in range({WARM_UP_RUNS}):
+    get_ipython().run_cell_magic("xla_spawn", "-n {REPLICAS}", 'print("warm-up", index)')"""
+WARM_UP_LIVE = 4  # (the spawn cell's run keeps LIVE_RUNS - 1 = 4 older runs live)
+SPAWN_AT = 2  # the spawn cell's index
+
 SPAWN_CELL = f"""%%xla_spawn -n {REPLICAS}
 print("hello from", index)
 if index == {FAILING}:
@@ -41,6 +51,7 @@ def write_notebook(path: Path) -> None:
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
     nb.cells = [nbformat.v4.new_code_cell("%load_ext colab_xla"),
+                nbformat.v4.new_code_cell(WARM_UP_CELL),
                 nbformat.v4.new_code_cell(SPAWN_CELL)]
     nbformat.write(nb, str(path))
 
@@ -60,6 +71,13 @@ def require_browser_stack():
         pytest.fail(f"the playwright Python package is missing ({e}): pip install playwright "
                     "(no `playwright install`: the test uses the system chromium)", pytrace=False)
     return sync_playwright
+
+
+def check_warm_up(cell) -> None:
+    """The warm-up cell: its retired runs show their summary, the others their widget."""
+    assert cell.locator(".widget-tab").count() == WARM_UP_LIVE, cell.inner_text()
+    summaries = cell.get_by_text(f"{REPLICAS} replicas on CPU: {REPLICAS} done").count()
+    assert summaries == WARM_UP_RUNS - WARM_UP_LIVE, cell.inner_text()
 
 
 def tab_labels(widget) -> list:
@@ -101,7 +119,7 @@ def test_widget_in_jupyterlab(tmp_path):
             print(f"Run All Cells took {tries} tries")  # shown with the failure report
 
             cells = page.locator(".jp-Notebook .jp-CodeCell")
-            spawn = cells.nth(1)
+            spawn = cells.nth(SPAWN_AT)
             widget = spawn.locator(".widget-tab")
 
             def finished():
@@ -132,9 +150,10 @@ def test_widget_in_jupyterlab(tmp_path):
             combined = show_tab(widget, "all")
             for i in range(REPLICAS):
                 assert f"[replica {i}] hello from {i}" in combined, combined
+            assert "warm-up" not in combined, combined  # (its widgets are a retired run's)
 
             ok = show_tab(widget, "1 ✓")
-            assert "hello from 1" in ok, ok
+            assert "hello from 1" in ok and "warm-up" not in ok, ok
             assert "Out: 10" in ok, ok
             assert "hello from 2" not in ok, ok
 
@@ -148,6 +167,7 @@ def test_widget_in_jupyterlab(tmp_path):
             errors = spawn.locator(".jp-OutputArea-output[data-mime-type="
                                    "'application/vnd.jupyter.stderr']").all_inner_texts()
             assert any("XlaSpawnError" in e for e in errors), (errors, spawn.inner_text())
+            check_warm_up(cells.nth(1))
             # the first cell ran quietly
             assert cells.nth(0).locator(".jp-OutputArea-output").count() == 0, \
                 cells.nth(0).inner_text()

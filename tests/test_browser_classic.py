@@ -29,8 +29,8 @@ from typing import Optional
 import pytest
 
 import _jupyterlab as lab  # tests/ is on sys.path (rootdir-relative import mode)
-from test_browser import (FAILING, REPLICAS, require_browser_stack, show_tab, tab_labels,
-                          write_notebook)
+from test_browser import (FAILING, REPLICAS, SPAWN_AT, check_warm_up, require_browser_stack,
+                          show_tab, tab_labels, write_notebook)
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
@@ -103,7 +103,7 @@ def test_widget_in_the_classic_notebook_under_ipywidgets_7(tmp_path):
             page.evaluate("() => Jupyter.notebook.execute_all_cells()")
 
             cells = page.locator("#notebook .cell.code_cell")
-            spawn = cells.nth(1)
+            spawn = cells.nth(SPAWN_AT)
             widget = spawn.locator(".widget-tab")
 
             def finished():
@@ -132,12 +132,15 @@ def test_widget_in_the_classic_notebook_under_ipywidgets_7(tmp_path):
             combined = show_tab(widget, "all")
             for i in range(REPLICAS):
                 assert f"[replica {i}] hello from {i}" in combined, combined
+            assert "warm-up" not in combined, combined  # (its widgets are a retired run's)
             ok = show_tab(widget, "1 ✓")
             assert "hello from 1" in ok and "Out: 10" in ok and "hello from 2" not in ok, ok
+            assert "warm-up" not in ok, ok
             failed = show_tab(widget, "2 ✗")
             assert "ValueError: replica two fails" in failed and "Cell In[" in failed, failed
             assert re.search(rf"replica {FAILING} · failed", failed), failed
 
+            check_warm_up(cells.nth(1))
             error = spawn.locator(".output_error").all_inner_texts()
             assert any("XlaSpawnError" in e for e in error), spawn.inner_text()
             assert not [e for e in console_errors if "model" in e.lower()], console_errors

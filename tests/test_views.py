@@ -144,6 +144,7 @@ def widget_view(monkeypatch):
     monkeypatch.setattr(widget_view, "display",
                         lambda *a, **k: handles.append(Handle()) or handles[-1])
     monkeypatch.setattr(widget_view, "_live", widget_view.collections.deque())
+    monkeypatch.setattr(widget_view, "_spare", widget_view.collections.deque())
     return widget_view, handles
 
 
@@ -210,3 +211,89 @@ def test_a_run_makes_few_widgets_sharing_one_layout(widget_view):
               else [view.tabs._titles[str(i)] for i in range(9)])
     assert titles == ["all"] + [f"{o} {'✗' if o == 5 else '✓'}" for o in range(8)]
     view.retire()
+
+
+def _one_run(widget_view, replicas: int, failed=(), lines=True, close=True):
+    """A run of ``replicas`` replicas that print a line each (if ``lines``); those in
+    ``failed`` fail, the others are done; its view, closed if ``close``."""
+    from colab_xla.outcome import ReplicaError
+
+    view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
+    view.opened(outcome)
+    for o in range(replicas):
+        outcome.replica(o)
+        view.started(outcome, o)
+        if lines:
+            view.output(outcome, o, [f"line {o} of run {len(widget_view._live)}"])
+    view.tick(outcome)
+    for o in range(replicas):
+        rep = outcome.replicas[o]
+        rep.state, rep.elapsed = ("failed", 0.2) if o in failed else ("done", 0.1)
+        if o in failed:
+            rep.error = ReplicaError(kind="exception", ename="ValueError", evalue=f"{o}",
+                                     traceback=f"ValueError: {o}\n")
+        rep.log.write("stdout", f"own line of {o}\n" if lines else "")
+    if close:
+        outcome.elapsed = 0.3
+        view.closed(outcome)
+    return view
+
+
+def _shown(view):
+    """What a view's box shows: the combined tab's text, and per replica tab its
+    widgets' values and output texts."""
+    combined, *pages = view.tabs.children
+    return ("".join(o["text"] for o in combined.outputs),
+            [[getattr(w, "value", None) or "".join(o["text"] for o in w.outputs)
+              for w in page.children] for page in pages])
+
+
+def test_a_retired_runs_widgets_are_made_over_for_the_next_run_showing_only_its_own(
+        widget_view):
+    """Issue #18: a run's widgets were each opened (a comm message the cell waits for),
+    then closed five runs later; a warm session cell spent most of its widget view's time
+    on them. Now the next run of as many replicas opens no widget at all."""
+    widget_view, handles = widget_view
+    views = [_one_run(widget_view, 2, failed=(1,)) for _ in range(widget_view.LIVE_RUNS)]
+    before, first_box = dict(widget_view._registry()), views[0].box
+    tabs, seen = first_box.children[1], []  # what each page holds as the tabs show it
+    tabs.observe(lambda change: seen.extend(
+        str([[getattr(w, "value", None), getattr(w, "outputs", None)] for w in page.children])
+        for page in change["new"][1:]), names="children")
+    reused = _one_run(widget_view, 2, lines=False)
+    assert len(seen) == 2 and not any("own line" in page or "done" in page for page in seen)
+    assert reused.box is first_box and views[0].box is None is views[0].tabs
+    after = dict(widget_view._registry())
+    assert set(after) <= set(before)  # no widget opened; closed: the retired run's error
+    assert ["ValueError: 1" in before[k].value for k in set(before) - set(after)] == [True]
+    assert "application/vnd.jupyter.widget-view+json" not in handles[0].shown[-1]
+    assert handles[-1].shown[-1]["application/vnd.jupyter.widget-view+json"]["model_id"] == (
+        reused.box.model_id)
+    combined, pages = _shown(reused)  # nothing of the first run: its lines, its error
+    assert "run" not in combined and len(pages) == 2
+    assert [len(page) for page in pages] == [2, 2] and "run 0" not in str(pages)
+    assert all("<b>done</b>" in page[0] for page in pages)
+
+
+def test_a_run_with_more_replicas_than_the_retired_run_makes_only_the_widgets_it_lacks(
+        widget_view):
+    widget_view, _ = widget_view
+    for _ in range(widget_view.LIVE_RUNS):
+        _one_run(widget_view, 1)
+    before = set(widget_view._registry())
+    view = _one_run(widget_view, 3)
+    assert len(set(widget_view._registry()) - before) == 2 * 3  # replicas 1 and 2
+    assert [page[1] for page in _shown(view)[1]] == [f"own line of {o}\n" for o in range(3)]
+    fewer = [_one_run(widget_view, 1) for _ in range(widget_view.LIVE_RUNS)][-1]
+    assert len(_shown(fewer)[1]) == 1  # a tab per replica of its own run
+
+
+def test_widgets_of_a_run_that_did_not_end_as_drawn_are_closed_not_made_over(widget_view):
+    widget_view, _ = widget_view
+    before = set(widget_view._registry())
+    cut = _one_run(widget_view, 2, close=False)  # (its view failed: the text view took over)
+    widgets_of_cut = [w for k, w in widget_view._registry().items() if k not in before]
+    for _ in range(widget_view.LIVE_RUNS):
+        _one_run(widget_view, 2)
+    assert all(w.comm is None for w in widgets_of_cut)  # closed
+    assert cut.box is None and list(widget_view._spare) == []

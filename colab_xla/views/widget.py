@@ -7,8 +7,10 @@ per tick: never ``with output:`` from another thread (ipywidgets#2358, #4020), a
 
 When the run ends, the display is replaced by a bundle of the widget, a text/plain and a
 text/html summary, so a saved notebook shows per-replica results without widget state.
-The widgets of the last :data:`LIVE_RUNS` runs stay live; older ones are closed (see
-:func:`_retire_old_views`), so a long session does not pile up widget models.
+The widgets of the last :data:`LIVE_RUNS` runs stay live; an older run's display becomes its
+summary, and its widgets are made over for the next run (one run's, at most) or closed (see
+:func:`_retire_old_views`), so a long session does not pile up widget models, and a cell does
+not wait for its widgets' comm messages to open them and close them again.
 """
 
 from __future__ import annotations
@@ -38,9 +40,56 @@ _MERGE_WINDOW = 64
 # run shares one layout and its HTML widgets one style (made per widget, they were most of
 # a run's widgets, and each is a comm message that a short cell's launch waits for).
 LIVE_RUNS = 5
+# Retired runs whose widgets wait to be made over for the next run, instead of closed.
+SPARE_RUNS = 1
 # What the live display says where widgets cannot show (its summary replaces it at the end).
 LIVE_TEXT = "colab_xla: the run's live view (a widget); its summary replaces this at the end."
 _live: Deque["WidgetView"] = collections.deque()
+_spare: Deque["_RunWidgets"] = collections.deque()
+
+
+class _RunWidgets:
+    """One run's widgets: a header over a Tab of a combined tab and a tab per replica (its
+    state, and its output), sharing one layout and one style. Made anew, or a retired run's
+    made over (:meth:`cleared`): a comm message per widget opened and closed is most of what
+    a short cell's widget view costs."""
+
+    def __init__(self):
+        self.layout = widgets.Layout()
+        self.style = widgets.HTML.class_traits()["style"].klass()
+        self.header = self.html()
+        self.combined = widgets.Output(layout=self.layout)
+        self.tabs = widgets.Tab(children=[self.combined], layout=self.layout)
+        self.box = widgets.VBox([self.header, self.tabs], layout=self.layout)
+        self.replicas: List[Tuple[widgets.HTML, widgets.Output, widgets.VBox]] = []
+
+    def html(self, value: str = "") -> widgets.HTML:
+        return widgets.HTML(value=value, layout=self.layout, style=self.style)
+
+    def replica(self, ordinal: int, status: str) -> Tuple[widgets.HTML, widgets.Output,
+                                                          widgets.VBox]:
+        """Replica ``ordinal``'s state, output and page (its tab), made if this run's
+        widgets have none for it yet."""
+        if ordinal < len(self.replicas):
+            state, out, page = self.replicas[ordinal]
+            state.value, out.outputs = status, ()  # (a message only where they change)
+            return state, out, page
+        while len(self.replicas) <= ordinal:
+            state, out = self.html(status), widgets.Output(layout=self.layout)
+            self.replicas.append((state, out, widgets.VBox([state, out], layout=self.layout)))
+        return self.replicas[ordinal]
+
+    def cleared(self) -> "_RunWidgets":
+        """These widgets, showing nothing of their last run: no replica tabs, no lines (a
+        replica's widgets show its new state and output as its tab comes back)."""
+        self.header.value = ""
+        self.tabs.children = [self.combined]
+        self.combined.outputs = ()
+        return self
+
+    def all(self) -> List[widgets.Widget]:
+        return [self.layout, self.style, self.header, self.combined, self.tabs, self.box,
+                *(w for replica in self.replicas for w in replica)]
 
 
 class WidgetView(RunObserver):
@@ -48,6 +97,7 @@ class WidgetView(RunObserver):
         # The widgets are made when the run opens: a run that never starts (a bad option)
         # must not leave widgets behind.
         self.box: Optional[widgets.VBox] = None
+        self._widgets: Optional[_RunWidgets] = None
         self._replicas: Dict[int, Tuple[widgets.HTML, widgets.Output]] = {}
         self._errors: Dict[int, widgets.HTML] = {}  # made when a replica fails
         self._pages: Dict[int, widgets.VBox] = {}
@@ -66,12 +116,9 @@ class WidgetView(RunObserver):
     def opened(self, outcome: RunOutcome) -> None:
         _retire_old_views(keep=LIVE_RUNS - 1)
         self._before = set(_registry())
-        self._layout = widgets.Layout()
-        self._style = widgets.HTML.class_traits()["style"].klass()
-        self.header = self._html()
-        self.combined = widgets.Output(layout=self._layout)
-        self.tabs = widgets.Tab(children=[self.combined], layout=self._layout)
-        self.box = widgets.VBox([self.header, self.tabs], layout=self._layout)
+        self._widgets = _spare.popleft().cleared() if _spare else _RunWidgets()
+        self.header, self.combined = self._widgets.header, self._widgets.combined
+        self.tabs, self.box = self._widgets.tabs, self._widgets.box
         _live.append(self)
         self._started = time.monotonic()
         self._draw_header(outcome)
@@ -120,41 +167,47 @@ class WidgetView(RunObserver):
         self._handle.update({**widget_bundle(self.box), **self._summary}, raw=True)
 
     def retire(self) -> None:
-        """Show the static summary in place of the widget, then close every widget of the
-        run (their layouts and styles too): the kernel and the frontend drop them."""
+        """Show the static summary in place of the widget. Then keep the run's widgets for
+        the next run to make over, if it ended as drawn and no other retired run's are kept
+        (:data:`SPARE_RUNS`); close the others (their layouts and styles too): the kernel
+        and the frontend drop them."""
         if self.box is None:
             return
+        kept: List[widgets.Widget] = []
         if self._handle is not None and self._summary is not None:
             with contextlib.suppress(Exception):  # a gone frontend: close them anyway
                 self._handle.update(self._summary, raw=True)
+                if len(_spare) < SPARE_RUNS:
+                    for ordinal in self._errors:  # (its error widget is closed below)
+                        self._pages[ordinal].children = self._replicas[ordinal]
+                    kept = self._widgets.all()
+                    _spare.append(self._widgets)
+        kept_ids = {id(w) for w in kept}
         for widget in {id(w): w for w in _widget_tree(self.box) + self._made}.values():
-            with contextlib.suppress(Exception):
-                widget.close()
+            if id(widget) not in kept_ids:
+                with contextlib.suppress(Exception):
+                    widget.close()
         self._made = []
-        self.box = self._handle = None
+        self.box = self._handle = self._widgets = None  # (its widgets may be another run's)
+        self.header = self.combined = self.tabs = None
         self._replicas, self._pages, self._errors = {}, {}, {}
 
     # -- drawing ----------------------------------------------------------------------------
-
-    def _html(self, value: str = "") -> widgets.HTML:
-        return widgets.HTML(value=value, layout=self._layout, style=self._style)
 
     def _ensure_tabs(self, outcome: RunOutcome) -> None:
         new = [o for o in sorted(outcome.replicas) if o not in self._replicas]
         for ordinal in new:
             # Its state, then its output (then its error, if it fails): the order things
             # happened.
-            self._replicas[ordinal] = (self._html(self._status(outcome, ordinal)),
-                                       widgets.Output(layout=self._layout))
-            self._pages[ordinal] = widgets.VBox(list(self._replicas[ordinal]),
-                                                layout=self._layout)
+            state, out, page = self._widgets.replica(ordinal, self._status(outcome, ordinal))
+            self._replicas[ordinal], self._pages[ordinal] = (state, out), page
         if new:
             self.tabs.children = [self.combined] + [self._pages[o] for o in sorted(self._pages)]
 
     def _show_error(self, ordinal: int, value: str) -> None:
         error = self._errors.get(ordinal)
         if error is None:
-            error = self._errors[ordinal] = self._html(value)
+            error = self._errors[ordinal] = self._widgets.html(value)
             page = self._pages[ordinal]
             page.children = tuple(page.children) + (error,)
         else:
