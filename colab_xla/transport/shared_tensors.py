@@ -24,7 +24,7 @@ are not kept if a process forked by the notebook after they were mapped is still
 A replica process that runs many cells (a session's, after :func:`keep_mappings`) also
 keeps a mapping of each file it wrote, made once its cell has ended
 (:func:`map_written`): when it claims that file again, its page tables exist, and the
-write is a plain memory copy (in ``bench/result_return.py``, ~2.3x ``pwrite`` into tmpfs).
+write is a plain memory copy (faster than ``pwrite`` into tmpfs: ``bench/result_return.py``).
 It lets go of the mappings of files the notebook removed when its cell ends, and between
 cells every :data:`KEPT_CHECK_SECONDS`; a process it forks (a DataLoader worker) does not
 inherit these mappings.
