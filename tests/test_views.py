@@ -297,3 +297,18 @@ def test_widgets_of_a_run_that_did_not_end_as_drawn_are_closed_not_made_over(wid
         _one_run(widget_view, 2)
     assert all(w.comm is None for w in widgets_of_cut)  # closed
     assert cut.box is None and list(widget_view._spare) == []
+
+
+def test_a_run_of_fewer_replicas_keeps_the_others_widgets_and_closing_its_own_closes_them(
+        widget_view, monkeypatch):
+    widget_view, _ = widget_view
+    before = set(widget_view._registry())
+    for _ in range(widget_view.LIVE_RUNS):
+        _one_run(widget_view, 3)
+    made = [w for k, w in widget_view._registry().items() if k not in before]
+    fewer = _one_run(widget_view, 1)  # it takes a run of 3's widgets, and shows 1 tab
+    assert len(_shown(fewer)[1]) == 1 and fewer.box.model_id in {w.model_id for w in made}
+    monkeypatch.setattr(widget_view, "SPARE_RUNS", 0)  # from here on, retired runs close
+    for _ in range(widget_view.LIVE_RUNS):
+        _one_run(widget_view, 1)
+    assert all(w.comm is None for w in made)  # every one of the runs of 3, closed

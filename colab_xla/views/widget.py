@@ -183,7 +183,8 @@ class WidgetView(RunObserver):
                     kept = self._widgets.all()
                     _spare.append(self._widgets)
         kept_ids = {id(w) for w in kept}
-        for widget in {id(w): w for w in _widget_tree(self.box) + self._made}.values():
+        mine = _widget_tree(self.box) + self._made + self._widgets.all()  # (unused tabs too)
+        for widget in {id(w): w for w in mine}.values():
             if id(widget) not in kept_ids:
                 with contextlib.suppress(Exception):
                     widget.close()
