@@ -269,6 +269,22 @@ def test_a_python_loop_is_interrupted_in_every_model(live):
 
 @pytest.mark.xla
 @pytest.mark.timeout(600)
+def test_a_cell_that_starts_and_stops_a_profiler_ends_in_every_model(live):
+    # It spun for ever on Python 3.11, from a session's second cell on (see test_units).
+    cell("before = index", live)
+    outcome = cell("""
+        import cProfile
+        profile = cProfile.Profile()
+        profile.enable()
+        total = sum(range(1000))
+        profile.disable()
+    """, live, timeout=60)
+    assert outcome.ok, [r.error for r in outcome.replicas.values()]
+    assert cell("before, total", live).results() == {0: (0, 499500), 1: (1, 499500)}
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(600)
 def test_fail_fast_interrupts_replicas_waiting_for_the_failed_one(live):
     outcome = cell("""
         import time

@@ -369,6 +369,41 @@ def test_replica_globals_resolve_device_only_when_used(monkeypatch):
         exec("undefined_name", ns)
 
 
+def test_an_interrupted_session_cell_leaves_the_next_one_free_to_set_a_profiler():
+    """A session replica's cell ended by dropping an interrupt that came too late with
+    ``PyThreadState_SetAsyncExc(thread, NULL)``: up to Python 3.12 that leaves the
+    interpreter's "asynchronous exception pending" flag set, and on 3.11 a later cell that set
+    and cleared a profiler spun for ever (this test failed there; 3.12 and 3.13 pass either way)."""
+    from colab_xla.replica.session import Interruptible
+
+    profiled = compile("import sys\nsys.setprofile(lambda *a: None)\n", "<cell>", "exec")
+    last_line = compile("sys.setprofile(None)", "<cell>", "eval")
+    looping, made, seen = threading.Event(), [], []
+
+    def replica():  # not the main thread: its interrupts are asynchronous exceptions
+        made.append(Interruptible())
+        try:
+            with made[0].running("cell 1"):
+                looping.set()
+                while True:
+                    pass
+        except KeyboardInterrupt:
+            seen.append("interrupted")
+        with made[0].running("cell 2"):
+            ns = {}
+            exec(profiled, ns)
+            seen.append(eval(last_line, ns))
+        seen.append(sum(1 for _ in range(10_000)))  # and nothing comes later
+
+    thread = threading.Thread(target=replica, daemon=True)
+    thread.start()
+    assert looping.wait(30)
+    made[0].interrupt("cell 1")
+    thread.join(60)
+    assert not thread.is_alive(), "the second cell spins"
+    assert seen == ["interrupted", None, 10_000]
+
+
 # --- output log ------------------------------------------------------------------------------
 
 from colab_xla.output_log import OutputLog, collapse_cr  # noqa: E402
