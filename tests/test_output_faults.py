@@ -122,7 +122,7 @@ def test_the_widget_view_redraws_a_long_line_as_its_start_only():
     log.write("stdout", "w" * (4 << 20))  # and a long line still growing
     view.tick(outcome)
     combined = "".join(o["text"] for o in view.combined.outputs)
-    tab = "".join(o["text"] for o in view._replicas[0][1].outputs)
+    tab = "".join(o["text"] for o in view._widgets.replicas[0][1].outputs)
     assert len(combined) < 20000 and "more characters in the log" in combined
     assert len(tab) < 40000 and tab.count("more characters in the log") == 1
     assert log.tail[0] == ("stdout", "z" * (4 << 20))  # the log keeps it whole

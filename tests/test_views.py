@@ -148,12 +148,14 @@ def widget_view(monkeypatch):
     return widget_view, handles
 
 
-def _start(view, outcome, replicas: int) -> None:
-    """Replicas 0 to ``replicas - 1`` start and print a line each."""
-    for o in range(replicas):
+def _start(view, outcome, replicas, line="line {o}") -> None:
+    """Replicas ``replicas`` (a count: 0 to ``replicas - 1``) start, and print ``line``
+    each (if given: ``{o}`` is the replica's ordinal)."""
+    for o in range(replicas) if isinstance(replicas, int) else replicas:
         outcome.replica(o)
         view.started(outcome, o)
-        view.output(outcome, o, [f"line {o}"])
+        if line:
+            view.output(outcome, o, [line.format(o=o)])
 
 
 def test_only_the_last_runs_keep_live_widgets_and_older_ones_show_their_summary(widget_view):
@@ -220,11 +222,7 @@ def _one_run(widget_view, replicas: int, failed=(), lines=True, close=True):
 
     view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
     view.opened(outcome)
-    for o in range(replicas):
-        outcome.replica(o)
-        view.started(outcome, o)
-        if lines:
-            view.output(outcome, o, [f"line {o} of run {len(widget_view._live)}"])
+    _start(view, outcome, replicas, lines and f"line {{o}} of run {len(widget_view._live)}")
     view.tick(outcome)
     for o in range(replicas):
         rep = outcome.replicas[o]
@@ -284,8 +282,23 @@ def test_a_run_with_more_replicas_than_the_retired_run_makes_only_the_widgets_it
     view = _one_run(widget_view, 3)
     assert len(set(widget_view._registry()) - before) == 2 * 3  # replicas 1 and 2
     assert [page[1] for page in _shown(view)[1]] == [f"own line of {o}\n" for o in range(3)]
-    fewer = [_one_run(widget_view, 1) for _ in range(widget_view.LIVE_RUNS)][-1]
-    assert len(_shown(fewer)[1]) == 1  # a tab per replica of its own run
+
+
+def test_a_replicas_tab_comes_when_it_starts_and_makes_only_its_own_widgets(widget_view):
+    widget_view, _ = widget_view
+    before = set(widget_view._registry())
+    view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
+    view.opened(outcome)
+    made = set(widget_view._registry()) - before
+    for started in ([0, 2], [1]):  # replica 1 starts after 2
+        _start(view, outcome, started, line=None)
+        outcome.replicas[started[-1]].state = "done"
+        view.tick(outcome)
+        assert len(set(widget_view._registry()) - before - made) == 3 * len(started)
+        made = set(widget_view._registry()) - before
+        assert [page[0].split(" · ")[:2] for page in _shown(view)[1]] == [
+            [f"replica {o}", f"<b>{outcome.replicas[o].state}</b>"]
+            for o in sorted(outcome.replicas)]
 
 
 def test_widgets_of_a_run_that_did_not_end_as_drawn_are_closed_not_made_over(widget_view):

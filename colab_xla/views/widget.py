@@ -61,23 +61,24 @@ class _RunWidgets:
         self.combined = widgets.Output(layout=self.layout)
         self.tabs = widgets.Tab(children=[self.combined], layout=self.layout)
         self.box = widgets.VBox([self.header, self.tabs], layout=self.layout)
-        self.replicas: List[Tuple[widgets.HTML, widgets.Output, widgets.VBox]] = []
+        # By ordinal: a replica's state, output and page (its tab).
+        self.replicas: Dict[int, Tuple[widgets.HTML, widgets.Output, widgets.VBox]] = {}
 
     def html(self, value: str = "") -> widgets.HTML:
         return widgets.HTML(value=value, layout=self.layout, style=self.style)
 
     def replica(self, ordinal: int, status: str) -> Tuple[widgets.HTML, widgets.Output,
                                                           widgets.VBox]:
-        """Replica ``ordinal``'s state, output and page (its tab), made if this run's
-        widgets have none for it yet."""
-        if ordinal < len(self.replicas):
+        """Replica ``ordinal``'s state, output and page (its tab), showing ``status`` and no
+        output: made over if these widgets have them from an earlier run, else made."""
+        if ordinal in self.replicas:
             state, out, page = self.replicas[ordinal]
             state.value, out.outputs = status, ()  # (a message only where they change)
-            return state, out, page
-        while len(self.replicas) <= ordinal:
+        else:
             state, out = self.html(status), widgets.Output(layout=self.layout)
-            self.replicas.append((state, out, widgets.VBox([state, out], layout=self.layout)))
-        return self.replicas[ordinal]
+            page = widgets.VBox([state, out], layout=self.layout)
+            self.replicas[ordinal] = state, out, page
+        return state, out, page
 
     def cleared(self) -> "_RunWidgets":
         """These widgets, showing nothing of their last run: no replica tabs, no lines (a
@@ -89,7 +90,7 @@ class _RunWidgets:
 
     def all(self) -> List[widgets.Widget]:
         return [self.layout, self.style, self.header, self.combined, self.tabs, self.box,
-                *(w for replica in self.replicas for w in replica)]
+                *(w for replica in self.replicas.values() for w in replica)]
 
 
 class WidgetView(RunObserver):
@@ -98,9 +99,8 @@ class WidgetView(RunObserver):
         # must not leave widgets behind.
         self.box: Optional[widgets.VBox] = None
         self._widgets: Optional[_RunWidgets] = None
-        self._replicas: Dict[int, Tuple[widgets.HTML, widgets.Output]] = {}
+        self._shown: List[int] = []  # the replicas that have their tab, in order
         self._errors: Dict[int, widgets.HTML] = {}  # made when a replica fails
-        self._pages: Dict[int, widgets.VBox] = {}
         self._titles: Tuple[str, ...] = ()
         self._summary: Optional[dict] = None
         self._before: Optional[set] = None  # the widgets that existed when the run opened
@@ -169,8 +169,9 @@ class WidgetView(RunObserver):
     def retire(self) -> None:
         """Show the static summary in place of the widget. Then keep the run's widgets for
         the next run to make over, if it ended as drawn and no other retired run's are kept
-        (:data:`SPARE_RUNS`); close the others (their layouts and styles too): the kernel
-        and the frontend drop them."""
+        (:data:`SPARE_RUNS`); close the others (their layouts and styles too, and the tabs
+        of an earlier, larger run that this one did not show): the kernel and the frontend
+        drop them. Its error widgets are closed either way."""
         if self.box is None:
             return
         kept: List[widgets.Widget] = []
@@ -179,11 +180,12 @@ class WidgetView(RunObserver):
                 self._handle.update(self._summary, raw=True)
                 if len(_spare) < SPARE_RUNS:
                     for ordinal in self._errors:  # (its error widget is closed below)
-                        self._pages[ordinal].children = self._replicas[ordinal]
+                        state, out, page = self._widgets.replicas[ordinal]
+                        page.children = (state, out)
                     kept = self._widgets.all()
                     _spare.append(self._widgets)
         kept_ids = {id(w) for w in kept}
-        mine = _widget_tree(self.box) + self._made + self._widgets.all()  # (unused tabs too)
+        mine = self._made + list(self._errors.values()) + self._widgets.all()
         for widget in {id(w): w for w in mine}.values():
             if id(widget) not in kept_ids:
                 with contextlib.suppress(Exception):
@@ -191,25 +193,26 @@ class WidgetView(RunObserver):
         self._made = []
         self.box = self._handle = self._widgets = None  # (its widgets may be another run's)
         self.header = self.combined = self.tabs = None
-        self._replicas, self._pages, self._errors = {}, {}, {}
+        self._shown, self._errors = [], {}
 
     # -- drawing ----------------------------------------------------------------------------
 
     def _ensure_tabs(self, outcome: RunOutcome) -> None:
-        new = [o for o in sorted(outcome.replicas) if o not in self._replicas]
+        new = [o for o in sorted(outcome.replicas) if o not in self._shown]
         for ordinal in new:
             # Its state, then its output (then its error, if it fails): the order things
             # happened.
-            state, out, page = self._widgets.replica(ordinal, self._status(outcome, ordinal))
-            self._replicas[ordinal], self._pages[ordinal] = (state, out), page
+            self._widgets.replica(ordinal, self._status(outcome, ordinal))
         if new:
-            self.tabs.children = [self.combined] + [self._pages[o] for o in sorted(self._pages)]
+            self._shown = sorted(self._shown + new)
+            self.tabs.children = [self.combined] + [self._widgets.replicas[o][2]
+                                                    for o in self._shown]
 
     def _show_error(self, ordinal: int, value: str) -> None:
         error = self._errors.get(ordinal)
         if error is None:
             error = self._errors[ordinal] = self._widgets.html(value)
-            page = self._pages[ordinal]
+            page = self._widgets.replicas[ordinal][2]
             page.children = tuple(page.children) + (error,)
         else:
             error.value = value
@@ -232,7 +235,7 @@ class WidgetView(RunObserver):
 
     def _draw_replica(self, outcome: RunOutcome, ordinal: int) -> None:
         rep = outcome.replicas[ordinal]
-        status, out = self._replicas[ordinal]
+        status, out, _ = self._widgets.replicas[ordinal]
         key = (rep.state, rep.log.version, rep.elapsed is not None)
         if self._drawn.get(ordinal) == key and rep.elapsed is not None:
             return
@@ -256,7 +259,7 @@ class WidgetView(RunObserver):
 
     def _draw_titles(self, outcome: RunOutcome) -> None:
         titles = ["all"] + [f"{o} {html_view.state_mark(outcome.replicas[o].state)}"
-                            for o in sorted(self._replicas)]
+                            for o in self._shown]
         if tuple(titles) == self._titles:
             return
         self._titles = tuple(titles)
@@ -293,22 +296,6 @@ def _registry() -> dict:
 
     found = getattr(widget_module, "_instances", None)
     return found if found is not None else widgets.Widget.widgets
-
-
-def _widget_tree(root: widgets.Widget) -> List[widgets.Widget]:
-    """``root`` and every widget it holds in a synced trait (children, layout, style...)."""
-    found: Dict[int, widgets.Widget] = {}
-    todo = [root]
-    while todo:
-        widget = todo.pop()
-        if id(widget) in found:
-            continue
-        found[id(widget)] = widget
-        for name in widget.keys:
-            value = getattr(widget, name, None)
-            values = value if isinstance(value, (list, tuple)) else (value,)
-            todo.extend(v for v in values if isinstance(v, widgets.Widget))
-    return list(found.values())
 
 
 def widget_bundle(widget: widgets.Widget) -> dict:
