@@ -85,13 +85,16 @@ def kernel_alive(key: str) -> bool:
 # those of notebook processes that are gone.
 KEEP_LOGS_OF_RUNS = 10
 _run_number = 0
-_swept = set()  # the kinds whose directories of notebook processes that are gone were removed
+# (kind, this process's directory of it) once the directories of notebook processes that are
+# gone were removed from beside it: a forked child, whose directory differs, sweeps again.
+_swept = set()
 
 
 def own_dir(kind: str) -> str:
     """This notebook process's directory of ``kind`` (``logs``, ``work``), made on first
     use, when those of notebook processes that are gone (killed before they could clean up)
-    are removed."""
+    are removed. Made again if a cleaner of /tmp removed it (a few µs a call: it is not
+    cached)."""
     parent = subdir(kind)
     mine = os.path.join(parent, kernel_key())
     if (kind, mine) not in _swept:

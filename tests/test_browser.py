@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import _jupyterlab as lab  # tests/ is on sys.path (rootdir-relative import mode)
+from colab_xla.views.widget import LIVE_RUNS
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
@@ -34,7 +35,7 @@ RUN_TIMEOUT = 180  # s, from Run All to a finished widget
 WARM_UP_RUNS = 6
 WARM_UP_CELL = f"""for _run in range({WARM_UP_RUNS}):
     get_ipython().run_cell_magic("xla_spawn", "-n {REPLICAS}", 'print("warm-up", index)')"""
-WARM_UP_LIVE = 4  # (the spawn cell's run keeps LIVE_RUNS - 1 = 4 older runs live)
+WARM_UP_LIVE = LIVE_RUNS - 1  # the spawn cell's run is the last of the live ones
 SPAWN_AT = 2  # the spawn cell's index
 
 SPAWN_CELL = f"""%%xla_spawn -n {REPLICAS}
