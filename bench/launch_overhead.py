@@ -27,9 +27,12 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
+import statistics
 import sys
+import tempfile
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
@@ -37,8 +40,9 @@ if BENCH_DIR not in sys.path:
 
 from _results import (bench_parser, machine_info, machine_line, paired,  # noqa: E402
                       publish, replica_counts, rotated, stats)
-from colab_xla import hardware  # noqa: E402
+from colab_xla import hardware, state  # noqa: E402
 from colab_xla.launch import environ  # noqa: E402
+from colab_xla.transport import shared_tensors  # noqa: E402
 from peer_jobs import fork_each, trivial  # noqa: E402
 
 NAME = "launch_overhead"
@@ -117,6 +121,29 @@ def measure(n: int, repeats: int, warmups: int) -> dict:
     return result
 
 
+def pipe_cost_us(count: int = 200) -> Dict[str, Optional[float]]:
+    """Median µs to make and remove a named pipe where a run makes its pipes (tmpfs, next to
+    its output rings) and where it made them before (its directory in the state directory,
+    under TMPDIR), interleaved; None where there is no tmpfs."""
+    where = {"tmpfs": shared_tensors.SHM_ROOT, "state_dir": state.own_dir("work")}
+    dirs = {name: tempfile.mkdtemp(prefix="bench-pipes-", dir=parent)
+            for name, parent in where.items() if os.path.isdir(parent)}
+    samples: Dict[str, List[float]] = {name: [] for name in dirs}
+    try:
+        for i in range(count):
+            for name in rotated(list(dirs), i):
+                path = os.path.join(dirs[name], f"pipe-{i}")
+                t0 = time.perf_counter()
+                os.mkfifo(path, 0o600)
+                os.unlink(path)
+                samples[name].append((time.perf_counter() - t0) * 1e6)
+    finally:
+        for d in dirs.values():
+            shutil.rmtree(d, ignore_errors=True)
+    return {name: statistics.median(samples[name]) if name in samples else None
+            for name in where}
+
+
 def _cell(s: Dict[str, float]) -> str:
     return f"{s['median']:.1f} ({s['p10']:.1f}–{s['p90']:.1f})"
 
@@ -131,7 +158,8 @@ def _goal(results: List[dict], path: str) -> str:
         f"N={r['replicas']} ({r[f'{path}_minus_bare_ms']['median']:+.1f} ms)" for r in misses))
 
 
-def render(results: List[dict], info: dict, seconds: float) -> str:
+def render(results: List[dict], info: dict, seconds: float,
+           pipes: Dict[str, Optional[float]]) -> str:
     lines = [
         "## Launch overhead",
         "",
@@ -182,6 +210,13 @@ def render(results: List[dict], info: dict, seconds: float) -> str:
         "copies the page tables of a notebook process with torch_xla imported, and each "
         "exit tears them down).",
         "",
+        "A run makes 2 named pipes per replica process, and 2 more. Made and removed, a pipe "
+        + (f"costs {pipes['tmpfs']:.1f} µs in tmpfs (`/dev/shm`, where a run makes them, "
+           "next to its output rings)" if pipes["tmpfs"] is not None else
+           "cannot be made in tmpfs here (no `/dev/shm`)")
+        + f", and {pipes['state_dir']:.1f} µs in the state directory under TMPDIR "
+        "(where the run makes them without tmpfs); median of 200 each, interleaved.",
+        "",
         machine_line(info, NAME, seconds,
                      f"{info['repeats']} repeats after {info['warmups']} warm-ups per path; "
                      f"notebook PJRT_DEVICE {pjrt}", packages=f"IPython {info['ipython']}"),
@@ -212,11 +247,12 @@ def main(argv=None) -> int:
               f"({r['magic_minus_bare_ms']['median']:+.1f}), core {s['core']['median']:.1f} ms "
               f"({r['core_minus_bare_ms']['median']:+.1f}) [{time.perf_counter() - t0:.0f} s]",
               file=sys.stderr)
+    pipes = pipe_cost_us()
     seconds = time.perf_counter() - started
-    markdown = render(results, info, seconds)
-    return publish(NAME, markdown, {"machine": info, "seconds": seconds,
-                                          "goal_ms": GOAL_MS, "results": results},
-                         out_dir=args.out)
+    markdown = render(results, info, seconds, pipes)
+    return publish(NAME, markdown, {"machine": info, "seconds": seconds, "goal_ms": GOAL_MS,
+                                    "results": results, "pipe_cost_us": pipes},
+                   out_dir=args.out)
 
 
 if __name__ == "__main__":

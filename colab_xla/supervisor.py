@@ -166,8 +166,9 @@ class Supervisor:
         self._started = time.monotonic()
         opts = self.options
         self._shm_dir = None if opts.hosted else shared_tensors.make_dir(self.run_id)
-        # The run's pipes go where its rings do: made in tmpfs, a pipe costs ~4 us, against
-        # ~40 us in a disk's /tmp (2 a replica process, and 2 more, every run).
+        # The run's pipes go where its rings do: in tmpfs, making one costs less than in a
+        # disk's /tmp (2 a replica process, and 2 more, every run; bench/launch_overhead.py
+        # measures both).
         pipe_dir = self._shm_dir or self.run_dir
         channel_path = os.path.join(pipe_dir, "channel")
         read_fd, write_fd = frames.make_fifo(channel_path)
