@@ -404,6 +404,39 @@ def test_an_interrupted_session_cell_leaves_the_next_one_free_to_set_a_profiler(
     assert seen == ["interrupted", None, 10_000]
 
 
+def test_a_session_cell_never_clears_an_asynchronous_exception_it_may_have_been_sent(
+        monkeypatch):
+    """Clearing one (``PyThreadState_SetAsyncExc(thread, NULL)``) leaves the pending flag set
+    up to Python 3.12 (see the test above): a cell not interrupted sends nothing at its end,
+    and an interrupted one replaces what may still be pending by an exception it takes."""
+    from colab_xla.replica import session as replica_session
+
+    sent = []
+    real = replica_session._async_raise
+    monkeypatch.setattr(replica_session, "_async_raise",
+                        lambda thread, exc: sent.append(exc) or real(thread, exc))
+    done = []
+
+    def replica():  # not the main thread: its interrupts are asynchronous exceptions
+        cell = replica_session.Interruptible()
+        with cell.running("quiet"):
+            pass
+        done.append(list(sent))
+        try:
+            with cell.running("interrupted"):
+                cell.interrupt("interrupted")
+                while True:
+                    pass
+        except KeyboardInterrupt:
+            pass
+        done.append(list(sent))
+
+    thread = threading.Thread(target=replica, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert done == [[], [KeyboardInterrupt, replica_session._Dropped]]
+
+
 # --- output log ------------------------------------------------------------------------------
 
 from colab_xla.output_log import OutputLog, collapse_cr  # noqa: E402
