@@ -47,6 +47,7 @@ from peer_jobs import fork_each, trivial  # noqa: E402
 
 NAME = "launch_overhead"
 GOAL_MS = 30.0
+PIPES = 200  # named pipes made and removed in each place (pipe_cost_us)
 PATHS = ("bare", "magic", "core", "threads", "forks")
 
 
@@ -121,7 +122,7 @@ def measure(n: int, repeats: int, warmups: int) -> dict:
     return result
 
 
-def pipe_cost_us(count: int = 200) -> Dict[str, Optional[float]]:
+def pipe_cost_us(count: int = PIPES) -> Dict[str, Optional[float]]:
     """Median µs to make and remove a named pipe where a run makes its pipes (tmpfs, next to
     its output rings) and where it made them before (its directory in the state directory,
     under TMPDIR), interleaved; None where there is no tmpfs."""
@@ -215,7 +216,7 @@ def render(results: List[dict], info: dict, seconds: float,
            "next to its output rings)" if pipes["tmpfs"] is not None else
            "cannot be made in tmpfs here (no `/dev/shm`)")
         + f", and {pipes['state_dir']:.1f} µs in the state directory under TMPDIR "
-        "(where the run makes them without tmpfs); median of 200 each, interleaved.",
+        f"(where the run makes them without tmpfs); median of {PIPES} each, interleaved.",
         "",
         machine_line(info, NAME, seconds,
                      f"{info['repeats']} repeats after {info['warmups']} warm-ups per path; "

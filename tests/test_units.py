@@ -380,7 +380,7 @@ def test_an_interrupted_session_cell_leaves_the_next_one_free_to_set_a_profiler(
     last_line = compile("sys.setprofile(None)", "<cell>", "eval")
     looping, made, seen = threading.Event(), [], []
 
-    def replica():  # not the main thread: its interrupts are asynchronous exceptions
+    def replica():
         made.append(Interruptible())
         try:
             with made[0].running("cell 1"):
@@ -395,13 +395,20 @@ def test_an_interrupted_session_cell_leaves_the_next_one_free_to_set_a_profiler(
             seen.append(eval(last_line, ns))
         seen.append(sum(1 for _ in range(10_000)))  # and nothing comes later
 
-    thread = threading.Thread(target=replica, daemon=True)
-    thread.start()
+    thread = _replica_thread(replica)
     assert looping.wait(30)
     made[0].interrupt("cell 1")
     thread.join(60)
     assert not thread.is_alive(), "the second cell spins"
     assert seen == ["interrupted", None, 10_000]
+
+
+def _replica_thread(target) -> threading.Thread:
+    """``target`` started in a thread of its own, not the main thread: there, a session
+    replica's interrupts are asynchronous exceptions."""
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread
 
 
 def test_a_session_cell_never_clears_an_asynchronous_exception_it_may_have_been_sent(
@@ -417,7 +424,7 @@ def test_a_session_cell_never_clears_an_asynchronous_exception_it_may_have_been_
                         lambda thread, exc: sent.append(exc) or real(thread, exc))
     done = []
 
-    def replica():  # not the main thread: its interrupts are asynchronous exceptions
+    def replica():
         cell = replica_session.Interruptible()
         with cell.running("quiet"):
             pass
@@ -431,9 +438,7 @@ def test_a_session_cell_never_clears_an_asynchronous_exception_it_may_have_been_
             pass
         done.append(list(sent))
 
-    thread = threading.Thread(target=replica, daemon=True)
-    thread.start()
-    thread.join(60)
+    _replica_thread(replica).join(60)
     assert done == [[], [KeyboardInterrupt, replica_session._Dropped]]
 
 
