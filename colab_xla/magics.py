@@ -344,7 +344,7 @@ class XlaMagics(Magics):
         except SetupError as exc:
             raise UsageError(self._refusal(exc)) from None
         print(f"colab_xla session: {len(new.replicas)} replicas started in "
-              f"{time.monotonic() - started:.1f} s.")
+              f"{time.monotonic() - started:.2f} s.")  # (forks of a warm process: ms)
         print(new.describe())
 
     def _session_on_cluster(self, hosts, args, given: list) -> None:

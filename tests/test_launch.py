@@ -19,7 +19,7 @@ from colab_xla import hardware, launch, state
 from colab_xla.transport import shared_tensors
 from colab_xla.launch import Launch
 from colab_xla.transport.names import UnsendableNames
-from colab_xla.outcome import DONE
+from colab_xla.outcome import DONE, RETURN_PLAIN_DATA
 from colab_xla.preflight import PreflightError
 
 pytestmark = [pytest.mark.xla, pytest.mark.timeout(240)]
@@ -282,6 +282,15 @@ def test_a_name_that_cannot_come_back_is_reported_by_name_and_type_and_the_other
         assert rep.error.kind == "result"
         assert "--pull bad (lock) could not be sent back" in rep.error.evalue
         assert "--pull missing: no such name in the replica" in rep.error.evalue
+        assert rep.error.evalue.endswith(RETURN_PLAIN_DATA)  # (what to send instead)
+
+
+def test_a_missing_name_alone_is_reported_without_advice_on_what_can_be_sent():
+    outcome = run("here = index", 2, pull=["here", "missing"])
+    assert outcome.pulled("here") == {0: 0, 1: 1}
+    for rep in outcome.replicas.values():
+        assert (rep.error.kind, rep.error.evalue) == (
+            "result", "--pull missing: no such name in the replica.")
 
 
 def test_names_that_fail_in_the_replica_and_in_the_notebook_are_all_reported():

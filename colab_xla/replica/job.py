@@ -228,7 +228,7 @@ def _run_cell(index: int, job: ReplicaJob, process: "ReplicaProcess",
     finally:
         flush_all()
         runtime_clients.notice_torch_xla(f"a call in {cell.label}")  # (not by `device`)
-    problems = []
+    unsendable, missing = [], []
     # JAX arrays as NumPy arrays (the JAX runtime only: a plain list is not walked here).
     to_host = jax_runtime.to_host if jax_runtime.is_jax() else _as_is
     if value is not None:
@@ -236,15 +236,16 @@ def _run_cell(index: int, job: ReplicaJob, process: "ReplicaProcess",
         try:
             report.value = pack_value(to_host(value), job.shm_dir, process.user_ns)
         except Exception as exc:  # noqa: BLE001
-            problems.append(f"the cell's value ({type(value).__name__}) could not be sent "
-                            f"back to the notebook: {type(exc).__name__}: {exc}")
+            unsendable.append(f"the cell's value ({type(value).__name__}) could not be sent "
+                              f"back to the notebook: {type(exc).__name__}: {exc}")
     if job.pull and job.pull_from in (None, index):
-        report.pulled, failed = pull_names(ns, job.pull, job.shm_dir, process.user_ns,
-                                           convert=to_host)
-        problems.extend(failed)
-    if problems:
+        report.pulled, missing, failed = pull_names(ns, job.pull, job.shm_dir,
+                                                    process.user_ns, convert=to_host)
+        unsendable.extend(failed)
+    if unsendable or missing:  # what to send instead, if something could not be sent
+        hint = f" {RETURN_PLAIN_DATA}" if unsendable else ""
         report.error = ReplicaError("result", "ResultError",
-                                    "; ".join(problems) + ". " + RETURN_PLAIN_DATA)
+                                    "; ".join(unsendable + missing) + "." + hint)
     return report
 
 

@@ -142,22 +142,22 @@ def safe_repr(value: Any) -> str:
 def pull_names(ns: Mapping[str, Any], names, shm_dir: Optional[str] = None,
                notebook_ns: Mapping[str, Any] = types.MappingProxyType({}),
                convert: Callable[[Any], Any] = lambda value: value):
-    """``--pull``: ``({name: pickled value}, [problem, ...])`` for the names of ``ns``
-    (each ``convert``-ed first); a name that is missing or cannot be sent is a problem,
-    the others are sent."""
-    pulled, problems = {}, []
+    """``--pull``: ``({name: pickled value}, [missing], [unsendable])`` for the names of
+    ``ns`` (each ``convert``-ed first): a problem for each name that is missing, and for
+    each that cannot be sent; the others are sent."""
+    pulled, missing, unsendable = {}, [], []
     for name in names:
         try:
             value = ns[name]
         except KeyError:
-            problems.append(f"--pull {name}: no such name in the replica")
+            missing.append(f"--pull {name}: no such name in the replica")
             continue
         try:
             pulled[name] = pack_value(convert(value), shm_dir, notebook_ns)
         except Exception as exc:  # noqa: BLE001
-            problems.append(f"--pull {name} ({type(value).__name__}) could not be sent back "
-                            f"to the notebook: {type(exc).__name__}: {exc}")
-    return pulled, problems
+            unsendable.append(f"--pull {name} ({type(value).__name__}) could not be sent back "
+                              f"to the notebook: {type(exc).__name__}: {exc}")
+    return pulled, missing, unsendable
 
 
 def report_path(run_dir: str, ordinal: int) -> str:
