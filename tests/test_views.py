@@ -1,6 +1,7 @@
 """Choosing a view, and the text view taking over when the widget view fails (pure units)."""
 
 import io
+import types
 
 import pytest
 
@@ -124,10 +125,11 @@ def test_the_widget_display_data_is_what_ipywidgets_itself_displays(monkeypatch)
 
 
 class Handle:
-    """What ``display(..., display_id=True)`` returns, keeping what each update showed."""
+    """What ``display(data, display_id=True)`` returns, keeping what it showed first
+    (``data``) and each update."""
 
-    def __init__(self):
-        self.shown = []
+    def __init__(self, data):
+        self.shown = [data]
 
     def update(self, data, raw=False):
         self.shown.append(data)
@@ -142,7 +144,7 @@ def widget_view(monkeypatch):
 
     handles = []
     monkeypatch.setattr(widget_view, "display",
-                        lambda *a, **k: handles.append(Handle()) or handles[-1])
+                        lambda data, **k: handles.append(Handle(data)) or handles[-1])
     monkeypatch.setattr(widget_view, "_live", widget_view.collections.deque())
     monkeypatch.setattr(widget_view, "_spare", widget_view.collections.deque())
     return widget_view, handles
@@ -247,20 +249,24 @@ def _shown(view):
 
 
 def test_a_retired_runs_widgets_are_made_over_for_the_next_run_showing_only_its_own(
-        widget_view):
+        widget_view, monkeypatch):
     """Issue #18: a run's widgets were each opened (a comm message the cell waits for),
     then closed five runs later; a warm session cell spent most of its widget view's time
-    on them. Now the next run of as many replicas opens no widget at all."""
+    on them. Now the next run of as many replicas opens no widget at all, and is displayed
+    only once drawn over, showing nothing of the run before."""
     widget_view, handles = widget_view
     views = [_one_run(widget_view, 2, failed=(1,)) for _ in range(widget_view.LIVE_RUNS)]
     before, first_box = dict(widget_view._registry()), views[0].box
-    tabs, seen = first_box.children[1], []  # what each page holds as the tabs show it
-    tabs.observe(lambda change: seen.extend(
-        str([[getattr(w, "value", None), getattr(w, "outputs", None)] for w in page.children])
-        for page in change["new"][1:]), names="children")
+    at_display = []  # what the box showed when it was displayed
+    fake_display = widget_view.display
+    monkeypatch.setattr(widget_view, "display", lambda data, **k: at_display.append(
+        _shown(types.SimpleNamespace(tabs=first_box.children[1]))) or fake_display(data, **k))
     reused = _one_run(widget_view, 2, lines=False)
-    assert len(seen) == 2 and not any("own line" in page or "done" in page for page in seen)
     assert reused.box is first_box and views[0].box is None is views[0].tabs
+    assert len(at_display) == 1
+    combined, pages = at_display[0]
+    assert "run" not in combined and len(pages) == 2 and "run 0" not in str(pages)
+    assert not any("own line" in str(page) or "done" in str(page) for page in pages)
     after = dict(widget_view._registry())
     assert set(after) <= set(before)  # no widget opened; closed: the retired run's error
     assert ["ValueError: 1" in before[k].value for k in set(before) - set(after)] == [True]
@@ -271,6 +277,60 @@ def test_a_retired_runs_widgets_are_made_over_for_the_next_run_showing_only_its_
     assert "run" not in combined and len(pages) == 2
     assert [len(page) for page in pages] == [2, 2] and "run 0" not in str(pages)
     assert all("<b>done</b>" in page[0] for page in pages)
+
+
+def test_a_short_run_as_large_as_the_retired_one_sends_no_tab_and_no_title(widget_view,
+                                                                            monkeypatch):
+    """Its widgets keep the last run's tabs and titles until it draws them over: a short
+    cell (it ends before its first draw) of as many replicas, ending as that run did, sends
+    neither. (They were cleared first, then drawn again: 2 tab and 3 title messages.)"""
+    import ipywidgets as widgets
+
+    widget_view, _ = widget_view
+    for _ in range(widget_view.LIVE_RUNS):
+        _one_run(widget_view, 2)
+    sent, notify = [], widgets.Widget.notify_change  # (where a change is sent, if synced)
+
+    def notify_change(self, change):
+        if change["name"] in self.keys:
+            sent.append((type(self).__name__, change["name"]))
+        return notify(self, change)
+
+    monkeypatch.setattr(widgets.Widget, "notify_change", notify_change)
+    view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
+    view.opened(outcome)
+    _start(view, outcome, 2, line=None)
+    for rep in outcome.replicas.values():
+        rep.state, rep.elapsed = "done", 0.1
+    outcome.elapsed = 0.2
+    view.closed(outcome)
+    assert sent and not [(kind, trait) for kind, trait in sent if kind == "Tab"], sent
+
+
+def test_a_run_is_displayed_at_its_first_draw_or_ended_if_it_ends_before(widget_view):
+    """Shown once drawn: a short cell is one display (its end), a longer one a live
+    display (at its first draw) updated at its end."""
+    widget_view, handles = widget_view
+    for draws in (0, 1):
+        view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
+        view.opened(outcome)
+        _start(view, outcome, 2)
+        shown_at_open = len(handles)
+        for _ in range(draws):
+            view.tick(outcome)
+        for rep in outcome.replicas.values():
+            rep.state, rep.elapsed = "done", 0.1
+        outcome.elapsed = 0.2
+        view.closed(outcome)
+        widget, text = "application/vnd.jupyter.widget-view+json", "text/plain"
+        assert len(handles) == shown_at_open + 1
+        first, *updates = handles[-1].shown
+        assert first[widget]["model_id"] == view.box.model_id
+        if draws:
+            assert first[text] == widget_view.LIVE_TEXT and len(updates) == 1
+            assert updates[0][text].startswith("2 replicas on CPU: 2 done")
+        else:
+            assert first[text].startswith("2 replicas on CPU: 2 done") and not updates
 
 
 def test_a_run_with_more_replicas_than_the_retired_run_makes_only_the_widgets_it_lacks(

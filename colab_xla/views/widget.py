@@ -5,8 +5,12 @@ Every update is a trait assignment made in the thread that runs the cell, at mos
 per tick: never ``with output:`` from another thread (ipywidgets#2358, #4020), and never
 ``append_stdout`` per line (it re-sends every output each call).
 
-When the run ends, the display is replaced by a bundle of the widget, a text/plain and a
-text/html summary, so a saved notebook shows per-replica results without widget state.
+The widget is displayed once it is drawn: at the run's first draw (at once when output
+comes, else a quarter second in: ``TICK_SECONDS``), or at its end for a run that ends
+before. When the run ends, the display is (or is made with) a bundle of the widget, a
+text/plain and a text/html summary, so a saved notebook shows per-replica results without
+widget state. A short cell is thus one display and no update, and a retired run's widgets
+made over for it are drawn before they show: each message is one more the cell waits for.
 The widgets of the last :data:`LIVE_RUNS` runs stay live; an older run's display becomes its
 summary, and its widgets are made over for the next run (one run's, at most) or closed (see
 :func:`_retire_old_views`), so a long session does not pile up widget models, and a cell does
@@ -81,10 +85,11 @@ class _RunWidgets:
         return state, out, page
 
     def cleared(self) -> "_RunWidgets":
-        """These widgets, showing nothing of their last run: no replica tabs, no lines (a
-        replica's widgets show its new state and output as its tab comes back)."""
-        self.header.value = ""
-        self.tabs.children = [self.combined]
+        """These widgets, for a new run: no lines in the combined tab. Their header, tabs
+        and titles are the last run's until the new run's first draw, which comes before
+        they are displayed: drawn over, only what changes is sent (a run of as many
+        replicas as the last sends no tab or title), and a replica's widgets show its new
+        state and output as its tab comes back."""
         self.combined.outputs = ()
         return self
 
@@ -121,12 +126,8 @@ class WidgetView(RunObserver):
         self.tabs, self.box = self._widgets.tabs, self._widgets.box
         _live.append(self)
         self._started = time.monotonic()
-        self._draw_header(outcome)
-        # The display data, not the widget: IPython 7 (Colab) hands a widget to its own
-        # _ipython_display_, which drops display_id, and the closing update would match
-        # no display (the saved cell would keep the widget's repr, not the summary).
-        self._handle = display({**widget_bundle(self.box), "text/plain": LIVE_TEXT},
-                               raw=True, display_id=True)
+        # Displayed at the first draw (tick), once drawn: not yet, as it may still show the
+        # last run that had these widgets.
 
     # A replica's tab is made at the next tick (see _ensure_tabs), with those of the other
     # replicas that started by then: one change of the Tab's children, not one per replica.
@@ -153,9 +154,11 @@ class WidgetView(RunObserver):
             self.combined.outputs = (_stream("\n".join(self._combined_rows(outcome)) + "\n"),)
             self._combined_dirty = False
         self._draw_titles(outcome)
+        if self._handle is None and outcome.elapsed is None:
+            self._display({"text/plain": LIVE_TEXT})
 
     def closed(self, outcome: RunOutcome) -> None:
-        if self.box is None or self._handle is None:
+        if self.box is None:
             return
         self.tick(outcome)
         # Every widget made in this thread since the run opened is this view's, also one
@@ -164,7 +167,17 @@ class WidgetView(RunObserver):
                       if model_id not in self._before]
         self._summary = {"text/plain": text_view.render(outcome),
                          "text/html": html_view.render(outcome)}
-        self._handle.update({**widget_bundle(self.box), **self._summary}, raw=True)
+        if self._handle is None:  # it ended before its first draw
+            self._display(self._summary)
+        else:
+            self._handle.update({**widget_bundle(self.box), **self._summary}, raw=True)
+
+    def _display(self, fallback: dict) -> None:
+        # The display data, not the widget: IPython 7 (Colab) hands a widget to its own
+        # _ipython_display_, which drops display_id, and the closing update would match
+        # no display (the saved cell would keep the widget's repr, not the summary).
+        self._handle = display({**widget_bundle(self.box), **fallback}, raw=True,
+                               display_id=True)
 
     def retire(self) -> None:
         """Show the static summary in place of the widget. Then keep the run's widgets for
