@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import signal
 import statistics
 import subprocess
@@ -96,8 +97,6 @@ def measure_stack(python: str, args) -> dict:
 # --- the probe: runs in the stack's Python ----------------------------------------------------
 
 def probe(args) -> dict:
-    import platform
-
     import colab_xla
     from colab_xla.outcome import RunObserver
     from colab_xla.run import new_session, run_cell
@@ -189,7 +188,8 @@ def main(argv=None) -> int:
                         help="calls in each timed cell's loop (3,000,000)")
     parser.add_argument("--stacks", default="dev,colab,kaggle",
                         help="stacks to measure, those present (dev,colab,kaggle)")
-    parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # the per-stack process
+    # The process each stack's Python runs (it prints its figures as JSON).
+    parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.loop < 1:
         parser.error("--repeats and --loop must be >= 1")
