@@ -202,7 +202,8 @@ def main(argv=None) -> int:
         print(f"after_interrupt: {name}: {python or 'absent'}", file=sys.stderr)
         figures[name] = measure_stack(python, args) if python else None
     if not any(figures.values()):
-        parser.error(f"none of the stacks {args.stacks} has an environment here")
+        parser.error(f"none of the stacks {args.stacks} has an environment here: scripts/env "
+                     "makes .venv (dev), scripts/test the users' stacks too")
     info = machine_info(args.repeats, 0)
     markdown = report(figures, args, time.monotonic() - started, info)
     return publish(NAME, markdown, {"machine": info, "loop": args.loop, "stacks": figures},

@@ -1,7 +1,6 @@
 """Choosing a view, and the text view taking over when the widget view fails (pure units)."""
 
 import io
-import types
 
 import pytest
 
@@ -239,10 +238,10 @@ def _one_run(widget_view, replicas: int, failed=(), lines=True, close=True):
     return view
 
 
-def _shown(view):
-    """What a view's box shows: the combined tab's text, and per replica tab its
+def _shown(box):
+    """What a run's box shows: the combined tab's text, and per replica tab its
     widgets' values and output texts."""
-    combined, *pages = view.tabs.children
+    combined, *pages = box.children[1].children
     return ("".join(o["text"] for o in combined.outputs),
             [[getattr(w, "value", None) or "".join(o["text"] for o in w.outputs)
               for w in page.children] for page in pages])
@@ -260,7 +259,7 @@ def test_a_retired_runs_widgets_are_made_over_for_the_next_run_showing_only_its_
     at_display = []  # what the box showed when it was displayed
     fake_display = widget_view.display
     monkeypatch.setattr(widget_view, "display", lambda data, **k: at_display.append(
-        _shown(types.SimpleNamespace(tabs=first_box.children[1]))) or fake_display(data, **k))
+        _shown(first_box)) or fake_display(data, **k))
     reused = _one_run(widget_view, 2, lines=False)
     assert reused.box is first_box and views[0].box is None is views[0].tabs
     assert len(at_display) == 1
@@ -273,7 +272,7 @@ def test_a_retired_runs_widgets_are_made_over_for_the_next_run_showing_only_its_
     assert "application/vnd.jupyter.widget-view+json" not in handles[0].shown[-1]
     assert handles[-1].shown[-1]["application/vnd.jupyter.widget-view+json"]["model_id"] == (
         reused.box.model_id)
-    combined, pages = _shown(reused)  # nothing of the first run: its lines, its error
+    combined, pages = _shown(reused.box)  # nothing of the first run: its lines, its error
     assert "run" not in combined and len(pages) == 2
     assert [len(page) for page in pages] == [2, 2] and "run 0" not in str(pages)
     assert all("<b>done</b>" in page[0] for page in pages)
@@ -341,7 +340,7 @@ def test_a_run_with_more_replicas_than_the_retired_run_makes_only_the_widgets_it
     before = set(widget_view._registry())
     view = _one_run(widget_view, 3)
     assert len(set(widget_view._registry()) - before) == 2 * 3  # replicas 1 and 2
-    assert [page[1] for page in _shown(view)[1]] == [f"own line of {o}\n" for o in range(3)]
+    assert [page[1] for page in _shown(view.box)[1]] == [f"own line of {o}\n" for o in range(3)]
 
 
 def test_a_replicas_tab_comes_when_it_starts_and_makes_only_its_own_widgets(widget_view):
@@ -356,7 +355,7 @@ def test_a_replicas_tab_comes_when_it_starts_and_makes_only_its_own_widgets(widg
         view.tick(outcome)
         assert len(set(widget_view._registry()) - before - made) == 3 * len(started)
         made = set(widget_view._registry()) - before
-        assert [page[0].split(" · ")[:2] for page in _shown(view)[1]] == [
+        assert [page[0].split(" · ")[:2] for page in _shown(view.box)[1]] == [
             [f"replica {o}", f"<b>{outcome.replicas[o].state}</b>"]
             for o in sorted(outcome.replicas)]
 
@@ -380,7 +379,7 @@ def test_a_run_of_fewer_replicas_keeps_the_others_widgets_and_closing_its_own_cl
         _one_run(widget_view, 3)
     made = [w for k, w in widget_view._registry().items() if k not in before]
     fewer = _one_run(widget_view, 1)  # it takes a run of 3's widgets, and shows 1 tab
-    assert len(_shown(fewer)[1]) == 1 and fewer.box.model_id in {w.model_id for w in made}
+    assert len(_shown(fewer.box)[1]) == 1 and fewer.box.model_id in {w.model_id for w in made}
     monkeypatch.setattr(widget_view, "SPARE_RUNS", 0)  # from here on, retired runs close
     for _ in range(widget_view.LIVE_RUNS):
         _one_run(widget_view, 1)

@@ -242,8 +242,8 @@ def _run_cell(index: int, job: ReplicaJob, process: "ReplicaProcess",
         report.pulled, missing, failed = pull_names(ns, job.pull, job.shm_dir,
                                                     process.user_ns, convert=to_host)
         unsendable.extend(failed)
-    if unsendable or missing:  # what to send instead, if something could not be sent
-        hint = f" {RETURN_PLAIN_DATA}" if unsendable else ""
+    if unsendable or missing:
+        hint = f" {RETURN_PLAIN_DATA}" if unsendable else ""  # (what to send instead)
         report.error = ReplicaError("result", "ResultError",
                                     "; ".join(unsendable + missing) + "." + hint)
     return report

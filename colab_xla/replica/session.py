@@ -179,9 +179,9 @@ def _drop_async_exception(thread_id: int) -> None:
     Not with ``PyThreadState_SetAsyncExc(thread_id, NULL)``: up to Python 3.12 that leaves
     the interpreter's flag "an asynchronous exception is pending" set, as only an exception
     taken clears it. Every call and loop of every thread then takes the slow path (on 3.12,
-    a session cell's loop of calls ran 1.10-1.24x slower from the second cell on, over five
-    runs of bench/after_interrupt.py), and on 3.11 a cell that set and cleared a profiler
-    spun for ever.
+    a session cell's loop of calls ran ~1.1-1.25x slower from the second cell on:
+    bench/after_interrupt.py), and on 3.11 a cell that set and cleared a profiler spun for
+    ever.
     So a harmless exception replaces the pending one, and is taken here.
     """
     try:
