@@ -45,7 +45,8 @@ TICK_SECONDS = 0.25
 RING_POLL_SECONDS = 0.005
 # While output flows (the last look found some), the reader looks again this long after,
 # without asking for a wake-up: a writer then pays no system call per line (a wake-up
-# cost a fast replica one in three lines), and the reader takes more lines per look.
+# cost a fast replica one in three lines), and the reader takes more lines per look. A
+# replica's end wakes it anyway: a warm session's cell waits for nothing else.
 RING_FLOW_SECONDS = 0.002
 NEXT_DRAW_SECONDS = 0.01
 READ_SIZE = 1 << 16  # what one read of a pipe takes

@@ -151,6 +151,34 @@ def test_a_print_loop_is_one_run_in_the_ring_one_header_for_all_its_lines(channe
     assert len(reader.read()) == 1 + header + header + len(b"last\n")
 
 
+def _pipe_kinds(pipe_r):
+    """The kinds of the frames the pipe holds now."""
+    data = b""
+    while select.select([pipe_r], [], [], 0)[0]:
+        data += os.read(pipe_r, 1 << 16)
+    return [f.kind for f in frames.FrameDecoder().feed(data)]
+
+
+def test_a_replica_s_end_wakes_the_reader_even_while_it_does_not_ask(channel):
+    """While output flows, the notebook looks at the rings every few ms without asking for
+    wake-ups; a replica's end is what a session's cell waits for, so it wakes the reader
+    anyway (it waited up to RING_FLOW_SECONDS: ~2 of a warm cell's ~4 ms)."""
+    channel.use()
+    reader = channel.reader()
+    assert _pipe_kinds(channel.pipe_r) == [ring.RING]
+    channel.writer.send(frames.START, 0, b"{}")
+    channel.writer.send(frames.STDOUT, 0, b"a line\n")
+    assert _pipe_kinds(channel.pipe_r) == []  # not asked: no wake-up
+    channel.writer.send(frames.END, 0, frames.ENDED_AT.pack(1.0))
+    assert _pipe_kinds(channel.pipe_r) == [ring.WAKE]
+    reader.waiting(True)  # asked, then the end: one wake-up still
+    channel.writer.send(frames.END, 1, frames.ENDED_AT.pack(2.0))
+    assert _pipe_kinds(channel.pipe_r) == [ring.WAKE]
+    got = frames.FrameDecoder().feed(reader.read(), merge=True)
+    assert [(f.kind, f.ordinal) for f in got] == [
+        (frames.START, 0), (frames.STDOUT, 0), (frames.END, 0), (frames.END, 1)]
+
+
 def test_a_ring_without_room_for_its_pages_is_not_made_and_frames_go_to_the_pipe(channel, monkeypatch):
     """On a full file system the ring's pages are refused at once (ENOSPC), not later as a
     SIGBUS at the print that touches one: the file is gone and the pipe carries the line."""

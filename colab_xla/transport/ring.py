@@ -10,8 +10,9 @@ even if the process is killed (SIGKILL, ``os._exit``, a segfault) right after.
 The pipe still carries a frame naming the ring (:data:`RING`, sent once, before the ring is
 used) and wake-ups (:data:`WAKE`): the reader sets the ring's *waiting* flag before it sleeps
 in ``select``; a writer that appends while the flag is set clears it and writes one wake-up
-frame. While the reader keeps up, lines cost no system call at all. A full ring makes the
-writer wait for the reader (as a full pipe would), polling every few milliseconds.
+frame (a replica's end always does: see :meth:`RingWriter.append`). While the reader keeps
+up, lines cost no system call at all. A full ring makes the writer wait for the reader (as a
+full pipe would), polling every few milliseconds.
 
 Lines of one stream of one replica, one after another (a ``print`` loop), go in as a *run*
 (:meth:`RingWriter.append_run`): the frame header that opens it, then each line's bytes as
@@ -78,13 +79,15 @@ class RingWriter:
         self._lock = threading.Lock()
         self.pid = os.getpid()
 
-    def append(self, data: bytes, wake) -> None:
+    def append(self, data: bytes, wake, urgent: bool = False) -> None:
         """Append ``data`` (whole frames, at most ``size`` bytes); call ``wake()`` if the
-        reader is waiting for output. Raises :class:`RingClosed` once the reader is gone."""
+        reader is waiting for output, or if ``urgent`` (a frame the reader waits for: while
+        output flows it looks only every few milliseconds, without asking for a wake-up).
+        Raises :class:`RingClosed` once the reader is gone."""
         with self._lock:
             if self._run is not None:
                 data = RUN_END + data
-            self._append(data, wake, None)
+            self._append(data, wake, None, urgent)
 
     def append_run(self, key, payload: bytes, opening, wake) -> None:
         """Append ``payload`` (no RUN_END in it) to the run of ``key``: as it is if the
@@ -95,7 +98,7 @@ class RingWriter:
                 payload = (b"" if self._run is None else RUN_END) + opening(key) + payload
             self._append(payload, wake, key)
 
-    def _append(self, data: bytes, wake, run) -> None:
+    def _append(self, data: bytes, wake, run, urgent: bool = False) -> None:
         need = len(data)
         if need > self.size:
             raise ValueError(f"{need} bytes do not fit in a ring of {self.size}")
@@ -118,7 +121,7 @@ class RingWriter:
         self._room -= need
         self._run = run
         self._pos[_WRITE] = written
-        if m[_WAITING]:
+        if m[_WAITING] or urgent:
             m[_WAITING] = 0
             wake()
 
