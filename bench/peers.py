@@ -565,14 +565,18 @@ def throughput_lines(t: dict) -> List[str]:
     return L
 
 
-# What py-spy of a kernel running one session cell ~1,000 times showed (N=1).
+# Where a warm session cell's time went: traced hand-overs of the core (N=1), and the widget A/B.
 SESSION_CELL_PROFILE = (
-    "Where a warm session cell's time goes (measured once, outside this benchmark: py-spy of "
-    "a kernel running the N=1 cell ~1,000 times, each view; ~6.9 ms a text-view cell there): an empty cell takes that kernel "
-    "~2.5 ms; the magic's own CPU is ~1.7 ms (the cell's pipes, output ring, log directory "
-    "and module file, made and removed); the replica's ~0.4 ms (a quarter of it making its "
-    "output ring); the rest is waiting on hand-overs between the notebook's threads and the "
-    "replica's process. The widget view adds its messages: at N=1 it sent 11 (a display, "
+    "Where a warm session cell's time goes (measured once, outside this benchmark: a "
+    "timestamp at each hand-over of the core's `run_cell`, 300 cells at N=1): ~2.4 ms a "
+    "cell in the core, ~4.0 before a replica's end woke the notebook's reader: 1.85 ms of "
+    "those were the reader waiting for its next look at the replica's output ring (the "
+    "replica's start frame had it take output as flowing, looked for 2 ms later without a "
+    "wake-up). Of the rest, ~1 ms is file work (the cell's run directory, job file, module "
+    "file and report, made and removed; each replica process's 1 MiB output ring, ~0.25 ms "
+    "to make), the rest hand-overs between the notebook's threads and the replica's "
+    "process. An empty cell takes the kernel ~2.5 ms. "
+    "The widget view adds its messages: at N=1 it sent 11 (a display, "
     "its closing update, the static summary of the run it retires, and 8 widget updates: "
     "a retired run's widgets were cleared, then drawn again); now a short cell's widget is "
     "displayed once, at its end, on widgets drawn over, and sends 4 (the display, the "
