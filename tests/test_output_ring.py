@@ -177,6 +177,9 @@ def test_a_replica_s_end_wakes_the_reader_even_while_it_does_not_ask(channel):
     got = frames.FrameDecoder().feed(reader.read(), merge=True)
     assert [(f.kind, f.ordinal) for f in got] == [
         (frames.START, 0), (frames.STDOUT, 0), (frames.END, 0), (frames.END, 1)]
+    reader.close()  # the run is over: an end that comes late wakes nobody
+    channel.writer.send(frames.END, 2, frames.ENDED_AT.pack(3.0))
+    assert _pipe_kinds(channel.pipe_r) == []
 
 
 def test_a_ring_without_room_for_its_pages_is_not_made_and_frames_go_to_the_pipe(channel, monkeypatch):

@@ -121,7 +121,7 @@ class RingWriter:
         self._room -= need
         self._run = run
         self._pos[_WRITE] = written
-        if m[_WAITING] or urgent:
+        if (m[_WAITING] or urgent) and not m[_CLOSED]:  # (closed: nobody to wake)
             m[_WAITING] = 0
             wake()
 
