@@ -64,6 +64,15 @@ def test_names_a_session_cannot_be_sent_are_refused_with_the_session_way_out():
 # -- real replicas ---------------------------------------------------------------------------
 
 
+def _why_not_ok(*outcomes) -> str:
+    """Each replica's state, error and output tail: what a failed run needs to be read
+    (pytest cuts a repr of the outcomes short)."""
+    return "\n".join(
+        f"outcome {n + 1}: session ended: {o.session_ended}; replica {r.ordinal}: {r.state}, "
+        f"{r.error.render() if r.error else 'no error'}; output: {r.log.tail_text()!r}"
+        for n, o in enumerate(outcomes) for r in o.replicas.values())
+
+
 def cell(source: str, session, **kw):
     return run_cell(textwrap.dedent(source).lstrip("\n"), session=session, announce=None,
                     label="Cell In[7]", **kw)
@@ -112,7 +121,7 @@ def test_globals_compiled_graphs_and_processes_stay_across_cells(live):
         (w.cpu().tolist(), met.metric_data("CompileTime")[0] - compiled, os_pid)
         """, live)
     third = cell("w.sum().item(), os_pid", live)
-    assert second.ok and third.ok, (second.replicas, third.replicas)
+    assert second.ok and third.ok, _why_not_ok(second, third)
     for i in range(2):
         values, recompiled, pid = second.results()[i]
         assert values == [v * 2 * 2 * 2 * 2 for v in first.results()[i]]  # w kept, stepped
