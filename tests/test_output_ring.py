@@ -162,7 +162,7 @@ def _pipe_kinds(pipe_r):
 def test_a_replica_s_end_wakes_the_reader_even_while_it_does_not_ask(channel):
     """While output flows, the notebook looks at the rings every few ms without asking for
     wake-ups; a replica's end is what a session's cell waits for, so it wakes the reader
-    anyway (it waited up to RING_FLOW_SECONDS: ~2 of a warm cell's ~4 ms)."""
+    anyway (else it waited up to RING_FLOW_SECONDS), unless the reader has closed the ring."""
     channel.use()
     reader = channel.reader()
     assert _pipe_kinds(channel.pipe_r) == [ring.RING]

@@ -24,6 +24,7 @@ from colab_xla.outcome import DONE, FAILED, STOPPED, XlaSpawnError
 from colab_xla.run import new_session, run_cell
 from colab_xla.session import SessionError, SessionOptions, _Known
 from colab_xla.transport import names, shared_tensors
+from colab_xla.views import text as text_view
 
 from _kernel import wait_until_gone  # tests/ is on sys.path
 from test_magic import get_ipython
@@ -62,15 +63,6 @@ def test_names_a_session_cannot_be_sent_are_refused_with_the_session_way_out():
 
 
 # -- real replicas ---------------------------------------------------------------------------
-
-
-def _why_not_ok(*outcomes) -> str:
-    """Each replica's state, error and output tail: what a failed run needs to be read
-    (pytest cuts a repr of the outcomes short)."""
-    return "\n".join(
-        f"outcome {n + 1}: session ended: {o.session_ended}; replica {r.ordinal}: {r.state}, "
-        f"{r.error.render() if r.error else 'no error'}; output: {r.log.tail_text()!r}"
-        for n, o in enumerate(outcomes) for r in o.replicas.values())
 
 
 def cell(source: str, session, **kw):
@@ -121,7 +113,8 @@ def test_globals_compiled_graphs_and_processes_stay_across_cells(live):
         (w.cpu().tolist(), met.metric_data("CompileTime")[0] - compiled, os_pid)
         """, live)
     third = cell("w.sum().item(), os_pid", live)
-    assert second.ok and third.ok, _why_not_ok(second, third)
+    # (each run as the text view shows it: pytest cuts a repr of the outcomes short)
+    assert second.ok and third.ok, "\n".join(map(text_view.render, (second, third)))
     for i in range(2):
         values, recompiled, pid = second.results()[i]
         assert values == [v * 2 * 2 * 2 * 2 for v in first.results()[i]]  # w kept, stepped

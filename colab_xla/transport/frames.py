@@ -141,9 +141,7 @@ class ChannelWriter:
                     if kind in STREAMS and _ring.RUN_END not in payload:
                         ring.append_run((kind, ordinal), payload, _run_opening, self._wake)
                     else:
-                        # A replica's end wakes the reader at once: a warm session's
-                        # cell waits for it, and its start had the reader take output
-                        # as flowing (looked for RING_FLOW_SECONDS later, unasked).
+                        # (a replica's end always wakes the reader: RingWriter.append)
                         ring.append(_HEADER.pack(kind, ordinal, _PID, len(payload)) + payload,
                                     self._wake, urgent=kind == END)
                 else:  # (a long line: a ring's room at most at a time)
