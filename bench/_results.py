@@ -10,6 +10,7 @@ at a time never clobber each other's figures.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import importlib.metadata
 import json
@@ -19,6 +20,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Dict, List, Optional
 
@@ -128,35 +130,68 @@ def stats(ms: List[float]) -> Optional[Dict[str, float]]:
 
 class Memcpy:
     """The one reference every result-return figure is a share of: what a copy of the same
-    bytes costs in the notebook's process.
+    bytes costs in the notebook's process, the faster of two ways.
 
-    ``count`` float32 tensors of ``nbytes`` each (the replicas' results), each copied by
-    ``dst.copy_(src)`` (torch's default threads) into a destination written before (warm:
-    its pages exist and are this process's own, so the copy allocates and faults nothing).
-    :meth:`seconds` times one copy of all of them. Make it, and call it, in the notebook's
-    process (in ``bench/peers.py``, the kernel, once before the cells it is compared with;
-    in ``bench/result_return.py``, interleaved with them) in the same run. ``src`` are the
-    tensors it copies.
+    ``count`` float32 tensors of ``nbytes`` each (the replicas' results), copied into
+    destinations written before (warm: their pages exist and are this process's own, so the
+    copy allocates and faults nothing), either by ``dst.copy_(src)`` (torch's threads share
+    out each tensor) or by as many threads as torch uses, each copying whole tensors with
+    ``memmove`` (as the replicas each copy their own). Neither is always the faster (one
+    2-core machine ran ``copy_`` at ~13 GB/s and a tensor per thread at ~20): :meth:`seconds`
+    times both, one after the other, and gives the shorter time (:attr:`ways`: each one's). Make it, and call it, in the notebook's process (in ``bench/peers.py``, the
+    kernel, once before the cells it is compared with; in ``bench/result_return.py``,
+    interleaved with them) in the same run. ``src`` are the tensors it copies.
     """
 
     def __init__(self, nbytes: int, count: int):
         import torch
 
         self.nbytes, self.count = nbytes, count
+        self.threads = max(1, min(count, torch.get_num_threads()))
         self.src = [torch.full((nbytes // 4,), float(i)) for i in range(count)]
         self._dst = [torch.zeros_like(s) for s in self.src]  # written: warm
-        self.seconds()  # first copy untimed
+        self.ways: Dict[str, float] = {}  # the last call's time of each way
+        self.seconds()  # first copies untimed
 
     def seconds(self) -> float:
+        self.ways = {"copy_": self._timed(self._torch_copy),
+                     "memmove per tensor": self._timed(self._threads_copy)}
+        return min(self.ways.values())
+
+    def _timed(self, copy) -> float:
         # Untimed: every destination page written again first. A fork since the last copy
         # (the replicas of a run timed in between) left them write-protected, and the copy
         # would time copy-on-write faults: 0.6 GB/s with a child alive, 8 once it is gone,
         # against ~40 GB/s here (what bench/result_return.py reported as memcpy until now).
         for dst in self._dst:
             dst.zero_()
+        return copy()
+
+    def _torch_copy(self) -> float:
         started = time.perf_counter()
         for dst, src in zip(self._dst, self.src):
             dst.copy_(src)
+        return time.perf_counter() - started
+
+    def _threads_copy(self) -> float:
+        # Threads of this call only, ended before it returns: a thread left running in the
+        # kernel would be a foreign thread to the next %%xla_spawn's fork.
+        pairs = list(zip(self._dst, self.src))
+        start = threading.Barrier(self.threads + 1)
+
+        def copy(share) -> None:
+            start.wait()
+            for dst, src in share:  # memmove lets go of the GIL
+                ctypes.memmove(dst.data_ptr(), src.data_ptr(), self.nbytes)
+
+        workers = [threading.Thread(target=copy, args=(pairs[k::self.threads],))
+                   for k in range(self.threads)]
+        for worker in workers:
+            worker.start()
+        start.wait()
+        started = time.perf_counter()
+        for worker in workers:
+            worker.join()
         return time.perf_counter() - started
 
 
@@ -166,9 +201,11 @@ def memcpy_seconds(nbytes: int, count: int, repeats: int) -> List[float]:
     return [reference.seconds() for _ in range(repeats)]
 
 
-MEMCPY_PROSE = ("memcpy (the reference): `dst.copy_(src)` of the same tensors in the "
-                "notebook's process, into destinations written before (warm), torch's default "
-                "threads (`bench/_results.py` `Memcpy`), measured in the same run")
+MEMCPY_PROSE = ("memcpy (the reference): a copy of the same tensors in the notebook's "
+                "process, into destinations written before (warm), the faster of "
+                "`dst.copy_(src)` (torch's threads share out each tensor) and a whole tensor "
+                "per thread by `memmove`, as many threads as torch's (`bench/_results.py` "
+                "`Memcpy`), measured in the same run")
 
 
 def machine_info(repeats: int, warmups: int) -> dict:

@@ -30,7 +30,7 @@ Measures (median and p10/p90 of repeated runs unless said):
    run at a few hundred lines/s get ``--slow-lines`` per replica (the table says so);
 4. result return: each replica makes a ``--return-mib`` MiB float32 tensor; time until
    all are values in the kernel, against the same job returning only its size (paired), and
-   against ``_results.Memcpy`` in the kernel (warm ``copy_`` of as many bytes: the reference);
+   against ``_results.Memcpy`` in the kernel (a warm copy of as many bytes: the reference);
 5. interrupt-to-clean: a job that runs until stopped; once every replica has said it
    started, SIGINT to the kernel (``KernelManager.interrupt_kernel``, its process group);
    time until no process the run started is alive (``%%px``: until no engine is busy).

@@ -3,12 +3,13 @@
 Every replica holds a CPU tensor of ``--mib`` MiB (4 replicas x 256 MiB by default) and
 sends it back. Measured, interleaved, in one process (the notebook's):
 
-* memcpy (warm):  the reference (``_results.Memcpy``, shared with ``peers.py``):
-                  ``dst.copy_(src)`` of the same tensors into destinations written before;
+* memcpy (warm):  the reference (``_results.Memcpy``, shared with ``peers.py``): the same
+                  tensors copied into destinations written before, the faster of
+                  ``dst.copy_(src)`` and a whole tensor per thread by ``memmove``;
 * memcpy (fresh): ``torch.empty_like(src).copy_(src)``: a copy into new pages, which the
                   kernel must first allocate and zero;
 * tmpfs write:    the same tensors ``pwrite`` into ``/dev/shm`` files whose pages exist,
-                  from as many threads as the memcpy uses: the one copy the shm path makes,
+                  from as many threads as torch uses: the one copy the shm path makes,
                   alone (its ceiling: no replicas, no processes to end);
 * shm:            ``run_cell`` returning the tensor (``-o``): written once into
                   ``/dev/shm`` by the replica, mapped by the notebook (colab_xla's path),

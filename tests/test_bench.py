@@ -45,3 +45,30 @@ def test_benchmark_runs_and_writes_its_section(tmp_path, script, args):
     results = (tmp_path / "results.md").read_text()
     assert f"<!-- section:{name} -->" in results and "Machine:" in results
     assert json.loads((tmp_path / "results" / f"{name}.json").read_text())
+
+
+def test_memcpy_reference_is_the_faster_of_two_copies_that_both_copy(monkeypatch):
+    """`_results.Memcpy`, the reference of every result-return share: each of its two ways
+    copies every tensor (three over two threads: shares of unequal length), it gives the
+    faster one's time, and it leaves no thread behind (one would be a foreign thread to
+    the next fork of a kernel)."""
+    import threading
+
+    import torch
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import _results
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    threads = threading.active_count()
+    reference = _results.Memcpy(1 << 20, 3)
+    for src, value in zip(reference.src, (7.0, 8.0, 9.0)):
+        src.fill_(value)
+    for way in (reference._torch_copy, reference._threads_copy):
+        reference._timed(way)
+        assert [float(d[0]) for d in reference._dst] == [7.0, 8.0, 9.0], way.__name__
+        assert all(torch.equal(d, s) for d, s in zip(reference._dst, reference.src)), way
+    seconds = reference.seconds()
+    assert set(reference.ways) == {"copy_", "memmove per tensor"}
+    assert seconds == min(reference.ways.values()) > 0
+    assert threading.active_count() == threads
