@@ -598,7 +598,28 @@ FIRST_LINE_PROFILE = (
     "interval of 0.2 ms (default 5) while forking: no change beyond the noise. Holding every "
     "replica until all are forked cut this measure to ~8-9 ms, but the first line a person "
     "sees came later (call to first line ~43 → ~82 ms at 4 replicas, ~45 → ~144 ms at 8), "
-    "so it was not kept.")
+    "so it was not kept. Tried after it (A/B in one kernel, 12 runs per variant, "
+    "interleaved): a launcher process per run, forked once by the notebook, forking the "
+    "replicas itself, so that the notebook holds its GIL for one fork instead of N. First "
+    "line 13.5 → 9.0 ms at 4 replicas and 19.2 → 15.8 at 8 (p90 37.7 → 37.4), for a launch "
+    "14 and 3 ms longer; in a plain process (no ipykernel) the same change took the first "
+    "line from 11.6 to 1.4 ms at 8. In the kernel the two cores stay busy with the forks "
+    "and the replicas' start-up, which its threads compete with: not kept.")
+
+# Where a one-off run's time goes beyond the forks' floor (measured once, by hand).
+ONE_OFF_PROFILE = (
+    "Where a one-off run's time goes at 4 and 8 replicas (measured once, outside this "
+    "benchmark): every replica process costs the two cores ~20 ms of CPU. In the kernel, "
+    "`os.fork` takes ~6 ms (it copies the page tables of ~416 MB of anonymous memory, "
+    "torch and torch_xla's imports mostly) and the child's exit and reaping ~12 ms; the "
+    "replica itself ~7 ms (about 1,850 minor page faults from fork to exit, copy-on-write "
+    "mostly: Python writes reference counts into pages it shares with the notebook; its "
+    "Python code takes ~1 ms). multiprocessing flushes the notebook's stdout and stderr "
+    "before each fork, a wait on ipykernel's IOPub thread: ~1 ms a process (`fork_each(8)` "
+    "97 against 90 ms without it), kept, as it keeps text buffered in the notebook from "
+    "being sent again from a child. So the one-off run stays near its own model's floor "
+    "(`fork_each` above), and above bare `xmp.spawn`'s one process of N threads; a warm "
+    "session forks nothing per cell.")
 
 
 def render(res: dict, info: dict, seconds: float, args) -> str:
@@ -667,7 +688,8 @@ def render(res: dict, info: dict, seconds: float, args) -> str:
               "later (its display now its summary) no longer closes its widgets: the next run "
               "makes them over (A/B in one kernel, a warm session, measured once outside this "
               "benchmark: the widget view's cost over the text view went from +4.9 to +2.1 ms "
-              "a cell at N=1, +9.6 to +3.2 ms at N=4).", "", SESSION_CELL_PROFILE]
+              "a cell at N=1, +9.6 to +3.2 ms at N=4).", "", ONE_OFF_PROFILE, "",
+          SESSION_CELL_PROFILE]
     ups = ", ".join(f"N={x['replicas']}: {x['cluster_start_s']:.1f} s "
                     f"(+{x['engine_setup_s']:.1f} s imports and `index` on the engines)"
                     for x in res["sessions"])
