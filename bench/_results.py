@@ -137,10 +137,12 @@ class Memcpy:
     copy allocates and faults nothing), either by ``dst.copy_(src)`` (torch's threads share
     out each tensor) or by as many threads as torch uses, each copying whole tensors with
     ``memmove`` (as the replicas each copy their own). Neither is always the faster (one
-    2-core machine ran ``copy_`` at ~13 GB/s and a tensor per thread at ~20): :meth:`seconds`
-    times both, one after the other, and gives the shorter time (:attr:`ways`: each one's). Make it, and call it, in the notebook's process (in ``bench/peers.py``, the
-    kernel, once before the cells it is compared with; in ``bench/result_return.py``,
-    interleaved with them) in the same run. ``src`` are the tensors it copies.
+    2-core machine ran ``copy_`` at ~13 GB/s and a tensor per thread at ~20):
+    :meth:`seconds` times both, one after the other, and gives the shorter time
+    (:attr:`ways`: each one's). Make it, and call it, in the notebook's process (in
+    ``bench/peers.py``, the kernel, once before the cells it is compared with; in
+    ``bench/result_return.py``, interleaved with them) in the same run. ``src`` are the
+    tensors it copies.
     """
 
     def __init__(self, nbytes: int, count: int):
