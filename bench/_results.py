@@ -158,13 +158,12 @@ class Memcpy:
     def seconds(self) -> float:
         self.ways = {"copy_": self._timed(self._torch_copy),
                      "memmove per tensor": self._timed(self._threads_copy)}
-        return min(self.ways.values())
+        return fastest(self.ways)
 
     def _timed(self, copy) -> float:
         # Untimed: every destination page written again first. A fork since the last copy
         # (the replicas of a run timed in between) left them write-protected, and the copy
-        # would time copy-on-write faults: 0.6 GB/s with a child alive, 8 once it is gone,
-        # against ~40 GB/s here (what bench/result_return.py reported as memcpy until now).
+        # would time copy-on-write faults (0.6 GB/s with a child alive, 8 once it is gone).
         for dst in self._dst:
             dst.zero_()
         return copy()
@@ -197,16 +196,33 @@ class Memcpy:
         return time.perf_counter() - started
 
 
-def memcpy_seconds(nbytes: int, count: int, repeats: int) -> List[float]:
-    """:class:`Memcpy`: ``repeats`` timed copies of ``count`` x ``nbytes`` (then freed)."""
+def memcpy_ways(nbytes: int, count: int, repeats: int) -> List[Dict[str, float]]:
+    """:class:`Memcpy`: ``repeats`` timed copies of ``count`` x ``nbytes`` (then freed), each
+    the seconds of both ways (:attr:`Memcpy.ways`); the reference is the faster
+    (:func:`fastest`)."""
     reference = Memcpy(nbytes, count)
-    return [reference.seconds() for _ in range(repeats)]
+    samples = []
+    for _ in range(repeats):
+        reference.seconds()
+        samples.append(reference.ways)
+    return samples
+
+
+def fastest(ways: Dict[str, float]) -> float:
+    """The reference's seconds in one sample of :func:`memcpy_ways`."""
+    return min(ways.values())
+
+
+def ways_prose(samples: List[Dict[str, float]], nbytes: int) -> str:
+    """Each way's GB/s (median over ``samples`` of :func:`memcpy_ways`, ``nbytes`` in all)."""
+    return ", ".join(f"`{way}` {nbytes / statistics.median(s[way] for s in samples) / 1e9:.1f}"
+                     for way in samples[0]) + " GB/s"
 
 
 MEMCPY_PROSE = ("memcpy (the reference): a copy of the same tensors in the notebook's "
                 "process, into destinations written before (warm), the faster of "
                 "`dst.copy_(src)` (torch's threads share out each tensor) and a whole tensor "
-                "per thread by `memmove`, as many threads as torch's (`bench/_results.py` "
+                "per thread by `memmove`, as many threads as torch uses (`bench/_results.py` "
                 "`Memcpy`), measured in the same run")
 
 

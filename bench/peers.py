@@ -63,8 +63,9 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import (MEMCPY_PROSE, bench_parser, machine_info, machine_line,  # noqa: E402
-                      paired, publish, replica_counts, rotated, stats)
+from _results import (MEMCPY_PROSE, bench_parser, fastest, machine_info,  # noqa: E402
+                      machine_line, paired, publish, replica_counts, rotated, stats,
+                      ways_prose)
 from output_throughput import (Kernel, RssSampler, run_magic, run_streamed,  # noqa: E402
                                split_lines, summarize, tally)
 
@@ -367,8 +368,9 @@ def measure_throughput(s: Session, lines: int, slow_lines: int, repeats: int,
 def measure_return(s: Session, mib: int, repeats: int) -> dict:
     n, nbytes = s.n, s.n * (mib << 20)
     # The reference result_return.py uses too, in the kernel (the notebook's process).
-    memcpy = eval(s.value(f"__import__('_results').memcpy_seconds({mib << 20}, {n}, {repeats})",
-                          deadline=300))
+    ways = eval(s.value(f"__import__('_results').memcpy_ways({mib << 20}, {n}, {repeats})",
+                        deadline=300))
+    memcpy = [fastest(sample) for sample in ways]
     cells = {
         "xla": (f"%%xla_spawn -n {n} --no-widget -o _vals\npeer_jobs.tensor(index, {mib})",
                 f"%%xla_spawn -n {n} --no-widget\npeer_jobs.tensor_size(index, {mib})"),
@@ -416,7 +418,8 @@ def measure_return(s: Session, mib: int, repeats: int) -> dict:
     finally:
         s.run("get_ipython().run_line_magic('xla_session', 'stop')", deadline=120, ok=False)
     out = {"replicas": n, "mib": mib, "bytes": nbytes, "cells": cells, "samples_s": samples,
-           "memcpy_s": memcpy, "memcpy_gb_s": nbytes / statistics.median(memcpy) / 1e9}
+           "memcpy_s": memcpy, "memcpy_ways_s": ways,
+           "memcpy_gb_s": nbytes / statistics.median(memcpy) / 1e9}
     for p in cells:
         ret, size = samples[p]["return"], samples[p]["size_only"]
         differences = paired(ret, size)
@@ -606,7 +609,7 @@ FIRST_LINE_PROFILE = (
     "line from 11.6 to 1.4 ms at 8. In the kernel the two cores stay busy with the forks "
     "and the replicas' start-up, which its threads compete with: not kept.")
 
-# Where a one-off run's time goes beyond the forks' floor (measured once, by hand).
+# Where a one-off run's time goes: what each replica process costs (measured once, by hand).
 ONE_OFF_PROFILE = (
     "Where a one-off run's time goes at 4 and 8 replicas (measured once, outside this "
     "benchmark): every replica process costs the two cores ~20 ms of CPU. In the kernel, "
@@ -720,7 +723,8 @@ def render(res: dict, info: dict, seconds: float, args) -> str:
           f"p10–p90 of {args.return_repeats} runs, interleaved); GB/s = 10⁹ bytes/s. *Return "
           "only*: the paired difference with the same job returning only the tensor's size "
           f"(making the tensor and launching cancel out). {MEMCPY_PROSE} (in the kernel, "
-          f"{r['replicas']} × {r['mib']} MiB): **{r['memcpy_gb_s']:.1f} GB/s**; return-only "
+          f"{r['replicas']} × {r['mib']} MiB): **{r['memcpy_gb_s']:.1f} GB/s** "
+          f"({ways_prose(r['memcpy_ways_s'], r['bytes'])}); return-only "
           "GB/s is also given as its share. After each run, untimed: its results are checked "
           "and freed (`del`; for `%%px`, also `rc.purge_local_results('all')`: ipyparallel's "
           "client keeps every result, 1 GiB a run in the kernel, which every later fork of it "

@@ -72,3 +72,18 @@ def test_memcpy_reference_is_the_faster_of_two_copies_that_both_copy(monkeypatch
     assert set(reference.ways) == {"copy_", "memmove per tensor"}
     assert seconds == min(reference.ways.values()) > 0
     assert threading.active_count() == threads
+
+
+def test_memcpy_samples_keep_both_ways_and_say_each_one_s_rate(monkeypatch):
+    """What the results show of the reference: each sample's two ways (not the one dict
+    over again), and each way's median rate."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import _results
+
+    samples = _results.memcpy_ways(1 << 20, 2, 2)
+    assert len(samples) == 2 and samples[0] is not samples[1]
+    assert all(set(s) == {"copy_", "memmove per tensor"} for s in samples)
+    assert _results.fastest({"copy_": 0.3, "memmove per tensor": 0.2}) == 0.2
+    prose = _results.ways_prose([{"copy_": 0.1, "memmove per tensor": 0.05},
+                                 {"copy_": 0.3, "memmove per tensor": 0.05}], 10**9)
+    assert prose == "`copy_` 5.0, `memmove per tensor` 20.0 GB/s"
