@@ -98,9 +98,9 @@ def measure_stack(python: str, args) -> dict:
 
 def probe(args) -> dict:
     import colab_xla
-    from colab_xla.outcome import RunObserver
-    from colab_xla.run import new_session, run_cell
-    from colab_xla.session import SessionOptions
+    from colab_xla.notebook.outcome import RunObserver
+    from colab_xla.notebook.run import new_session, run_cell
+    from colab_xla.notebook.session import SessionOptions
 
     class InterruptOnOutput(RunObserver):
         """SIGINT to this process once the cell printed (it is in its loop by then)."""

@@ -1,4 +1,4 @@
-"""A cell on a cluster of hosts through Ray (``colab_xla.cluster``), against a one-off
+"""A cell on a cluster of hosts through Ray (``colab_xla.notebook.cluster``), against a one-off
 local run, on this machine's local cluster.
 
 In one process (PJRT_DEVICE=CPU), a local cluster of H hosts x N replicas
@@ -49,11 +49,11 @@ from _results import (alive, bench_parser, machine_info, machine_line,  # noqa: 
                       median_range, paired, publish, stats)
 from launch_overhead import _cell  # noqa: E402
 
-from colab_xla import cluster  # noqa: E402
-from colab_xla.cluster.run import run_on_cluster  # noqa: E402
-from colab_xla.launch import environ  # noqa: E402
-from colab_xla.outcome import RunObserver  # noqa: E402
-from colab_xla.run import run_cell  # noqa: E402
+from colab_xla.notebook import cluster  # noqa: E402
+from colab_xla.notebook.cluster.run import run_on_cluster  # noqa: E402
+from colab_xla.notebook.launch import environ  # noqa: E402
+from colab_xla.notebook.outcome import RunObserver  # noqa: E402
+from colab_xla.notebook.run import run_cell  # noqa: E402
 
 NAME = "cluster"
 PATHS = ("cluster", "one_off")
@@ -240,7 +240,7 @@ def measure_cluster(hosts: int, per_host: int, args, latency: bool, interrupts: 
 
 def render(results: List[dict], info: dict, seconds: float, args) -> str:
     lines = [
-        "## Cluster of hosts (colab_xla.cluster, local Ray cluster)",
+        "## Cluster of hosts (colab_xla.notebook.cluster, local Ray cluster)",
         "",
         "`run_on_cluster` on a local Ray cluster (`cluster.start_local(H, N)`: a Ray head and "
         "H Ray nodes on 127.0.0.1, one agent per host, starting its N replicas from its warm "

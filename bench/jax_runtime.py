@@ -104,7 +104,7 @@ class BareRun:
     """N forked processes running ``program``; lines they write arrive on a pipe."""
 
     def __init__(self, n: int, program: str):
-        from colab_xla.launch import free_port
+        from colab_xla.notebook.launch import free_port
 
         ctx = multiprocessing.get_context("fork")
         self.n = n
@@ -167,8 +167,8 @@ class BareRun:
 # --- the three paths ------------------------------------------------------------------------
 
 def _colab(n: int, source: str, observer=None, timeout: float = HANG_S):
-    from colab_xla.launch import Launch
-    from colab_xla.run import run_cell
+    from colab_xla.notebook.launch import Launch
+    from colab_xla.notebook.run import run_cell
 
     return run_cell(source, replicas=n, launch=Launch(runtime="jax"), announce=None,
                     observer=observer, timeout=timeout)
@@ -211,7 +211,7 @@ def latency_once(path: str, n: int) -> dict:
 
     called = time.time()
     if path == "colab_xla":
-        from colab_xla.outcome import RunObserver
+        from colab_xla.notebook.outcome import RunObserver
 
         class Recorder(RunObserver):
             def output(self, outcome, origin, lines):
@@ -261,7 +261,7 @@ class _Alarm:
 def interrupt_once(path: str, n: int, variant: str, term_cap: float) -> dict:
     alarm = _Alarm()
     if path == "colab_xla":
-        from colab_xla.outcome import RunObserver
+        from colab_xla.notebook.outcome import RunObserver
 
         class Ready(RunObserver):
             def __init__(self):

@@ -7,7 +7,7 @@ In one process, for each replica count N, five paths run a trivial cell, interle
          PJRT_DEVICE=CPU and CPU_NUM_DEVICES=N set around the call (then restored);
 * magic: ``shell.run_cell_magic('xla_spawn', '-n N', 'index')`` in a real IPython shell
          after ``%load_ext colab_xla`` (its printed summary goes to a StringIO);
-* core:  ``colab_xla.run.run_cell('index', replicas=N, announce=None)``, no IPython;
+* core:  ``colab_xla.notebook.run.run_cell('index', replicas=N, announce=None)``, no IPython;
 * threads: the magic with ``--simulate threads``: one replica process of N threads, as bare
          ``xmp.spawn`` runs them on CPU (the default simulation forks one process per
          replica, as on a TPU host: each fork of a notebook process costs ~10 ms here);
@@ -40,9 +40,9 @@ if BENCH_DIR not in sys.path:
 
 from _results import (bench_parser, machine_info, machine_line, paired,  # noqa: E402
                       publish, replica_counts, rotated, stats)
-from colab_xla import hardware, state  # noqa: E402
-from colab_xla.launch import environ  # noqa: E402
-from colab_xla.transport import shared_tensors  # noqa: E402
+from colab_xla.notebook import hardware, state  # noqa: E402
+from colab_xla.notebook.launch import environ  # noqa: E402
+from colab_xla.wire import shared_tensors  # noqa: E402
 from peer_jobs import fork_each, trivial  # noqa: E402
 
 NAME = "launch_overhead"
@@ -60,7 +60,7 @@ def make_paths(n: int) -> Dict[str, Callable[[], float]]:
     """Each path runs once and returns its wall time in seconds (checking the result)."""
     from IPython.core.interactiveshell import InteractiveShell
 
-    from colab_xla.run import run_cell
+    from colab_xla.notebook.run import run_cell
 
     xmp = import_xmp()
     shell = InteractiveShell.instance()

@@ -1,8 +1,8 @@
 """First-output latency of ``%%xla_spawn``: a replica's ``print`` to the notebook side.
 
-In one process, ``colab_xla.run.run_cell`` runs a cell in which every replica takes
+In one process, ``colab_xla.notebook.run.run_cell`` runs a cell in which every replica takes
 ``time.time()`` right before it prints one line carrying that timestamp, then sleeps (so
-the run is still going when the line arrives). A :class:`colab_xla.outcome.RunObserver`
+the run is still going when the line arrives). A :class:`colab_xla.notebook.outcome.RunObserver`
 records ``time.time()`` when each line reaches the notebook side (``output``, called by
 run_cell's reading loop: this is where a live view gets the line) and when the next
 ``tick`` comes after it (the live views draw at ticks: at once, or at most every
@@ -47,7 +47,7 @@ time.sleep({sleep!r})
 
 
 def make_observer():
-    from colab_xla.outcome import RunObserver
+    from colab_xla.notebook.outcome import RunObserver
 
     class Recorder(RunObserver):
         """Wall-clock arrival of every stamped line, and the times of ticks."""
@@ -74,7 +74,7 @@ def make_observer():
 
 
 def run_once(n: int, sleep: float) -> List[Dict[str, float]]:
-    from colab_xla.run import run_cell
+    from colab_xla.notebook.run import run_cell
 
     recorder = make_observer()()
     outcome = run_cell(CELL.format(sleep=sleep), replicas=n, announce=None, observer=recorder)
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     if args.repeats < 1 or n < 1:
         parser.error("need --repeats >= 1 and replicas >= 1")
 
-    from colab_xla.supervisor import NEXT_DRAW_SECONDS, TICK_SECONDS
+    from colab_xla.notebook.supervisor import NEXT_DRAW_SECONDS, TICK_SECONDS
 
     started = time.perf_counter()
     info = machine_info(args.repeats, args.warmups)

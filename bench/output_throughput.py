@@ -2,7 +2,7 @@
 
 Every replica prints ``r{index} line {i}`` for i in range(LINES). Three paths:
 
-* core:   ``colab_xla.run.run_cell(loop, replicas=R, announce=None)`` in this process
+* core:   ``colab_xla.notebook.run.run_cell(loop, replicas=R, announce=None)`` in this process
           (no IPython), after a warm-up run;
 * magic:  ``%%xla_spawn -n R --no-widget`` of the same loop in a real ipykernel started
           with jupyter_client (the text view prints the first 200 lines of each replica
@@ -30,7 +30,7 @@ and ``os.getpid()`` per frame (a system call too, ~20%), then the stream layer's
 look-ups (a missed ``getattr`` raises inside); in the notebook, decoding frame by frame
 (``FrameDecoder.feed``, then a second pass to join a replica's lines), and, every tick,
 ``psutil`` reading all of /proc once per replica process to find their children. Now: frames
-go to a shared-memory ring per replica process (``colab_xla.transport.ring``), no system call
+go to a shared-memory ring per replica process (``colab_xla.wire.ring``), no system call
 per line; the decoder joins a replica's consecutive lines as it goes; /proc is read once a tick.
 
 Writes the "output_throughput" section of results.md and results/output_throughput.json.
@@ -153,7 +153,7 @@ class RssSampler:
 
 
 def measure_core(replicas: int, n: int, warmup_lines: int) -> dict:
-    from colab_xla.run import run_cell
+    from colab_xla.notebook.run import run_cell
 
     run_cell(LOOP.format(n=warmup_lines), replicas=replicas, announce=None)
     with RssSampler(os.getpid()) as rss:

@@ -122,7 +122,7 @@ sys.path.insert(0, {BENCH_DIR!r})
 import peer_jobs
 import torch_xla.distributed.xla_multiprocessing as xmp
 from accelerate import notebook_launcher
-from colab_xla.launch import free_port
+from colab_xla.notebook.launch import free_port
 import ipyparallel as ipp
 get_ipython().run_line_magic("load_ext", "colab_xla")
 """, deadline=180)

@@ -45,9 +45,9 @@ from _results import (bench_parser, machine_info, machine_line, publish,  # noqa
                       replica_counts, rotated, stats)
 from launch_overhead import _cell, make_paths  # noqa: E402
 
-from colab_xla.launch import environ  # noqa: E402
-from colab_xla.run import run_cell, start_session  # noqa: E402
-from colab_xla.session import SessionOptions, stop_session  # noqa: E402
+from colab_xla.notebook.launch import environ  # noqa: E402
+from colab_xla.notebook.run import run_cell, start_session  # noqa: E402
+from colab_xla.notebook.session import SessionOptions, stop_session  # noqa: E402
 
 NAME = "session"
 TRIVIAL = ("session", "one_off", "bare")

@@ -30,8 +30,8 @@ if BENCH_DIR not in sys.path:
 from _results import (bench_parser, machine_info, machine_line, publish,  # noqa: E402
                       replica_counts)
 
-from colab_xla.outcome import RunObserver  # noqa: E402
-from colab_xla.run import run_cell  # noqa: E402
+from colab_xla.notebook.outcome import RunObserver  # noqa: E402
+from colab_xla.notebook.run import run_cell  # noqa: E402
 
 NAME = "simulation"
 MODELS = ("processes", "threads")

@@ -1,7 +1,7 @@
 """colab_xla: run a notebook cell on every PyTorch/XLA replica with ``%%xla_spawn``.
 
 Load it in a notebook with ``%load_ext colab_xla``. The IPython glue is imported only
-then, so the core (``colab_xla.run`` and what it uses) imports without IPython.
+then, so the core (``colab_xla.notebook.run`` and what it uses) imports without IPython.
 """
 
 __version__ = "0.1.0"
@@ -12,11 +12,11 @@ def load_ipython_extension(ipython):
     (called by ``%load_ext colab_xla``)."""
     import os
 
-    from .magics import XlaMagics
+    from .notebook.magics import XlaMagics
 
     ipython.register_magics(XlaMagics)
     if os.environ.get("COLAB_XLA_START_METHOD") == "forkserver":
-        from .launch import warm_forkserver
+        from .notebook.launch import warm_forkserver
 
         warm_forkserver()  # it imports torch and torch_xla in the background meanwhile
 
@@ -24,7 +24,7 @@ def load_ipython_extension(ipython):
 def unload_ipython_extension(ipython):
     """Remove the magics, end the session and the cluster connection, and stop the lock
     manager (``%unload_ext colab_xla``)."""
-    from . import cluster, session, shared_lock
+    from .notebook import cluster, session, shared_lock
 
     session.stop_session()
     cluster.stop()

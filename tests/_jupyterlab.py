@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator, Mapping, Optional
 
-from colab_xla.launch import free_port
+from colab_xla.notebook.launch import free_port
 
 CHROMIUM = Path("/usr/lib/chromium/chromium")
 CHROMIUM_ARGS = [

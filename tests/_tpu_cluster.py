@@ -4,7 +4,7 @@ test_cluster_tpu.py (``python tests/_tpu_cluster.py NOTEBOOK_PID``).
 Ray makes a node a TPU host from variables it reads in the process that builds the node
 (TPU_NAME, TPU_WORKER_ID, TPU_ACCELERATOR_TYPE, TPU_TOPOLOGY, as GKE sets them): it then
 gives the node the slice's resources and ``ray.io/tpu-*`` labels. colab_xla's own
-:class:`colab_xla.cluster.local.LocalCluster` only makes CPU hosts, hence this keeper, in
+:class:`colab_xla.notebook.cluster.local.LocalCluster` only makes CPU hosts, hence this keeper, in
 a process of its own so the test's process is only the notebook (Ray's driver).
 
 Protocol, one JSON line per answer on stdout (Ray's processes print to stderr):
@@ -26,7 +26,7 @@ import sys
 
 import psutil
 
-from colab_xla import processes
+from colab_xla.wire import lifetime
 
 OBJECT_STORE_BYTES = 128 * 2**20
 
@@ -47,7 +47,7 @@ def _descendants() -> list:
 
 
 def main(notebook_pid: int) -> None:
-    processes.adopt_orphans()  # Ray's per-node agents outlive their raylet otherwise
+    lifetime.adopt_orphans()  # Ray's per-node agents outlive their raylet otherwise
     answer = os.dup(1)
     os.dup2(2, 1)
 
@@ -55,11 +55,11 @@ def main(notebook_pid: int) -> None:
         os.write(answer, (json.dumps(obj) + "\n").encode())
 
     def end(signum, frame):
-        processes.end_descendants()
+        lifetime.end_descendants()
         os._exit(0)
 
     signal.signal(signal.SIGTERM, end)
-    processes.die_with_parent(notebook_pid, signal.SIGTERM)
+    lifetime.die_with_parent(notebook_pid, signal.SIGTERM)
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # everything on 127.0.0.1
     from ray.cluster_utils import Cluster
 

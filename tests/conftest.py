@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from colab_xla import state
+from colab_xla.notebook import state
 
 TOOLS = str(Path(__file__).resolve().parents[1] / "tools")
 if TOOLS not in sys.path:

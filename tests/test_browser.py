@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import _jupyterlab as lab  # tests/ is on sys.path (rootdir-relative import mode)
-from colab_xla.views.widget import LIVE_RUNS
+from colab_xla.notebook.views.widget import LIVE_RUNS
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"

@@ -1,7 +1,7 @@
 """``%xla_cluster``: every host of a cluster through Ray.
 
 Units first (which hosts, ranks, labels, the refusals), then a real local cluster of 2
-CPU hosts x 2 replicas (:func:`colab_xla.cluster.start_local`): ordinals, notebook
+CPU hosts x 2 replicas (:func:`colab_xla.notebook.cluster.start_local`): ordinals, notebook
 names and classes across hosts, collectives spanning hosts, fail-fast, timeout,
 Interrupt, a host that is gone, and nothing left behind, also when the notebook's
 process is killed (those two in test_cluster_faults.py: they need this module's
@@ -20,13 +20,14 @@ import psutil
 import pytest
 from IPython.core.error import UsageError
 
-from colab_xla import cluster, interrupts, multislice
-from colab_xla.cluster import hosts
-from colab_xla.cluster.agent import STALE_VARIABLES, _HostedRun, host_environment
+from colab_xla.notebook import cluster, interrupts
+from colab_xla.notebook.cluster import multislice
+from colab_xla.notebook.cluster import hosts
+from colab_xla.notebook.cluster.agent import STALE_VARIABLES, _HostedRun, host_environment
 from colab_xla.errors import SetupError
-from colab_xla.host_rank import HostRank
-from colab_xla.outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome
-from colab_xla.views import text as text_view
+from colab_xla.wire.host_rank import HostRank
+from colab_xla.notebook.outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome
+from colab_xla.notebook.views import text as text_view
 from _kernel import replicas_left, wait_until_gone  # tests/ is on sys.path
 from test_jax_runtime import needs_jax
 from test_launch import notebook_namespace
@@ -153,11 +154,11 @@ def test_a_jax_process_on_a_host_is_its_global_ordinal_among_every_hosts_process
         monkeypatch):
     from types import SimpleNamespace
 
-    from colab_xla import jax_runtime
-    from colab_xla.cluster.agent import HostAgent
-    from colab_xla.cluster.run import check_jax, replicas_per_host
+    from colab_xla.runtimes import jax as jax_runtime
+    from colab_xla.notebook.cluster.agent import HostAgent
+    from colab_xla.notebook.cluster.run import check_jax, replicas_per_host
     from colab_xla.errors import OptionError
-    from colab_xla.launch import Launch
+    from colab_xla.notebook.launch import Launch
 
     monkeypatch.setattr(jax_runtime, "_membership", None)
     local_rank = {"PJRT_LOCAL_PROCESS_RANK": "2", "PJRT_LOCAL_PROCESS_COUNT": "3"}
@@ -225,7 +226,7 @@ def test_views_label_a_clusters_replicas_with_their_host():
 
 
 def test_the_doctor_says_whether_ray_is_there_for_a_cluster():
-    from colab_xla.doctor import _cluster_fact
+    from colab_xla.notebook.doctor import _cluster_fact
 
     assert _cluster_fact(None, None) == (
         "not connected (Ray not installed: pip install 'colab_xla[ray]')")
@@ -283,7 +284,7 @@ def local():
 
 
 def on_cluster(source: str, c, **kw):
-    from colab_xla.cluster.run import run_on_cluster
+    from colab_xla.notebook.cluster.run import run_on_cluster
 
     return run_on_cluster(c, textwrap.dedent(source).lstrip("\n"), announce=None,
                           label="Cell In[3]", **kw)
@@ -460,7 +461,7 @@ def session_pids(session) -> dict:
 @pytest.fixture
 def warm(local):
     """Warm replicas on every host of the module's cluster, stopped after the test."""
-    from colab_xla.cluster.session import ClusterSession
+    from colab_xla.notebook.cluster.session import ClusterSession
 
     local.session = ClusterSession.start(local, announce=None)
     pids = session_pids(local.session)

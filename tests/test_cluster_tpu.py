@@ -25,8 +25,8 @@ import time
 import psutil
 import pytest
 
-from colab_xla import multislice
-from colab_xla.cluster.hosts import SLICE_LABEL, WORKER_LABEL, ClusterError
+from colab_xla.notebook.cluster import multislice
+from colab_xla.notebook.cluster.hosts import SLICE_LABEL, WORKER_LABEL, ClusterError
 from _kernel import wait_until_gone  # tests/ is on sys.path
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
@@ -107,7 +107,7 @@ def started_keeper(tmp_path_factory, name: str, **environ):
     """A keeper of a cluster of its own (``environ``: on top of this process's, for every
     node). At the end, whatever the test left: the notebook leaves Ray, then the cluster
     goes, by pid; ``keeper.left`` is what is still alive 30 s later."""
-    from colab_xla.cluster.local import local_addresses
+    from colab_xla.notebook.cluster.local import local_addresses
 
     local_addresses()  # this driver on 127.0.0.1 too
     started = Keeper(str(tmp_path_factory.mktemp(name) / "keeper.log"), **environ)
@@ -129,7 +129,7 @@ def keeper(tmp_path_factory):
 
 
 def _connect(keeper: Keeper, **kw):
-    from colab_xla.cluster.connection import Cluster
+    from colab_xla.notebook.cluster.connection import Cluster
 
     return Cluster.connect(keeper.address, announce=None, **kw)
 

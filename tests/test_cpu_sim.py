@@ -1,16 +1,17 @@
-"""Units of colab_xla.cpu_sim: the CPU plan's variables, and the check that refuses to patch
+"""Units of colab_xla.replica.cpu_sim: the CPU plan's variables, and the check that refuses to patch
 a torch_xla that lacks what the simulation patches (a later release that renamed it)."""
 
 import types
 
 import pytest
 
-from colab_xla import cpu_sim
+from colab_xla.notebook import simulation as sim_plan
+from colab_xla.replica import cpu_sim
 
 
 @pytest.mark.parametrize("replicas", [1, 2, 6, 7, 32])
 def test_the_thread_pool_has_room_for_every_replica_in_a_collective(replicas):
-    env = cpu_sim.environment(replicas, simulation="threads")
+    env = sim_plan.environment(replicas, simulation="threads")
     assert env["PJRT_DEVICE"] == "CPU" and env["CPU_NUM_DEVICES"] == str(replicas)
     # each replica blocks a pool thread in a collective: more threads than replicas, and
     # never fewer than a small machine's default
@@ -21,23 +22,23 @@ def test_the_thread_pool_has_room_for_every_replica_in_a_collective(replicas):
 
 @pytest.mark.parametrize("replicas", [2, 8, 32])
 def test_replica_processes_have_one_cpu_device_each_and_no_thread_pool_to_size(replicas):
-    env = cpu_sim.environment(replicas)  # the default model
-    assert cpu_sim.DEFAULT_SIMULATION == "processes"
+    env = sim_plan.environment(replicas)  # the default model
+    assert sim_plan.DEFAULT_SIMULATION == "processes"
     assert env == {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1",
                    "XLA_ENABLE_PARAM_ALIASING": "0"}
 
 
 def test_one_replica_is_one_device_whatever_the_model():
-    for simulation in cpu_sim.SIMULATIONS:
-        env = cpu_sim.environment(1, simulation=simulation)
+    for simulation in sim_plan.SIMULATIONS:
+        env = sim_plan.environment(1, simulation=simulation)
         assert env["CPU_NUM_DEVICES"] == "1" and "XLA_ENABLE_PARAM_ALIASING" not in env
 
 
 def test_variables_the_user_set_are_left_to_them():
-    env = cpu_sim.environment(4, simulation="threads", thread_pool_set=True,
+    env = sim_plan.environment(4, simulation="threads", thread_pool_set=True,
                               param_aliasing_set=True)
     assert env == {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}
-    env = cpu_sim.environment(4, param_aliasing_set=True)
+    env = sim_plan.environment(4, param_aliasing_set=True)
     assert env == {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1"}
 
 
@@ -78,9 +79,9 @@ def test_the_installed_torch_xla_has_everything_the_simulation_patches():
     assert torch_xla.__version__.rsplit(".", 1)[0] in cpu_sim.TESTED_RELEASES
 
 
-# --- the processes model's collectives (colab_xla.gloo_collectives) ---------------------------
+# --- the processes model's collectives (colab_xla.replica.gloo_collectives) ---------------------------
 
-from colab_xla import gloo_collectives  # noqa: E402
+from colab_xla.replica import gloo_collectives  # noqa: E402
 
 
 def _gloo_fakes(drop=()):

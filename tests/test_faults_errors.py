@@ -6,7 +6,7 @@ import pytest
 
 from _runs import run  # tests/ is on sys.path
 
-from colab_xla.outcome import XlaSpawnError
+from colab_xla.notebook.outcome import XlaSpawnError
 
 pytestmark = [pytest.mark.xla, pytest.mark.timeout(180)]
 

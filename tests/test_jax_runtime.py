@@ -14,12 +14,13 @@ import psutil
 import pytest
 from IPython.core.error import UsageError
 
-from colab_xla import doctor, jax_runtime
+from colab_xla.notebook import doctor
+from colab_xla.runtimes import jax as jax_runtime
 from colab_xla.errors import OptionError
-from colab_xla.hardware import Hardware, ReplicaCountError
-from colab_xla.launch import Launch
-from colab_xla.outcome import FAILED, STOPPED, RunObserver
-from colab_xla.views import text as text_view
+from colab_xla.notebook.hardware import Hardware, ReplicaCountError
+from colab_xla.notebook.launch import Launch
+from colab_xla.notebook.outcome import FAILED, STOPPED, RunObserver
+from colab_xla.notebook.views import text as text_view
 
 from _kernel import replicas_left, wait_until_gone  # tests/ is on sys.path
 from test_magic import get_ipython
@@ -93,7 +94,7 @@ def test_the_guard_sees_a_jax_backend_only_once_one_started():
 # -- real JAX processes ---------------------------------------------------------------------
 
 def run_jax(source: str, **kw):
-    from colab_xla.run import run_cell
+    from colab_xla.notebook.run import run_cell
 
     return run_cell(textwrap.dedent(source).lstrip("\n"), launch=kw.pop("launch", JAX),
                     announce=None, label="Cell In[4]", **kw)

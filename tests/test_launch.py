@@ -15,12 +15,13 @@ import pytest
 
 from _runs import run  # tests/ is on sys.path
 
-from colab_xla import hardware, launch, state
-from colab_xla.transport import shared_tensors
-from colab_xla.launch import Launch
-from colab_xla.transport.names import UnsendableNames
-from colab_xla.outcome import DONE, RETURN_PLAIN_DATA
-from colab_xla.preflight import PreflightError
+from colab_xla.notebook import hardware, launch, state
+from colab_xla.wire import shared_tensors
+from colab_xla.notebook.launch import Launch
+from colab_xla.wire.names import UnsendableNames
+from colab_xla.notebook.outcome import DONE
+from colab_xla.wire.reports import RETURN_PLAIN_DATA
+from colab_xla.errors import PreflightError
 
 pytestmark = [pytest.mark.xla, pytest.mark.timeout(240)]
 
@@ -108,8 +109,8 @@ def test_forkserver_is_reused_and_survives_an_interrupted_run(tmp_path):
     marker = tmp_path / "pids"
     script = textwrap.dedent(f"""
         import os, time
-        from colab_xla.run import run_cell
-        from colab_xla.launch import Launch, warm_forkserver
+        from colab_xla.notebook.run import run_cell
+        from colab_xla.notebook.launch import Launch, warm_forkserver
         run_cell("index", replicas=1, announce=None, launch=Launch("forkserver"))
         print("server", warm_forkserver()[0], flush=True)
         cell = '''
@@ -261,7 +262,7 @@ def test_pull_brings_names_back_by_ordinal_with_xla_tensors_on_cpu():
         assert model.weight.device.type == "cpu" and float(model.weight.detach().sum()) == 6 * o
         assert states[o]["step"] == o and states[o]["weights"][0].device.type == "cpu"
     assert "Pulled: model (Linear), state (dict)" in __import__(
-        "colab_xla.views.text", fromlist=["render"]).render(outcome)
+        "colab_xla.notebook.views.text", fromlist=["render"]).render(outcome)
 
 
 def test_pull_from_one_replica_sends_only_its_values():

@@ -14,10 +14,10 @@ import pytest
 
 from _runs import run  # tests/ is on sys.path
 
-from colab_xla import doctor, preflight, processes, state, supervisor
-from colab_xla.outcome import DONE, STOPPED, XlaSpawnError
-from colab_xla.supervisor import FAIL_FAST_SECONDS
-from colab_xla.transport import values
+from colab_xla.notebook import doctor, preflight, processes, state, supervisor
+from colab_xla.notebook.outcome import DONE, STOPPED, XlaSpawnError
+from colab_xla.notebook.supervisor import FAIL_FAST_SECONDS
+from colab_xla.wire import values
 
 _PY = [sys.executable, "-u", "-c"]
 
@@ -278,7 +278,7 @@ def test_stale_topology_variables_do_not_reach_replicas(monkeypatch):
 def test_kernel_death_takes_the_replicas_with_it_and_leftovers_are_found(tmp_path, private_state):
     script = textwrap.dedent(f"""
         import tempfile; tempfile.tempdir = {str(private_state)!r}
-        from colab_xla.run import run_cell
+        from colab_xla.notebook.run import run_cell
         run_cell('''
         import os, subprocess, time
         if index == 0:

@@ -6,7 +6,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.testing import globalipapp
 
-from colab_xla.outcome import XlaSpawnError
+from colab_xla.notebook.outcome import XlaSpawnError
 
 
 def get_ipython():
@@ -84,12 +84,12 @@ class _Called(Exception):
 
 @pytest.fixture
 def run_cell_args(monkeypatch):
-    import colab_xla.magics
+    import colab_xla.notebook.magics
 
     def stand_in(source, **kwargs):
         raise _Called(kwargs)
 
-    monkeypatch.setattr(colab_xla.magics, "run_cell", stand_in)
+    monkeypatch.setattr(colab_xla.notebook.magics, "run_cell", stand_in)
     return lambda result: result.error_in_exec.args[0]
 
 
@@ -257,7 +257,7 @@ def test_default_start_method_comes_from_the_environment(ip, monkeypatch):
 
 
 def test_loading_with_forkserver_as_default_starts_the_server_at_once(monkeypatch):
-    from colab_xla import launch
+    from colab_xla.notebook import launch
 
     started = []
     monkeypatch.setattr(launch, "warm_forkserver", lambda: started.append(True) or (1, True))
@@ -277,8 +277,8 @@ def test_loading_with_forkserver_as_default_starts_the_server_at_once(monkeypatc
 @pytest.mark.parametrize("hook", ["opened", "tick", "closed"])
 def test_a_view_that_fails_costs_no_result_and_the_text_view_takes_over(ip, capsys, monkeypatch,
                                                                        hook):
-    from colab_xla import views
-    from colab_xla.outcome import RunObserver
+    from colab_xla.notebook import views
+    from colab_xla.notebook.outcome import RunObserver
 
     class Broken(RunObserver):
         pass
@@ -338,13 +338,13 @@ def test_a_failed_rerun_keeps_the_earlier_values_and_says_so(ip, capsys):
 def test_only_refusals_are_usage_errors_a_bug_keeps_its_type_and_traceback(ip, monkeypatch):
     # A ValueError from deep inside a run (a bug, not a refusal) must not be dressed up as
     # a UsageError, which IPython shows without its traceback.
-    import colab_xla.magics
+    import colab_xla.notebook.magics
     from colab_xla.errors import SetupError
 
     def buggy(source, **kwargs):
         raise ValueError("a bug in colab_xla")
 
-    monkeypatch.setattr(colab_xla.magics, "run_cell", buggy)
+    monkeypatch.setattr(colab_xla.notebook.magics, "run_cell", buggy)
     result = cell(ip, "-n 2 --no-widget", "index")
     assert type(result.error_in_exec) is ValueError, result.error_in_exec
     assert result.error_in_exec.__traceback__ is not None
@@ -352,7 +352,7 @@ def test_only_refusals_are_usage_errors_a_bug_keeps_its_type_and_traceback(ip, m
     def refused(source, **kwargs):
         raise SetupError("refused: do this instead")
 
-    monkeypatch.setattr(colab_xla.magics, "run_cell", refused)
+    monkeypatch.setattr(colab_xla.notebook.magics, "run_cell", refused)
     result = cell(ip, "-n 2 --no-widget", "index")
     assert isinstance(result.error_in_exec, UsageError)
     assert str(result.error_in_exec) == "refused: do this instead"

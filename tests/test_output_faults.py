@@ -2,7 +2,7 @@
 
 import time
 
-from colab_xla.output_log import OutputLog
+from colab_xla.notebook.output_log import OutputLog
 
 CHUNK = "x" * (1 << 16)  # what the notebook reads from the pipe at a time
 
@@ -110,8 +110,8 @@ def test_bytes_split_inside_a_character_arrive_as_one_character():
 
 
 def test_the_widget_view_redraws_a_long_line_as_its_start_only():
-    from colab_xla.outcome import ReplicaOutcome, RunOutcome
-    from colab_xla.views.widget import WidgetView
+    from colab_xla.notebook.outcome import ReplicaOutcome, RunOutcome
+    from colab_xla.notebook.views.widget import WidgetView
 
     outcome = RunOutcome("CPU", {0: ReplicaOutcome(0, "running")})
     view = WidgetView()
@@ -131,8 +131,8 @@ def test_the_widget_view_redraws_a_long_line_as_its_start_only():
 def test_the_text_view_and_summaries_show_a_long_line_by_its_start():
     import io
 
-    from colab_xla.views import html as html_view, text as text_view
-    from colab_xla.outcome import ReplicaOutcome, RunOutcome
+    from colab_xla.notebook.views import html as html_view, text as text_view
+    from colab_xla.notebook.outcome import ReplicaOutcome, RunOutcome
 
     outcome = RunOutcome("CPU", {0: ReplicaOutcome(0, "done", elapsed=1.0)})
     out = io.StringIO()

@@ -1,4 +1,4 @@
-"""Output through a replica process's shared-memory ring (colab_xla.transport.ring): nothing
+"""Output through a replica process's shared-memory ring (colab_xla.wire.ring): nothing
 lost when the ring wraps under a slow reader, when the writer is killed right after it
 printed, or when a process forked from a replica writes."""
 
@@ -11,8 +11,8 @@ import time
 import pytest
 
 from _runs import run  # tests/ is on sys.path
-from colab_xla.outcome import RunObserver
-from colab_xla.transport import frames, ring
+from colab_xla.notebook.outcome import RunObserver
+from colab_xla.wire import frames, ring
 
 
 class Channel:
@@ -267,7 +267,7 @@ def test_a_replica_printing_fast_sends_almost_no_wake_ups():
     """While output flows the notebook looks at the ring without asking for wake-ups: a
     print loop pays no write(2) per line (it paid one every ~3 lines when each look asked)."""
     outcome = run("""
-        from colab_xla.transport import frames
+        from colab_xla.wire import frames
         wakes = []
         send_wake = frames.ChannelWriter._wake
         frames.ChannelWriter._wake = lambda self: wakes.append(1) or send_wake(self)

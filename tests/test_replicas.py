@@ -14,9 +14,9 @@ import pytest
 
 from _runs import LABEL, run  # tests/ is on sys.path
 
-from colab_xla import hardware, supervisor
+from colab_xla.notebook import hardware, supervisor
 from colab_xla.replica import job as replica_job
-from colab_xla.outcome import DONE, FAILED, XlaSpawnError
+from colab_xla.notebook.outcome import DONE, FAILED, XlaSpawnError
 
 pytestmark = [pytest.mark.xla, pytest.mark.timeout(180)]
 
@@ -341,8 +341,8 @@ def test_refuses_before_forking_when_the_runtime_is_already_initialized():
     script = textwrap.dedent("""
         import torch_xla, multiprocessing
         torch_xla.device()   # initializes the runtime in this (the "notebook's") process
-        from colab_xla.preflight import RuntimeInitializedError
-        from colab_xla.run import run_cell
+        from colab_xla.notebook.preflight import RuntimeInitializedError
+        from colab_xla.notebook.run import run_cell
         try:
             run_cell("index", replicas=2, announce=None)
         except RuntimeInitializedError as exc:
@@ -359,7 +359,7 @@ def test_refuses_before_forking_when_the_runtime_is_already_initialized():
 def test_interrupt_kills_every_replica_process_and_returns_promptly(tmp_path):
     marker = tmp_path / "pids"
     script = textwrap.dedent(f"""
-        from colab_xla.run import run_cell
+        from colab_xla.notebook.run import run_cell
         cell = '''
         import os, time
         with open({str(marker)!r} + str(index), "w") as f:
@@ -433,7 +433,7 @@ def _cell_ran(index):
 
 
 def test_the_outcome_lists_replicas_by_ordinal_whatever_order_they_started_in(monkeypatch):
-    from colab_xla.outcome import RunObserver
+    from colab_xla.notebook.outcome import RunObserver
 
     class Starts(RunObserver):
         order = []
@@ -441,7 +441,7 @@ def test_the_outcome_lists_replicas_by_ordinal_whatever_order_they_started_in(mo
         def started(self, outcome, ordinal):
             self.order.append(ordinal)
 
-    monkeypatch.setattr(replica_job, "main", _replica_0_starts_last)
+    monkeypatch.setattr(supervisor, "run_replica", _replica_0_starts_last)
     outcome = run("import time\ntime.sleep(0.05 * (3 - index))\nran(index)", 4,
                   user_ns={"ran": _cell_ran}, observer=Starts(),  # and 3 finishes first
                   simulate="threads")  # (the semaphore is shared by threads)
@@ -451,7 +451,7 @@ def test_the_outcome_lists_replicas_by_ordinal_whatever_order_they_started_in(mo
 
 
 def test_an_error_in_a_view_ends_the_run_cleanly(monkeypatch):
-    from colab_xla.outcome import RunObserver
+    from colab_xla.notebook.outcome import RunObserver
 
     class Broken(RunObserver):
         def started(self, outcome, ordinal):

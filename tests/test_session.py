@@ -18,13 +18,13 @@ import psutil
 import pytest
 from IPython.core.error import UsageError
 
-from colab_xla import processes
-from colab_xla import session as sessions
-from colab_xla.outcome import DONE, FAILED, STOPPED, XlaSpawnError
-from colab_xla.run import new_session, run_cell
-from colab_xla.session import SessionError, SessionOptions, _Known
-from colab_xla.transport import names, shared_tensors
-from colab_xla.views import text as text_view
+from colab_xla.notebook import processes
+from colab_xla.notebook import session as sessions
+from colab_xla.notebook.outcome import DONE, FAILED, STOPPED, XlaSpawnError
+from colab_xla.notebook.run import new_session, run_cell
+from colab_xla.notebook.session import SessionError, SessionOptions, _Known
+from colab_xla.wire import names, shared_tensors
+from colab_xla.notebook.views import text as text_view
 
 from _kernel import wait_until_gone  # tests/ is on sys.path
 from test_magic import get_ipython
@@ -433,8 +433,8 @@ def test_a_script_that_leaves_its_session_up_ends_on_its_own_and_leaves_nothing(
     xmp.spawn's pool, multiprocessing its children), and a replica waits to be told to
     stop: a script (or terminal IPython) that did not stop its session never ended."""
     script = textwrap.dedent(f"""
-        from colab_xla.run import run_cell, start_session
-        from colab_xla.session import SessionOptions
+        from colab_xla.notebook.run import run_cell, start_session
+        from colab_xla.notebook.session import SessionOptions
         s = start_session(SessionOptions(replicas={n}), {{}}, announce=None)
         assert run_cell("index", session=s, announce=None).ok
         print(*sorted({{r.pid for r in s.replicas.values()}}), flush=True)

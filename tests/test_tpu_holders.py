@@ -8,8 +8,8 @@ import sys
 import psutil
 import pytest
 
-from colab_xla import doctor, hardware, preflight, run, tpu_holders
-from colab_xla.tpu_holders import Holder, Scan
+from colab_xla.notebook import doctor, hardware, preflight, run, tpu_holders
+from colab_xla.notebook.tpu_holders import Holder, Scan
 
 # --- a fake /proc ----------------------------------------------------------------------------
 

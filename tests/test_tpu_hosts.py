@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from colab_xla import hardware, preflight
-from colab_xla.launch import replica_environ
+from colab_xla.notebook import hardware, preflight
+from colab_xla.notebook.launch import replica_environ
 
 HOSTS = {p.stem: json.loads(p.read_text())
          for p in sorted((Path(__file__).parent / "tpu_hosts").glob("*.json"))}

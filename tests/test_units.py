@@ -10,13 +10,15 @@ import threading
 
 import pytest
 
-from colab_xla import hardware
+from colab_xla.notebook import hardware
 from colab_xla.replica import job as replica_job
-from colab_xla.transport import frames
-from colab_xla.views import text as text_view
-from colab_xla.cell import CellModule, EmptyCellError
-from colab_xla.outcome import (DONE, FAILED, ReplicaError, ReplicaOutcome, RunOutcome,
-                               XlaSpawnError, format_ordinals)
+from colab_xla.wire import frames
+from colab_xla.notebook.views import text as text_view
+from colab_xla.wire.cell import CellModule, EmptyCellError
+from colab_xla.notebook.outcome import (DONE, FAILED, ReplicaOutcome, RunOutcome, XlaSpawnError,
+                                        format_ordinals)
+from colab_xla.wire.job import ReplicaJob
+from colab_xla.wire.reports import ReplicaError
 
 # --- cell to module ----------------------------------------------------------------------
 
@@ -65,8 +67,8 @@ def test_syntax_error_names_the_cell_and_its_line(tmp_path):
 def test_a_file_planted_at_the_module_path_is_never_written_through(tmp_path, monkeypatch):
     import itertools
 
-    monkeypatch.setattr("colab_xla.cell._counter", itertools.count(1))
-    monkeypatch.setattr("colab_xla.cell.secrets.token_hex", lambda n: "feed")
+    monkeypatch.setattr("colab_xla.wire.cell._counter", itertools.count(1))
+    monkeypatch.setattr("colab_xla.wire.cell.secrets.token_hex", lambda n: "feed")
     target = tmp_path / "victim"
     target.write_text("untouched")
     (tmp_path / "xla_cell_1_feed.py").symlink_to(target)
@@ -444,7 +446,7 @@ def test_a_session_cell_never_clears_an_asynchronous_exception_it_may_have_been_
 
 # --- output log ------------------------------------------------------------------------------
 
-from colab_xla.output_log import OutputLog, collapse_cr  # noqa: E402
+from colab_xla.notebook.output_log import OutputLog, collapse_cr  # noqa: E402
 
 
 @pytest.mark.parametrize("line, shown", [("plain", "plain"), (" 10%\r 50%\r100%", "100%"),
@@ -472,7 +474,7 @@ def test_log_without_output_writes_no_file(tmp_path):
 
 
 def test_combined_view_labels_lines_and_merges_identical_ones_across_replicas():
-    from colab_xla.views.widget import WidgetView
+    from colab_xla.notebook.views.widget import WidgetView
 
     outcome = RunOutcome("CPU", {o: ReplicaOutcome(o) for o in range(3)})
     view = WidgetView()  # never displayed: only its bookkeeping is exercised
@@ -487,10 +489,10 @@ def test_combined_view_labels_lines_and_merges_identical_ones_across_replicas():
 
 # --- start methods, names sent to replicas, options (issue #6) ------------------------------
 
-from colab_xla import launch, preflight  # noqa: E402
-from colab_xla.transport import names  # noqa: E402
+from colab_xla.notebook import launch, preflight  # noqa: E402
+from colab_xla.wire import names  # noqa: E402
 from colab_xla.errors import OptionError  # noqa: E402
-from colab_xla.options import check_run, parse_env  # noqa: E402
+from colab_xla.notebook.options import check_run, parse_env  # noqa: E402
 
 
 def check_options(env, pull, pull_from, replicas=None, timeout=None, cache_dir=None,
@@ -578,7 +580,7 @@ def test_environ_sets_and_restores_variables(monkeypatch):
 
 
 def test_a_replica_job_sets_its_environment_where_it_is_unpickled(tmp_path):
-    job = replica_job.ReplicaJob(run_id="r", run_dir=str(tmp_path), channel_path="c", parent_pid=1,
+    job = ReplicaJob(run_id="r", run_dir=str(tmp_path), channel_path="c", parent_pid=1,
                              environ={"PATH": os.environ["PATH"], "ONLY_IN_JOB": "yes"})
     (tmp_path / "job.pkl").write_bytes(pickle.dumps(job))
     script = ("import os, pickle, sys; os.environ['DROPPED'] = '1'; "
@@ -663,7 +665,7 @@ def test_a_device_shown_by_its_device_files_is_not_refused():
 
 
 def test_a_launch_that_starts_no_replica_is_reported_with_its_cause():
-    from colab_xla.outcome import ReplicaError
+    from colab_xla.wire.reports import ReplicaError
 
     outcome = RunOutcome("NEURON", elapsed=0.1, launch_error=ReplicaError(
         "launch", "ModuleNotFoundError", "No module named 'libneuronxla'",
@@ -678,7 +680,7 @@ def test_a_launch_that_starts_no_replica_is_reported_with_its_cause():
 
 # --- the magic's line --------------------------------------------------------------------
 
-from colab_xla.options import LineError, split_line  # noqa: E402
+from colab_xla.notebook.options import LineError, split_line  # noqa: E402
 
 
 @pytest.mark.parametrize("line, argv", [
@@ -707,7 +709,7 @@ def test_an_unsplittable_line_says_what_is_wrong_and_what_to_do(line, where):
 
 @pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0.0, -1.0])
 def test_run_cell_refuses_a_timeout_that_is_not_a_positive_number(timeout):
-    from colab_xla.run import run_cell
+    from colab_xla.notebook.run import run_cell
 
     with pytest.raises(ValueError, match=r"--timeout \S+: the timeout must be more than 0 "
                                          "seconds and finite"):
@@ -715,7 +717,7 @@ def test_run_cell_refuses_a_timeout_that_is_not_a_positive_number(timeout):
 
 
 def test_pull_names_keep_their_order_once_each_and_an_empty_pull_is_refused():
-    from colab_xla.options import pull_names
+    from colab_xla.notebook.options import pull_names
 
     assert pull_names(["model,losses", " model ", "a,a"]) == ["model", "losses", "a"]
     for empty in ("", " , "):
@@ -730,7 +732,7 @@ def test_pull_names_keep_their_order_once_each_and_an_empty_pull_is_refused():
 ])
 def test_output_names_the_notebook_cannot_use_or_that_pull_overwrites_are_refused(name, pull,
                                                                                   match):
-    from colab_xla.options import check_output
+    from colab_xla.notebook.options import check_output
 
     with pytest.raises(ValueError, match=match):
         check_output(name, pull)
@@ -749,7 +751,7 @@ def test_a_pull_of_a_keyword_is_refused():
 
 def test_an_empty_cache_directory_is_refused_not_taken_for_the_working_directory(tmp_path,
                                                                                  monkeypatch):
-    from colab_xla.options import _cache_dir
+    from colab_xla.notebook.options import _cache_dir
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="--cache '': give a directory"):
@@ -761,8 +763,8 @@ def test_an_empty_cache_directory_is_refused_not_taken_for_the_working_directory
     "F1123 10:16:28.249609    1234 pjrt_client.cc:99] Unknown flag",
 ])
 def test_xla_fatal_lines_are_found_in_a_crashed_process_output(line):
-    from colab_xla.output_log import OutputLog
-    from colab_xla.endings import native_crash
+    from colab_xla.notebook.output_log import OutputLog
+    from colab_xla.notebook.endings import native_crash
 
     log = OutputLog(None)
     log.write("stderr", f"some output\n{line}\nFatal Python error: Aborted\n\nThread 0x1:\n")
@@ -781,11 +783,11 @@ def test_the_core_imports_without_ipython_and_the_text_view_without_the_runtime(
     code = """
 import importlib, pkgutil, sys
 sys.modules["IPython"] = sys.modules["ipywidgets"] = None  # importing them fails
-import colab_xla.views.text
-assert not {"colab_xla.supervisor", "colab_xla.run", "torch"} & set(sys.modules), sorted(sys.modules)
+import colab_xla.notebook.views.text
+assert not {"colab_xla.notebook.supervisor", "colab_xla.notebook.run", "torch"} & set(sys.modules), sorted(sys.modules)
 import colab_xla
 for info in pkgutil.walk_packages(colab_xla.__path__, "colab_xla."):
-    if info.name not in ("colab_xla.magics", "colab_xla.views.widget"):
+    if info.name not in ("colab_xla.notebook.magics", "colab_xla.notebook.views.widget"):
         importlib.import_module(info.name)
 print("ok")
 """
@@ -796,7 +798,7 @@ print("ok")
 
 # --- when the views draw ---------------------------------------------------------------------
 
-from colab_xla.supervisor import NEXT_DRAW_SECONDS, TICK_SECONDS, DrawPacer  # noqa: E402
+from colab_xla.notebook.supervisor import NEXT_DRAW_SECONDS, TICK_SECONDS, DrawPacer  # noqa: E402
 
 
 def test_output_is_drawn_at_once_and_without_output_every_tick():

@@ -8,7 +8,7 @@ import queue
 
 import pytest
 
-from colab_xla.transport import shared_tensors, values
+from colab_xla.wire import shared_tensors, values
 
 torch = pytest.importorskip("torch")
 
@@ -167,7 +167,7 @@ def test_the_page_directory_goes_when_the_notebook_process_exits(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys, torch; from colab_xla.transport import shared_tensors as s\n"
+    code = ("import sys, torch; from colab_xla.wire import shared_tensors as s\n"
             "d = s.make_dir('r', root=sys.argv[1])\n"
             "r, a = s.reduce_tensor(torch.ones(1 << 20), d); t = r(*a)\n"
             "print(len(__import__('os').listdir(s.pages_dir(d))))")

@@ -4,10 +4,10 @@ import io
 
 import pytest
 
-from colab_xla import views
-from colab_xla.views import text as text_view
-from colab_xla.outcome import ReplicaOutcome, RunOutcome
-from colab_xla.outcome import RunObserver
+from colab_xla.notebook import views
+from colab_xla.notebook.views import text as text_view
+from colab_xla.notebook.outcome import ReplicaOutcome, RunOutcome
+from colab_xla.notebook.outcome import RunObserver
 
 
 def finished_outcome():
@@ -97,7 +97,7 @@ def test_the_text_view_is_chosen_without_a_kernel_or_when_asked():
 
 def test_the_widget_view_is_chosen_in_a_kernel():
     pytest.importorskip("ipywidgets")
-    from colab_xla.views.widget import WidgetView
+    from colab_xla.notebook.views.widget import WidgetView
 
     chosen = views.choose("auto", has_kernel=True)
     assert isinstance(chosen, views.FallbackView) and isinstance(chosen.view, WidgetView)
@@ -106,7 +106,7 @@ def test_the_widget_view_is_chosen_in_a_kernel():
 def test_the_widget_display_data_is_what_ipywidgets_itself_displays(monkeypatch):
     """ipywidgets 8 says it through _repr_mimebundle_, 7 through _ipython_display_."""
     widgets = pytest.importorskip("ipywidgets")
-    from colab_xla.views.widget import widget_bundle
+    from colab_xla.notebook.views.widget import widget_bundle
 
     box = widgets.VBox([widgets.HTML("x")])
     shown = []
@@ -139,7 +139,7 @@ def widget_view(monkeypatch):
     """``(the widget view's module, the handles of its displays)``: its displays made into
     :class:`Handle` s, and its live runs its own for the test."""
     pytest.importorskip("ipywidgets")
-    from colab_xla.views import widget as widget_view
+    from colab_xla.notebook.views import widget as widget_view
 
     handles = []
     monkeypatch.setattr(widget_view, "display",
@@ -187,7 +187,7 @@ def test_a_run_makes_few_widgets_sharing_one_layout(widget_view):
     a replica's error widget only if it fails, its error shown in its own tab."""
     import ipywidgets as widgets
 
-    from colab_xla.outcome import ReplicaError
+    from colab_xla.wire.reports import ReplicaError
 
     widget_view, _ = widget_view
     before = set(widget_view._registry())
@@ -219,7 +219,7 @@ def test_a_run_makes_few_widgets_sharing_one_layout(widget_view):
 def _one_run(widget_view, replicas: int, failed=(), lines=True, close=True):
     """A run of ``replicas`` replicas that print a line each (if ``lines``); those in
     ``failed`` fail, the others are done; its view, closed if ``close``."""
-    from colab_xla.outcome import ReplicaError
+    from colab_xla.wire.reports import ReplicaError
 
     view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
     view.opened(outcome)

@@ -21,31 +21,19 @@ import re
 import sys
 import threading
 import types
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import Any, Optional, Protocol, Tuple
 
-from ..transport.frames import MAX_PAYLOAD
+from ..wire.frames import MAX_PAYLOAD
 from .thread import current
 
-if TYPE_CHECKING:
-    from .process import ReplicaProcess
 
+class _Process(Protocol):
+    """What a stream needs of its replica process (:class:`.process.ReplicaProcess`,
+    which sets the streams up and so is not imported here)."""
 
-def capture_startup(path: str) -> None:
-    """fd 1 and 2 of a replica process to the run's start-up pipe, before torch_xla starts
-    its runtime there; and Python's fatal-error handler on, so a native crash (XLA's abort
-    on a bad flag, a segfault) leaves the stack of every thread in the process output."""
-    import faulthandler
+    writer: Any  # its colab_xla.wire.frames.ChannelWriter
 
-    _libc().fflush(None)
-    fd = os.open(path, os.O_WRONLY)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    # Off first: enabling an enabled faulthandler installs nothing, and the notebook's
-    # process may have enabled it before something else took the signals (Ray's driver
-    # does both: its handler, inherited here, would swallow the fatal error's stacks).
-    faulthandler.disable()
-    faulthandler.enable(file=2, all_threads=True)
+    def default_ordinal(self) -> int: ...
 
 
 class ReplicaStream(io.TextIOBase):
@@ -59,7 +47,7 @@ class ReplicaStream(io.TextIOBase):
     encoding = "utf-8"
     errors = "replace"
 
-    def __init__(self, process: "ReplicaProcess", kind: int, name: str):
+    def __init__(self, process: _Process, kind: int, name: str):
         super().__init__()
         self._process, self._kind, self.name = process, kind, name
         self._pending = _Pending()

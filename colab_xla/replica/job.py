@@ -17,81 +17,22 @@ import threading
 import time
 import traceback
 import types
-from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 import cloudpickle
 
-from .. import jax_runtime
-from ..cell import CellModule
-from ..outcome import RETURN_PLAIN_DATA, ReplicaError, ReplicaReport
-from ..processes import end_descendants
-from ..transport.frames import END, ENDED_AT, START
-from ..transport.names import REPLICA_NAMES
-from ..transport.values import pack_value, pull_names, safe_repr, write_report
-from .capture import capture_startup, flush_all
+from ..runtimes import jax as jax_runtime
+from ..wire.cell import CellModule
+from ..wire.reports import RETURN_PLAIN_DATA, ReplicaError, ReplicaReport
+from ..wire.lifetime import end_descendants
+from ..wire.frames import END, ENDED_AT, START
+from ..wire.names import REPLICA_NAMES
+from ..wire.values import pack_value, pull_names, safe_repr, write_report
+from ..wire.job import ReplicaJob
+from .capture import flush_all
 from . import runtime_clients
 from .process import ReplicaProcess
 from .thread import current
-
-
-@dataclass(frozen=True)
-class ReplicaJob:
-    """What xmp.spawn passes (pickled) to every replica process."""
-
-    run_id: str
-    run_dir: str
-    channel_path: str  # the named pipe of frames (see colab_xla.transport.frames)
-    parent_pid: int  # the replica process's parent: the notebook, or the forkserver
-    lock: Any = None  # a Manager lock proxy (pickles, works across processes), if used
-    # Named pipes (stdout, stderr), one pair per replica process (by local rank): C-level
-    # output (XLA, absl, libtpu logs, printf) goes there, read by the notebook.
-    fd_paths: Tuple[Tuple[str, str], ...] = ()
-    # A named pipe for fd 1 and 2 of every replica process from its first moment until its
-    # rank is known (what torch_xla's runtime start-up prints, and its fatal errors).
-    startup_path: Optional[str] = None
-    # The replicas' whole environment: the notebook's, with the run's variables.
-    environ: Optional[Dict[str, str]] = None
-    # Without fork (spawn, forkserver): the cell and the notebook names it uses.
-    cell: Optional[CellModule] = None
-    names: Optional[bytes] = None
-    cache_dir: Optional[str] = None  # --cache: torch_xla's persistent compilation cache
-    pull: Tuple[str, ...] = ()  # --pull: names sent back after the cell
-    pull_from: Optional[int] = None  # --pull-from: only this replica sends them
-    shm_dir: Optional[str] = None  # where large CPU tensors go (colab_xla.transport.shared_tensors)
-    # Output through a ring per replica process in run_dir (colab_xla.transport.ring), for a
-    # reader that reads rings; without, every frame is a write to the pipe.
-    rings: bool = False
-
-    def __reduce__(self):
-        return _arrive, (dict(self.__dict__),)
-
-    def apply_environ(self) -> None:
-        """Make this process's environment the one the notebook chose for the replicas."""
-        if self.environ is not None and dict(os.environ) != self.environ:
-            os.environ.clear()
-            os.environ.update(self.environ)
-
-
-def _arrive(fields: Dict[str, Any]) -> ReplicaJob:
-    """Unpickle the job in a replica process, and set its environment there and then.
-
-    Unpickling is the first code of colab_xla that runs in a replica process, before
-    torch_xla starts the runtime (which reads PJRT_DEVICE, CPU_NUM_DEVICES, XLA_FLAGS...).
-    A forkserver's children inherit the server's environment, not the notebook's, so
-    waiting for ``main`` would be too late.
-    """
-    return arrived(ReplicaJob(**fields))
-
-
-def arrived(job: ReplicaJob) -> ReplicaJob:
-    """What a replica process does with its job first: the replicas' environment, and its
-    start-up output captured. (A forked process that got the job without pickling calls
-    it itself.)"""
-    job.apply_environ()
-    if job.startup_path:
-        capture_startup(job.startup_path)
-    return job
 
 
 def main(index: int, job: ReplicaJob) -> None:

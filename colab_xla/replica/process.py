@@ -24,21 +24,22 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional
 
 import cloudpickle
 
-from .. import cpu_sim, gloo_collectives, jax_runtime
-from ..host_rank import HostRank
-from ..cell import CellModule
-from ..outcome import ReplicaError
-from ..processes import adopt_orphans, die_with_parent
-from ..transport import names
-from ..transport.frames import NOTE, STDERR, STDOUT, ChannelWriter
-from ..transport.values import lookup
+from . import cpu_sim, gloo_collectives
+from ..runtimes import jax as jax_runtime
+from ..wire.host_rank import HostRank
+from ..wire.cell import CellModule
+from ..wire.reports import ReplicaError
+from ..wire.lifetime import adopt_orphans, die_with_parent
+from ..wire import names
+from ..wire.frames import NOTE, STDERR, STDOUT, ChannelWriter
+from ..wire.values import lookup
 from .capture import (ReplicaStream, capture_fds, flush_all, no_stdin, replica_display,
                       streams_per_thread)
 from . import runtime_clients
 from .thread import current
 
 if TYPE_CHECKING:
-    from .job import ReplicaJob
+    from ..wire.job import ReplicaJob
 
 # Set in the notebook around the fork (see inherit), read by the replicas: run id -> state.
 _FORKED: Dict[str, "ForkedState"] = {}
@@ -221,7 +222,7 @@ class ReplicaProcess:
                     cluster.index(self.rank), cluster.world,
                     gloo_collectives.tcp_store(cluster.store, cluster.run),
                     hostname=cluster.address)
-            elif processes > 1:  # one process per replica (see colab_xla.launch)
+            elif processes > 1:  # one process per replica (see colab_xla.notebook.launch)
                 cpu_sim.install_processes(self.rank, processes, gloo_collectives.file_store(
                     os.path.join(run_dir, "replicas.store"), processes))
             elif int(os.environ.get("CPU_NUM_DEVICES", "1")) > 1:
@@ -293,7 +294,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
         (file or sys.stderr).write(text)
 
 
-# The modules of cells (colab_xla.cell names them), each replica's own (``_r<ordinal>``).
+# The modules of cells (colab_xla.wire.cell names them), each replica's own (``_r<ordinal>``).
 CELL_MODULES = r"xla_cell_\d+_[0-9a-f]+(_r\d+)?\Z"
 
 

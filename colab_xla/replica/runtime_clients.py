@@ -29,7 +29,7 @@ import threading
 import traceback
 from typing import Callable, List, Optional
 
-from ..multislice import SKIP_DISCOVERY as SKIP
+from ..wire.host_rank import SKIP_DISCOVERY as SKIP
 
 # Where MegaScale exists (libtpu); other platforms' clients never run discovery.
 DISCOVERING_PLATFORMS = ("tpu",)

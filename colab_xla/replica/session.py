@@ -30,17 +30,13 @@ import threading
 import traceback
 from typing import Dict, Optional
 
-from ..transport import shared_tensors
-from ..transport.frames import NOTE
-from ..transport.names import REPLICA_NAMES
-from .job import ReplicaGlobals, ReplicaJob, cell_globals, serve_run
+from ..wire import shared_tensors
+from ..wire.frames import NOTE
+from ..wire.names import REPLICA_NAMES
+from .job import ReplicaGlobals, cell_globals, serve_run
+from ..wire.job import ReplicaJob, command_path
 from .process import ReplicaProcess
 from .thread import current
-
-
-def command_path(session_dir: str, index: int) -> str:
-    """The named pipe of replica ``index``'s commands."""
-    return os.path.join(session_dir, f"commands-{index}")
 
 
 def serve(index: int, job: ReplicaJob) -> None:

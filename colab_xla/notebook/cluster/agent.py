@@ -1,0 +1,302 @@
+"""A cluster host's agent: the one long-lived process per host (a Ray actor) that runs
+each ``%%xla_spawn`` cell on its host's replicas for the notebook.
+
+It is, for its host, what the notebook's process is on a single host: it keeps torch and
+torch_xla imported (never the runtime: it is not a replica), plans its replicas, and runs
+the cell with the machinery of one-off runs (:func:`colab_xla.notebook.run.run_cell`: xmp.spawn,
+capture, reports, fail-fast on the host), in a thread of its own. What the run's view
+would see becomes events the notebook collects with :meth:`HostAgent.poll` (a Ray call
+that waits for news), so the notebook draws every host in one view; values and ``--pull``
+names stay packed bytes, loaded in the notebook where its classes are.
+
+A JAX cell (``--runtime jax``) runs the same way, as the host's JAX processes
+(:mod:`colab_xla.runtimes.jax`); the notebook gives every host the coordinator host 0's
+agent chose (:meth:`HostAgent.jax_coordinator`), and each process's id is its global
+ordinal.
+
+An Interrupt from the notebook (:meth:`HostAgent.interrupt`) stops the host's run as the
+notebook's Interrupt stops a local one (``ray.cancel`` cannot stop a running actor task).
+Ray-free itself: :mod:`colab_xla.notebook.cluster.connection` makes it an actor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import socket
+import threading
+import traceback
+from typing import Any, Dict, List, MutableMapping, Optional
+
+from .. import interrupts
+from . import multislice
+from ...wire.host_rank import SKIP_DISCOVERY, VARIABLES, HostRank
+from ...runtimes.jax import COORDINATOR
+from ..launch import Launch, free_port
+from ..outcome import RunObserver, RunOutcome
+
+# What Ray sets in an actor's environment for the chips it reserved, which the replicas
+# of a whole host must not inherit (TPU_HOST_BOUNDS=1,1,1 makes one host its own slice);
+# and what an earlier job may have left: stale MegaScale values hang libtpu.
+STALE_VARIABLES = ("TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS",
+                   *VARIABLES, *multislice.VARIABLES, SKIP_DISCOVERY)
+
+
+def host_environment(environ: MutableMapping[str, str], rank: HostRank, device: str,
+                     hostnames: List[str],
+                     slices: Optional[multislice.Slices] = None) -> Dict[str, str]:
+    """Drop from ``environ`` (the agent's) what Ray set for the chips it reserved and
+    stale MegaScale values; return what this host's replicas get on top: on a TPU host its
+    worker id and the addresses of its slice's hosts, on a CPU host torch_xla's CPU
+    backend; on a cluster of several ``slices``, this host's MegaScale variables."""
+    for name in STALE_VARIABLES:
+        environ.pop(name, None)
+    env = {"PJRT_DEVICE": "CPU"}
+    if device == "TPU":
+        worker, members = ((slices.worker_of(rank.host), slices.members(rank.host, hostnames))
+                           if slices else (rank.host, hostnames))
+        env = {"TPU_WORKER_ID": str(worker), "TPU_WORKER_HOSTNAMES": ",".join(members)}
+    return {**env, **(slices.environ(rank.host) if slices else {})}
+
+
+class HostAgent:
+    """Host ``rank.host`` of a cluster. ``device`` is "TPU" (replicas on its chips, as
+    many as torch_xla plans) or "CPU" (``rank.replicas`` replicas, one process each,
+    their collectives through gloo across hosts); ``hostnames`` are every host's address
+    by rank (``TPU_WORKER_HOSTNAMES``); ``slices``, the cluster's slices if several."""
+
+    def __init__(self, rank: HostRank, device: str, hostnames: List[str],
+                 start_method: str = "forkserver",
+                 slices: Optional[multislice.Slices] = None):
+        self.env = host_environment(os.environ, rank, device, hostnames, slices)
+        self.rank, self.device = rank, device
+        self.start_method = start_method
+        self._store = None
+        if device == "CPU" and rank.host == 0:  # where the replicas of every host meet
+            import torch.distributed as dist
+
+            self._store = dist.TCPStore(rank.address, 0, is_master=True,
+                                        wait_for_workers=False)
+            self.rank = dataclasses.replace(rank, store=f"{rank.address}:{self._store.port}")
+        from ..hardware import import_torch_xla
+
+        import_torch_xla()  # warm: every cell's replicas start from here
+        if start_method == "forkserver":
+            # Started now, not by a cell's run (which would end it with the run). Replicas
+            # must not fork from this process: Ray's threads may hold libc's locks (a
+            # child forked here was seen stuck in getnameinfo, making its gloo store).
+            from ..launch import warm_forkserver
+
+            warm_forkserver()
+        self._runs: Dict[str, _HostedRun] = {}
+        self._lock = threading.Lock()
+        self._session = None  # this host's warm replicas (colab_xla.notebook.session.Session), if up
+
+    def describe(self) -> Dict[str, Any]:
+        """What the notebook shows of this host."""
+        import torch_xla
+
+        return {"host": self.rank.host, "pid": os.getpid(), "hostname": socket.gethostname(),
+                "address": self.rank.address, "device": self.device,
+                "replicas": self.rank.replicas, "store": self.rank.store,
+                "env": dict(self.env),
+                "torch_xla": getattr(torch_xla, "__version__", "?")}
+
+    def set_store(self, store: Optional[str]) -> None:
+        """The store host 0 keeps (CPU hosts), told to every host before the first cell."""
+        self.rank = dataclasses.replace(self.rank, store=store)
+
+    # -- warm replicas (%xla_session on the cluster) ----------------------------------------
+
+    def start_session(self, session_id: str, jax: Optional[Dict[str, Any]] = None
+                      ) -> Dict[str, Any]:
+        """Start this host's warm replicas, whose cells :meth:`start` then runs (with
+        ``jax``, as for :meth:`start`: JAX processes); reply ``{"replicas": {local
+        ordinal: pid}, "notes": [...]}``, or ``{"error": (ename, message)}`` when they
+        could not start (refused, or did not come up)."""
+        from ...errors import SetupError
+        from ..run import new_session
+        from ..session import SessionOptions
+
+        self.stop_session()
+        notes: List[str] = []
+        opts = SessionOptions(replicas=self._replicas(), launch=self._launch(jax),
+                              env=self._environ(session_id, jax), simulate="processes")
+        try:
+            self._session = new_session(opts, {}, announce=notes.append)
+        except SetupError as exc:
+            return {"error": (type(exc).__name__, str(exc)), "notes": notes}
+        return {"replicas": {i: r.pid for i, r in self._session.replicas.items()},
+                "notes": notes}
+
+    def stop_session(self) -> None:
+        """End this host's warm replicas, if any (every process they started)."""
+        session, self._session = self._session, None
+        if session is not None:
+            session.stop()
+
+    def session_status(self) -> Optional[str]:
+        """This host's warm replicas as ``%xla_session`` shows them (None: none)."""
+        return None if self._session is None else self._session.describe()
+
+    # -- cells --------------------------------------------------------------------------------
+
+    def start(self, run_id: str, source: str, names: Optional[bytes], label: str,
+              pull: List[str], pull_from: Optional[int],
+              jax: Optional[Dict[str, Any]] = None) -> None:
+        """Start running the cell on this host's replicas (returns at once): the warm
+        ones, if a session is up, else replicas of the run's own; with ``jax``
+        (``{"coordinator": "host 0's address:port", "devices_per_process": K or None}``),
+        JAX processes of one job with every host's."""
+        run = self._run(run_id)
+        session = self._session
+        how = (dict(session=session) if session is not None else
+               dict(env=self._environ(run_id, jax), replicas=self._replicas(),
+                    launch=self._launch(jax), simulate="processes"))
+        thread = threading.Thread(
+            target=run.run, name=f"colab_xla-host-run-{run_id}", daemon=True,
+            args=(self.rank.host, source, names, label, how, pull, pull_from))
+        thread.start()
+
+    def _environ(self, run: str, jax: Optional[Dict[str, Any]] = None) -> Dict[str, str]:
+        """What the replicas of run (or session) ``run`` get on top of the agent's."""
+        rank = dataclasses.replace(self.rank, run=run)
+        if jax is None:
+            return {**self.env, **rank.environ()}
+        if self.device == "TPU":  # one JAX process per host: its global ordinal is the host's
+            rank = dataclasses.replace(rank, replicas=1)
+        return {**self.env, **rank.environ(), COORDINATOR: jax["coordinator"]}
+
+    def _replicas(self) -> Optional[int]:
+        # TPU: torch_xla's replicas are its chips; JAX's, one process driving them.
+        return self.rank.replicas if self.device == "CPU" else None
+
+    def _launch(self, jax: Optional[Dict[str, Any]] = None) -> Launch:
+        if jax is None:
+            return Launch(start_method=self.start_method)
+        return Launch(start_method=self.start_method, runtime="jax",
+                      devices_per_process=jax.get("devices_per_process"))
+
+    def jax_coordinator(self) -> str:
+        """Where a JAX job's processes meet (host 0's agent is asked, per run or
+        session): this host's address and a port free on it now. Process 0, which runs
+        here, serves it."""
+        return f"{self.rank.address}:{free_port(self.rank.address)}"
+
+    def poll(self, run_id: str, wait: float) -> Dict[str, Any]:
+        """The run's events since the last poll (waiting up to ``wait`` s for one), and
+        its end: ``{"events": [...], "done": bool, "outcome": {...} when done}``."""
+        reply = self._run(run_id).take(wait)
+        if reply["done"]:
+            with self._lock:
+                self._runs.pop(run_id, None)
+        return reply
+
+    def interrupt(self, run_id: str) -> None:
+        """Stop the run ``run_id`` on this host, as the notebook's Interrupt would."""
+        self._run(run_id).interrupter.request()
+
+    def _run(self, run_id: str) -> "_HostedRun":
+        """The run ``run_id`` (Ray may deliver a poll or an interrupt before the start)."""
+        with self._lock:
+            return self._runs.setdefault(run_id, _HostedRun())
+
+
+class _HostedRun(RunObserver):
+    """One cell on this host: run_cell in a thread, its view's hooks kept as events."""
+
+    def __init__(self):
+        self.interrupter = interrupts.Remote()
+        self._events: List[tuple] = []
+        self._done: Optional[Dict[str, Any]] = None
+        self._changed = threading.Condition()
+        self._outcome: Optional[RunOutcome] = None
+        self._partial_sent: Dict[Any, list] = {}  # origin -> its unended lines last sent
+
+    def run(self, host, source, names, label, how, pull, pull_from) -> None:
+        from ..run import run_cell
+        from ...wire import names as names_transport
+
+        notes: List[str] = []
+        try:
+            try:
+                user_ns = names_transport.unpack(names) if names else {}
+            except Exception as exc:  # noqa: BLE001 - said as a replica would say it
+                done = {"error": (type(exc).__name__, names_transport.unloadable(
+                            exc, f"on host {host}", "on every host", "")),
+                        "traceback": traceback.format_exc(), "notes": notes}
+            else:
+                outcome = run_cell(source, user_ns=user_ns, label=label, observer=self,
+                                   announce=notes.append, pull=pull, pull_from=pull_from,
+                                   hosted=self.interrupter, **how)
+                done = {"outcome": _packed_outcome(outcome), "notes": notes}
+        except BaseException as exc:  # noqa: BLE001 - the notebook says it, with the host
+            done = {"error": (type(exc).__name__,
+                              f"host {host}'s agent could not run the cell: {exc}"),
+                    "traceback": traceback.format_exc(), "notes": notes}
+        with self._changed:
+            self._done = done
+            self._changed.notify_all()
+
+    def take(self, wait: float) -> Dict[str, Any]:
+        with self._changed:
+            if not self._events and self._done is None:
+                self._changed.wait(wait)
+            events, self._events = self._events, []
+            events += self._partial_lines()
+            reply: Dict[str, Any] = {"events": events, "done": self._done is not None}
+            if self._done is not None:
+                reply.update(self._done)
+            return reply
+
+    def _partial_lines(self) -> List[tuple]:
+        """Events for the lines not yet ended (progress bars) the notebook shows as they
+        grow: each replica's or process's that has some, or had some last time."""
+        if self._outcome is None:
+            return []
+        logs = [*((o, r.log) for o, r in self._outcome.replicas.items()),
+                *self._outcome.processes.items()]
+        events = []
+        for origin, log in logs:
+            shown = log.partial()
+            if shown or self._partial_sent.get(origin):
+                events.append(("partial", origin, shown))
+                self._partial_sent[origin] = shown
+        return events
+
+    def _add(self, *event) -> None:
+        with self._changed:
+            self._events.append(event)
+            self._changed.notify_all()
+
+    # -- the run's view ---------------------------------------------------------------
+
+    def opened(self, outcome: RunOutcome) -> None:
+        self._outcome = outcome
+
+    def started(self, outcome: RunOutcome, ordinal: int) -> None:
+        self._add("started", ordinal, outcome.replicas[ordinal].pid)
+
+    def output(self, outcome: RunOutcome, origin, lines: List[str]) -> None:
+        log = outcome.replica(origin).log if isinstance(origin, int) else outcome.process(origin)
+        # The log has just taken these lines: their streams are its last entries.
+        streams = [s for s, _ in itertools.islice(reversed(log.tail), len(lines))][::-1]
+        streams = ["stdout"] * (len(lines) - len(streams)) + streams
+        self._add("output", origin, list(zip(streams, lines)))
+
+    def finished(self, outcome: RunOutcome, ordinal: int) -> None:
+        self._add("finished", ordinal, _packed_replica(outcome.replicas[ordinal]))
+
+
+def _packed_replica(rep) -> Dict[str, Any]:
+    return {"state": rep.state, "pid": rep.pid, "elapsed": rep.elapsed,
+            "has_value": rep.has_value, "value": rep.value, "value_repr": rep.value_repr,
+            "error": rep.error, "last_rendezvous": rep.last_rendezvous,
+            "pulled": dict(rep.pulled)}
+
+
+def _packed_outcome(outcome: RunOutcome) -> Dict[str, Any]:
+    """What the notebook uses of the host's outcome (the rest it keeps itself)."""
+    return {"launch_error": outcome.launch_error, "session_ended": outcome.session_ended,
+            "replicas": {o: _packed_replica(r) for o, r in outcome.replicas.items()}}

@@ -1,0 +1,325 @@
+"""A cell on every replica of every host of a cluster: the notebook's side.
+
+Each host's agent runs the cell on its replicas (:mod:`colab_xla.notebook.cluster.agent`); this
+module starts it on every host, collects their events (Ray calls that wait for news,
+one per host at a time), and makes them one :class:`~colab_xla.notebook.outcome.RunOutcome` with
+global ordinals (host ``h``'s replica ``i`` is ``h * per_host + i``), drawn by the same
+views as a one-off run. Values and ``--pull`` names arrive packed and are loaded here,
+where the notebook's classes are.
+
+With ``runtime="jax"``, every host runs the cell as JAX processes (on a CPU host one per
+replica, on a TPU host one driving its chips), all of one ``jax.distributed`` job:
+host 0's agent picks the coordinator's port, every host is told it, and each process's id
+is its global ordinal.
+
+The run is cut, on every host at once, on Interrupt, ``--timeout``, a host that is gone
+(its agent or node), or :data:`colab_xla.notebook.supervisor.FAIL_FAST_SECONDS` after a replica
+failed on any host: each agent stops its replicas as the notebook stops a local run's,
+and a host that does not answer within :data:`HOST_GRACE_SECONDS` is taken as gone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import shutil
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from .. import endings, interrupts, options, preflight, state
+from ...wire.cell import CellModule
+from ...errors import OptionError
+from ..session import SessionError
+from ..launch import Launch
+from ..outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome, load_results
+from ...wire.reports import ReplicaError
+from ..supervisor import FAIL_FAST_SECONDS, TICK_SECONDS
+from ...wire import names
+from .connection import Cluster, exception_line, host_note, import_ray
+from .hosts import ClusterError
+
+# How long a poll waits in the agent for news: the notebook's Interrupt is seen between polls.
+POLL_SECONDS = 0.1
+# After the run was cut, how long a host may take to stop its replicas and answer.
+HOST_GRACE_SECONDS = 10.0
+
+
+def run_on_cluster(cluster: Cluster, source: str, *, user_ns: Optional[Mapping] = None,
+                   label: str = "cell", header: str = "# %%xla_spawn",
+                   observer: Optional[RunObserver] = None, announce=print,
+                   timeout: Optional[float] = None, pull: Sequence[str] = (),
+                   pull_from: Optional[int] = None, runtime: Optional[str] = None,
+                   devices_per_process: Optional[int] = None) -> RunOutcome:
+    """Run ``source`` on every replica of every host of ``cluster``; the outcome has
+    every replica by global ordinal, ``outcome.hosts`` their host.
+
+    ``runtime`` is "torch_xla" or "jax" (JAX processes, ``devices_per_process`` devices
+    each on CPU hosts); None: the session's, if one is up, else torch_xla. A session's
+    cells run in its runtime: asking another is refused."""
+    cluster.check_up()
+    session = cluster.session if cluster.session is not None and cluster.session.up else None
+    if session is not None:
+        asked = [flag for flag, given in (
+            ("--runtime", runtime not in (None, session.runtime)),
+            ("--devices-per-process", devices_per_process is not None)) if given]
+        if asked:
+            raise SessionError(f"{', '.join(asked)}: the session's replicas on the cluster "
+                               f"were started with their own options (--runtime "
+                               f"{session.runtime}), which a cell cannot change. Add --fresh "
+                               "to run this cell on this machine, or %xla_session stop, then "
+                               "%xla_session start with the options you want.")
+        runtime = session.runtime
+    launch = Launch(runtime=runtime or "torch_xla", devices_per_process=devices_per_process)
+    options.check_run(replicas=None, timeout=timeout, env={}, pull=pull, pull_from=pull_from,
+                      cache_dir=None, launch=launch)
+    check_jax(cluster, launch)
+    per_host = replicas_per_host(cluster, launch.runtime)
+    options.check_pull_from(pull_from, sum(per_host))
+    checked = state.new_work_dir("check-")
+    try:  # an empty cell or a SyntaxError is said here, with the cell's line, not per host
+        CellModule.create(source, checked, label=label, header=header)
+    finally:
+        shutil.rmtree(checked, ignore_errors=True)
+    for problem in preflight.cell_problems(source):
+        raise preflight.refusal(problem)
+    user_ns = user_ns if user_ns is not None else {}
+    if session is not None:  # the names every host's warm replicas do not have yet
+        sent, sent_names = session.known.pack(source, user_ns)
+    else:  # without fork between them, the notebook's names travel by value (as for spawn)
+        sent = names.pack(names.used_names(source, user_ns), user_ns, "spawn")
+    jax = None  # (a session's JAX processes met when it started)
+    if launch.runtime == "jax" and session is None:
+        jax = {"coordinator": jax_coordinator(cluster),
+               "devices_per_process": launch.devices_per_process}
+    run = _ClusterRun(cluster, per_host, user_ns, observer or RunObserver(), timeout, announce)
+    cluster.cells_run += 1
+    outcome = run.run(source, sent, label, tuple(pull), pull_from, jax)
+    if session is not None:
+        session.cells_run += 1
+        session.known.sent(sent_names, user_ns)
+        if run.session_ended:  # one host's session ended: the hosts are one program
+            host, why = sorted(run.session_ended.items())[0]
+            session.stop(f"on host {host}, {why}")
+        if not session.up:
+            outcome.session_ended = session.ended
+    return outcome
+
+
+def replicas_per_host(cluster: Cluster, runtime: str) -> List[int]:
+    """How many replicas each host runs: what %xla_cluster planned, but one JAX process
+    on a TPU host (it drives every chip)."""
+    return [1 if runtime == "jax" and d["device"] == "TPU" else d["replicas"]
+            for d in cluster.described]
+
+
+def check_jax(cluster: Cluster, launch: Launch) -> None:
+    """Refuse, before anything starts, a JAX option the cluster's hosts cannot honour."""
+    if launch.devices_per_process is not None and any(
+            d["device"] == "TPU" for d in cluster.described):
+        raise OptionError(f"--devices-per-process {launch.devices_per_process}: on a TPU "
+                          "host the JAX runtime runs one process driving every chip of the "
+                          "host; leave it out (it is for CPU hosts).")
+
+
+def jax_coordinator(cluster: Cluster) -> str:
+    """Where a JAX job's processes on every host meet: host 0's address, a port its
+    agent found free."""
+    ray = import_ray()
+    try:
+        return ray.get(cluster.agents[0].jax_coordinator.remote(), timeout=HOST_GRACE_SECONDS)
+    except Exception as exc:  # noqa: BLE001 - its agent or node is gone, or it is stuck
+        raise ClusterError(f"host 0 gave no port for the JAX processes' coordinator: "
+                           f"{exception_line(exc)}. %xla_cluster shows the hosts.") from None
+
+
+class _ClusterRun:
+    def __init__(self, cluster: Cluster, per_host: List[int], user_ns, observer: RunObserver,
+                 timeout: Optional[float], announce):
+        self.cluster, self.user_ns, self.observer = cluster, user_ns, observer
+        self.timeout, self.announce = timeout, announce
+        self.run_id = secrets.token_hex(8)
+        self.per_host = per_host
+        self.offsets = [sum(self.per_host[:h]) for h in range(len(self.per_host))]
+        self.outcome = RunOutcome(device_type=cluster.described[0]["device"],
+                                  log_dir=state.new_log_dir())
+        self._stop: Optional[str] = None
+        self._first_failed: Optional[int] = None
+        self._fail_at: Optional[float] = None
+        self._gone: Dict[int, str] = {}  # host -> how it went
+        self.session_ended: Dict[int, str] = {}  # host -> why its session ended in the cell
+
+    def run(self, source: str, sent: Optional[bytes], label: str, pull, pull_from,
+            jax: Optional[Dict[str, Any]]) -> RunOutcome:
+        ray = import_ray()
+        started = time.monotonic()
+        timeout_at = started + self.timeout if self.timeout else None
+        for host, count in enumerate(self.per_host):
+            for local in range(count):
+                self.outcome.hosts[self.offsets[host] + local] = host
+                self.outcome.replica(self.offsets[host] + local)
+        with interrupts.held() as held:
+            self.observer.opened(self.outcome)
+            pending: Dict[Any, int] = {}
+            for host, agent in enumerate(self.cluster.agents):
+                host_pull, host_from = self._pull_for(host, pull, pull_from)
+                agent.start.remote(self.run_id, source, sent, label, host_pull, host_from, jax)
+                pending[agent.poll.remote(self.run_id, POLL_SECONDS)] = host
+            next_tick, cut_at = time.monotonic() + TICK_SECONDS, None
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_SECONDS)
+                for ref in ready:
+                    host = pending.pop(ref)
+                    if self._take(ray, ref, host):
+                        agent = self.cluster.agents[host]
+                        pending[agent.poll.remote(self.run_id, POLL_SECONDS)] = host
+                now = time.monotonic()
+                if self._stop is None:
+                    if held.requested:
+                        self.outcome.interrupted = True
+                        self._cut("interrupted", pending)
+                    elif timeout_at is not None and now >= timeout_at:
+                        self._cut("timeout", pending)
+                    elif self._fail_at is not None and now >= self._fail_at:
+                        self._cut("failed", pending)
+                    if self._stop is not None:
+                        cut_at = now
+                elif now - cut_at > HOST_GRACE_SECONDS:
+                    for ref, host in pending.items():
+                        self._host_gone(host, f"it did not stop within {HOST_GRACE_SECONDS:g}"
+                                              " s of the notebook's stop")
+                        ray.cancel(ref)
+                    pending.clear()
+                if now >= next_tick:
+                    self.observer.tick(self.outcome)
+                    next_tick = now + TICK_SECONDS
+        self._settle()
+        if self._gone:  # the hosts are no longer one group: the connection ends
+            host, why = next(iter(sorted(self._gone.items())))
+            self.cluster.stop(f"host {host} is gone: {why}")
+        self.outcome.elapsed = time.monotonic() - started
+        for log in [*(r.log for r in self.outcome.replicas.values()),
+                    *self.outcome.processes.values()]:
+            log.finish()  # (every line arrived whole: this closes the log files)
+        return self.outcome
+
+    # -- what a host says -------------------------------------------------------------------
+
+    def _take(self, ray, ref, host: int) -> bool:
+        """Apply one poll's reply; True while the host's run goes on."""
+        try:
+            reply = ray.get(ref)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+            self._host_gone(host, exception_line(exc))
+            return False
+        for event in reply["events"]:
+            kind, origin = event[0], event[1]
+            if kind == "started":
+                rep = self.outcome.replica(self._global(host, origin))
+                rep.pid = event[2]
+                self.observer.started(self.outcome, rep.ordinal)
+            elif kind == "output":
+                self._output(host, origin, event[2])
+            elif kind == "partial":
+                self._log(host, origin)[1].show_partial(event[2])
+            elif kind == "finished":
+                self._finished(self._global(host, origin), event[2])
+        if not reply["done"]:
+            return True
+        for note in reply.get("notes", ()):
+            if self.announce:
+                self.announce(host_note(note, host))
+        if "error" in reply:  # the agent could not run the cell at all (it is still up)
+            ename, message = reply["error"]
+            self._fail_host(host, ReplicaError("exception", ename, message, reply["traceback"]))
+        else:
+            for ordinal, packed in reply["outcome"]["replicas"].items():
+                rep = self.outcome.replica(self._global(host, ordinal))
+                if rep.state not in (DONE, FAILED, STOPPED) and packed["state"] != "running":
+                    self._finished(rep.ordinal, packed)
+            if reply["outcome"]["session_ended"]:
+                self.session_ended[host] = reply["outcome"]["session_ended"]
+            launch_error = reply["outcome"]["launch_error"]
+            if launch_error is not None and self.outcome.launch_error is None:
+                self.outcome.launch_error = ReplicaError(
+                    launch_error.kind, launch_error.ename,
+                    f"host {host}: {launch_error.evalue}", launch_error.traceback)
+        return False
+
+    def _global(self, host: int, local: int) -> int:
+        return self.offsets[host] + local
+
+    def _log(self, host: int, origin):
+        """The notebook's name and log of a host's replica (by local ordinal) or process."""
+        if isinstance(origin, int):
+            origin = self._global(host, origin)
+            return origin, self.outcome.replica(origin).log
+        origin = f"host {host} · {origin}"
+        return origin, self.outcome.process(origin)
+
+    def _output(self, host: int, origin, lines: List) -> None:
+        origin, log = self._log(host, origin)
+        log.show_partial([])  # (these lines end what it showed unended; the host says more)
+        for stream, run in itertools.groupby(lines, key=lambda pair: pair[0]):
+            done = log.write(stream, "".join(line + "\n" for _, line in run))
+            self.observer.output(self.outcome, origin, done)
+
+    def _finished(self, ordinal: int, packed: Dict[str, Any]) -> None:
+        rep = self.outcome.replica(ordinal)
+        rep.pid = packed["pid"] or rep.pid
+        rep.elapsed, rep.value_repr = packed["elapsed"], packed["value_repr"]
+        rep.error, rep.last_rendezvous = packed["error"], packed["last_rendezvous"]
+        if packed["state"] == STOPPED:  # stopped by its host: said again when settled
+            rep.state = STOPPED
+            return
+        load_results(rep, packed["value"] if packed["has_value"] else None,
+                            packed["pulled"], self.user_ns)
+        rep.state = FAILED if rep.error else DONE
+        if rep.state == FAILED:
+            self._failed(ordinal)
+        self.observer.finished(self.outcome, ordinal)
+
+    def _failed(self, ordinal: int) -> None:
+        if self._fail_at is None:
+            self._first_failed = ordinal
+            self._fail_at = time.monotonic() + FAIL_FAST_SECONDS
+
+    def _host_gone(self, host: int, why: str) -> None:
+        """Host ``host`` is gone: its replicas still running failed with it."""
+        self._gone[host] = why
+        self._fail_host(host, ReplicaError(
+            "died", "HostDied", f"host {host} ({self.cluster.hosts[host].address}) is gone: "
+                                f"{why}"))
+
+    def _fail_host(self, host: int, error: ReplicaError) -> None:
+        """The replicas of ``host`` that have not ended failed with ``error``."""
+        for local in range(self.per_host[host]):
+            rep = self.outcome.replica(self._global(host, local))
+            if rep.state in (DONE, FAILED, STOPPED):
+                continue
+            rep.state, rep.error = FAILED, error
+            self._failed(rep.ordinal)
+            self.observer.finished(self.outcome, rep.ordinal)
+
+    def _cut(self, reason: str, pending: Dict[Any, int]) -> None:
+        self._stop = reason
+        for host in set(pending.values()):
+            self.cluster.agents[host].interrupt.remote(self.run_id)
+
+    def _settle(self) -> None:
+        """Replicas a stop reached: said as for a local run, with global ordinals."""
+        first = self.outcome.replicas.get(self._first_failed)
+        reason = self._stop or ("failed" if first is not None else "interrupted")
+        for rep in self.outcome.replicas.values():
+            if rep.state not in (DONE, FAILED):
+                rep.state = STOPPED
+                rep.error = endings.stopped(reason, rep, timeout=self.timeout,
+                                            grace=FAIL_FAST_SECONDS, first_failed=first)
+        self.outcome.replicas = dict(sorted(self.outcome.replicas.items()))
+
+    def _pull_for(self, host: int, pull, pull_from):
+        if pull_from is None:
+            return list(pull), None
+        local = pull_from - self.offsets[host]
+        if 0 <= local < self.per_host[host]:
+            return list(pull), local
+        return [], None

@@ -1,0 +1,130 @@
+"""Warm replicas on every host of a cluster (``%xla_session start`` while connected):
+the notebook's side.
+
+Each host's agent keeps a :class:`colab_xla.notebook.session.Session` of its own replicas
+(:meth:`colab_xla.notebook.cluster.agent.HostAgent.start_session`), and runs every cell on it. The
+hosts are one program, so they start together and end together: a session that could
+not start on one host, or ended on one (a replica died, an Interrupt not honoured in
+time), ends on every host. The notebook keeps which of its names every host's replicas
+have, and sends a name again only when the notebook changed it, as on one host
+(:class:`colab_xla.notebook.session.KnownNames`).
+
+With ``runtime="jax"`` the hosts' replicas are JAX processes of one ``jax.distributed``
+job, which meet once, when the session starts, at host 0's coordinator
+(:func:`colab_xla.notebook.cluster.run.jax_coordinator`); every cell then runs in them.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Dict, List, Optional
+
+from ..session import START_TIMEOUT_SECONDS, KnownNames, SessionError
+from .connection import exception_line, host_note, import_ray
+
+# How long the hosts may take to start their replicas (each host's own limit, and a margin
+# for the calls), and to end them before the notebook stops waiting.
+START_SECONDS = START_TIMEOUT_SECONDS + 30
+STOP_SECONDS = 10.0
+
+
+class ClusterSession:
+    """Warm replicas on every host of ``cluster``. Make one with :meth:`start`."""
+
+    def __init__(self, cluster, replicas: Dict[int, Dict[int, int]],
+                 runtime: str = "torch_xla", devices_per_process: Optional[int] = None):
+        self.cluster = cluster
+        self.runtime, self.devices_per_process = runtime, devices_per_process
+        self.replicas = replicas  # host -> {local ordinal: pid}
+        self.known = KnownNames()
+        self.started_at = time.time()
+        self.cells_run = 0
+        self.ended: Optional[str] = None  # why it ended, once it has
+
+    @classmethod
+    def start(cls, cluster, announce=print, runtime: str = "torch_xla",
+              devices_per_process: Optional[int] = None) -> "ClusterSession":
+        """Start warm replicas on every host of ``cluster`` (``runtime`` "jax": JAX
+        processes, ``devices_per_process`` devices each on CPU hosts) and wait until all
+        are up; raise :class:`colab_xla.notebook.session.SessionError` naming the host that could
+        not (every host's are stopped then)."""
+        from ..launch import Launch
+        from .run import check_jax, jax_coordinator
+
+        cluster.check_up()
+        launch = Launch(runtime=runtime, devices_per_process=devices_per_process)
+        check_jax(cluster, launch)
+        ray = import_ray()
+        session_id = "session-" + secrets.token_hex(6)
+        jax = None if runtime != "jax" else {"coordinator": jax_coordinator(cluster),
+                                             "devices_per_process": devices_per_process}
+        refs = [agent.start_session.remote(session_id, jax) for agent in cluster.agents]
+        ray.wait(refs, num_returns=len(refs), timeout=START_SECONDS)
+        replicas: Dict[int, Dict[int, int]] = {}
+        failures: List[str] = []
+        for host, ref in enumerate(refs):
+            try:
+                reply = ray.get(ref, timeout=0)
+            except ray.exceptions.GetTimeoutError:
+                failures.append(f"host {host}'s replicas did not start within "
+                                f"{START_SECONDS:.0f} s")
+                continue
+            except Exception as exc:  # noqa: BLE001 - its agent or node is gone
+                failures.append(f"host {host} is gone: {exception_line(exc)}")
+                continue
+            for note in reply.get("notes", ()):
+                if announce:
+                    announce(host_note(note, host))
+            if "error" in reply:
+                failures.append(f"host {host}: {reply['error'][1]}")
+            else:
+                replicas[host] = {int(i): pid for i, pid in reply["replicas"].items()}
+        session = cls(cluster, replicas, runtime, devices_per_process)
+        if failures:
+            session.stop("it did not start on every host")
+            raise SessionError("The session did not start on every host, so it was "
+                               "stopped on all of them. " + "; ".join(failures) + ". A "
+                               "one-off %%xla_spawn cell on the cluster shows how the "
+                               "replicas fail on that host; %xla_cluster shows the hosts.")
+        return session
+
+    @property
+    def replica_count(self) -> int:
+        return sum(len(r) for r in self.replicas.values())
+
+    @property
+    def up(self) -> bool:
+        return self.ended is None and self.cluster.up
+
+    def stop(self, reason: str = "stopped (%xla_session stop)") -> None:
+        """End every host's session (each kills every process its session started)."""
+        if self.ended is None:
+            self.ended = reason
+        if not self.cluster.up:
+            return
+        ray = import_ray()
+        refs = [agent.stop_session.remote() for agent in self.cluster.agents]
+        ray.wait(refs, num_returns=len(refs), timeout=STOP_SECONDS)
+
+    def describe(self) -> str:
+        """``%xla_session``'s status text: the session, then each host's replicas."""
+        if not self.up:
+            return f"colab_xla session: ended ({self.ended or self.cluster.ended})."
+        ray = import_ray()
+        uptime = time.time() - self.started_at
+        lines = [f"colab_xla session: up {uptime:.0f} s on the cluster, "
+                 f"{self.replica_count} replicas"
+                 f"{' (JAX processes)' if self.runtime == 'jax' else ''} on "
+                 f"{len(self.replicas)} hosts, {self.cells_run} cell"
+                 f"{'s' if self.cells_run != 1 else ''} run."]
+        refs = [agent.session_status.remote() for agent in self.cluster.agents]
+        for host, ref in enumerate(refs):
+            try:
+                text = ray.get(ref, timeout=STOP_SECONDS) or "no session"
+            except Exception as exc:  # noqa: BLE001 - said, not raised: a status line
+                text = f"no answer ({exception_line(exc)})"
+            body = text.splitlines()[1:] or [text]
+            lines.append(f"  host {host}:")
+            lines += ["  " + line for line in body]
+        return "\n".join(lines)

@@ -1,0 +1,252 @@
+"""How replica processes start: start method, launcher, one-replica debugging, forkserver.
+
+* ``fork`` (the default) copies the notebook's process: the replicas inherit every name
+  and start in about 40 ms.
+* ``spawn`` starts fresh interpreters: safe whatever the notebook did (threads, CUDA),
+  but each imports torch and torch_xla again, seconds per run.
+* ``forkserver`` forks replicas from a server process that colab_xla starts once per
+  notebook process with torch and torch_xla already imported (:func:`warm_forkserver`):
+  spawn's safety at fork's speed once it is warm.
+
+The launcher is ``xmp.spawn`` (``"xmp"``) or ``torch_xla.launch`` (``"launch"``), which
+calls it. On CPU, xmp.spawn runs every replica as a thread of a single process whatever
+the count; for the default simulation, one process per replica as on a TPU v4 or later
+host (:mod:`colab_xla.replica.cpu_sim`), :func:`start` starts the processes itself, one
+``multiprocessing`` process per replica with the same start method, each told its rank
+the way xmp.spawn tells its own (``PJRT_LOCAL_PROCESS_RANK``/``COUNT``).
+
+With ``debug_single``, one replica runs through
+``torch_xla.launch(..., debug_single_process=True)``, which runs it in the calling
+process: here that is a child process of its own, so the notebook's process still never
+touches the XLA runtime.
+
+Example::
+
+    >>> Launch("forkserver").describe()
+    'forkserver'
+    >>> Launch("spawn", launcher="launch", debug_single=True).describe()
+    'spawn, torch_xla.launch, one replica (debug_single_process)'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.machinery
+import multiprocessing
+import multiprocessing.connection
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple
+
+from ..errors import OptionError
+from ..replica import entry as replica_entry
+from ..runtimes.jax import COORDINATOR, RUNTIMES, is_jax
+
+# What replicas run (the launcher's entry, the notebook's one way into the replica side):
+# a one-off run's cell, a session's cells; and what forked replicas inherit.
+run_replica, serve_replica, inherit = replica_entry.main, replica_entry.serve, replica_entry.inherit
+
+START_METHODS = ("fork", "spawn", "forkserver")
+# How often the processes colab_xla starts itself are asked whether they ended (see
+# _start_processes; their sentinels usually tell at once).
+_EXIT_POLL_SECONDS = 0.5
+LAUNCHERS = ("xmp", "launch")
+
+# What the forkserver imports once, so that the replicas it forks start warm; first, what
+# makes it die with the notebook's process.
+FORKSERVER_PRELOAD = ("colab_xla.replica.forkserver_init", "colab_xla.replica.entry",
+                      "torch", "torch_xla", "torch_xla.runtime", "torch_xla.core.xla_model",
+                      "torch_xla.distributed.xla_multiprocessing")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to start the replicas of a run."""
+
+    start_method: str = "fork"
+    launcher: str = "xmp"
+    debug_single: bool = False
+    runtime: str = "torch_xla"  # or "jax": JAX processes (colab_xla.runtimes.jax)
+    devices_per_process: Optional[int] = None  # the JAX runtime's, on CPU
+
+    def __post_init__(self):
+        if self.start_method not in START_METHODS:
+            raise OptionError(f"--start-method {self.start_method}: use one of "
+                             f"{', '.join(START_METHODS)}.")
+        if self.launcher not in LAUNCHERS:
+            raise OptionError(f"--launcher {self.launcher}: use xmp (xmp.spawn) or launch "
+                             "(torch_xla.launch).")
+        if self.runtime not in RUNTIMES:
+            raise OptionError(f"--runtime {self.runtime}: use torch_xla (the default) or jax.")
+        if self.runtime == "jax" and (self.launcher != "xmp" or self.debug_single):
+            raise OptionError("--runtime jax starts JAX processes itself: --launcher and "
+                              "--debug-single are torch_xla's.")
+        if self.devices_per_process is not None and self.runtime != "jax":
+            raise OptionError("--devices-per-process is for --runtime jax (torch_xla's "
+                              "replicas have one device each).")
+
+    def describe(self) -> str:
+        parts = [self.start_method]
+        if self.launcher == "launch" or self.debug_single:
+            parts.append("torch_xla.launch")
+        if self.debug_single:
+            parts.append("one replica (debug_single_process)")
+        if self.runtime == "jax":
+            parts.append("JAX processes (jax.distributed)")
+        return ", ".join(parts)
+
+
+def start(how: Launch, entry: Callable, job, *, processes: int = 0,
+          ended: Optional[Callable[[int, int], None]] = None) -> None:
+    """Run ``entry(index, job)`` on every replica; return when all of them have ended.
+
+    With ``processes``, start that many processes of one replica each here (the CPU
+    simulation's default) and call ``ended(index, exit code)`` as each one ends: a
+    replica whose process ended before its report is gone, and the others may wait for
+    it in a collective."""
+    with _main_not_rerun(how.start_method):
+        _start(how, entry, job, processes, ended)
+
+
+def _start(how: Launch, entry: Callable, job, processes: int, ended) -> None:
+    if processes:
+        _start_processes(how, entry, job, processes, ended)
+        return
+    if how.debug_single:
+        process = multiprocessing.get_context(how.start_method).Process(
+            target=replica_entry.single_replica, args=(entry, job), name="colab_xla-debug-single")
+        process.start()
+        process.join()
+        return
+    if how.launcher == "launch":
+        import torch_xla
+
+        torch_xla.launch(entry, args=(job,), start_method=how.start_method)
+    else:
+        import torch_xla.distributed.xla_multiprocessing as xmp
+
+        xmp.spawn(entry, args=(job,), nprocs=None, start_method=how.start_method)
+
+
+@contextlib.contextmanager
+def _main_not_rerun(start_method: str) -> Iterator[None]:
+    """Without fork, multiprocessing runs the parent's main script again in every child
+    (as ``__mp_main__``), for the functions it defines. A replica needs none of them (the
+    cell and the notebook names travel in its job), and where the main script is not the
+    notebook's that costs every replica its imports: in a cluster host's agent, whose main
+    is Ray's worker script, 1.5 s a replica. A spec named ``__main__`` tells
+    multiprocessing not to run it (as for ``python -m package``)."""
+    main = sys.modules.get("__main__")
+    if (start_method == "fork" or main is None or getattr(main, "__spec__", None) is not None
+            or not getattr(main, "__file__", None)):
+        yield  # forked, a notebook (no script), or run as a module: nothing to run again
+        return
+    main.__spec__ = importlib.machinery.ModuleSpec("__main__", None)
+    try:
+        yield
+    finally:
+        main.__spec__ = None
+
+
+def _start_processes(how: Launch, entry: Callable, job, count: int,
+                     ended: Optional[Callable[[int, int], None]]) -> None:
+    context = multiprocessing.get_context(how.start_method)
+    rank_env = {"PJRT_LOCAL_PROCESS_COUNT": str(count)}
+    # torch.distributed's `xla://` and `env://` meet at MASTER_ADDR:MASTER_PORT; a port
+    # of this run's own lets two notebooks (or two runs) train side by side.
+    if job.environ is not None:
+        for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):
+            if key not in job.environ:
+                rank_env[key] = value
+        # Where jax.distributed's processes meet (process 0 serves): a cluster's host
+        # brings host 0's.
+        if is_jax(job.environ) and COORDINATOR not in job.environ:
+            rank_env[COORDINATOR] = f"127.0.0.1:{free_port()}"
+    replicas = [context.Process(target=replica_entry.replica_process, name=f"colab_xla-replica-{index}",
+                                args=(entry, index, job, rank_env, how.start_method == "fork"))
+                for index in range(count)]
+    for process in replicas:
+        process.start()
+    pending = {process.sentinel: (index, process) for index, process in enumerate(replicas)}
+    while pending:
+        multiprocessing.connection.wait(list(pending), timeout=_EXIT_POLL_SECONDS)
+        for sentinel, (index, process) in list(pending.items()):
+            # exitcode asks waitpid: a sentinel is a pipe that a child the replica started
+            # (and outlived it) may still hold open, so it alone can miss the end.
+            if process.exitcode is None:
+                continue
+            del pending[sentinel]
+            process.join()
+            if ended is not None:
+                ended(index, process.exitcode)
+
+
+def free_port(address: str = "127.0.0.1") -> int:
+    """A TCP port of ``address`` (this machine's) free right now."""
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+def warm_forkserver() -> Tuple[int, bool]:
+    """Start the forkserver once per notebook process, importing torch and torch_xla in
+    it (in the background: the first run waits for it). Return its pid, and whether this
+    call started it.
+
+    Its environment is the notebook's at that moment; each run's own variables are set in
+    its replicas when they arrive (see ``colab_xla.replica.job.ReplicaJob``). If something
+    else started the forkserver first, it is used as it is, without the preloaded modules.
+    """
+    from multiprocessing import forkserver
+
+    before = forkserver_pid()
+    if before is None:
+        multiprocessing.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    from ..wire.job import NOTEBOOK_PID
+
+    # PJRT_SELECT_DEFAULT_DEVICE: see hardware.import_torch_xla.
+    with environ({"PJRT_SELECT_DEFAULT_DEVICE": "0", NOTEBOOK_PID: str(os.getpid())}):
+        forkserver.ensure_running()  # (starts it again if it died)
+    now = forkserver_pid()
+    return now, now != before
+
+
+def forkserver_pid() -> Optional[int]:
+    """The forkserver's pid if colab_xla (or anything) started it, else None."""
+    from multiprocessing import forkserver
+
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
+
+
+def replica_environ(changes: Mapping[str, Optional[str]],
+                    base: Mapping[str, str] = os.environ) -> Dict[str, str]:
+    """The replicas' whole environment: ``base`` with ``changes`` (None: unset)."""
+    env = dict(base)
+    for key, value in changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+@contextlib.contextmanager
+def environ(changes: Mapping[str, Optional[str]]) -> Iterator[None]:
+    """Set (or, for None, unset) variables in this process for a while; put them back
+    after. (xmp.spawn reads PJRT_DEVICE in the launching process.)"""
+    saved = {k: os.environ.get(k) for k in changes}
+    _set_environ(changes)
+    try:
+        yield
+    finally:
+        _set_environ(saved)
+
+
+def _set_environ(values: Mapping[str, Optional[str]]) -> None:
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

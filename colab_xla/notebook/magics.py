@@ -1,0 +1,560 @@
+"""IPython glue: ``%%xla_spawn`` parses its line, calls :func:`colab_xla.notebook.run.run_cell`,
+and hands the outcome to a view. All the work is in the IPython-free core."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from . import cluster, doctor, processes, session, views
+from ..wire.cell import EmptyCellError
+from ..errors import SetupError
+from ..runtimes.jax import BACKEND_STARTED, RUNTIMES
+from .launch import LAUNCHERS, START_METHODS, Launch
+from .options import SIMULATIONS, check_output, parse_env, pull_names, split_line
+from .outcome import XlaSpawnError
+from ..errors import RuntimeInitializedError
+from .run import run_cell, start_session
+
+
+@magics_class
+class XlaMagics(Magics):
+    """The ``%%xla_spawn`` cell magic and the ``%xla_session``, ``%xla_cluster`` and
+    ``%xla_doctor`` line magics."""
+
+    _told_terminal = False
+
+    @magic_arguments()
+    @argument("-n", "--replicas", "--nprocs", type=int, metavar="N", default=None,
+              help="number of replicas. On CPU: N simulated replicas (1 to 128; default: "
+                   "$CPU_NUM_DEVICES, else 8), see --simulate. On a TPU "
+                   "host: every TPU core, the only count xmp.spawn accepts (leave -n out). "
+                   "--nprocs is the same option, under xmp.spawn's name.")
+    @argument("-o", "--output", metavar="NAME", default=None,
+              help="store {ordinal: value} of the cell's last expression in the notebook "
+                   "variable NAME (XLA tensors arrive as CPU tensors).")
+    @argument("-t", "--timeout", type=float, metavar="SECONDS", default=None,
+              help="stop the run after SECONDS (default: none, training can take hours); "
+                   "replicas still running are stopped (their processes killed) and reported "
+                   "with their last output line.")
+    @argument("--no-widget", action="store_true",
+              help="show live output as text lines ([replica 3] ...) instead of the widget "
+                   "(also: COLAB_XLA_VIEW=text in the environment).")
+    @argument("--pull", metavar="NAME[,NAME...]", action="append", default=[],
+              help="after the run, bring these names of the replicas' namespaces back into "
+                   "the notebook, each as {ordinal: value} (XLA tensors, also inside models "
+                   "and state dicts, arrive on CPU; large tensors through shared memory). "
+                   "Repeatable.")
+    @argument("--pull-from", type=int, metavar="ORDINAL", default=None,
+              help="with --pull: take the names from this replica only, as plain values "
+                   "(--pull model --pull-from 0: `model` is replica 0's trained model).")
+    @argument("--start-method", choices=START_METHODS, default=None,
+              help="fork (default; also $COLAB_XLA_START_METHOD): replicas inherit every "
+                   "notebook name. spawn: fresh interpreters, safe after CUDA or threads, "
+                   "seconds per run. forkserver: as safe, forked from a server that keeps "
+                   "torch and torch_xla imported (first run waits for it, then fast). "
+                   "Without fork, replicas get the notebook names the cell mentions, sent "
+                   "with cloudpickle.")
+    @argument("--simulate", choices=SIMULATIONS, default=None,
+              help="how replicas on CPU (no TPU) simulate a TPU host. processes (default; "
+                   "also $COLAB_XLA_SIMULATE): one process per replica, as on TPU v4 and "
+                   "later, each with its own random generators, process group and modules; "
+                   "collectives go through gloo. threads: one process whose CPU devices are "
+                   "the replicas, threads, as on TPU v2/v3.")
+    @argument("--launcher", choices=LAUNCHERS, default="xmp",
+              help="xmp (default): xmp.spawn. launch: torch_xla.launch (same results). "
+                   "(Several CPU replicas as processes are started by colab_xla itself: "
+                   "xmp.spawn runs one CPU process.)")
+    @argument("--debug-single", action="store_true",
+              help="run one replica (index 0) in a process of its own, through "
+                   "torch_xla.launch(debug_single_process=True), for debugging.")
+    @argument("--env", metavar="KEY=VALUE", action="append", default=[],
+              help="set an environment variable for the replicas only (XLA_FLAGS, "
+                   "XLA_IR_DEBUG...). Repeatable. The line is split as a shell would: "
+                   "quote a value with spaces, --env XLA_FLAGS=\"--xla_a --xla_b\".")
+    @argument("--cache", metavar="DIR", default=None,
+              help="torch_xla's persistent compilation cache in DIR, one sub-directory per "
+                   "replica process: a rerun on a TPU loads compiled programs instead of "
+                   "compiling. (On CPU, XLA cannot load them back: it compiles again.)")
+    @argument("--runtime", choices=RUNTIMES, default=None,
+              help="torch_xla (default): XLA replicas. jax: N JAX processes (-n, default "
+                   "2 on CPU; one per TPU host) with jax.distributed initialized before the "
+                   "cell, so jax.process_index(), the global jax.devices() and collectives "
+                   "across processes work, and torchax on top; `index` is the process "
+                   "index, `device` its first local device; -o and --pull give JAX arrays as "
+                   "NumPy arrays, torchax tensors as CPU tensors. On a cluster "
+                   "(%%xla_cluster): every host's replicas (one per TPU host) are the "
+                   "processes of one job.")
+    @argument("--devices-per-process", type=int, metavar="K", default=None,
+              help="with --runtime jax on CPU: K devices per process (XLA's host platform "
+                   "device count; default 1).")
+    @argument("--fresh", action="store_true",
+              help="while a session is up (%%xla_session) or a cluster is connected "
+                   "(%%xla_cluster), run this cell as a one-off run on this machine instead, "
+                   "on replicas of its own (the options above apply).")
+    @cell_magic
+    def xla_spawn(self, line, cell):
+        """Run the cell on every XLA replica, with xmp.spawn (fork by default).
+
+        The cell runs in each replica with the notebook's names and three of its own:
+        ``index`` (the replica's ordinal), ``device`` (its XLA device, created on first
+        use) and ``lock`` (shared by all replicas: ``with lock: print(...)``). The
+        notebook's own process never initializes the XLA runtime.
+
+        While the cell runs, a widget shows every replica's output live (one tab per
+        replica, and all of them in arrival order); where widgets cannot show, the same
+        lines stream as text (``[replica 3] ...``). When it ends, each replica's output,
+        the value of the cell's last expression, any error and the time taken stay in the
+        cell's output as text and HTML, so a saved notebook shows them. Long output is cut
+        to its last lines; the full logs' path is shown.
+
+        ``--pull NAME`` brings names back from the replicas (``--pull-from 0``: from replica 0
+        only), so a model trained in the replicas is in the notebook after the cell.
+        Where fork is unsafe (CUDA initialized, threads), ``--start-method forkserver``
+        starts replicas from a warm server instead; they get the notebook names the cell
+        mentions.
+
+        While a session is up (``%xla_session start``), the cell runs on the session's
+        replicas instead, which keep their globals from cell to cell (``--fresh``: a one-off
+        run beside it). While a cluster is connected (``%xla_cluster``), it runs on every
+        replica of every host: ``index`` is the global ordinal, ``host`` the host's rank,
+        ``local_index`` the ordinal on the host; with ``--runtime jax``, as JAX processes
+        of one jax.distributed job across the hosts (the coordinator on host 0; the
+        process index is ``index``).
+
+        If a replica raises or dies, the others get 3 s to finish, then the run is stopped
+        (also when they wait in a collective for the failed one), and the cell raises one
+        XlaSpawnError showing each distinct traceback once with the replicas that hit it,
+        and where the stopped ones were. Interrupt or --timeout kill every process the run
+        started. With no TPU, N replicas are simulated on CPU, one process each by default
+        (``--simulate threads``: threads of one process), and their collectives work.
+
+        Example::
+
+            %load_ext colab_xla
+
+            %%xla_spawn -n 4 -o sums
+            import torch, torch_xla.core.xla_model as xm
+            t = torch.ones(2, device=device) * index
+            xm.all_reduce(xm.REDUCE_SUM, t).cpu()     # tensor([6., 6.]) on every replica
+        """
+        args = _parse(self.xla_spawn, line, "%%xla_spawn")
+        try:
+            pull = pull_names(args.pull)
+            check_output(args.output, pull)
+            how = Launch(args.start_method or os.environ.get("COLAB_XLA_START_METHOD", "fork"),
+                         launcher=args.launcher, debug_single=args.debug_single,
+                         runtime=args.runtime or "torch_xla",
+                         devices_per_process=args.devices_per_process)
+            env = parse_env(args.env)
+        except SetupError as exc:
+            raise UsageError(str(exc)) from None
+        hosts = cluster.current() if not args.fresh else None
+        if hosts is not None:
+            self._run_on_cluster(hosts, line, cell, args, pull)
+            return
+        live = session.current() if not args.fresh else None
+        if live is not None:  # the session's launch, unless the line asks another (refused)
+            own = live.options.launch
+            asked = (args.start_method or args.launcher != "xmp" or args.debug_single
+                     or args.runtime or args.devices_per_process is not None)
+            try:
+                how = Launch(args.start_method or own.start_method, launcher=args.launcher,
+                             debug_single=args.debug_single,
+                             runtime=args.runtime or own.runtime,
+                             devices_per_process=args.devices_per_process) if asked else None
+            except SetupError as exc:
+                raise UsageError(str(exc)) from None
+        view = self._view(args.no_widget)
+        try:
+            outcome = run_cell(
+                self.shell.transform_cell(cell),
+                replicas=args.replicas,
+                user_ns=self.shell.user_ns,
+                label=f"Cell In[{self._cell_number()}]",
+                header=f"# %%xla_spawn {line}".rstrip(),
+                observer=view,
+                timeout=args.timeout,
+                launch=how,
+                env=env,
+                cache_dir=args.cache,
+                pull=pull,
+                pull_from=args.pull_from,
+                simulate=args.simulate,
+                session=live,
+            )
+        except SetupError as exc:  # refused before anything started; nothing else is caught
+            raise UsageError(self._refusal(exc)) from None
+        self._show(outcome, view, args, pull)
+
+    def _run_on_cluster(self, hosts, line, cell, args, pull) -> None:
+        """``%%xla_spawn`` while a cluster is connected: every replica of every host (with
+        ``--runtime jax``, JAX processes of one job on every host)."""
+        asked = [flag for flag, given in (
+            ("-n", args.replicas is not None), ("--start-method", args.start_method),
+            ("--launcher", args.launcher != "xmp"), ("--debug-single", args.debug_single),
+            ("--env", args.env), ("--cache", args.cache), ("--simulate", args.simulate))
+            if given]
+        if asked:
+            raise UsageError(f"{', '.join(asked)}: a cell on the cluster runs on the replicas "
+                             "%xla_cluster started on each host. Give the replicas per host "
+                             "to %xla_cluster (-n); or add --fresh to run this cell on this "
+                             "machine instead.")
+        from .cluster.run import run_on_cluster
+
+        view = self._view(args.no_widget)
+        try:
+            outcome = run_on_cluster(
+                hosts, self.shell.transform_cell(cell), user_ns=self.shell.user_ns,
+                label=f"Cell In[{self._cell_number()}]",
+                header=f"# %%xla_spawn {line}".rstrip(), observer=view,
+                timeout=args.timeout, pull=pull, pull_from=args.pull_from,
+                runtime=args.runtime, devices_per_process=args.devices_per_process)
+        except SetupError as exc:
+            raise UsageError(self._refusal(exc)) from None
+        if not hosts.up:
+            print(f"colab_xla: the cluster connection ended: {hosts.ended}; its agents were "
+                  "stopped. %xla_cluster connect (or local) connects again.")
+        self._show(outcome, view, args, pull)
+
+    def _show(self, outcome, view, args, pull) -> None:
+        """Store the run's values, close its view, and say how it ended."""
+        # Values first, then the closing draw: a view that fails cannot lose them.
+        kept = self._store(outcome, args.output, pull, args.pull_from)
+        view.closed(outcome)
+        if outcome.session_ended:
+            print(f"colab_xla: the session ended: {outcome.session_ended}; every process it "
+                  "started was killed. %xla_session start starts a new one.")
+        if kept:
+            print(f"colab_xla: {', '.join(kept)} kept {'its' if len(kept) == 1 else 'their'} "
+                  "earlier value: no replica sent a new one.")
+        if outcome.interrupted:
+            raise KeyboardInterrupt
+        if not outcome.ok:
+            raise XlaSpawnError(outcome)
+
+    @magic_arguments()
+    @argument("action", nargs="?", default="status",
+              choices=("start", "status", "stop", "restart"),
+              help="start: start the replicas and keep them. status (default): the replicas, "
+                   "their pids, memory, cells run. stop: end them (every process the session "
+                   "started). restart: stop, then start with the same options.")
+    @argument("-n", "--replicas", type=int, metavar="N", default=None,
+              help="number of replicas, as for %%%%xla_spawn (start only).")
+    @argument("--start-method", choices=START_METHODS, default=None,
+              help="fork (default; also $COLAB_XLA_START_METHOD), spawn or forkserver, as "
+                   "for %%%%xla_spawn (start only).")
+    @argument("--simulate", choices=SIMULATIONS, default=None,
+              help="on CPU: processes (default) or threads, as for %%%%xla_spawn (start only). "
+                   "With threads, an Interrupt reaches a cell at its next Python line.")
+    @argument("--env", metavar="KEY=VALUE", action="append", default=[],
+              help="an environment variable for the replicas (start only). Repeatable.")
+    @argument("--cache", metavar="DIR", default=None,
+              help="torch_xla's persistent compilation cache in DIR (start only).")
+    @argument("--runtime", choices=RUNTIMES, default=None,
+              help="torch_xla (default) or jax: JAX processes with jax.distributed "
+                   "initialized once, as for %%%%xla_spawn --runtime jax (start only).")
+    @argument("--devices-per-process", type=int, metavar="K", default=None,
+              help="with --runtime jax on CPU: K devices per process (start only).")
+    @line_magic
+    def xla_session(self, line):
+        """Keep replicas warm across cells: ``%xla_session start``, then every
+        ``%%xla_spawn`` cell runs on the same replicas.
+
+        Each replica keeps its own globals from cell to cell (define a model in one cell,
+        train it in the next, return its loss in a third), and compiled graphs stay warm.
+        A cell gets the notebook names it uses when the replicas do not have them as they
+        are in the notebook (a name given a new value is sent again; classes and functions
+        of the notebook travel by value). Output, ``-o``, ``--pull``, errors and views
+        work as for one-off runs; ``-n``, ``--start-method``, ``--env``, ``--cache`` and
+        ``--simulate`` are the session's (``%%xla_spawn --fresh`` runs one cell beside it).
+
+        Interrupt (or ``--timeout``) raises KeyboardInterrupt in every replica's cell;
+        the session stays up if every replica is back within 2 s, else it ends (a replica
+        stuck in native code or a collective), killing every process it started. A replica
+        that raises fails the cell and the session stays; a replica that dies ends it.
+        The session's processes die with the notebook's process.
+
+        While a cluster is connected (``%xla_cluster``), ``%xla_session start`` (no
+        options but ``--runtime`` and ``--devices-per-process``: the replicas are the
+        cluster's) keeps warm replicas on every host, each started by its host's agent;
+        they start, run and end together: a session that ends on one host ends on all.
+
+        Example::
+
+            %xla_session start -n 4
+            %xla_session            # status
+            %xla_session restart    # same options
+            %xla_session stop
+        """
+        args = _parse(self.xla_session, line, "%xla_session")
+        given = [flag for flag, value in (
+            ("-n", args.replicas is not None), ("--start-method", args.start_method),
+            ("--simulate", args.simulate), ("--env", args.env), ("--cache", args.cache),
+            ("--runtime", args.runtime),
+            ("--devices-per-process", args.devices_per_process is not None)) if value]
+        if given and args.action != "start":
+            raise UsageError(f"%xla_session {args.action} takes no {', '.join(given)}: "
+                             "options are given to %xla_session start.")
+        hosts = cluster.current()
+        live = hosts.session if hosts is not None else session.current()
+        if args.action == "status":
+            print(live.describe() if live is not None else "colab_xla session: none "
+                  f"(%xla_session start starts one{' on every host' if hosts else ''}).")
+            return
+        if args.action == "stop":
+            was_up = live is not None and live.up
+            if hosts is not None:
+                if was_up:
+                    live.stop()
+                hosts.session = None
+            else:
+                session.stop_session()
+            print("colab_xla session: stopped." if was_up else
+                  "colab_xla session: none was up." if live is None else
+                  f"colab_xla session: it had ended already ({live.ended}).")
+            return
+        if args.action == "restart" and live is None:
+            raise UsageError("%xla_session restart: no session was started "
+                             "(%xla_session start starts one).")
+        if hosts is not None:
+            self._session_on_cluster(hosts, args, given)
+            return
+        if args.action == "restart":
+            opts = live.options
+            session.stop_session()
+        else:
+            try:
+                opts = session.SessionOptions(
+                    replicas=args.replicas,
+                    launch=Launch(args.start_method
+                                  or os.environ.get("COLAB_XLA_START_METHOD", "fork"),
+                                  runtime=args.runtime or "torch_xla",
+                                  devices_per_process=args.devices_per_process),
+                    env=parse_env(args.env), cache_dir=args.cache, simulate=args.simulate)
+            except SetupError as exc:
+                raise UsageError(str(exc)) from None
+        started = time.monotonic()
+        try:
+            new = start_session(opts, self.shell.user_ns)
+        except SetupError as exc:
+            raise UsageError(self._refusal(exc)) from None
+        print(f"colab_xla session: {len(new.replicas)} replicas started in "
+              f"{time.monotonic() - started:.2f} s.")  # (forks of a warm process: ms)
+        print(new.describe())
+
+    def _session_on_cluster(self, hosts, args, given: list) -> None:
+        """``%xla_session start`` or ``restart`` while a cluster is connected: warm
+        replicas on every host, started by each host's agent."""
+        from .cluster.session import ClusterSession
+
+        given = [flag for flag in given if flag not in ("--runtime", "--devices-per-process")]
+        if given:
+            raise UsageError(f"{', '.join(given)}: on a cluster, each host's replicas are "
+                             "the ones %xla_cluster planned (-n per CPU host; a TPU host's "
+                             "chips), so %xla_session start takes only --runtime (and "
+                             "--devices-per-process) there.")
+        live = hosts.session
+        runtime, per_process = args.runtime or "torch_xla", args.devices_per_process
+        if args.action == "restart":  # the same options
+            runtime, per_process = live.runtime, live.devices_per_process
+        if live is not None and live.up:
+            if args.action == "start":
+                raise UsageError("a session is up on the cluster: %xla_session restart "
+                                 "starts it again, %xla_session stop ends it.")
+            live.stop()
+        hosts.session = None
+        started = time.monotonic()
+        try:
+            hosts.session = ClusterSession.start(hosts, runtime=runtime,
+                                                 devices_per_process=per_process)
+        except SetupError as exc:
+            raise UsageError(self._refusal(exc)) from None
+        print(f"colab_xla session: {hosts.session.replica_count} replicas started on "
+              f"{len(hosts.hosts)} hosts in "
+              f"{time.monotonic() - started:.1f} s.")
+        print(hosts.session.describe())
+
+    @magic_arguments()
+    @argument("action", nargs="?", default="status",
+              choices=("connect", "local", "status", "stop"),
+              help="connect: join a Ray cluster and start an agent on each host. local: "
+                   "start a Ray cluster of --hosts CPU hosts on this machine (workshops, "
+                   "tests) and connect to it. status (default): the hosts, their replicas "
+                   "and agents. stop: end the agents (and the local cluster).")
+    @argument("address", nargs="?", default="auto",
+              help="with connect: ray.init's address (auto, the default: the cluster this "
+                   "machine is part of; ray://head:10001; or the head's GCS address).")
+    @argument("--hosts", type=int, metavar="H", default=None,
+              help="CPU hosts: use H hosts (nodes with a CPU) of the cluster, with -n. "
+                   "Without it, connect finds the cluster's TPU slices (Ray's TPU labels).")
+    @argument("-n", "--replicas", type=int, metavar="N", default=None,
+              help="with --hosts: replicas per CPU host (torch_xla's CPU backend, one "
+                   "process each). On a TPU slice each host runs one replica per core.")
+    @argument("--slice", metavar="NAME[,NAME]", default=None,
+              help="with connect: the TPU slice(s) to use when the cluster has several "
+                   "(default: every one; several are one multislice job).")
+    @argument("--slices", type=int, metavar="S", default=None,
+              help="with --hosts: the hosts simulate S slices of H/S hosts (each host gets "
+                   "its MegaScale variables, as on a multislice TPU job).")
+    @line_magic
+    def xla_cluster(self, line):
+        """Run %%xla_spawn cells on every host of a cluster, through Ray.
+
+        ``%xla_cluster connect [ADDRESS]`` joins a Ray cluster, finds its TPU slices (hosts
+        ordered by TPU worker id), reserves them and starts one agent per host (it keeps
+        torch_xla imported and runs each cell's replicas on its host); ``--hosts H -n N``
+        uses H CPU hosts of N replicas each instead. ``%xla_cluster local --hosts H -n N``
+        starts such hosts on this machine. Several TPU slices (or ``--slices S`` of CPU
+        hosts) are one multislice job: hosts are ranked slice by slice, and each gets its
+        MegaScale variables (``MEGASCALE_SLICE_ID`` ...), stale ones replaced. While
+        connected, every %%xla_spawn cell runs on every replica of every host: ``index``
+        is the global ordinal, ``host`` the host's rank, ``local_index`` the ordinal on the
+        host; the notebook names the cell uses travel by value; output shows as ``host h ·
+        replica i``; a failure, a host that is gone, Interrupt or --timeout stop every
+        host. On CPU hosts, collectives
+        span the hosts through gloo: this simulates the program, not a pod's interconnect.
+        Needs Ray (``pip install colab_xla[ray]``) here and on every host.
+
+        Example::
+
+            %xla_cluster local --hosts 2 -n 2
+            %xla_cluster            # status
+            %xla_cluster stop
+        """
+        args = _parse(self.xla_cluster, line, "%xla_cluster")
+        given = [flag for flag, value in (("ADDRESS", args.address != "auto"),
+                                          ("--hosts", args.hosts is not None),
+                                          ("-n", args.replicas is not None),
+                                          ("--slice", args.slice),
+                                          ("--slices", args.slices is not None)) if value]
+        takes = {"status": (), "stop": (), "local": ("--hosts", "-n", "--slices")
+                 }.get(args.action)
+        if takes is not None and set(given) - set(takes):
+            raise UsageError(f"%xla_cluster {args.action} takes no "
+                             f"{', '.join(sorted(set(given) - set(takes)))}: those are for "
+                             "%xla_cluster connect" + (" (local takes --hosts, -n and "
+                                                       "--slices)." if args.action == "local"
+                                                       else "."))
+        live = cluster.current()
+        if args.action == "status":
+            print(live.describe() if live is not None else
+                  "colab_xla cluster: not connected (%xla_cluster connect, or local).")
+            return
+        if args.action == "stop":
+            stopped = cluster.stop()
+            print("colab_xla cluster: stopped." if live is not None else
+                  "colab_xla cluster: none was connected." if stopped is None else
+                  f"colab_xla cluster: its connection had ended already ({stopped.ended}).")
+            return
+        for value, flag in ((args.hosts, "--hosts"), (args.replicas, "-n"),
+                            (args.slices, "--slices")):
+            if value is not None and value < 1:
+                raise UsageError(f"{flag} {value}: give 1 or more.")
+        if session.current() is not None:
+            raise UsageError("a session is up on this machine (%xla_session): stop it first "
+                             "(%xla_session stop).")
+        started = time.monotonic()
+        try:
+            if args.action == "local":
+                if args.hosts is None or args.replicas is None:
+                    raise UsageError("%xla_cluster local needs --hosts H and -n N (replicas "
+                                     "per host), e.g. %xla_cluster local --hosts 2 -n 2.")
+                new = cluster.start_local(args.hosts, args.replicas, args.slices)
+            else:
+                new = cluster.connect(args.address, hosts=args.hosts, replicas=args.replicas,
+                                      slice_name=args.slice, slices=args.slices)
+        except SetupError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"colab_xla cluster: {len(new.hosts)} hosts ready in "
+              f"{time.monotonic() - started:.1f} s.")
+        print(new.describe())
+
+    def _refusal(self, exc: SetupError) -> str:
+        """What the person reads when a run is refused."""
+        if isinstance(exc, EmptyCellError):
+            return ("The %%xla_spawn cell is empty: write the code every replica runs below "
+                    "the %%xla_spawn line.")
+        if isinstance(exc, RuntimeInitializedError):
+            cause = doctor.likely_cause(self.shell.user_ns.get("In", ()),
+                                        jax=exc.problem.code == BACKEND_STARTED)
+            return str(exc) + (f"\nLikely: {cause}." if cause else "")
+        return str(exc)
+
+    def _store(self, outcome, output, pull, pull_from) -> list:
+        """Put ``-o`` and ``--pull`` values in the notebook. A run that failed or was
+        interrupted before any value came back leaves an earlier value of the name as it
+        was (a rerun must not swap a good result for ``{}``); the names kept are returned."""
+        user_ns, kept = self.shell.user_ns, []
+        if output is not None:
+            results = outcome.results()
+            if results or outcome.ok or output not in user_ns:
+                user_ns[output] = results
+            else:
+                kept.append(f"-o {output}")
+        for name in pull:
+            values = outcome.pulled(name)
+            if pull_from is not None:
+                values = {pull_from: values[pull_from]} if pull_from in values else {}
+            if values:
+                user_ns[name] = values if pull_from is None else values[pull_from]
+            elif name in user_ns and not outcome.ok:
+                kept.append(f"--pull {name}")
+        return kept
+
+    @magic_arguments()
+    @argument("--kill-leftovers", action="store_true",
+              help="kill the processes that earlier runs started in notebook processes that "
+                   "are gone (found by pid and start time; nothing else is touched).")
+    @line_magic
+    def xla_doctor(self, line):
+        """Report where this notebook runs and what would stop %%xla_spawn, with fixes.
+
+        Shows the environment (Colab, Kaggle, TPU VM, local), device type and replica
+        count, torch/torch_xla versions, whether this process already initialized the
+        XLA runtime (and the cell that likely did), conflicting environment variables,
+        and processes left behind by earlier runs. It never initializes the runtime.
+
+        Example::
+
+            %xla_doctor
+            %xla_doctor --kill-leftovers
+        """
+        args = _parse(self.xla_doctor, line, "%xla_doctor")
+        if args.kill_leftovers:
+            killed = processes.kill_leftovers()
+            print(f"killed {len(killed)} leftover process(es)"
+                  + "".join(f"\n  {k.describe()}" for k in killed))
+        print(doctor.diagnose(os.environ, self.shell.user_ns.get("In", ())).render())
+
+    def _view(self, no_widget: bool):
+        """The one place that chooses between the widget and text views."""
+        wanted = "text" if no_widget else os.environ.get("COLAB_XLA_VIEW", "auto").lower()
+        has_kernel = getattr(self.shell, "kernel", None) is not None
+        if not has_kernel and not self._told_terminal:
+            self._told_terminal = True
+            print("colab_xla: no Jupyter kernel here (terminal IPython?): output is shown "
+                  "as text. The live widget needs Jupyter, Colab or Kaggle.")
+        return views.choose(wanted, has_kernel)
+
+    def _cell_number(self) -> int:
+        """The running cell's In[N]. IPython stores the input under N before running it,
+        but increments ``execution_count`` before the cell on IPython 8+ and after it on
+        IPython 7 (Colab), so the history is the one that tells."""
+        history = getattr(self.shell.history_manager, "input_hist_raw", None)
+        return len(history) - 1 if history else self.shell.execution_count
+
+
+def _parse(magic, line: str, name: str):
+    """The magic's arguments from its line, split as a shell would (quotes group and are
+    removed: IPython's parse_argstring keeps them in the values); bad flags, values and
+    quotes are UsageErrors."""
+    try:
+        argv = split_line(line, name)
+    except SetupError as exc:
+        raise UsageError(str(exc)) from None
+    return magic.parser.parse_args(argv)

@@ -1,0 +1,126 @@
+"""colab_xla's state on disk: a private per-user directory holding the pid registry
+(:mod:`colab_xla.notebook.processes`), the full logs of recent runs and the files of the runs and
+sessions under way, each kept under the notebook process it belongs to (its pid and start
+time, so a recycled pid is never mistaken for it) and removed once that process is gone.
+
+The directory is ``$TMPDIR/colab_xla-<uid>``, created mode 0700 and refused if someone
+else owns it or can write to it (a predictable path another user could pre-create).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import stat
+import tempfile
+from typing import Optional
+
+import psutil
+
+from ..errors import SetupError
+
+_state_dir: Optional[str] = None
+
+
+class UnsafeStateDir(SetupError):
+    """The state directory is not private to this user: colab_xla will not use it."""
+
+
+def state_dir() -> str:
+    """The private per-user directory (made on first use)."""
+    global _state_dir
+    if _state_dir is None:
+        path = os.path.join(tempfile.gettempdir(), f"colab_xla-{os.getuid()}")
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+        info = os.lstat(path)
+        if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
+                or stat.S_IMODE(info.st_mode) & 0o077):
+            raise UnsafeStateDir(
+                f"{path} is not a private directory of this user (owner, mode or a link); "
+                "colab_xla will not use it. Remove it, or set TMPDIR to a private directory.")
+        _state_dir = path
+    return _state_dir
+
+
+def subdir(name: str) -> str:
+    """``name`` in the state directory, made mode 0700 if new."""
+    path = os.path.join(state_dir(), name)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    return path
+
+
+def process_alive(pid: int, created: float) -> Optional[psutil.Process]:
+    """The process ``pid`` if it is the one started at ``created`` (a recycled pid is not)
+    and has not ended; else None."""
+    try:
+        proc = psutil.Process(pid)
+        if abs(proc.create_time() - created) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE:
+            return proc
+    except psutil.Error:
+        pass
+    return None
+
+
+def kernel_key() -> str:
+    """This notebook process, as pid and start time."""
+    return _process_key(os.getpid())  # (a forked child asks for its own)
+
+
+@functools.lru_cache(maxsize=None)
+def _process_key(pid: int) -> str:
+    return f"{pid}-{psutil.Process(pid).create_time():.2f}"
+
+
+def kernel_alive(key: str) -> bool:
+    """Whether the notebook process of ``key`` (see :func:`kernel_key`) is still running."""
+    pid, created = key.split("-", 1)
+    return process_alive(int(pid), float(created)) is not None
+
+
+# Full logs of the last runs stay readable after them; older ones are removed, and so are
+# those of notebook processes that are gone.
+KEEP_LOGS_OF_RUNS = 10
+_run_number = 0
+# (kind, this process's directory of it) once the directories of notebook processes that are
+# gone were removed from beside it: a forked child, whose directory differs, sweeps again.
+_swept = set()
+
+
+def own_dir(kind: str) -> str:
+    """This notebook process's directory of ``kind`` (``logs``, ``work``), made on first
+    use, when those of notebook processes that are gone (killed before they could clean up)
+    are removed. Made again if a cleaner of /tmp removed it (a few µs a call: it is not
+    cached)."""
+    parent = subdir(kind)
+    mine = os.path.join(parent, kernel_key())
+    if (kind, mine) not in _swept:
+        _swept.add((kind, mine))
+        for name in os.listdir(parent):
+            if name != kernel_key() and not kernel_alive(name):
+                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(mine, 0o700)
+    return mine
+
+
+def new_work_dir(prefix: str) -> str:
+    """A new directory, mode 0700, for the files of one run or one session (the cell's
+    module, pipes, reports), under this notebook process's own: its owner removes it when
+    done, and if the notebook process is killed first, the next one sweeps it."""
+    return tempfile.mkdtemp(prefix=prefix, dir=own_dir("work"))
+
+
+def new_log_dir() -> str:
+    """A directory for one run's full logs, under this notebook process's own."""
+    global _run_number
+    mine = own_dir("logs")
+    _run_number += 1
+    path = os.path.join(mine, f"run-{_run_number:05d}")
+    os.mkdir(path, 0o700)
+    for old in sorted(os.listdir(mine))[:-KEEP_LOGS_OF_RUNS]:
+        shutil.rmtree(os.path.join(mine, old), ignore_errors=True)
+    return path

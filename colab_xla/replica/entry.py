@@ -1,0 +1,51 @@
+"""The launcher's entry into the replicas: the only module of the replica side that the
+notebook's side imports (:mod:`colab_xla.notebook.launch` does, and nothing else).
+
+* :func:`main`: what every replica of a one-off run runs, ``main(index, job)``;
+  :func:`serve`: what every replica of a session runs, cell after cell.
+* :func:`replica_process`: a process the launcher starts itself (one per replica on CPU,
+  and JAX processes); :func:`single_replica`: the process of ``--debug-single``.
+* :func:`inherit`: in the notebook, around the start of forked replicas: what they inherit
+  instead of receiving it pickled.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from typing import Callable, Dict
+
+from ..runtimes import jax as jax_runtime
+from ..wire.job import arrived
+from .job import main
+from .process import inherit
+from .session import serve
+
+__all__ = ["main", "serve", "inherit", "replica_process", "single_replica"]
+
+
+def replica_process(entry: Callable, index: int, job, rank_env: Dict[str, str],
+                     forked: bool) -> None:
+    """A replica process of the CPU simulation: its rank, then the replica."""
+    if forked:  # its arguments were not pickled, so the job has not arrived yet
+        # What it inherited from the notebook goes to the collector's permanent generation
+        # first (gc.freeze moves list heads: it touches no object), so that no full
+        # collection here walks it, writing to every page it shares with the notebook:
+        # 1.3-1.9 s a JAX process paid when its backend started (bench/jax_runtime.py).
+        # (Frozen in the notebook while forking instead, the notebook's young garbage was
+        # promoted to its oldest generation each run: its memory grew ~130 KB per run.)
+        gc.freeze()
+        arrived(job)
+    # LOCAL_RANK: what libraries read for the local rank off a TPU (accelerate on CPU).
+    os.environ.update(rank_env, PJRT_LOCAL_PROCESS_RANK=str(index), LOCAL_RANK=str(index))
+    entry(index, job)
+    if job.environ is not None and jax_runtime.is_jax(job.environ):  # it waits for the others to end
+        jax_runtime.leave()
+
+
+def single_replica(entry: Callable, job) -> None:
+    """The process of ``--debug-single``: torch_xla runs the replica right here."""
+    job.apply_environ()  # a forked Process gets its arguments without pickling
+    import torch_xla
+
+    torch_xla.launch(entry, args=(job,), debug_single_process=True)

@@ -1,0 +1,333 @@
+"""torch_xla's collectives between replica processes that XLA itself cannot connect, over gloo.
+
+torch_xla 2.9's CPU client has no collectives across processes: two ``PJRT_DEVICE=CPU``
+processes each see a world of one. When colab_xla simulates a TPU host as one process per
+replica (:mod:`colab_xla.replica.cpu_sim`), :func:`install` makes each process answer as replica
+``rank`` of ``world`` (``xr.world_size()``, ``xr.global_ordinal()``, ``xr.process_index()``
+and friends) and replaces the collectives of ``xla_model`` (``all_reduce``, ``all_gather``,
+``reduce_scatter``, ``all_to_all``, ``collective_permute``, ``xla_rendezvous``) with the same
+operation done by gloo on CPU copies of the tensors. Everything built on them follows:
+``xm.optimizer_step``, ``xm.rendezvous``, ``xm.mesh_reduce``, ``collective_broadcast``, the
+``xla`` torch.distributed backend and DDP over it.
+
+What this does not reproduce: a collective is not part of the XLA graph (the inputs are
+computed and copied to the CPU, then the result copied back), so a step with collectives
+runs as several programs, and ``torch_xla.compile(full_graph=True)`` allows that execution
+during a collective instead of refusing it.
+
+The group is a gloo process group of its own, never torch.distributed's default one, so a
+cell's own ``init_process_group`` (``xla``, ``gloo``) is as free as on a TPU. The store that
+introduces the processes to each other is given: a file in the run's directory for the
+processes of one host, a TCP store kept by host 0's agent for the hosts of a cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+from typing import Dict, List, Optional, Sequence, Tuple
+
+# What install() replaces or sets in torch_xla: private names are checked first.
+RUNTIME_NAMES = ("_WORLD_SIZE", "_ORDINAL", "process_index", "process_count",
+                 "global_device_count", "global_runtime_device_count")
+XLA_MODEL_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                   "collective_permute", "xla_rendezvous")
+XLAC_NAMES = ("_get_allow_execution", "_set_allow_execution", "_xla_get_cpu_tensors")
+
+# How long a collective waits for the other replicas. A replica that never arrives has
+# failed, and the run stops the others long before this (the fail-fast rule).
+TIMEOUT = datetime.timedelta(hours=1)
+
+
+def missing(xr, xm, xlac) -> List[str]:
+    """What :func:`install` needs and this torch_xla lacks (a release that renamed it)."""
+    return ([f"torch_xla.runtime.{n}" for n in RUNTIME_NAMES if not hasattr(xr, n)]
+            + [f"xla_model.{n}" for n in XLA_MODEL_NAMES if not hasattr(xm, n)]
+            + [f"torch_xla._XLAC.{n}" for n in XLAC_NAMES if not hasattr(xlac, n)])
+
+
+class GlooGroup:
+    """The replicas of a run as one gloo group: rank ``rank`` of ``world``, met through
+    ``store``; groups of some replicas (``groups=[[0, 1], [2, 3]]``) made on first use."""
+
+    def __init__(self, store, rank: int, world: int, *, hostname: str = "127.0.0.1"):
+        self.store, self.rank, self.world = store, rank, world
+        self._hostname = hostname
+        self._device = None  # gloo's transport, made with the first group (a few ms)
+        self._groups: Dict[Tuple[int, ...], object] = {}
+        self._rendezvous_round = 0
+
+    def group(self, members: Optional[Sequence[int]] = None):
+        """``(gloo process group, this replica's position in it)`` for ``members``."""
+        import torch.distributed as dist
+
+        key = tuple(members) if members else tuple(range(self.world))
+        pg = self._groups.get(key)
+        if pg is None:
+            options = dist.ProcessGroupGloo._Options()
+            options._timeout = TIMEOUT
+            if self._device is None:
+                self._device = dist.ProcessGroupGloo.create_device(hostname=self._hostname)
+            options._devices = [self._device]
+            store = dist.PrefixStore("group-" + "-".join(map(str, key)), self.store)
+            with _quiet_fd(1):  # gloo prints "[Gloo] Rank 0 is connected to 3 peer ranks"
+                pg = dist.ProcessGroupGloo(store, key.index(self.rank), len(key), options)
+            self._groups[key] = pg
+        return pg, key.index(self.rank)
+
+    def members(self, groups: Optional[Sequence[Sequence[int]]]) -> Optional[List[int]]:
+        """This replica's group among ``groups`` (None: everyone)."""
+        return group_of(self.rank, groups)
+
+    # -- the operations, on CPU tensors ------------------------------------------------------
+
+    def all_reduce(self, reduce_type: str, tensors: List, members=None) -> List:
+        import torch
+        import torch.distributed as dist
+
+        pg, _ = self.group(members)
+        options = dist.AllreduceOptions()
+        options.reduceOp = _reduce_op(reduce_type)
+        results = []
+        for tensor in tensors:
+            bool_ = tensor.dtype == torch.bool
+            work = tensor.to(torch.uint8) if bool_ else tensor.contiguous().clone()
+            pg.allreduce([work], options).wait()
+            results.append(work.to(torch.bool) if bool_ else work)
+        return results
+
+    def all_gather(self, tensor, members=None) -> List:
+        import torch
+
+        pg, _ = self.group(members)
+        size = len(members) if members else self.world
+        outputs = [torch.empty_like(tensor) for _ in range(size)]
+        pg.allgather([outputs], [tensor.contiguous()]).wait()
+        return outputs
+
+    def permute(self, tensor, pairs: Sequence[Sequence[int]]):
+        """``collective_permute``: what the pair whose target is this replica sent, or
+        zeros; only the replicas named in ``pairs`` need to call it."""
+        import torch
+
+        pg, _ = self.group()
+        works, result = [], torch.zeros_like(tensor)
+        for source, target in pairs:
+            if source == self.rank:
+                works.append(pg.send([tensor.contiguous()], target, 0))
+            if target == self.rank:
+                works.append(pg.recv([result], source, 0))
+        for work in works:
+            work.wait()
+        return result
+
+    def exchange(self, payload: bytes) -> List[bytes]:
+        """Every replica's ``payload``, by ordinal (``xm.rendezvous``), through the store."""
+        round_ = self._rendezvous_round
+        self._rendezvous_round += 1
+        keys = [f"rendezvous/{round_}/{rank}" for rank in range(self.world)]
+        self.store.set(keys[self.rank], payload)
+        self.store.wait(keys, TIMEOUT)
+        return [bytes(self.store.get(key)) for key in keys]
+
+
+def group_of(rank: int, groups: Optional[Sequence[Sequence[int]]]) -> Optional[List[int]]:
+    """The group of ``rank`` among xla_model's ``groups`` (None: no groups, everyone)."""
+    if not groups:
+        return None
+    for members in groups:
+        if rank in members:
+            return list(members)
+    raise ValueError(f"replica {rank} is in none of the groups {groups}")
+
+
+@contextlib.contextmanager
+def _quiet_fd(fd: int):
+    """Nothing written to ``fd`` (C level) for a while."""
+    import os
+
+    saved = os.dup(fd)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+        yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+        os.close(null)
+
+
+def _reduce_op(reduce_type: str):
+    import torch.distributed as dist
+
+    ops = {"sum": dist.ReduceOp.SUM, "mul": dist.ReduceOp.PRODUCT, "and": dist.ReduceOp.BAND,
+           "or": dist.ReduceOp.BOR, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+    try:
+        return ops[reduce_type]
+    except KeyError:
+        raise ValueError(f"Invalid reduce type: {reduce_type!r} (one of "
+                         f"{', '.join(ops)})") from None
+
+
+def file_store(path: str, world: int):
+    """The store of the replica processes of one host: a file every one of them can open."""
+    import torch.distributed as dist
+
+    return dist.FileStore(path, world)
+
+
+def tcp_store(address: str, prefix: str):
+    """The store of the replicas of several hosts (a cluster's CPU hosts): a client of the
+    TCP store at ``address`` (``ip:port``, kept by host 0's agent), under ``prefix`` (the
+    run or session, the same on every host)."""
+    import torch.distributed as dist
+
+    host, _, port = address.rpartition(":")
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=TIMEOUT)
+    return dist.PrefixStore(prefix + "/", store)
+
+
+def install(group: GlooGroup) -> None:
+    """Make this process replica ``group.rank`` of ``group.world`` for torch_xla, with its
+    collectives through ``group``. Check :func:`missing` first."""
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
+
+    world, rank = group.world, group.rank
+    # world_size() and global_ordinal() answer these once set (torch_xla caches them so
+    # that Dynamo does not break graphs on them).
+    xr._WORLD_SIZE, xr._ORDINAL = world, rank
+    xr.process_index = functools.wraps(xr.process_index)(lambda: rank)
+    xr.process_count = functools.wraps(xr.process_count)(lambda: world)
+    xr.global_device_count = functools.wraps(xr.global_device_count)(lambda: world)
+    xr.global_runtime_device_count = functools.wraps(xr.global_runtime_device_count)(
+        lambda: world)
+    ops = _Collectives(group, torch_xla._XLAC)
+    for name in XLA_MODEL_NAMES:
+        setattr(xm, name, _in_place_of(getattr(xm, name), getattr(ops, name)))
+
+
+def _in_place_of(original, implementation):
+    """``implementation``, under ``original``'s name and docstring."""
+    @functools.wraps(original)
+    def call(*args, **kwargs):
+        return implementation(*args, **kwargs)
+    return call
+
+
+class _Collectives:
+    """xla_model's collectives, same signatures, done by gloo on CPU copies."""
+
+    def __init__(self, group: GlooGroup, xlac):
+        self._group, self._xlac = group, xlac
+
+    @contextlib.contextmanager
+    def _on_cpu(self):
+        """Inside ``torch_xla.compile(full_graph=True)`` execution is refused; a collective
+        here must run what computes its inputs."""
+        import torch
+
+        allowed = self._xlac._get_allow_execution()
+        self._xlac._set_allow_execution(True)
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self._xlac._set_allow_execution(allowed)
+
+    def _cpu(self, tensors: List) -> List:
+        """CPU copies of ``tensors``. What the replica has queued runs first, as one
+        program (as the step would have on a TPU up to its collective): syncing only the
+        inputs would leave the parameters' updates pending, and a graph that grows and
+        compiles again at every step of a loop that never syncs itself."""
+        import torch_xla
+
+        xla = [t for t in tensors if t.device.type == "xla"]
+        if xla:
+            torch_xla.sync()
+            copies = iter(self._xlac._xla_get_cpu_tensors(xla))
+            return [next(copies) if t.device.type == "xla" else t for t in tensors]
+        return list(tensors)
+
+    def all_reduce(self, reduce_type, inputs, scale=1.0, groups=None, pin_layout=True):
+        import torch
+
+        single = isinstance(inputs, torch.Tensor)
+        tensors = [inputs] if single else list(inputs)
+        with self._on_cpu():
+            results = [_scaled(r, scale) for r in self._group.all_reduce(
+                reduce_type, self._cpu(tensors), self._group.members(groups))]
+            if single:
+                return results[0].to(inputs.device)
+            for tensor, result in zip(tensors, results):
+                tensor.copy_(result.to(tensor.device))
+        return inputs
+
+    def all_gather(self, value, dim=0, groups=None, output=None, pin_layout=True,
+                   channel_id=None, use_global_device_ids=None):
+        import torch
+
+        single = isinstance(value, torch.Tensor)
+        values = [value] if single else list(value)
+        members = self._group.members(groups)
+        with self._on_cpu():
+            gathered = [torch.cat(self._group.all_gather(t, members), dim=dim).to(v.device)
+                        for t, v in zip(self._cpu(values), values)]
+            return _into(output, gathered, single)
+
+    def reduce_scatter(self, reduce_type, input, scale, scatter_dim, shard_count,
+                       groups=None, output=None, pin_layout=True, channel_id=None,
+                       use_global_device_ids=None):
+        import torch
+
+        single = isinstance(input, torch.Tensor)
+        inputs = [input] if single else list(input)
+        members = self._group.members(groups)
+        _, position = self._group.group(members)
+        with self._on_cpu():
+            reduced = self._group.all_reduce(reduce_type, self._cpu(inputs), members)
+            shards = [_scaled(r, scale).chunk(shard_count, dim=scatter_dim)[position]
+                      .to(i.device) for r, i in zip(reduced, inputs)]
+            return _into(output, shards, single)
+
+    def all_to_all(self, value, split_dimension, concat_dimension, split_count, groups=None,
+                   pin_layout=True):
+        import torch
+
+        members = self._group.members(groups)
+        _, position = self._group.group(members)
+        with self._on_cpu():
+            everyone = self._group.all_gather(self._cpu([value])[0], members)
+            pieces = [v.chunk(split_count, dim=split_dimension)[position] for v in everyone]
+            return torch.cat(pieces, dim=concat_dimension).to(value.device)
+
+    def collective_permute(self, value, pairs):
+        with self._on_cpu():
+            return self._group.permute(self._cpu([value])[0], pairs).to(value.device)
+
+    def xla_rendezvous(self, payload: bytes = b"", ordinals=None, tag=None):
+        import torch_xla
+
+        if ordinals and len(ordinals) != self._group.world:
+            raise ValueError("Only global rendezvous is supported")
+        if not isinstance(payload, bytes):
+            raise TypeError(f"`payload` must be bytes, not {type(payload).__name__}")
+        torch_xla.sync()  # as torch_xla's: what the replica queued runs first
+        return self._group.exchange(payload)
+
+
+def _scaled(result, scale: float):
+    """A reduction's result times ``scale``, as XLA applies it (to floating point)."""
+    return result * scale if scale != 1.0 and result.is_floating_point() else result
+
+
+def _into(output, results: List, single: bool):
+    """``results`` copied into ``output`` if the caller gave one, else returned."""
+    if output is None:
+        return results[0] if single else results
+    outputs = [output] if single else list(output)
+    for out, result in zip(outputs, results):
+        out.copy_(result)
+    return output

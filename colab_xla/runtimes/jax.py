@@ -1,0 +1,225 @@
+"""The JAX runtime (``%%xla_spawn --runtime jax``): the cell runs in N JAX processes with
+``jax.distributed`` initialized before it starts, so ``jax.process_index()``,
+``jax.process_count()``, the global ``jax.devices()`` and collectives across processes
+work, and torchax (PyTorch tensors backed by JAX arrays) works on top.
+
+Both sides of the runtime live here, IPython-free:
+
+* the notebook's: :func:`plan` (the processes and their environment: on CPU one device
+  each, or ``devices_per_process`` through XLA's host platform device count; on a TPU host
+  one process driving its chips) and :func:`backend_problem`, the guard that refuses a run
+  when the notebook's own process started a JAX backend (its replicas fork from it);
+* the replica's: :func:`initialize` (``jax.distributed.initialize`` with the coordinator
+  the launcher chose and this process's id, once per process) and :func:`to_host`, which
+  makes a value the notebook can load (JAX arrays and torchax tensors arrive as NumPy
+  arrays and CPU torch tensors; a global array no process holds whole is refused with the
+  gather to use).
+
+On CPU, JAX's default collectives between processes are gloo's: this simulates the
+program, not a pod's interconnect. The launcher (:mod:`colab_xla.notebook.launch`) starts the
+processes as for the CPU simulation, one ``multiprocessing`` process each, and gives them
+a coordinator address of the run's own (:data:`COORDINATOR`). On a cluster
+(:mod:`colab_xla.notebook.cluster`), every host's agent starts its processes the same way, and
+all of them are one job: the coordinator is on host 0 (its agent picks the port), given
+to every host in :data:`COORDINATOR`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import Any, Mapping, Optional, Tuple
+
+from ..wire.host_rank import HostRank
+
+RUNTIMES = ("torch_xla", "jax")
+# What the launcher and the replicas read (set by plan() and the launcher, per run).
+RUNTIME = "COLAB_XLA_RUNTIME"
+COORDINATOR = "COLAB_XLA_JAX_COORDINATOR"
+# How long a process waits for the others to reach jax.distributed.initialize, and how
+# long a lost peer takes to be noticed (JAX's defaults: 300 s and 100 s).
+INITIALIZATION_TIMEOUT = 120
+HEARTBEAT_TIMEOUT = 10
+# More processes than this on CPU only slow the machine down (each is an interpreter).
+MAX_CPU_PROCESSES = 16
+
+# The code of the preflight problem a JAX backend in the notebook's process is.
+BACKEND_STARTED = "jax-backend-initialized"
+
+JAX_INSTALL_HINT = ("pip install 'jax[cpu]' for CPU processes (Colab's TPU runtime ships jax "
+                    "with libtpu), then restart the kernel.")
+
+
+def is_jax(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the replicas of this environment run the JAX runtime."""
+    return environ.get(RUNTIME) == "jax"
+
+
+# -- the notebook's side ------------------------------------------------------------------
+
+def plan(requested: Optional[int], hw, devices_per_process: Optional[int],
+         environ: Mapping[str, str]):
+    """The :class:`colab_xla.notebook.hardware.ReplicaPlan` of a JAX run: one process per replica
+    (``index`` is the process index), with the variables JAX reads before its backend
+    starts. ``hw`` is :func:`colab_xla.notebook.hardware.detect`'s."""
+    from ..notebook.hardware import ReplicaCountError, ReplicaPlan
+
+    if requested is not None and requested < 1:
+        raise ReplicaCountError(f"-n {requested}: the number of JAX processes must be 1 or "
+                                "more.")
+    if devices_per_process is not None and devices_per_process < 1:
+        raise ReplicaCountError(f"--devices-per-process {devices_per_process}: give 1 or more.")
+    env: dict = {RUNTIME: "jax"}
+    if hw.device == "TPU":
+        if requested not in (None, 1) or devices_per_process is not None:
+            raise ReplicaCountError(
+                "on a TPU host the JAX runtime runs one process driving every chip of the host "
+                "(jax.local_devices() are its chips): leave -n and --devices-per-process out. "
+                "On a pod slice, %xla_cluster runs one process per host.")
+        return ReplicaPlan("TPU", 1, env, processes=1, runtime="jax")
+    n = requested or 2
+    if n > MAX_CPU_PROCESSES:
+        raise ReplicaCountError(f"-n {n}: at most {MAX_CPU_PROCESSES} JAX processes on CPU "
+                                "(each is an interpreter of its own); use fewer processes, "
+                                "and --devices-per-process for more devices.")
+    per_process = devices_per_process or 1
+    env.update(JAX_PLATFORMS="cpu",
+               XLA_FLAGS=host_device_flags(environ.get("XLA_FLAGS", ""), per_process))
+    note = (f"colab_xla: JAX runtime, {n} process{'es' if n != 1 else ''} on CPU with "
+            f"{per_process} device{'s' if per_process != 1 else ''} each (jax.distributed; "
+            "gloo between processes).")
+    return ReplicaPlan("CPU", n, env, note, processes=n, runtime="jax")
+
+
+def host_device_flags(flags: str, count: int) -> str:
+    """``XLA_FLAGS`` with the host platform's device count set to ``count``."""
+    kept = re.sub(r"--xla_force_host_platform_device_count=\S*", "", flags).split()
+    return " ".join([*kept, f"--xla_force_host_platform_device_count={count}"])
+
+
+def backend_problem():
+    """A :class:`colab_xla.errors.Problem` if this process (the notebook's) has started
+    a JAX backend, else None. Replicas fork from it, and a forked JAX backend is not
+    usable (its threads did not come along)."""
+    from ..errors import Problem
+
+    if "jax" not in sys.modules:
+        return None
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():
+        return None
+    return Problem(
+        BACKEND_STARTED,
+        "JAX has started a backend in this notebook's own process (a call such as "
+        "jax.devices(), jnp.array(...) or a jitted function ran outside %%xla_spawn), so JAX "
+        "processes cannot start from it: the processes it forks would share a backend that "
+        "does not work there, and jax.distributed must run before any backend starts.",
+        "restart the kernel, then use JAX only inside %%xla_spawn --runtime jax cells (or "
+        "import jax in the notebook without calling it).")
+
+
+def check_installed() -> None:
+    """Refuse the JAX runtime where jax is not installed (SetupError, with the install)."""
+    import importlib.util
+
+    from ..errors import SetupError
+
+    if importlib.util.find_spec("jax") is None:
+        raise SetupError("--runtime jax needs JAX, which is not installed in this "
+                         f"environment: {JAX_INSTALL_HINT}")
+
+
+# -- the replica's side ---------------------------------------------------------------------
+
+_membership: Optional[Tuple[str, int, int]] = None  # (coordinator, processes, process id)
+_initialized = False
+
+
+def join(environ: Mapping[str, str] = os.environ) -> None:
+    """In a new replica process: keep where its JAX processes meet and its process id,
+    as the launcher set them (a session's later cells bring an environment without
+    them). On a cluster's host (:class:`colab_xla.wire.host_rank.HostRank` in the
+    environment), the processes are every host's and the id is the global ordinal."""
+    global _membership
+    count = int(environ.get("PJRT_LOCAL_PROCESS_COUNT", "1"))
+    process_id = int(environ.get("PJRT_LOCAL_PROCESS_RANK", "0"))
+    rank = HostRank.from_environ(environ)
+    if rank is not None:
+        count, process_id = rank.world, rank.index(process_id)
+    _membership = (environ[COORDINATOR], count, process_id)
+
+
+def initialize() -> None:
+    """``jax.distributed.initialize`` for this process, once (before its first cell),
+    with the run's coordinator and this process's id (:func:`join`)."""
+    global _initialized
+    if _initialized:
+        return
+    import jax
+
+    coordinator, processes, process_id = _membership
+    jax.distributed.initialize(
+        coordinator_address=coordinator, num_processes=processes, process_id=process_id,
+        cluster_detection_method="deactivate",  # (on a TPU VM it would ask the metadata)
+        initialization_timeout=INITIALIZATION_TIMEOUT,
+        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT)
+    _initialized = True
+
+
+def leave() -> None:
+    """At the end of a JAX process: wait until every process of the run is there
+    (``jax.distributed.shutdown``). Process 0 serves the others' coordination, and its
+    end would end any still running (a fatal "JAX distributed service" error)."""
+    if _initialized:
+        import jax
+
+        jax.distributed.shutdown()
+
+
+def first_device():
+    """The cell's ``device``: this process's first local device."""
+    import jax
+
+    return jax.local_devices()[0]
+
+
+def to_host(value: Any) -> Any:
+    """``value`` with its JAX arrays as NumPy arrays and torchax tensors as CPU torch
+    tensors (in lists, tuples and dicts too), so that the notebook, which has no backend,
+    can load it. A global array that this process does not hold whole raises ValueError
+    naming the gather to use."""
+    if type(value) is dict:
+        return {k: to_host(v) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(to_host(v) for v in value)
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return value
+    if _is_torchax(value):
+        import torch
+
+        return torch.from_numpy(_numpy(value.jax()).copy())
+    if isinstance(value, jax.Array):
+        return _numpy(value)
+    return value
+
+
+def _numpy(array):
+    import numpy as np
+
+    if array.is_fully_addressable:
+        return np.asarray(array)
+    if array.is_fully_replicated:  # every process holds it whole: this one's copy
+        return np.asarray(array.addressable_data(0))
+    raise ValueError(
+        f"a global jax.Array of shape {tuple(array.shape)} that this process does not hold "
+        "whole (it spans processes) cannot be returned from one process: return "
+        "jax.experimental.multihost_utils.process_allgather(x) for the whole array, or "
+        "x.addressable_data(0) for this process's shard")
+
+
+def _is_torchax(value: Any) -> bool:
+    torchax = sys.modules.get("torchax.tensor")
+    return torchax is not None and isinstance(value, torchax.Tensor)

@@ -1,0 +1,102 @@
+"""The job of a replica: what the notebook gives every replica process of a run (or of
+a session) and what a replica process does with it as soon as it arrives.
+
+A :class:`ReplicaJob` is made in the notebook and passed to the launcher; without fork it
+is pickled, and unpickling it in the replica process is the first code of colab_xla that
+runs there (:func:`arrived`): the replicas' environment, and fd 1 and 2 to the run's
+start-up pipe, before torch_xla starts its runtime.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+from .cell import CellModule
+
+# The notebook's pid, in the forkserver's environment only (colab_xla.replica.forkserver_init).
+NOTEBOOK_PID = "COLAB_XLA_NOTEBOOK_PID"
+
+
+@dataclass(frozen=True)
+class ReplicaJob:
+    """What xmp.spawn passes (pickled) to every replica process."""
+
+    run_id: str
+    run_dir: str
+    channel_path: str  # the named pipe of frames (see colab_xla.wire.frames)
+    parent_pid: int  # the replica process's parent: the notebook, or the forkserver
+    lock: Any = None  # a Manager lock proxy (pickles, works across processes), if used
+    # Named pipes (stdout, stderr), one pair per replica process (by local rank): C-level
+    # output (XLA, absl, libtpu logs, printf) goes there, read by the notebook.
+    fd_paths: Tuple[Tuple[str, str], ...] = ()
+    # A named pipe for fd 1 and 2 of every replica process from its first moment until its
+    # rank is known (what torch_xla's runtime start-up prints, and its fatal errors).
+    startup_path: Optional[str] = None
+    # The replicas' whole environment: the notebook's, with the run's variables.
+    environ: Optional[Dict[str, str]] = None
+    # Without fork (spawn, forkserver): the cell and the notebook names it uses.
+    cell: Optional[CellModule] = None
+    names: Optional[bytes] = None
+    cache_dir: Optional[str] = None  # --cache: torch_xla's persistent compilation cache
+    pull: Tuple[str, ...] = ()  # --pull: names sent back after the cell
+    pull_from: Optional[int] = None  # --pull-from: only this replica sends them
+    shm_dir: Optional[str] = None  # where large CPU tensors go (colab_xla.wire.shared_tensors)
+    # Output through a ring per replica process in run_dir (colab_xla.wire.ring), for a
+    # reader that reads rings; without, every frame is a write to the pipe.
+    rings: bool = False
+
+    def __reduce__(self):
+        return _arrive, (dict(self.__dict__),)
+
+    def apply_environ(self) -> None:
+        """Make this process's environment the one the notebook chose for the replicas."""
+        if self.environ is not None and dict(os.environ) != self.environ:
+            os.environ.clear()
+            os.environ.update(self.environ)
+
+
+def _arrive(fields: Dict[str, Any]) -> ReplicaJob:
+    """Unpickle the job in a replica process, and set its environment there and then.
+
+    Unpickling is the first code of colab_xla that runs in a replica process, before
+    torch_xla starts the runtime (which reads PJRT_DEVICE, CPU_NUM_DEVICES, XLA_FLAGS...).
+    A forkserver's children inherit the server's environment, not the notebook's, so
+    waiting for ``main`` would be too late.
+    """
+    return arrived(ReplicaJob(**fields))
+
+
+def arrived(job: ReplicaJob) -> ReplicaJob:
+    """What a replica process does with its job first: the replicas' environment, and its
+    start-up output captured. (A forked process that got the job without pickling calls
+    it itself.)"""
+    job.apply_environ()
+    if job.startup_path:
+        capture_startup(job.startup_path)
+    return job
+
+
+def capture_startup(path: str) -> None:
+    """fd 1 and 2 of a replica process to the run's start-up pipe, before torch_xla starts
+    its runtime there; and Python's fatal-error handler on, so a native crash (XLA's abort
+    on a bad flag, a segfault) leaves the stack of every thread in the process output."""
+    import faulthandler
+
+    ctypes.CDLL(None).fflush(None)
+    fd = os.open(path, os.O_WRONLY)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    # Off first: enabling an enabled faulthandler installs nothing, and the notebook's
+    # process may have enabled it before something else took the signals (Ray's driver
+    # does both: its handler, inherited here, would swallow the fatal error's stacks).
+    faulthandler.disable()
+    faulthandler.enable(file=2, all_threads=True)
+
+
+def command_path(session_dir: str, index: int) -> str:
+    """The named pipe of replica ``index``'s commands."""
+    return os.path.join(session_dir, f"commands-{index}")
