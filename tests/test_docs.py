@@ -1,0 +1,153 @@
+"""The docs against what they describe: each page's option table is what the magic's own
+parser renders (``tools/option_tables.py``), every local link of README.md and docs/ points at
+a file that exists, and the README stays short. Pure units: no kernel, no replicas."""
+
+import collections
+import difflib
+import re
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+import option_tables  # tools/, on sys.path through conftest.py
+from colab_xla.magics import XlaMagics
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = option_tables.pages(ROOT)
+README_LIMIT = 15 * 1024  # bytes: the README is the product's front page, the docs the rest
+
+
+def _name(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+# --- option tables ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rendered():
+    return option_tables.tables(XlaMagics)
+
+
+def test_option_tables_are_what_the_parsers_render(rendered):
+    stale = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        fresh = option_tables.rewrite(text, rendered, _name(page))
+        if fresh != text:
+            stale.append("".join(difflib.unified_diff(
+                text.splitlines(True), fresh.splitlines(True), _name(page), "rendered", n=0)))
+    assert not stale, ("option tables differ from the magics' parsers; run "
+                       "python tools/option_tables.py\n" + "\n".join(stale))
+
+
+def test_each_magic_has_one_option_table_in_the_docs():
+    found = collections.Counter()
+    for page in PAGES:
+        found.update(option_tables.blocks(page.read_text(encoding="utf-8")))
+    assert found == collections.Counter(option_tables.MAGICS)
+
+
+@pytest.mark.parametrize("magic", option_tables.MAGICS)
+def test_a_table_holds_every_option_and_its_help(rendered, magic):
+    parser = getattr(XlaMagics, magic).parser
+    table = rendered[magic]
+    rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
+    assert len(rows) == len(parser._actions)
+    for action in parser._actions:
+        names = action.option_strings or [action.dest.upper()]
+        row = next(r for r in rows if f"`{names[0]}`" in r or f"`[{names[0]}]`" in r)
+        assert all(f"`{name}" in row or f"[{name}]" in row for name in names)
+        # The help as %%xla_spawn? prints it: argparse's %% is a plain % there.
+        assert " ".join(action.help.replace("%%", "%").split()) in row.replace("\\|", "|")
+        if action.choices:
+            assert all(str(choice) in row for choice in action.choices)
+
+
+def test_a_stale_block_is_rewritten_and_the_rest_left_alone(tmp_path, rendered):
+    page = tmp_path / "page.md"
+    page.write_text("# Title\n\n<!-- options: xla_doctor -->\n| old | table |\n"
+                    "<!-- /options -->\n\nAfter.\n", encoding="utf-8")
+    assert option_tables.drifted([page], rendered) == [page]
+    fresh = option_tables.rewrite(page.read_text(encoding="utf-8"), rendered)
+    assert fresh == ("# Title\n\n<!-- options: xla_doctor -->\n" + rendered["xla_doctor"]
+                     + "<!-- /options -->\n\nAfter.\n")
+    assert option_tables.rewrite(fresh, rendered) == fresh
+    page.write_text(fresh, encoding="utf-8")
+    assert option_tables.drifted([page], rendered) == []
+
+
+def test_check_exits_1_naming_the_page_and_rewriting_fixes_it(tmp_path, monkeypatch, capsys):
+    page = tmp_path / "page.md"
+    page.write_text("<!-- options: xla_session -->\n<!-- /options -->\n", encoding="utf-8")
+    monkeypatch.setattr(option_tables, "pages", lambda root=None: [page])
+    assert option_tables.main(["--check"]) == 1
+    assert str(page) in capsys.readouterr().err
+    assert "options: xla_session" in page.read_text(encoding="utf-8")
+    assert option_tables.main([]) == 0
+    assert "`--devices-per-process`" in page.read_text(encoding="utf-8")
+    assert option_tables.main(["--check"]) == 0
+
+
+@pytest.mark.parametrize("text, says", [
+    ("<!-- options: xla_nothing -->\n<!-- /options -->\n", "names no magic"),
+    ("<!-- options: xla_spawn -->\nno end\n", "not closed"),
+    ("<!-- options: xla_spawn -->\n<!-- options: xla_doctor -->\n<!-- /options -->\n",
+     "not closed"),
+    ("<!-- /options -->\n", "not closed"),
+])
+def test_a_broken_block_is_refused(rendered, text, says):
+    with pytest.raises(ValueError, match=says):
+        option_tables.rewrite(text, rendered)
+
+
+def test_the_tool_exits_2_on_a_broken_block_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    good, broken = tmp_path / "good.md", tmp_path / "broken.md"
+    good.write_text("<!-- options: xla_doctor -->\n<!-- /options -->\n", encoding="utf-8")
+    broken.write_text("<!-- options: xla_doctor -->\n", encoding="utf-8")
+    monkeypatch.setattr(option_tables, "pages", lambda root=None: [good, broken])
+    assert option_tables.main([]) == 2
+    assert "not closed" in capsys.readouterr().err
+    assert good.read_text(encoding="utf-8") == "<!-- options: xla_doctor -->\n<!-- /options -->\n"
+
+
+# --- links -----------------------------------------------------------------------------
+
+_FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.DOTALL | re.MULTILINE)
+_CODE = re.compile(r"(`+).+?\1", re.DOTALL)
+_INLINE = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_DEFINITION = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", re.MULTILINE)
+
+
+def local_links(text: str):
+    """The targets of the page's Markdown links (inline, images, definitions) that name a
+    local file, without their #anchor; links inside code are not links."""
+    text = _CODE.sub("", _FENCE.sub("", text))
+    for target in _INLINE.findall(text) + _DEFINITION.findall(text):
+        if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", target) or target.startswith("#"):
+            continue  # a URL (https:, mailto:) or an anchor of the page itself
+        path = urllib.parse.unquote(target.split("#", 1)[0].split("?", 1)[0])
+        if path:
+            yield path
+
+
+def test_local_links_are_found_as_markdown_reads_them():
+    text = ("[a](docs/a.md) ![b](b.png \"title\") [c](c.md#part) [d](https://x.org/d.md)\n"
+            "[e](#here) [f](<my%20file.md>)\n`[g](g.md)`\n```\n[h](h.md)\n```\n"
+            "[i]: ../i.md\n")
+    assert list(local_links(text)) == ["docs/a.md", "b.png", "c.md", "my file.md", "../i.md"]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_local_links_point_at_files_that_exist(page):
+    missing = [target for target in local_links(page.read_text(encoding="utf-8"))
+               if not ((ROOT / target.lstrip("/")) if target.startswith("/")
+                       else (page.parent / target)).exists()]
+    assert not missing, f"{_name(page)} links to files that do not exist: {missing}"
+
+
+def test_the_readme_stays_short():
+    size = (ROOT / "README.md").stat().st_size
+    assert size <= README_LIMIT, (f"README.md is {size} bytes (at most {README_LIMIT}): move "
+                                  "the detail to a page of docs/ and link it")
