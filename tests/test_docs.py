@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import option_tables  # tools/, on sys.path through conftest.py
-from colab_xla.magics import XlaMagics
+from colab_xla.notebook.magics import XlaMagics
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = option_tables.pages(ROOT)

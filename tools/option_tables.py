@@ -132,7 +132,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if str(REPO_ROOT) not in sys.path:  # run as a script: the checkout's colab_xla
         sys.path.insert(0, str(REPO_ROOT))
-    from colab_xla.magics import XlaMagics
+    from colab_xla.notebook.magics import XlaMagics
 
     rendered = tables(XlaMagics)
     try:
