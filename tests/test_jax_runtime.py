@@ -15,6 +15,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from colab_xla.notebook import doctor
+from colab_xla.notebook import session as sessions
 from colab_xla.runtimes import jax as jax_runtime
 from colab_xla.errors import OptionError
 from colab_xla.notebook.hardware import Hardware, ReplicaCountError
@@ -81,7 +82,7 @@ def test_the_call_that_started_a_jax_backend_in_the_notebook_is_named():
 def test_the_guard_sees_a_jax_backend_only_once_one_started():
     probe = textwrap.dedent("""
         import jax
-        from colab_xla import jax_runtime
+        from colab_xla.runtimes import jax as jax_runtime
         print(jax_runtime.backend_problem())
         jax.numpy.ones(2)
         print(jax_runtime.backend_problem().code)
@@ -264,7 +265,7 @@ def test_the_magic_runs_jax_processes_and_a_jax_session_keeps_them(capsys):
     assert shell.user_ns["got"] == {0: 0, 1: 10}
     try:
         shell.run_line_magic("xla_session", "start --runtime jax -n 2")
-        pids = {i: r.pid for i, r in __import__("colab_xla").session.current().replicas.items()}
+        pids = {i: r.pid for i, r in sessions.current().replicas.items()}
         shell.run_cell_magic("xla_spawn", "--no-widget", "import jax, os\nkept = os.getpid()")
         shell.run_cell_magic("xla_spawn", "--no-widget -o again",
                              "(kept, jax.process_count())")
