@@ -130,7 +130,7 @@ def test_five_hundred_mixed_runs_leave_the_kernel_flat(tmp_path):
                 end = sample(k)
             if run < RUNS:
                 run_one(k, kinds[run % len(kinds)], tmp_path / f"mark{run}")
-        manager = k.run("from colab_xla import shared_lock as _s\n"
+        manager = k.run("from colab_xla.notebook import shared_lock as _s\n"
                         "print(_s._manager._process.pid if _s._manager else -1)")
         assert manager.status == "ok" and manager.stdout.strip(), manager.text
         # The lock's Manager stays for the kernel's life; nothing else of any run does.
