@@ -40,7 +40,7 @@ if BENCH_DIR not in sys.path:
 
 from _results import (bench_parser, machine_info, machine_line, paired,  # noqa: E402
                       publish, replica_counts, rotated, stats)
-from colab_xla.notebook import hardware, state  # noqa: E402
+from colab_xla.notebook import state, torch_xla_import  # noqa: E402
 from colab_xla.notebook.launch import environ  # noqa: E402
 from colab_xla.wire import shared_tensors  # noqa: E402
 from peer_jobs import fork_each, trivial  # noqa: E402
@@ -53,7 +53,7 @@ PATHS = ("bare", "magic", "core", "threads", "forks")
 
 # The bare path gets what %%xla_spawn itself uses: torch_xla imported without writing a
 # default PJRT_DEVICE, and variables set for the forked replicas only.
-import_xmp = hardware.import_torch_xla
+import_xmp = torch_xla_import.import_torch_xla
 
 
 def make_paths(n: int) -> Dict[str, Callable[[], float]]:

@@ -154,9 +154,9 @@ def test_a_jax_process_on_a_host_is_its_global_ordinal_among_every_hosts_process
         monkeypatch):
     from types import SimpleNamespace
 
-    from colab_xla.runtimes import jax as jax_runtime
+    from colab_xla.runtimes import jax as jax_runtime, torch_xla as torch_xla_runtime
     from colab_xla.notebook.cluster.agent import HostAgent
-    from colab_xla.notebook.cluster.run import check_jax, replicas_per_host
+    from colab_xla.notebook.cluster.run import host_request, replicas_per_host
     from colab_xla.errors import OptionError
     from colab_xla.notebook.launch import Launch
 
@@ -168,23 +168,41 @@ def test_a_jax_process_on_a_host_is_its_global_ordinal_among_every_hosts_process
     jax_runtime.join({**local_rank, jax_runtime.COORDINATOR: "127.0.0.1:99"})  # one host
     assert jax_runtime._membership == ("127.0.0.1:99", 3, 2)
 
+    slice_ = SimpleNamespace(described=[{"device": "TPU", "replicas": 4}] * 2)
+    asked = []
+    monkeypatch.setattr("colab_xla.notebook.cluster.run.coordinator",
+                        lambda cluster: asked.append(cluster) or "10.0.0.2:5")
+    jax = host_request(slice_, Launch(runtime="jax"))
+    assert jax == {"runtime": "jax", "devices_per_process": None,
+                   "environ": {jax_runtime.COORDINATOR: "10.0.0.2:5"}} and asked == [slice_]
+    torch_xla = host_request(slice_, Launch())
+    assert torch_xla == {"runtime": "torch_xla", "devices_per_process": None, "environ": {}}
+    assert asked == [slice_]  # (torch_xla's replicas meet through host 0's store)
+
     tpu = HostAgent.__new__(HostAgent)  # (its __init__ imports torch_xla: not needed here)
     tpu.env, tpu.device, tpu.start_method = {}, "TPU", "fork"
     tpu.rank = HostRank(1, 2, 4, "10.0.0.3")
-    env = tpu._environ("run", {"coordinator": "10.0.0.2:5", "devices_per_process": None})
+    env = tpu._environ("run", jax)
     jax_runtime.join({**env, "PJRT_LOCAL_PROCESS_RANK": "0", "PJRT_LOCAL_PROCESS_COUNT": "1"})
     assert jax_runtime._membership == ("10.0.0.2:5", 2, 1)  # one process per TPU host
-    assert tpu._launch({"coordinator": "x", "devices_per_process": None}).runtime == "jax"
-    assert jax_runtime.COORDINATOR not in tpu._environ("run")  # a torch_xla cell's
+    assert tpu._launch(jax).runtime is jax_runtime.RUNTIME
+    assert tpu._launch(jax) == Launch("fork", runtime="jax")
+    # A torch_xla cell's: the host's own replicas and rank, as before there was a runtime.
+    for request in (None, torch_xla):
+        assert tpu._environ("run", request) == {
+            **HostRank(1, 2, 4, "10.0.0.3", run="run").environ()}
+        assert jax_runtime.COORDINATOR not in tpu._environ("run", request)
+        assert tpu._launch(request) == Launch("fork")
+        assert tpu._launch(request).runtime is torch_xla_runtime.RUNTIME
 
-    slice_ = SimpleNamespace(described=[{"device": "TPU", "replicas": 4}] * 2)
-    assert replicas_per_host(slice_, "jax") == [1, 1]
-    assert replicas_per_host(slice_, "torch_xla") == [4, 4]
+    assert replicas_per_host(slice_, jax_runtime.RUNTIME) == [1, 1]
+    assert replicas_per_host(slice_, torch_xla_runtime.RUNTIME) == [4, 4]
     with pytest.raises(OptionError, match="--devices-per-process 2: on a TPU host the JAX "
                                           "runtime runs one process driving every chip"):
-        check_jax(slice_, Launch(runtime="jax", devices_per_process=2))
-    check_jax(SimpleNamespace(described=[{"device": "CPU", "replicas": 2}]),
-              Launch(runtime="jax", devices_per_process=2))
+        jax_runtime.RUNTIME.check_cluster(slice_.described,
+                                          Launch(runtime="jax", devices_per_process=2))
+    jax_runtime.RUNTIME.check_cluster([{"device": "CPU", "replicas": 2}],
+                                      Launch(runtime="jax", devices_per_process=2))
 
 
 def test_an_interrupt_asked_from_another_thread_reaches_the_block_that_holds_it():

@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from colab_xla.notebook import simulation as sim_plan
+from colab_xla.runtimes import simulation as sim_plan
 from colab_xla.replica import cpu_sim
 
 

@@ -15,9 +15,10 @@ import pytest
 from IPython.core.error import UsageError
 
 from colab_xla.notebook import doctor
+from colab_xla.notebook import session as sessions
 from colab_xla.runtimes import jax as jax_runtime
 from colab_xla.errors import OptionError
-from colab_xla.notebook.hardware import Hardware, ReplicaCountError
+from colab_xla.runtimes.plan import Hardware, ReplicaCountError
 from colab_xla.notebook.launch import Launch
 from colab_xla.notebook.outcome import FAILED, STOPPED, RunObserver
 from colab_xla.notebook.views import text as text_view
@@ -35,7 +36,8 @@ JAX = Launch(runtime="jax")
 def test_jax_processes_on_cpu_get_one_device_each_unless_asked_and_keep_other_xla_flags():
     cpu = Hardware(pjrt_device="CPU")
     plan = jax_runtime.plan(None, cpu, None, {})
-    assert (plan.device_type, plan.replicas, plan.processes, plan.runtime) == ("CPU", 2, 2, "jax")
+    assert (plan.device_type, plan.replicas, plan.processes) == ("CPU", 2, 2)
+    assert plan.runtime is jax_runtime.RUNTIME and plan == jax_runtime.RUNTIME.plan(None, cpu)
     assert plan.own_processes  # never xmp.spawn's
     assert plan.env == {"COLAB_XLA_RUNTIME": "jax", "JAX_PLATFORMS": "cpu",
                         "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
@@ -44,6 +46,8 @@ def test_jax_processes_on_cpu_get_one_device_each_unless_asked_and_keep_other_xl
     assert four.replicas == 3 and four.env["XLA_FLAGS"] == (
         "--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=4")
     assert "3 processes on CPU with 4 devices each" in four.note
+    assert four == jax_runtime.RUNTIME.plan(3, cpu, devices_per_process=4, environ={
+        "XLA_FLAGS": "--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=8"})
 
 
 def test_jax_counts_that_cannot_work_are_refused_with_what_to_do():
@@ -72,7 +76,7 @@ def test_launch_options_that_belong_to_the_other_runtime_are_refused():
 
 def test_the_call_that_started_a_jax_backend_in_the_notebook_is_named():
     history = ["", "import jax", "x = jnp.ones(3)", "%%xla_spawn --runtime jax\njnp.ones(2)"]
-    assert doctor.likely_cause(history, jax=True) == "In[2] calls `jnp.ones(`"
+    assert doctor.likely_cause(history, jax_runtime.RUNTIME) == "In[2] calls `jnp.ones(`"
     assert doctor.likely_cause(history) is None  # not a torch_xla call
 
 
@@ -82,13 +86,14 @@ def test_the_guard_sees_a_jax_backend_only_once_one_started():
     probe = textwrap.dedent("""
         import jax
         from colab_xla.runtimes import jax as jax_runtime
-        print(jax_runtime.backend_problem())
+        print(jax_runtime.backend_problem(), jax_runtime.RUNTIME.problems())
         jax.numpy.ones(2)
-        print(jax_runtime.backend_problem().code)
+        print(jax_runtime.backend_problem().code,
+              [p.code for p in jax_runtime.RUNTIME.problems()] == [jax_runtime.BACKEND_STARTED])
         """)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          timeout=100, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-    assert out.stdout.split() == ["None", "jax-backend-initialized"], out.stderr
+    assert out.stdout.split() == ["None", "[]", "jax-backend-initialized", "True"], out.stderr
 
 
 # -- real JAX processes ---------------------------------------------------------------------
@@ -264,7 +269,7 @@ def test_the_magic_runs_jax_processes_and_a_jax_session_keeps_them(capsys):
     assert shell.user_ns["got"] == {0: 0, 1: 10}
     try:
         shell.run_line_magic("xla_session", "start --runtime jax -n 2")
-        pids = {i: r.pid for i, r in __import__("colab_xla.notebook.session", fromlist=["current"]).current().replicas.items()}
+        pids = {i: r.pid for i, r in sessions.current().replicas.items()}
         shell.run_cell_magic("xla_spawn", "--no-widget", "import jax, os\nkept = os.getpid()")
         shell.run_cell_magic("xla_spawn", "--no-widget -o again",
                              "(kept, jax.process_count())")

@@ -15,7 +15,8 @@ import pytest
 
 from _runs import run  # tests/ is on sys.path
 
-from colab_xla.notebook import hardware, launch, state
+from colab_xla.notebook import launch, state
+from colab_xla.runtimes import torch_xla as torch_xla_runtime
 from colab_xla.wire import shared_tensors
 from colab_xla.notebook.launch import Launch
 from colab_xla.wire.names import UnsendableNames
@@ -62,7 +63,7 @@ def test_without_fork_the_cell_gets_the_notebook_names_it_mentions(method):
         assert type(value) is ns["Point"] and value.x == o * 10 + 2  # the notebook's class
         assert outcome.replicas[o].text.startswith(f"replica {o} pid ")
         assert outcome.replicas[o].pid != os.getpid()
-    assert not hardware.runtime_initialized()
+    assert not torch_xla_runtime.runtime_initialized()
 
 
 def test_the_shared_lock_and_c_level_output_work_without_fork():
@@ -190,7 +191,7 @@ def test_debug_single_runs_one_replica_outside_the_notebook_process(method):
     assert outcome.ok
     (index, world, pid), = outcome.results().values()
     assert (index, world) == (0, 1) and pid != os.getpid()
-    assert not hardware.runtime_initialized()
+    assert not torch_xla_runtime.runtime_initialized()
     with pytest.raises(ValueError, match="--debug-single: it runs one replica"):
         run("index", 4, launch=Launch(method, debug_single=True))
 

@@ -7,7 +7,10 @@ colab_xla is laid out by which process runs the code (docs/architecture.md):
 * ``colab_xla/replica/``: everything that runs in a replica process or thread;
 * ``colab_xla/wire/``: what crosses between them (jobs, reports, frames, values), a leaf
   both import;
-* ``colab_xla/runtimes/``: a runtime per module, its notebook half and its replica half;
+* ``colab_xla/runtimes/``: a runtime per module (its notebook half and its replica half),
+  behind one interface and a registry; it never imports the notebook side (or IPython),
+  and no module but a runtime's own compares a runtime's name: everything else asks the
+  runtime;
 * ``colab_xla/errors.py``: the refusals and problems found before a run, a leaf.
 
 Every import counts here, lazy (inside a function) and type-only ones included: each is a
@@ -196,17 +199,30 @@ def test_the_cycle_finder_finds_a_cycle_through_a_lazy_import(monkeypatch):
     assert _cycles() == [["colab_xla.wire.a", "colab_xla.wire.b"]]
 
 
+def test_a_runtime_never_imports_the_notebook_side_or_ipython():
+    def allowed(name, target, nested):
+        if _side(target) in ("notebook", "top"):
+            return "a runtime never imports the notebook side (it is given what it needs)"
+        if target.split(".")[0] in ("IPython", "ipywidgets", "ipykernel", "traitlets"):
+            return "a runtime imports no IPython"
+        return None
+    assert _violations("runtimes", allowed) == []
+
+
 @pytest.mark.parametrize("source,target", [
     ("colab_xla.replica.job", "colab_xla.notebook.outcome"),
     ("colab_xla.notebook.session", "colab_xla.replica.process"),
     ("colab_xla.wire.values", "colab_xla.notebook.outcome"),
+    ("colab_xla.runtimes.jax", "colab_xla.notebook.launch"),
+    ("colab_xla.runtimes.plan", "IPython.core.error"),
 ])
 def test_each_rule_fails_on_an_import_that_breaks_it(monkeypatch, source, target):
     broken = {**IMPORTS, source: [*IMPORTS[source], (target, 1, True)]}
     monkeypatch.setitem(globals(), "IMPORTS", broken)
     rules = (test_what_crosses_is_a_leaf_both_sides_import,
              test_the_replica_side_never_imports_the_notebook_side_or_ipython,
-             test_the_notebook_side_reaches_the_replicas_only_through_the_launchers_entry)
+             test_the_notebook_side_reaches_the_replicas_only_through_the_launchers_entry,
+             test_a_runtime_never_imports_the_notebook_side_or_ipython)
     failed = 0
     for rule in rules:
         try:
@@ -214,3 +230,74 @@ def test_each_rule_fails_on_an_import_that_breaks_it(monkeypatch, source, target
         except AssertionError:
             failed += 1
     assert failed == 1
+
+
+# -- runtime names ----------------------------------------------------------------------------
+# A runtime is one module behind one interface (colab_xla/runtimes/): what depends on the
+# runtime asks it (plan.runtime.own_processes(plan), runtime.cluster_replicas(host)...). A
+# comparison with a runtime's name anywhere else is a decision taken outside it, which the
+# next runtime would have to find and edit.
+
+
+def _runtime_names() -> Tuple[str, ...]:
+    from colab_xla.runtimes import RUNTIMES  # (imports neither torch_xla nor jax)
+
+    return RUNTIMES
+
+
+def _name_comparisons(tree: ast.AST, names) -> List[Tuple[int, str]]:
+    """(line, what) for each comparison with a runtime's name in ``tree``: a Compare one
+    of whose sides (or an element of a tuple, list or set side) is the name as a string
+    constant, a ``case "name":``, or a call of the old ``is_jax``."""
+    def named(node) -> bool:
+        return (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and node.value in names)
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            elements = [e for side in sides for e in (
+                side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side])]
+            if any(named(e) for e in elements):
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.MatchValue) and named(node.value):
+            found.append((node.value.lineno, f"case {ast.unparse(node.value)}"))
+        elif isinstance(node, ast.Call):
+            func = node.func
+            if getattr(func, "id", None) == "is_jax" or getattr(func, "attr", None) == "is_jax":
+                found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_no_module_but_a_runtimes_own_compares_a_runtime_name():
+    names = _runtime_names()
+    own = {f"colab_xla.runtimes.{name}" for name in names}
+    assert own <= set(MODULES)  # (each registered runtime is a module of that name)
+    bad = [f"{MODULES[module].relative_to(PACKAGE.parent)}:{line}: {what}"
+           for module, path in MODULES.items() if module not in own
+           for line, what in _name_comparisons(ast.parse(path.read_text(), str(path)), names)]
+    assert bad == [], "ask the runtime (colab_xla.runtimes) instead of comparing its name"
+
+
+def test_the_name_check_finds_what_it_is_for_and_not_a_module_name():
+    names = ("torch_xla", "jax")
+    compared = """
+if launch.runtime == "jax": pass
+if runtime != 'torch_xla': pass
+ok = runtime in ("jax", "other")
+ok = "torch_xla" == how
+if jax_runtime.is_jax(environ) or is_jax(): pass
+match launch.runtime:
+    case "jax": pass
+"""
+    assert [line for line, _ in _name_comparisons(ast.parse(compared), names)] == \
+        [2, 3, 4, 5, 6, 6, 8]
+    not_compared = """
+torch_xla = sys.modules.get("torch_xla")
+if versions["torch_xla"] is None: pass
+if runtime is get(): pass
+TPU_USERS = ("jax", "jaxlib")
+if name in TPU_USERS: pass
+"""
+    assert _name_comparisons(ast.parse(not_compared), names) == []

@@ -14,7 +14,8 @@ import pytest
 
 from _runs import LABEL, run  # tests/ is on sys.path
 
-from colab_xla.notebook import hardware, supervisor
+from colab_xla.notebook import supervisor
+from colab_xla.runtimes import torch_xla as torch_xla_runtime
 from colab_xla.replica import job as replica_job
 from colab_xla.notebook.outcome import DONE, FAILED, XlaSpawnError
 
@@ -40,7 +41,7 @@ def test_the_notebook_process_never_initializes_xla_nor_changes_its_environment(
     env_before = {k: os.environ.get(k) for k in ("PJRT_DEVICE", "CPU_NUM_DEVICES")}
     outcome = run("import torch\n(torch.ones(2, device=device) + index).cpu()", 2)
     assert outcome.ok
-    assert hardware.runtime_initialized() is False
+    assert torch_xla_runtime.runtime_initialized() is False
     assert {k: os.environ.get(k) for k in env_before} == env_before
 
 
@@ -105,7 +106,7 @@ def test_xla_tensors_in_results_arrive_on_cpu():
         assert value["t"].device.type == "cpu" and torch.equal(value["t"], torch.full((2,), float(o)))
         assert torch.equal(value["nested"][0], torch.full((2,), 2.0 * o))
         assert isinstance(value["param"], torch.nn.Parameter) and value["param"].device.type == "cpu"
-    assert hardware.runtime_initialized() is False
+    assert torch_xla_runtime.runtime_initialized() is False
 
 
 def test_one_replica_raising_fails_only_that_replica_with_the_cells_line():

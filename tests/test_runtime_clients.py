@@ -128,7 +128,7 @@ import os
 from colab_xla.replica import runtime_clients as rc
 before = os.environ.get(rc.SKIP)
 device
-(before, os.environ.get(rc.SKIP), [(c.runtime, c.platform, c.call) for c in rc.clients()])
+(before, os.environ.get(rc.SKIP), [(c.library, c.platform, c.call) for c in rc.clients()])
 """
 
 

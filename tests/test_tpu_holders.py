@@ -8,7 +8,7 @@ import sys
 import psutil
 import pytest
 
-from colab_xla.notebook import doctor, hardware, preflight, run, tpu_holders
+from colab_xla.notebook import doctor, hardware, preflight, run, torch_xla_import, tpu_holders
 from colab_xla.notebook.tpu_holders import Holder, Scan
 
 # --- a fake /proc ----------------------------------------------------------------------------
@@ -262,7 +262,7 @@ def test_preflight_checks_holders_on_a_tpu_plan_only(monkeypatch, private_state)
 def fake_tpu_host(monkeypatch, scan):
     monkeypatch.setattr(hardware, "detect", lambda environ=None: hardware.Hardware(
         pjrt_device=None, tpu_chips=4, tpu_cores_per_chip=1))
-    monkeypatch.setattr(hardware, "import_torch_xla", lambda: None)
+    monkeypatch.setattr(torch_xla_import, "import_torch_xla", lambda: None)
     monkeypatch.setattr(tpu_holders, "scan", scan)
 
     def started(*args, **kwargs):

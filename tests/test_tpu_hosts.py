@@ -19,7 +19,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from colab_xla.notebook import hardware, preflight
+from colab_xla.notebook import hardware, preflight, tpu_scan
+from colab_xla.notebook.torch_xla_import import import_torch_xla
+from colab_xla.runtimes import torch_xla as torch_xla_runtime
+from colab_xla.runtimes.plan import ReplicaCountError
+from colab_xla.runtimes.torch_xla import UnsupportedTpuError, plan_replicas
 from colab_xla.notebook.launch import replica_environ
 
 HOSTS = {p.stem: json.loads(p.read_text())
@@ -34,7 +38,7 @@ _PER_PROCESS = ("TPU_VISIBLE_CHIPS", "TPU_PROCESS_BOUNDS", "TPU_CHIPS_PER_PROCES
 
 @pytest.fixture(scope="module")
 def tpu():
-    hardware.import_torch_xla()
+    import_torch_xla()
     from torch_xla._internal import tpu
     return tpu
 
@@ -90,13 +94,13 @@ def fake_host(tmp_path, monkeypatch):
                 monkeypatch.delenv(key)
         for key, value in host["environ"].items():
             monkeypatch.setenv(key, value)
-        hardware._tpu_chips.cache_clear()
+        tpu_scan.tpu_chips.cache_clear()
         return metadata
 
     yield make
     for metadata in fakes:
         metadata.release.set()  # a thread still waiting on it ends
-    hardware._tpu_chips.cache_clear()
+    tpu_scan.tpu_chips.cache_clear()
 
 
 def _mesh(bounds: str):
@@ -179,7 +183,7 @@ def plan_for(host, tpu):
     host's minus what colab_xla removes, plus what it sets: run_cell's own steps)."""
     env = dict(host["environ"])
     hw = hardware.detect(env)
-    plan = hardware.plan_replicas(None, hw)
+    plan = plan_replicas(None, hw)
     changes = {**plan.env, **preflight.topology_changes(env, plan.env)}
     return hw, plan, replica_environ(changes, base=env)
 
@@ -199,10 +203,10 @@ def test_plan_counts_each_host(name, fake_host, tpu):
     hw = hardware.detect(host["environ"])
     assert (hw.tpu_chips, hw.tpu_generation) == (facts["chips"], facts["generation"])
     if not _torch_xla_knows(tpu, host):
-        with pytest.raises(hardware.UnsupportedTpuError, match="does not know"):
-            hardware.plan_replicas(None, hw)
+        with pytest.raises(UnsupportedTpuError, match="does not know"):
+            plan_replicas(None, hw)
         return
-    plan = hardware.plan_replicas(None, hw)
+    plan = plan_replicas(None, hw)
     assert (plan.device_type, plan.replicas, plan.processes) == \
         ("TPU", facts["replicas"], facts["chips"])
     assert not metadata.asked.is_set()  # the PCI id said which TPU this is
@@ -247,10 +251,10 @@ def test_n_that_the_host_cannot_run_says_the_chip_count_and_both_ways_out(name, 
     if not _torch_xla_knows(tpu, host):
         pytest.skip("this torch_xla does not know the chip")
     hw = hardware.detect(host["environ"])
-    assert hardware.plan_replicas(facts["replicas"], hw).replicas == facts["replicas"]
+    assert plan_replicas(facts["replicas"], hw).replicas == facts["replicas"]
     asked = 8 if facts["replicas"] != 8 else 4
-    with pytest.raises(hardware.ReplicaCountError) as info:
-        hardware.plan_replicas(asked, hw)
+    with pytest.raises(ReplicaCountError) as info:
+        plan_replicas(asked, hw)
     message = str(info.value)
     chips = f"{facts['chips']} TPU {facts['generation']} chip{'s' if facts['chips'] > 1 else ''}"
     assert message.startswith(f"-n {asked}: this host has {chips}")
@@ -263,8 +267,8 @@ def test_n_that_the_host_cannot_run_says_the_chip_count_and_both_ways_out(name, 
 def test_one_chip_colab_running_a_notebook_written_for_8_cpu_replicas(fake_host):
     host = HOSTS["colab-v5e-1"]
     fake_host(host)
-    with pytest.raises(hardware.ReplicaCountError) as info:
-        hardware.plan_replicas(8, hardware.detect(host["environ"]))
+    with pytest.raises(ReplicaCountError) as info:
+        plan_replicas(8, hardware.detect(host["environ"]))
     assert str(info.value) == (
         "-n 8: this host has 1 TPU v5e chip, so it runs 1 replica. Leave -n out to run here, "
         "or simulate 8 replicas on CPU: os.environ['PJRT_DEVICE'] = 'CPU' in a cell before.")
@@ -279,7 +283,7 @@ def test_a_metadata_server_that_never_answers_does_not_hold_the_plan(fake_host, 
     timeout. The plan comes back anyway, with the count left to xmp.spawn."""
     host = {**HOSTS["tpu-vm-v4-8"], "metadata": "never answers", "environ": {}}
     metadata = fake_host(host, pci={"device": "0x0062", "count": 4})
-    monkeypatch.setattr(hardware, "METADATA_TIMEOUT", 0.2)
+    monkeypatch.setattr(tpu_scan, "METADATA_TIMEOUT", 0.2)
     result = []
     worker = threading.Thread(target=lambda: result.append(hardware.detect({})), daemon=True)
     worker.start()
@@ -287,7 +291,7 @@ def test_a_metadata_server_that_never_answers_does_not_hold_the_plan(fake_host, 
     assert not worker.is_alive() and metadata.asked.is_set()
     hw = result[0]
     assert (hw.tpu_chips, hw.tpu_cores_per_chip) == (4, None)
-    assert hardware.plan_replicas(None, hw).replicas is None
+    assert plan_replicas(None, hw).replicas is None
 
 
 def test_the_metadata_answer_is_used_when_it_comes(fake_host):
@@ -320,8 +324,8 @@ def test_7x_is_counted_by_colab_xla_when_torch_xla_does_not_know_it(fake_host, t
         assert tpu.num_local_processes() == 0  # what xmp.spawn would start
     hw = hardware.detect({})
     assert (hw.tpu_chips, hw.tpu_generation, hw.torch_xla_tpu_chips) == (4, "7x", 0)
-    with pytest.raises(hardware.UnsupportedTpuError) as info:
-        hardware.plan_replicas(None, hw)
+    with pytest.raises(UnsupportedTpuError) as info:
+        plan_replicas(None, hw)
     assert "4 TPU 7x chips" in str(info.value) and "2.9 or later" in str(info.value)
 
 
@@ -364,5 +368,5 @@ def test_bounds_that_are_torch_xlas_only_host_description_are_kept(fake_host, tp
 
 def test_the_plans_own_topology_is_not_removed():
     env = {"TPU_PROCESS_BOUNDS": "2,2,1", "TPU_PROCESS_ADDRESSES": "local"}
-    changes = preflight.topology_changes(env, hardware.ONE_CHIP_TOPOLOGY)
+    changes = preflight.topology_changes(env, torch_xla_runtime.ONE_CHIP_TOPOLOGY)
     assert changes == {"TPU_PROCESS_ADDRESSES": None}

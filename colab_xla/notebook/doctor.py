@@ -14,25 +14,16 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-import re
 import sys
 from dataclasses import dataclass, field
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from . import cluster, hardware, launch, preflight, processes, tpu_holders
 from . import session as sessions
+from .. import runtimes
 from ..errors import Problem
-
-# Calls that initialize the XLA runtime in the process that makes them.
-_INITIALIZING = re.compile(
-    r"(torch_xla\.device\(|xla_device\(|xr\.world_size\(|xr\.global_ordinal\(|"
-    r"world_size\(\)|global_ordinal\(\)|addressable_device_count\(|"
-    r"device\s*=\s*['\"]xla|\.to\(['\"]xla|xmp\.spawn\([^)]*nprocs\s*=\s*1)")
-
-# Calls that start a JAX backend in the process that makes them.
-_JAX_STARTING = re.compile(
-    r"(jax\.(?:local_)?devices\(|jax\.device_put\(|jax\.jit\(|jax\.random\.\w+\(|"
-    r"(?:jnp|jax\.numpy)\.\w+\(|jax\.process_index\(|jax\.device_count\()")
+from ..runtimes import torch_xla as torch_xla_runtime
+from ..runtimes.plan import ReplicaCountError
 
 
 @dataclass
@@ -90,10 +81,12 @@ def _cluster_fact(connected, ray_version: Optional[str]) -> str:
             + ("; a session is up on every host" if warm else ""))
 
 
-def likely_cause(history: Sequence[str], jax: bool = False) -> Optional[str]:
-    """The latest notebook cell that makes a runtime-initializing call outside %%xla_spawn
-    (with ``jax``: a call that starts a JAX backend)."""
-    pattern = _JAX_STARTING if jax else _INITIALIZING
+def likely_cause(history: Sequence[str],
+                 runtime: Optional[runtimes.Runtime] = None) -> Optional[str]:
+    """The latest notebook cell that makes a call outside %%xla_spawn that starts
+    ``runtime`` (a :class:`colab_xla.runtimes.Runtime`; None: torch_xla's, a call that
+    initializes the XLA runtime)."""
+    pattern = (runtime or torch_xla_runtime.RUNTIME).starting_calls
     for number in range(len(history) - 1, 0, -1):
         cell = history[number] or ""
         if cell.lstrip().startswith(("%%xla_spawn", "get_ipython().run_cell_magic('xla_spawn'")):
@@ -113,7 +106,7 @@ def diagnose(environ: Mapping[str, str] = os.environ, history: Sequence[str] = (
 
     if versions["torch_xla"] is None:
         report.problems.append(Problem("torch-xla-missing", "torch_xla is not installed.",
-                                       hardware.TORCH_XLA_INSTALL_HINT))
+                                       torch_xla_runtime.TORCH_XLA_INSTALL_HINT))
     elif versions["torch"] and versions["torch"].split("+")[0].rsplit(".", 1)[0] != \
             versions["torch_xla"].split("+")[0].rsplit(".", 1)[0]:
         report.problems.append(Problem(
@@ -126,11 +119,11 @@ def diagnose(environ: Mapping[str, str] = os.environ, history: Sequence[str] = (
     if versions["torch_xla"] is not None:
         hw = hardware.detect(environ)
     try:
-        plan = hardware.plan_replicas(None, hw)
+        plan = torch_xla_runtime.RUNTIME.plan(None, hw)
         replicas = plan.replicas if plan.replicas is not None else "all local devices"
         chips = f", {hw.tpu_chips} TPU chips on the PCI bus" if hw.tpu_chips else ""
         report.facts.append(("device", f"{plan.device_type}: {replicas} replicas by default{chips}"))
-    except hardware.ReplicaCountError as exc:
+    except ReplicaCountError as exc:
         report.facts.append(("device", str(exc)))
     if hw.tpu_chips and (hw.pjrt_device or "").upper() == "CPU":
         report.problems.append(Problem(
@@ -138,14 +131,14 @@ def diagnose(environ: Mapping[str, str] = os.environ, history: Sequence[str] = (
                           "replicas are simulated on CPU.",
             "del os.environ['PJRT_DEVICE'] to use the TPU.", fatal=False))
 
-    initialized = hardware.runtime_initialized()
+    initialized = torch_xla_runtime.runtime_initialized()
     report.facts.append(("XLA runtime in this process", "initialized" if initialized else
                          "not initialized (good)"))
     if initialized:
         cause = likely_cause(history)
-        message = hardware.RUNTIME_INITIALIZED + (f" Likely: {cause}." if cause else "")
-        report.problems.append(Problem("runtime-initialized", message,
-                                       hardware.RUNTIME_INITIALIZED_FIX))
+        message = torch_xla_runtime.RUNTIME_INITIALIZED + (f" Likely: {cause}." if cause else "")
+        report.problems.append(Problem(torch_xla_runtime.INITIALIZED, message,
+                                       torch_xla_runtime.RUNTIME_INITIALIZED_FIX))
 
     report.problems += preflight.environment_problems(environ)
 

@@ -38,11 +38,11 @@ import os
 import socket
 import sys
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple
+from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple, Union
 
+from .. import runtimes
 from ..errors import OptionError
 from ..replica import entry as replica_entry
-from ..runtimes.jax import COORDINATOR, RUNTIMES, is_jax
 
 # What replicas run (the launcher's entry, the notebook's one way into the replica side):
 # a one-off run's cell, a session's cells; and what forked replicas inherit.
@@ -68,7 +68,8 @@ class Launch:
     start_method: str = "fork"
     launcher: str = "xmp"
     debug_single: bool = False
-    runtime: str = "torch_xla"  # or "jax": JAX processes (colab_xla.runtimes.jax)
+    # The runtime (colab_xla.runtimes.Runtime), given as one or by name; None: the default.
+    runtime: Union[runtimes.Runtime, str, None] = None
     devices_per_process: Optional[int] = None  # the JAX runtime's, on CPU
 
     def __post_init__(self):
@@ -78,14 +79,8 @@ class Launch:
         if self.launcher not in LAUNCHERS:
             raise OptionError(f"--launcher {self.launcher}: use xmp (xmp.spawn) or launch "
                              "(torch_xla.launch).")
-        if self.runtime not in RUNTIMES:
-            raise OptionError(f"--runtime {self.runtime}: use torch_xla (the default) or jax.")
-        if self.runtime == "jax" and (self.launcher != "xmp" or self.debug_single):
-            raise OptionError("--runtime jax starts JAX processes itself: --launcher and "
-                              "--debug-single are torch_xla's.")
-        if self.devices_per_process is not None and self.runtime != "jax":
-            raise OptionError("--devices-per-process is for --runtime jax (torch_xla's "
-                              "replicas have one device each).")
+        object.__setattr__(self, "runtime", runtimes.get(self.runtime))  # (frozen)
+        self.runtime.check_launch(self)  # the options that are another runtime's
 
     def describe(self) -> str:
         parts = [self.start_method]
@@ -93,8 +88,8 @@ class Launch:
             parts.append("torch_xla.launch")
         if self.debug_single:
             parts.append("one replica (debug_single_process)")
-        if self.runtime == "jax":
-            parts.append("JAX processes (jax.distributed)")
+        if self.runtime.described_as:
+            parts.append(self.runtime.described_as)
         return ", ".join(parts)
 
 
@@ -160,10 +155,9 @@ def _start_processes(how: Launch, entry: Callable, job, count: int,
         for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):
             if key not in job.environ:
                 rank_env[key] = value
-        # Where jax.distributed's processes meet (process 0 serves): a cluster's host
-        # brings host 0's.
-        if is_jax(job.environ) and COORDINATOR not in job.environ:
-            rank_env[COORDINATOR] = f"127.0.0.1:{free_port()}"
+        # What the replicas' runtime adds per run (JAX: where its processes meet), as
+        # the replicas will know it: from their environment.
+        rank_env.update(runtimes.current(job.environ).run_environ(job.environ, free_port))
     replicas = [context.Process(target=replica_entry.replica_process, name=f"colab_xla-replica-{index}",
                                 args=(entry, index, job, rank_env, how.start_method == "fork"))
                 for index in range(count)]
@@ -206,7 +200,7 @@ def warm_forkserver() -> Tuple[int, bool]:
         multiprocessing.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     from ..wire.job import NOTEBOOK_PID
 
-    # PJRT_SELECT_DEFAULT_DEVICE: see hardware.import_torch_xla.
+    # PJRT_SELECT_DEFAULT_DEVICE: see torch_xla_import.import_torch_xla.
     with environ({"PJRT_SELECT_DEFAULT_DEVICE": "0", NOTEBOOK_PID: str(os.getpid())}):
         forkserver.ensure_running()  # (starts it again if it died)
     now = forkserver_pid()

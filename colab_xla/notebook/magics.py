@@ -11,9 +11,10 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from . import cluster, doctor, processes, session, views
+from .. import runtimes
 from ..wire.cell import EmptyCellError
 from ..errors import SetupError
-from ..runtimes.jax import BACKEND_STARTED, RUNTIMES
+from ..runtimes import RUNTIMES
 from .launch import LAUNCHERS, START_METHODS, Launch
 from .options import SIMULATIONS, check_output, parse_env, pull_names, split_line
 from .outcome import XlaSpawnError
@@ -148,7 +149,7 @@ class XlaMagics(Magics):
             check_output(args.output, pull)
             how = Launch(args.start_method or os.environ.get("COLAB_XLA_START_METHOD", "fork"),
                          launcher=args.launcher, debug_single=args.debug_single,
-                         runtime=args.runtime or "torch_xla",
+                         runtime=args.runtime,
                          devices_per_process=args.devices_per_process)
             env = parse_env(args.env)
         except SetupError as exc:
@@ -333,7 +334,7 @@ class XlaMagics(Magics):
                     replicas=args.replicas,
                     launch=Launch(args.start_method
                                   or os.environ.get("COLAB_XLA_START_METHOD", "fork"),
-                                  runtime=args.runtime or "torch_xla",
+                                  runtime=args.runtime,
                                   devices_per_process=args.devices_per_process),
                     env=parse_env(args.env), cache_dir=args.cache, simulate=args.simulate)
             except SetupError as exc:
@@ -359,7 +360,7 @@ class XlaMagics(Magics):
                              "chips), so %xla_session start takes only --runtime (and "
                              "--devices-per-process) there.")
         live = hosts.session
-        runtime, per_process = args.runtime or "torch_xla", args.devices_per_process
+        runtime, per_process = args.runtime, args.devices_per_process
         if args.action == "restart":  # the same options
             runtime, per_process = live.runtime, live.devices_per_process
         if live is not None and live.up:
@@ -481,7 +482,7 @@ class XlaMagics(Magics):
                     "the %%xla_spawn line.")
         if isinstance(exc, RuntimeInitializedError):
             cause = doctor.likely_cause(self.shell.user_ns.get("In", ()),
-                                        jax=exc.problem.code == BACKEND_STARTED)
+                                        runtimes.started_by(exc.problem))
             return str(exc) + (f"\nLikely: {cause}." if cause else "")
         return str(exc)
 

@@ -25,7 +25,7 @@ import shlex
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from ..errors import OptionError
-from .simulation import SIMULATIONS
+from ..runtimes.simulation import SIMULATIONS
 
 
 

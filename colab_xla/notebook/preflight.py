@@ -16,8 +16,8 @@ import sys
 import threading
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from . import hardware
-from ..runtimes import jax as jax_runtime
+from .. import runtimes
+from ..runtimes import torch_xla as torch_xla_runtime
 from ..errors import PreflightError, Problem, RuntimeInitializedError
 
 # What torch_xla sets for each replica process on a TPU host (torch_xla/_internal/pjrt.py
@@ -37,8 +37,8 @@ from ..errors import PreflightError, Problem, RuntimeInitializedError
 # for every process, and with TPU_SKIP_MDS_QUERY set they are where configure_topology
 # reads the host from instead of the metadata server (tpu.build_tpu_env_from_vars):
 # without them it fails (MeshShape.from_string(None)). On a one-chip host the bounds they
-# give can disagree with the one process xmp.spawn starts; hardware.ONE_CHIP_TOPOLOGY
-# covers that by setting the process topology itself.
+# give can disagree with the one process xmp.spawn starts; the torch_xla runtime's
+# ONE_CHIP_TOPOLOGY covers that by setting the process topology itself.
 TPU_TOPOLOGY_VARS = ("TPU_PROCESS_ADDRESSES", "CLOUD_TPU_TASK_ID", "TPU_VISIBLE_CHIPS",
                      "TPU_PROCESS_BOUNDS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_PORT",
                      "PJRT_LOCAL_PROCESS_RANK", "PJRT_LOCAL_PROCESS_COUNT")
@@ -50,10 +50,9 @@ _HOST_FALLBACK = {"TPU_PROCESS_BOUNDS": "TPU_HOST_BOUNDS",
 
 
 def refusal(problem: Problem) -> PreflightError:
-    """The error that refuses a run for the fatal ``problem``."""
-    kind = (RuntimeInitializedError if problem.code in ("runtime-initialized",
-                                                        jax_runtime.BACKEND_STARTED)
-            else PreflightError)
+    """The error that refuses a run for the fatal ``problem`` (a runtime started in the
+    notebook's process: :class:`RuntimeInitializedError`)."""
+    kind = RuntimeInitializedError if runtimes.started_by(problem) else PreflightError
     return kind(problem)
 
 
@@ -94,7 +93,7 @@ def strip_topology(environ: Mapping[str, str]) -> Tuple[str, ...]:
 def topology_changes(environ: Mapping[str, str],
                      plan_env: Mapping[str, Optional[str]]) -> Dict[str, None]:
     """The variables to unset for the replicas: the stale ones, except those the replica
-    plan sets itself (hardware.ONE_CHIP_TOPOLOGY)."""
+    plan sets itself (the torch_xla runtime's ONE_CHIP_TOPOLOGY)."""
     return {v: None for v in strip_topology(environ) if v not in plan_env}
 
 
@@ -124,10 +123,11 @@ def cell_problems(source: str) -> List[Problem]:
 
 
 def runtime_problems() -> List[Problem]:
-    if hardware.runtime_initialized():
-        return [Problem("runtime-initialized", hardware.RUNTIME_INITIALIZED,
-                        hardware.RUNTIME_INITIALIZED_FIX)]
-    return []
+    """torch_xla's refusal (this process initialized the XLA runtime), for a run of any
+    runtime and every cell of a session: this process imports torch_xla whatever the
+    runtime (the TPU scan, the launcher), its replicas fork from it, and each replica asks
+    torch_xla whether its client started (colab_xla.replica.runtime_clients)."""
+    return torch_xla_runtime.RUNTIME.problems()
 
 
 # Threads every kernel runs (ipykernel's IOPub, heartbeat, control, parent poller; IPython's
@@ -205,7 +205,8 @@ def leftovers_problem(found) -> Optional[Problem]:
 def check(source: str, environ: Mapping[str, str], launch=None,
           device_type: Optional[str] = None) -> Dict[str, List[Problem]]:
     """Problems of this cell in this environment: ``{"fatal": [...], "notes": [...]}``.
-    ``device_type`` is the plan's: a TPU run also checks who holds the TPU."""
+    ``device_type`` is the plan's: a TPU run also checks who holds the TPU; ``launch``'s
+    runtime adds what it refuses itself."""
     found = cell_problems(source) + environment_problems(environ) + runtime_problems()
     if launch is not None:
         found += launch_problems(launch, environ)
@@ -214,4 +215,6 @@ def check(source: str, environ: Mapping[str, str], launch=None,
         found += tpu_holders.problems(tpu_holders.scan(),
                                       {left.pid for left in processes.leftovers()},
                                       refuse=environ.get("COLAB_XLA_TPU_HOLDERS") != "warn")
+    if launch is not None:  # (torch_xla's own is runtime_problems(), found above)
+        found += [p for p in launch.runtime.problems() if p not in found]
     return {"fatal": [p for p in found if p.fatal], "notes": [p for p in found if not p.fatal]}

@@ -1,7 +1,8 @@
 """Run a cell on every XLA replica: the notebook side, IPython-free.
 
 :func:`run_cell` checks the options, writes the cell to a module, plans the replicas for
-the hardware (:mod:`colab_xla.notebook.hardware`), refuses what cannot work before anything starts
+the hardware (:mod:`colab_xla.notebook.hardware`) with the run's runtime
+(:mod:`colab_xla.runtimes`), refuses what cannot work before anything starts
 (:mod:`colab_xla.notebook.preflight`), says what a person should know (once per notebook process),
 and hands the run to a :class:`colab_xla.notebook.supervisor.Supervisor`, which starts the replicas
 and reads them in the calling thread until they end: the caller (the kernel's main thread)
@@ -22,9 +23,8 @@ import os
 import shutil
 from typing import Mapping, Optional, Sequence, Tuple
 
-from .simulation import DEFAULT_SIMULATION
-from . import hardware, interrupts, options, preflight, processes, state
-from ..runtimes import jax as jax_runtime
+from ..runtimes.simulation import DEFAULT_SIMULATION
+from . import hardware, interrupts, options, preflight, processes, state, torch_xla_import
 from . import session as sessions
 from ..wire.cell import CellModule
 from .launch import Launch, replica_environ, warm_forkserver
@@ -138,21 +138,18 @@ def _planned(source: str, *, replicas, launch: Launch, env, simulate,
     replicas get, ``env`` included), with what would fail refused: the plan, and the
     problems to note."""
     replica_env = replica_environ(env)  # what the replicas will see, --env included
+    runtime = launch.runtime
+    runtime.check_installed()
     hw = hardware.detect(replica_env)
-    if launch.runtime == "jax":
-        jax_runtime.check_installed()
-        plan = jax_runtime.plan(replicas, hw, launch.devices_per_process, replica_env)
-    else:
-        plan = hardware.plan_replicas(replicas, hw, simulate)
+    plan = runtime.plan(replicas, hw, simulate=simulate,
+                        devices_per_process=launch.devices_per_process, environ=replica_env)
     if launch.debug_single:  # one replica, one process, whatever the host has
         if plan.device_type == "CPU":
-            plan = hardware.plan_replicas(1, hw, simulate)
+            plan = runtime.plan(1, hw, simulate=simulate, environ=replica_env)
         plan = dataclasses.replace(plan, replicas=1, processes=1)
     options.check_pull_from(pull_from, plan.replicas)
-    hardware.import_torch_xla()
+    torch_xla_import.import_torch_xla()
     problems = preflight.check(source, replica_env, launch, plan.device_type)
-    if launch.runtime == "jax":
-        problems["fatal"] += filter(None, [jax_runtime.backend_problem()])
     for problem in problems["fatal"]:
         raise preflight.refusal(problem)
     changes = {**env, **plan.env, **preflight.topology_changes(replica_env, plan.env)}

@@ -48,6 +48,7 @@ import cloudpickle
 import psutil
 
 from . import hardware, processes, state
+from .. import runtimes
 from .endings import describe_exit
 from ..errors import SetupError
 from ..wire.host_rank import HostRank
@@ -391,7 +392,7 @@ class Session:
         opts = self.options
         parts = [f"-n {len(self.replicas) or self.plan.replicas}",
                  f"--start-method {opts.launch.start_method}"]
-        if opts.launch.runtime != "torch_xla":
+        if opts.launch.runtime != runtimes.get():  # (not the default)
             parts.append(f"--runtime {opts.launch.runtime}")
         if opts.launch.devices_per_process is not None:
             parts.append(f"--devices-per-process {opts.launch.devices_per_process}")

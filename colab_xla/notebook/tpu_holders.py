@@ -35,11 +35,11 @@ import sys
 from dataclasses import dataclass
 from typing import Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import hardware
 from ..errors import Problem
+from ..runtimes.plan import DEVICE_FILES
 
 LOCKFILE = "/tmp/libtpu_lockfile"
-DEV_GLOBS = hardware.DEVICE_FILES["TPU"]
+DEV_GLOBS = DEVICE_FILES["TPU"]
 # Modules whose use in the notebook's process takes the TPU (both preinstalled on Colab
 # and Kaggle TPU runtimes).
 TPU_USERS = ("jax", "jaxlib", "tensorflow")

@@ -1,5 +1,5 @@
 """The CPU simulation of a TPU host, inside the replicas, in one of two models
-(:data:`colab_xla.notebook.simulation.SIMULATIONS`, which also plans their variables).
+(:data:`colab_xla.runtimes.simulation.SIMULATIONS`, which also plans their variables).
 
 * ``processes`` (the default): one process per replica, each with one CPU device, as on
   every TPU since v4 (one process per chip). Each replica has its own interpreter state:

@@ -15,7 +15,7 @@ import gc
 import os
 from typing import Callable, Dict
 
-from ..runtimes import jax as jax_runtime
+from .. import runtimes
 from ..wire.job import arrived
 from .job import main
 from .process import inherit
@@ -26,7 +26,8 @@ __all__ = ["main", "serve", "inherit", "replica_process", "single_replica"]
 
 def replica_process(entry: Callable, index: int, job, rank_env: Dict[str, str],
                      forked: bool) -> None:
-    """A replica process of the CPU simulation: its rank, then the replica."""
+    """A replica process colab_xla starts itself (the CPU simulation's, a JAX process):
+    its rank, then the replica, then what its runtime does after it."""
     if forked:  # its arguments were not pickled, so the job has not arrived yet
         # What it inherited from the notebook goes to the collector's permanent generation
         # first (gc.freeze moves list heads: it touches no object), so that no full
@@ -39,8 +40,8 @@ def replica_process(entry: Callable, index: int, job, rank_env: Dict[str, str],
     # LOCAL_RANK: what libraries read for the local rank off a TPU (accelerate on CPU).
     os.environ.update(rank_env, PJRT_LOCAL_PROCESS_RANK=str(index), LOCAL_RANK=str(index))
     entry(index, job)
-    if job.environ is not None and jax_runtime.is_jax(job.environ):  # it waits for the others to end
-        jax_runtime.leave()
+    if job.environ is not None:  # (JAX: it waits for the others to end)
+        runtimes.current(job.environ).after_process()
 
 
 def single_replica(entry: Callable, job) -> None:

@@ -17,11 +17,10 @@ import threading
 import time
 import traceback
 import types
-from typing import Any
 
 import cloudpickle
 
-from ..runtimes import jax as jax_runtime
+from .. import runtimes
 from ..wire.cell import CellModule
 from ..wire.reports import RETURN_PLAIN_DATA, ReplicaError, ReplicaReport
 from ..wire.lifetime import end_descendants
@@ -68,14 +67,7 @@ class ReplicaGlobals(dict):
 
     def __missing__(self, key):
         if key == "device":
-            if jax_runtime.is_jax():
-                value = self["device"] = jax_runtime.first_device()
-                return value
-            import torch_xla
-
-            runtime_clients.before_torch_xla()
-            value = self["device"] = torch_xla.device()
-            runtime_clients.notice_torch_xla()  # from now on, a JAX backend skips discovery
+            value = self["device"] = runtimes.current().device()
             return value
         raise KeyError(key)
 
@@ -145,6 +137,7 @@ def _run_cell(index: int, job: ReplicaJob, process: "ReplicaProcess",
         report.error = process.names_error
         return report
     cell = process.cell
+    runtime = runtimes.current()
     ns = make_globals(index, job, process)
     value = None
     # In a session, the notebook's Interrupt reaches the cell (colab_xla.replica.session).
@@ -152,8 +145,7 @@ def _run_cell(index: int, job: ReplicaJob, process: "ReplicaProcess",
     try:
         with (interruptible.running(job.run_id) if interruptible is not None
               else contextlib.nullcontext()):
-            if jax_runtime.is_jax():  # every process, before its cell: jax.distributed
-                jax_runtime.initialize()
+            runtime.before_cell()  # (JAX: jax.distributed, once per process)
             exec(cell.body, ns)
             value = eval(cell.last_expr, ns) if cell.last_expr is not None else None
     except SystemExit as exc:
@@ -170,8 +162,8 @@ def _run_cell(index: int, job: ReplicaJob, process: "ReplicaProcess",
         flush_all()
         runtime_clients.notice_torch_xla(f"a call in {cell.label}")  # (not by `device`)
     unsendable, missing = [], []
-    # JAX arrays as NumPy arrays (the JAX runtime only: a plain list is not walked here).
-    to_host = jax_runtime.to_host if jax_runtime.is_jax() else _as_is
+    # What the notebook can load (the JAX runtime's arrays as NumPy arrays).
+    to_host = runtime.to_host
     if value is not None:
         report.value_repr = safe_repr(value)
         try:
@@ -188,10 +180,6 @@ def _run_cell(index: int, job: ReplicaJob, process: "ReplicaProcess",
         report.error = ReplicaError("result", "ResultError",
                                     "; ".join(unsendable + missing) + "." + hint)
     return report
-
-
-def _as_is(value: Any) -> Any:
-    return value
 
 
 _shell_lock = threading.RLock()

@@ -1,6 +1,8 @@
 """A replica process, set up once per run: where its output goes, what it inherits or
-receives from the notebook, and what it changes in torch_xla, tqdm, ``os`` and
-multiprocessing so that a cell behaves there as in a notebook.
+receives from the notebook, and what it changes in tqdm, ``os`` and multiprocessing so
+that a cell behaves there as in a notebook; then its runtime's own set-up
+(:meth:`colab_xla.runtimes.Runtime.start_process`: torch_xla instrumented, or the JAX
+process's place in its job).
 
 :class:`ReplicaProcess` is made by the first replica of a run to start in the process
 (several replicas may be threads of one process) and shared by the others.
@@ -18,14 +20,12 @@ import sys
 import threading
 import traceback
 import types
-import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional
 
 import cloudpickle
 
-from . import cpu_sim, gloo_collectives
-from ..runtimes import jax as jax_runtime
+from .. import runtimes
 from ..wire.host_rank import HostRank
 from ..wire.cell import CellModule
 from ..wire.reports import ReplicaError
@@ -64,19 +64,9 @@ def inherit(run_id: str, user_ns: Dict[str, Any], cell: CellModule) -> Iterator[
         _FORKED.pop(run_id, None)
 
 
-class _CurrentStdout:
-    """``sys.stdout`` as it is when written to (in a replica: the replica's own)."""
-
-    def write(self, text: str) -> int:
-        return sys.stdout.write(text)
-
-    def flush(self) -> None:
-        sys.stdout.flush()
-
-
 class ReplicaProcess:
-    """A replica process: set up once (streams, parent-death signal, torch_xla
-    instrumented), then opened for each run it serves (the run's pipes, its cell and the
+    """A replica process: set up once (streams, parent-death signal, its runtime's
+    set-up), then opened for each run it serves (the run's pipes, its cell and the
     notebook's names). A one-off run's process serves one run; a session's serves one run
     per cell (:mod:`colab_xla.replica.session`)."""
 
@@ -114,12 +104,7 @@ class ReplicaProcess:
         _serialize_forks()
         _report_exits(self)
         runtime_clients.install(self.call_site)  # MegaScale discovery once per process
-        if jax_runtime.is_jax():  # JAX processes: jax.distributed starts before the cell
-            jax_runtime.join()
-            return
-        if job.cache_dir:
-            self._initialize_cache(job.cache_dir)
-        self._instrument_torch_xla(job.run_dir)
+        runtimes.current().start_process(self, job)  # (torch_xla instrumented, JAX joined)
 
     def open_run(self, job: ReplicaJob) -> None:
         """Serve ``job``'s run from now on: its pipes, its cell, the names it brings."""
@@ -168,66 +153,6 @@ class ReplicaProcess:
                 "".join(traceback.format_exception(exc)) + message + "\n")
             return {}
 
-    def _initialize_cache(self, cache_dir: str) -> None:
-        """``--cache``: torch_xla's persistent compilation cache, one directory per replica
-        process (its files are written without atomic renames), set before the process
-        compiles anything, so a rerun loads the executables instead of compiling."""
-        import torch_xla.runtime as xr
-
-        path = os.path.join(cache_dir, f"process-{self.rank}")
-        os.makedirs(path, exist_ok=True)
-        xr.initialize_cache(path, readonly=False)
-
-    def _instrument_torch_xla(self, run_dir: str) -> None:
-        """Record each replica's last ``xm.rendezvous`` tag (told when a run is cut), and
-        refuse a nested ``xmp.spawn`` with the reason."""
-        import torch_xla.core.xla_model as xm
-        import torch_xla.distributed.xla_multiprocessing as xmp
-
-        rendezvous = xm.rendezvous
-
-        def recorded_rendezvous(tag, *args, **kwargs):
-            ordinal = getattr(current, "ordinal", None)
-            if ordinal is not None:
-                self.writer.send(NOTE, ordinal, json.dumps({"rendezvous": str(tag)}).encode())
-            return rendezvous(tag, *args, **kwargs)
-
-        def nested_spawn(*args, **kwargs):
-            raise RuntimeError("xmp.spawn was called inside a %%xla_spawn replica, which "
-                               "would start replicas from every replica. Put the function's "
-                               "body in the cell instead (`index` is the ordinal).")
-
-        xm.rendezvous = functools.wraps(rendezvous)(recorded_rendezvous)
-        # xm.master_print's default fd is the sys.stdout of the moment torch_xla was first
-        # imported: in a forked replica, the notebook's stream (or one closed since), which
-        # the replica's output never reaches. Write where the replica's print goes.
-        defaults = getattr(xm.master_print, "__kwdefaults__", None) or {}
-        if "fd" in defaults:
-            defaults["fd"] = _CurrentStdout()
-        xmp.spawn = functools.wraps(xmp.spawn)(nested_spawn)
-        _name_removed_apis(xm, REMOVED_XLA_MODEL_APIS)
-        # torch_xla's deprecation warnings name the replacement (xm.xla_device: "Use
-        # torch_xla.device instead"); Python hides them outside __main__: show the cell's.
-        warnings.filterwarnings("default", category=DeprecationWarning,
-                                module=CELL_MODULES)
-        warnings.formatwarning = _cell_lines_named(warnings.formatwarning, self)
-        # Warnings go to the replica's stderr, whatever hook the notebook's process had
-        # (a test runner's recorder, say: in a replica nobody would read it).
-        warnings.showwarning = _show_warning
-        if os.environ.get("PJRT_DEVICE") == "CPU":
-            processes = int(os.environ.get("PJRT_LOCAL_PROCESS_COUNT", "1"))
-            cluster = self.host_rank
-            if cluster is not None and cluster.store:  # CPU hosts: every host's replicas
-                cpu_sim.install_processes(
-                    cluster.index(self.rank), cluster.world,
-                    gloo_collectives.tcp_store(cluster.store, cluster.run),
-                    hostname=cluster.address)
-            elif processes > 1:  # one process per replica (see colab_xla.notebook.launch)
-                cpu_sim.install_processes(self.rank, processes, gloo_collectives.file_store(
-                    os.path.join(run_dir, "replicas.store"), processes))
-            elif int(os.environ.get("CPU_NUM_DEVICES", "1")) > 1:
-                cpu_sim.install(xm)
-
     def call_site(self) -> str:
         """The line of the cell this thread is running (for what a call made)."""
         cell = self.cell
@@ -264,51 +189,6 @@ class ReplicaProcess:
             if type(old).__module__.startswith("ipykernel"):
                 old.write, old.flush = new.write, new.flush
         replica_display(*streams)
-
-
-# What torch_xla 2.x removed (with XRT) that code written for 1.x still calls, and what
-# replaces it: the AttributeError a replica gets names the replacement.
-REMOVED_XLA_MODEL_APIS = {
-    "xrt_world_size": "torch_xla.runtime.world_size()",
-    "get_ordinal": "torch_xla.runtime.global_ordinal()",
-}
-
-
-def _name_removed_apis(module: types.ModuleType, removed: Dict[str, str]) -> None:
-    """``module.NAME`` of a removed API raises an AttributeError that names its
-    replacement (a module ``__getattr__``, called only for names the module lacks)."""
-    def __getattr__(name):
-        if name in removed:
-            raise AttributeError(f"{module.__name__}.{name} was removed in torch_xla 2.x: "
-                                 f"use {removed[name]} instead")
-        raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
-
-    if not hasattr(module, "__getattr__"):
-        module.__getattr__ = __getattr__
-
-
-def _show_warning(message, category, filename, lineno, file=None, line=None):
-    """``warnings.showwarning`` of a replica process: to its stderr."""
-    text = warnings.formatwarning(message, category, filename, lineno, line)
-    with contextlib.suppress(OSError, ValueError):  # as warnings' own: a closed stream
-        (file or sys.stderr).write(text)
-
-
-# The modules of cells (colab_xla.wire.cell names them), each replica's own (``_r<ordinal>``).
-CELL_MODULES = r"xla_cell_\d+_[0-9a-f]+(_r\d+)?\Z"
-
-
-def _cell_lines_named(formatwarning, process: ReplicaProcess):
-    """A warning from the cell names its line as a traceback does (``Cell In[5], line
-    3``), not the cell's temporary file."""
-    @functools.wraps(formatwarning)
-    def named(message, category, filename, lineno, line=None):
-        text = formatwarning(message, category, filename, lineno, line)
-        cell = process.cell
-        if cell is not None and filename == cell.path:
-            text = text.replace(f"{filename}:{lineno}:", f"{cell.label}, line {lineno}:", 1)
-        return text
-    return named
 
 
 def _text_progress_bars() -> None:

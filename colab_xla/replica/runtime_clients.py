@@ -10,7 +10,7 @@ around its own JAX calls, and restores it after (so nested calls once popped it 
 So from a replica process's first client on, the variable stays set for the rest of the
 process (process-wide: v2/v3 replicas are threads of one process, and the first client
 is theirs), and every later client starts without discovery. Each client is recorded
-(runtime, platform, call); one that would run discovery again (a TPU client made while
+(the library that made it, platform, call); one that would run discovery again (a TPU client made while
 another exists and the variable was taken away) is refused before it starts, with
 :class:`SecondDiscovery` naming its call and the first client's.
 
@@ -42,7 +42,7 @@ class SecondDiscovery(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Client:
-    runtime: str  # "torch_xla" or "jax"
+    library: str  # the library that made it: torch_xla or jax
     platform: str  # "tpu", "cpu", ...
     call: str  # the call that made it: the cell's line, or where else
 
@@ -62,18 +62,18 @@ def describe() -> str:
     """``"2 runtime clients: torch_xla's (CPU) by In[2], line 3: ...; jax's ..."``."""
     made = clients()
     return f"{len(made)} runtime client{'s' if len(made) != 1 else ''}" + (
-        ": " + "; ".join(f"{c.runtime}'s ({c.platform.upper()}) by {c.call}" for c in made)
+        ": " + "; ".join(f"{c.library}'s ({c.platform.upper()}) by {c.call}" for c in made)
         if made else "")
 
 
-def check(runtime: str, platform: str, call: str) -> None:
-    """Before ``runtime`` starts its client for ``platform`` (made by ``call``): raise
+def check(library: str, platform: str, call: str) -> None:
+    """Before ``library`` starts its client for ``platform`` (made by ``call``): raise
     :class:`SecondDiscovery` if that client would run MegaScale discovery a second time."""
     with _lock:
         if (platform.lower() in DISCOVERING_PLATFORMS and os.environ.get(SKIP) != "true"
                 and any(c.platform in DISCOVERING_PLATFORMS for c in _clients)):
             raise SecondDiscovery(
-                f"{runtime} is starting a second {platform.upper()} runtime client in this "
+                f"{library} is starting a second {platform.upper()} runtime client in this "
                 f"process ({call}) with {SKIP} unset, so it would run MegaScale discovery "
                 f"again, which hangs multislice training (pytorch/xla#8812). This process "
                 f"has {describe()}. colab_xla set {SKIP}=true when the first client "
@@ -82,10 +82,10 @@ def check(runtime: str, platform: str, call: str) -> None:
                 "restoring the environment) and leave it set.")
 
 
-def created(runtime: str, platform: str, call: str) -> None:
-    """Record ``runtime``'s new client for ``platform``: every later one skips discovery."""
+def created(library: str, platform: str, call: str) -> None:
+    """Record ``library``'s new client for ``platform``: every later one skips discovery."""
     with _lock:
-        _clients.append(Client(runtime, platform.lower(), call))
+        _clients.append(Client(library, platform.lower(), call))
         os.environ[SKIP] = "true"
 
 
@@ -103,11 +103,15 @@ def notice_torch_xla(call: Optional[str] = None) -> None:
     if torch_xla is None:
         return
     with _lock:  # (replicas that are threads of one process ask at once)
-        if (not any(c.runtime == "torch_xla" for c in _clients)
-                and torch_xla._XLAC._xla_runtime_is_initialized()):
+        if not _made_by("torch_xla") and torch_xla._XLAC._xla_runtime_is_initialized():
             import torch_xla.runtime as xr
 
             created("torch_xla", xr.device_type() or "?", call or _where())
+
+
+def _made_by(library: str) -> bool:
+    """Whether a client ``library`` made is recorded."""
+    return any(c.library == library for c in _clients)
 
 
 def install(where: Callable[[], str]) -> None:

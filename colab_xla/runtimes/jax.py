@@ -3,17 +3,18 @@
 ``jax.process_count()``, the global ``jax.devices()`` and collectives across processes
 work, and torchax (PyTorch tensors backed by JAX arrays) works on top.
 
-Both sides of the runtime live here, IPython-free:
+Both halves of the runtime live here (:class:`Jax`), IPython-free:
 
 * the notebook's: :func:`plan` (the processes and their environment: on CPU one device
   each, or ``devices_per_process`` through XLA's host platform device count; on a TPU host
   one process driving its chips) and :func:`backend_problem`, the guard that refuses a run
   when the notebook's own process started a JAX backend (its replicas fork from it);
-* the replica's: :func:`initialize` (``jax.distributed.initialize`` with the coordinator
-  the launcher chose and this process's id, once per process) and :func:`to_host`, which
-  makes a value the notebook can load (JAX arrays and torchax tensors arrive as NumPy
-  arrays and CPU torch tensors; a global array no process holds whole is refused with the
-  gather to use).
+* the replica's: :func:`join` (where the processes meet, kept when the process starts),
+  :func:`initialize` (``jax.distributed.initialize`` with the coordinator the launcher
+  chose and this process's id, once per process), :func:`leave` and :func:`to_host`,
+  which makes a value the notebook can load (JAX arrays and torchax tensors arrive as
+  NumPy arrays and CPU torch tensors; a global array no process holds whole is refused
+  with the gather to use).
 
 On CPU, JAX's default collectives between processes are gloo's: this simulates the
 program, not a pod's interconnect. The launcher (:mod:`colab_xla.notebook.launch`) starts the
@@ -29,13 +30,14 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+from ..errors import OptionError, Problem, SetupError
 from ..wire.host_rank import HostRank
+from .base import VARIABLE, Runtime
+from .plan import Hardware, ReplicaCountError, ReplicaPlan
 
-RUNTIMES = ("torch_xla", "jax")
-# What the launcher and the replicas read (set by plan() and the launcher, per run).
-RUNTIME = "COLAB_XLA_RUNTIME"
+# Where a run's processes meet (set by the launcher per run, or by a cluster's notebook).
 COORDINATOR = "COLAB_XLA_JAX_COORDINATOR"
 # How long a process waits for the others to reach jax.distributed.initialize, and how
 # long a lost peer takes to be noticed (JAX's defaults: 300 s and 100 s).
@@ -46,38 +48,35 @@ MAX_CPU_PROCESSES = 16
 
 # The code of the preflight problem a JAX backend in the notebook's process is.
 BACKEND_STARTED = "jax-backend-initialized"
+# Calls that start a JAX backend in the process that makes them.
+STARTING_CALLS = re.compile(
+    r"(jax\.(?:local_)?devices\(|jax\.device_put\(|jax\.jit\(|jax\.random\.\w+\(|"
+    r"(?:jnp|jax\.numpy)\.\w+\(|jax\.process_index\(|jax\.device_count\()")
 
 JAX_INSTALL_HINT = ("pip install 'jax[cpu]' for CPU processes (Colab's TPU runtime ships jax "
                     "with libtpu), then restart the kernel.")
 
 
-def is_jax(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether the replicas of this environment run the JAX runtime."""
-    return environ.get(RUNTIME) == "jax"
-
-
 # -- the notebook's side ------------------------------------------------------------------
 
-def plan(requested: Optional[int], hw, devices_per_process: Optional[int],
-         environ: Mapping[str, str]):
-    """The :class:`colab_xla.notebook.hardware.ReplicaPlan` of a JAX run: one process per replica
+def plan(requested: Optional[int], hw: Hardware, devices_per_process: Optional[int],
+         environ: Mapping[str, str]) -> ReplicaPlan:
+    """The :class:`colab_xla.runtimes.plan.ReplicaPlan` of a JAX run: one process per replica
     (``index`` is the process index), with the variables JAX reads before its backend
     starts. ``hw`` is :func:`colab_xla.notebook.hardware.detect`'s."""
-    from ..notebook.hardware import ReplicaCountError, ReplicaPlan
-
     if requested is not None and requested < 1:
         raise ReplicaCountError(f"-n {requested}: the number of JAX processes must be 1 or "
                                 "more.")
     if devices_per_process is not None and devices_per_process < 1:
         raise ReplicaCountError(f"--devices-per-process {devices_per_process}: give 1 or more.")
-    env: dict = {RUNTIME: "jax"}
+    env: dict = {VARIABLE: RUNTIME.name}
     if hw.device == "TPU":
         if requested not in (None, 1) or devices_per_process is not None:
             raise ReplicaCountError(
                 "on a TPU host the JAX runtime runs one process driving every chip of the host "
                 "(jax.local_devices() are its chips): leave -n and --devices-per-process out. "
                 "On a pod slice, %xla_cluster runs one process per host.")
-        return ReplicaPlan("TPU", 1, env, processes=1, runtime="jax")
+        return ReplicaPlan("TPU", 1, env, processes=1, runtime=RUNTIME)
     n = requested or 2
     if n > MAX_CPU_PROCESSES:
         raise ReplicaCountError(f"-n {n}: at most {MAX_CPU_PROCESSES} JAX processes on CPU "
@@ -89,7 +88,7 @@ def plan(requested: Optional[int], hw, devices_per_process: Optional[int],
     note = (f"colab_xla: JAX runtime, {n} process{'es' if n != 1 else ''} on CPU with "
             f"{per_process} device{'s' if per_process != 1 else ''} each (jax.distributed; "
             "gloo between processes).")
-    return ReplicaPlan("CPU", n, env, note, processes=n, runtime="jax")
+    return ReplicaPlan("CPU", n, env, note, processes=n, runtime=RUNTIME)
 
 
 def host_device_flags(flags: str, count: int) -> str:
@@ -98,12 +97,10 @@ def host_device_flags(flags: str, count: int) -> str:
     return " ".join([*kept, f"--xla_force_host_platform_device_count={count}"])
 
 
-def backend_problem():
+def backend_problem() -> Optional[Problem]:
     """A :class:`colab_xla.errors.Problem` if this process (the notebook's) has started
     a JAX backend, else None. Replicas fork from it, and a forked JAX backend is not
     usable (its threads did not come along)."""
-    from ..errors import Problem
-
     if "jax" not in sys.modules:
         return None
     from jax._src import xla_bridge
@@ -123,8 +120,6 @@ def backend_problem():
 def check_installed() -> None:
     """Refuse the JAX runtime where jax is not installed (SetupError, with the install)."""
     import importlib.util
-
-    from ..errors import SetupError
 
     if importlib.util.find_spec("jax") is None:
         raise SetupError("--runtime jax needs JAX, which is not installed in this "
@@ -223,3 +218,75 @@ def _numpy(array):
 def _is_torchax(value: Any) -> bool:
     torchax = sys.modules.get("torchax.tensor")
     return torchax is not None and isinstance(value, torchax.Tensor)
+
+
+class Jax(Runtime):
+    """N JAX processes of one ``jax.distributed`` job (:mod:`colab_xla.runtimes.jax`)."""
+
+    name = "jax"
+    described_as = "JAX processes (jax.distributed)"
+    replicas_are = "JAX processes"
+    started_code = BACKEND_STARTED
+    starting_calls = STARTING_CALLS
+
+    # -- the notebook's half ----------------------------------------------------------
+
+    def check_installed(self) -> None:
+        check_installed()
+
+    def check_launch(self, launch) -> None:
+        if launch.launcher != "xmp" or launch.debug_single:
+            raise OptionError("--runtime jax starts JAX processes itself: --launcher and "
+                              "--debug-single are torch_xla's.")
+
+    def plan(self, requested: Optional[int], hardware: Hardware, *,
+             simulate: Optional[str] = None, devices_per_process: Optional[int] = None,
+             environ: Optional[Mapping[str, str]] = None) -> ReplicaPlan:
+        return plan(requested, hardware, devices_per_process, environ or {})
+
+    def own_processes(self, plan: ReplicaPlan) -> bool:
+        return True  # JAX processes are never xmp.spawn's
+
+    def problems(self) -> List[Problem]:
+        return [p for p in (backend_problem(),) if p is not None]
+
+    def run_environ(self, environ: Mapping[str, str],
+                    free_port: Callable[[], int]) -> Dict[str, str]:
+        # Where jax.distributed's processes meet (process 0 serves): a cluster's host
+        # brings host 0's.
+        if COORDINATOR in environ:
+            return {}
+        return {COORDINATOR: f"127.0.0.1:{free_port()}"}
+
+    def cluster_replicas(self, host: Mapping[str, Any]) -> Optional[int]:
+        # One process drives every chip of a TPU host.
+        return 1 if host["device"] == "TPU" else host["replicas"]
+
+    def check_cluster(self, hosts, launch) -> None:
+        if launch.devices_per_process is not None and any(d["device"] == "TPU" for d in hosts):
+            raise OptionError(f"--devices-per-process {launch.devices_per_process}: on a TPU "
+                              "host the JAX runtime runs one process driving every chip of "
+                              "the host; leave it out (it is for CPU hosts).")
+
+    def cluster_environ(self, coordinator: Callable[[], str]) -> Dict[str, str]:
+        return {COORDINATOR: coordinator()}  # every host's processes are one job
+
+    # -- the replica's half -----------------------------------------------------------
+
+    def start_process(self, process, job) -> None:
+        join()  # (jax.distributed starts before the first cell: before_cell)
+
+    def device(self) -> Any:
+        return first_device()
+
+    def before_cell(self) -> None:
+        initialize()
+
+    def after_process(self) -> None:
+        leave()  # it waits for the others to end
+
+    def to_host(self, value: Any) -> Any:
+        return to_host(value)
+
+
+RUNTIME = Jax()

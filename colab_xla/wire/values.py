@@ -33,7 +33,7 @@ class _ResultPickler(cloudpickle.Pickler):
     a state dict, a list), and large CPU tensors sent through shared memory.
 
     An XLA tensor pickled as is would be rebuilt on an XLA device when the notebook loads
-    it, initializing the runtime in the notebook's process.
+    it, initializing the notebook process's XLA runtime.
     """
 
     def __init__(self, file, shm_dir: Optional[str], notebook_ns: Mapping[str, Any]):

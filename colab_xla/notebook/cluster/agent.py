@@ -9,9 +9,10 @@ would see becomes events the notebook collects with :meth:`HostAgent.poll` (a Ra
 that waits for news), so the notebook draws every host in one view; values and ``--pull``
 names stay packed bytes, loaded in the notebook where its classes are.
 
-A JAX cell (``--runtime jax``) runs the same way, as the host's JAX processes
-(:mod:`colab_xla.runtimes.jax`); the notebook gives every host the coordinator host 0's
-agent chose (:meth:`HostAgent.jax_coordinator`), and each process's id is its global
+A cell of another runtime (``--runtime jax``) runs the same way, as the host's replicas
+of that runtime; the notebook tells every host the runtime and what its replicas get
+(:func:`colab_xla.notebook.cluster.run.host_request`: for JAX, the coordinator host 0's
+agent chose, :meth:`HostAgent.coordinator`), and each process's id is its global
 ordinal.
 
 An Interrupt from the notebook (:meth:`HostAgent.interrupt`) stops the host's run as the
@@ -30,9 +31,9 @@ import traceback
 from typing import Any, Dict, List, MutableMapping, Optional
 
 from .. import interrupts
+from ... import runtimes
 from . import multislice
 from ...wire.host_rank import SKIP_DISCOVERY, VARIABLES, HostRank
-from ...runtimes.jax import COORDINATOR
 from ..launch import Launch, free_port
 from ..outcome import RunObserver, RunOutcome
 
@@ -79,7 +80,7 @@ class HostAgent:
             self._store = dist.TCPStore(rank.address, 0, is_master=True,
                                         wait_for_workers=False)
             self.rank = dataclasses.replace(rank, store=f"{rank.address}:{self._store.port}")
-        from ..hardware import import_torch_xla
+        from ..torch_xla_import import import_torch_xla
 
         import_torch_xla()  # warm: every cell's replicas start from here
         if start_method == "forkserver":
@@ -109,10 +110,10 @@ class HostAgent:
 
     # -- warm replicas (%xla_session on the cluster) ----------------------------------------
 
-    def start_session(self, session_id: str, jax: Optional[Dict[str, Any]] = None
+    def start_session(self, session_id: str, request: Optional[Dict[str, Any]] = None
                       ) -> Dict[str, Any]:
-        """Start this host's warm replicas, whose cells :meth:`start` then runs (with
-        ``jax``, as for :meth:`start`: JAX processes); reply ``{"replicas": {local
+        """Start this host's warm replicas, whose cells :meth:`start` then runs (in
+        ``request``'s runtime, as for :meth:`start`); reply ``{"replicas": {local
         ordinal: pid}, "notes": [...]}``, or ``{"error": (ename, message)}`` when they
         could not start (refused, or did not come up)."""
         from ...errors import SetupError
@@ -121,8 +122,8 @@ class HostAgent:
 
         self.stop_session()
         notes: List[str] = []
-        opts = SessionOptions(replicas=self._replicas(), launch=self._launch(jax),
-                              env=self._environ(session_id, jax), simulate="processes")
+        opts = SessionOptions(replicas=self._replicas(), launch=self._launch(request),
+                              env=self._environ(session_id, request), simulate="processes")
         try:
             self._session = new_session(opts, {}, announce=notes.append)
         except SetupError as exc:
@@ -144,44 +145,46 @@ class HostAgent:
 
     def start(self, run_id: str, source: str, names: Optional[bytes], label: str,
               pull: List[str], pull_from: Optional[int],
-              jax: Optional[Dict[str, Any]] = None) -> None:
+              request: Optional[Dict[str, Any]] = None) -> None:
         """Start running the cell on this host's replicas (returns at once): the warm
-        ones, if a session is up, else replicas of the run's own; with ``jax``
-        (``{"coordinator": "host 0's address:port", "devices_per_process": K or None}``),
-        JAX processes of one job with every host's."""
+        ones, if a session is up, else replicas of the run's own, in ``request``'s runtime
+        (``{"runtime": name, "devices_per_process": K or None, "environ": {...}}``, what
+        every host's replicas get; None: the default runtime's), one job with every
+        host's."""
         run = self._run(run_id)
         session = self._session
         how = (dict(session=session) if session is not None else
-               dict(env=self._environ(run_id, jax), replicas=self._replicas(),
-                    launch=self._launch(jax), simulate="processes"))
+               dict(env=self._environ(run_id, request), replicas=self._replicas(),
+                    launch=self._launch(request), simulate="processes"))
         thread = threading.Thread(
             target=run.run, name=f"colab_xla-host-run-{run_id}", daemon=True,
             args=(self.rank.host, source, names, label, how, pull, pull_from))
         thread.start()
 
-    def _environ(self, run: str, jax: Optional[Dict[str, Any]] = None) -> Dict[str, str]:
+    def _environ(self, run: str, request: Optional[Dict[str, Any]] = None) -> Dict[str, str]:
         """What the replicas of run (or session) ``run`` get on top of the agent's."""
-        rank = dataclasses.replace(self.rank, run=run)
-        if jax is None:
-            return {**self.env, **rank.environ()}
-        if self.device == "TPU":  # one JAX process per host: its global ordinal is the host's
-            rank = dataclasses.replace(rank, replicas=1)
-        return {**self.env, **rank.environ(), COORDINATOR: jax["coordinator"]}
+        request = request or {}
+        runtime = runtimes.get(request.get("runtime"))
+        # The host's replicas in that runtime (JAX on a TPU host: one process, whose
+        # global ordinal is the host's).
+        replicas = runtime.cluster_replicas({"device": self.device,
+                                             "replicas": self.rank.replicas})
+        rank = dataclasses.replace(self.rank, run=run, replicas=replicas)
+        return {**self.env, **rank.environ(), **request.get("environ", {})}
 
     def _replicas(self) -> Optional[int]:
         # TPU: torch_xla's replicas are its chips; JAX's, one process driving them.
         return self.rank.replicas if self.device == "CPU" else None
 
-    def _launch(self, jax: Optional[Dict[str, Any]] = None) -> Launch:
-        if jax is None:
-            return Launch(start_method=self.start_method)
-        return Launch(start_method=self.start_method, runtime="jax",
-                      devices_per_process=jax.get("devices_per_process"))
+    def _launch(self, request: Optional[Dict[str, Any]] = None) -> Launch:
+        request = request or {}
+        return Launch(start_method=self.start_method, runtime=request.get("runtime"),
+                      devices_per_process=request.get("devices_per_process"))
 
-    def jax_coordinator(self) -> str:
-        """Where a JAX job's processes meet (host 0's agent is asked, per run or
-        session): this host's address and a port free on it now. Process 0, which runs
-        here, serves it."""
+    def coordinator(self) -> str:
+        """Where a job's processes meet (host 0's agent is asked, per run or session):
+        this host's address and a port free on it now. Process 0, which runs here,
+        serves it."""
         return f"{self.rank.address}:{free_port(self.rank.address)}"
 
     def poll(self, run_id: str, wait: float) -> Dict[str, Any]:

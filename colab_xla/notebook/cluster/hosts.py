@@ -24,7 +24,7 @@ import dataclasses
 from typing import Dict, List, Mapping, Optional
 
 from ...errors import SetupError
-from ..hardware import from_accelerator_type
+from ..tpu_scan import from_accelerator_type
 
 SLICE_LABEL = "ray.io/tpu-slice-name"
 WORKER_LABEL = "ray.io/tpu-worker-id"

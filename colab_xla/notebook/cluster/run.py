@@ -7,10 +7,11 @@ global ordinals (host ``h``'s replica ``i`` is ``h * per_host + i``), drawn by t
 views as a one-off run. Values and ``--pull`` names arrive packed and are loaded here,
 where the notebook's classes are.
 
-With ``runtime="jax"``, every host runs the cell as JAX processes (on a CPU host one per
+With ``--runtime jax``, every host runs the cell as JAX processes (on a CPU host one per
 replica, on a TPU host one driving its chips), all of one ``jax.distributed`` job:
 host 0's agent picks the coordinator's port, every host is told it, and each process's id
-is its global ordinal.
+is its global ordinal (the runtime says how many replicas each host runs and what every
+host's replicas get: :meth:`colab_xla.runtimes.Runtime.cluster_environ`).
 
 The run is cut, on every host at once, on Interrupt, ``--timeout``, a host that is gone
 (its agent or node), or :data:`colab_xla.notebook.supervisor.FAIL_FAST_SECONDS` after a replica
@@ -24,11 +25,11 @@ import itertools
 import secrets
 import shutil
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from .. import endings, interrupts, options, preflight, state
+from ... import runtimes
 from ...wire.cell import CellModule
-from ...errors import OptionError
 from ..session import SessionError
 from ..launch import Launch
 from ..outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome, load_results
@@ -48,16 +49,19 @@ def run_on_cluster(cluster: Cluster, source: str, *, user_ns: Optional[Mapping] 
                    label: str = "cell", header: str = "# %%xla_spawn",
                    observer: Optional[RunObserver] = None, announce=print,
                    timeout: Optional[float] = None, pull: Sequence[str] = (),
-                   pull_from: Optional[int] = None, runtime: Optional[str] = None,
+                   pull_from: Optional[int] = None,
+                   runtime: Union[runtimes.Runtime, str, None] = None,
                    devices_per_process: Optional[int] = None) -> RunOutcome:
     """Run ``source`` on every replica of every host of ``cluster``; the outcome has
     every replica by global ordinal, ``outcome.hosts`` their host.
 
-    ``runtime`` is "torch_xla" or "jax" (JAX processes, ``devices_per_process`` devices
-    each on CPU hosts); None: the session's, if one is up, else torch_xla. A session's
-    cells run in its runtime: asking another is refused."""
+    ``runtime`` is a runtime or its name, ``--runtime``'s (with the JAX runtime,
+    ``devices_per_process`` devices per process on CPU hosts); None: the session's, if
+    one is up, else the default. A session's cells run in its runtime: asking another is
+    refused."""
     cluster.check_up()
     session = cluster.session if cluster.session is not None and cluster.session.up else None
+    runtime = None if runtime is None else runtimes.get(runtime)
     if session is not None:
         asked = [flag for flag, given in (
             ("--runtime", runtime not in (None, session.runtime)),
@@ -69,10 +73,10 @@ def run_on_cluster(cluster: Cluster, source: str, *, user_ns: Optional[Mapping] 
                                "to run this cell on this machine, or %xla_session stop, then "
                                "%xla_session start with the options you want.")
         runtime = session.runtime
-    launch = Launch(runtime=runtime or "torch_xla", devices_per_process=devices_per_process)
+    launch = Launch(runtime=runtime, devices_per_process=devices_per_process)
     options.check_run(replicas=None, timeout=timeout, env={}, pull=pull, pull_from=pull_from,
                       cache_dir=None, launch=launch)
-    check_jax(cluster, launch)
+    launch.runtime.check_cluster(cluster.described, launch)
     per_host = replicas_per_host(cluster, launch.runtime)
     options.check_pull_from(pull_from, sum(per_host))
     checked = state.new_work_dir("check-")
@@ -87,13 +91,12 @@ def run_on_cluster(cluster: Cluster, source: str, *, user_ns: Optional[Mapping] 
         sent, sent_names = session.known.pack(source, user_ns)
     else:  # without fork between them, the notebook's names travel by value (as for spawn)
         sent = names.pack(names.used_names(source, user_ns), user_ns, "spawn")
-    jax = None  # (a session's JAX processes met when it started)
-    if launch.runtime == "jax" and session is None:
-        jax = {"coordinator": jax_coordinator(cluster),
-               "devices_per_process": launch.devices_per_process}
+    request = None  # (a session's replicas are its own: they met when it started)
+    if session is None:
+        request = host_request(cluster, launch)
     run = _ClusterRun(cluster, per_host, user_ns, observer or RunObserver(), timeout, announce)
     cluster.cells_run += 1
-    outcome = run.run(source, sent, label, tuple(pull), pull_from, jax)
+    outcome = run.run(source, sent, label, tuple(pull), pull_from, request)
     if session is not None:
         session.cells_run += 1
         session.known.sent(sent_names, user_ns)
@@ -105,28 +108,26 @@ def run_on_cluster(cluster: Cluster, source: str, *, user_ns: Optional[Mapping] 
     return outcome
 
 
-def replicas_per_host(cluster: Cluster, runtime: str) -> List[int]:
-    """How many replicas each host runs: what %xla_cluster planned, but one JAX process
-    on a TPU host (it drives every chip)."""
-    return [1 if runtime == "jax" and d["device"] == "TPU" else d["replicas"]
-            for d in cluster.described]
+def replicas_per_host(cluster: Cluster, runtime: runtimes.Runtime) -> List[int]:
+    """How many replicas each host runs in ``runtime``: what %xla_cluster planned, or
+    what the runtime makes of it (JAX: one process on a TPU host, driving every chip)."""
+    return [runtime.cluster_replicas(d) for d in cluster.described]
 
 
-def check_jax(cluster: Cluster, launch: Launch) -> None:
-    """Refuse, before anything starts, a JAX option the cluster's hosts cannot honour."""
-    if launch.devices_per_process is not None and any(
-            d["device"] == "TPU" for d in cluster.described):
-        raise OptionError(f"--devices-per-process {launch.devices_per_process}: on a TPU "
-                          "host the JAX runtime runs one process driving every chip of the "
-                          "host; leave it out (it is for CPU hosts).")
+def host_request(cluster: Cluster, launch: Launch) -> Dict[str, Any]:
+    """What every host's agent is told for a run (or session) of ``launch``'s runtime
+    (:meth:`colab_xla.notebook.cluster.agent.HostAgent.start`): the runtime by name, its
+    devices per process, and the variables every host's replicas get."""
+    return {"runtime": launch.runtime.name, "devices_per_process": launch.devices_per_process,
+            "environ": launch.runtime.cluster_environ(lambda: coordinator(cluster))}
 
 
-def jax_coordinator(cluster: Cluster) -> str:
-    """Where a JAX job's processes on every host meet: host 0's address, a port its
-    agent found free."""
+def coordinator(cluster: Cluster) -> str:
+    """Where a job's processes on every host meet: host 0's address, a port its agent
+    found free."""
     ray = import_ray()
     try:
-        return ray.get(cluster.agents[0].jax_coordinator.remote(), timeout=HOST_GRACE_SECONDS)
+        return ray.get(cluster.agents[0].coordinator.remote(), timeout=HOST_GRACE_SECONDS)
     except Exception as exc:  # noqa: BLE001 - its agent or node is gone, or it is stuck
         raise ClusterError(f"host 0 gave no port for the JAX processes' coordinator: "
                            f"{exception_line(exc)}. %xla_cluster shows the hosts.") from None
@@ -149,7 +150,7 @@ class _ClusterRun:
         self.session_ended: Dict[int, str] = {}  # host -> why its session ended in the cell
 
     def run(self, source: str, sent: Optional[bytes], label: str, pull, pull_from,
-            jax: Optional[Dict[str, Any]]) -> RunOutcome:
+            request: Optional[Dict[str, Any]]) -> RunOutcome:
         ray = import_ray()
         started = time.monotonic()
         timeout_at = started + self.timeout if self.timeout else None
@@ -162,7 +163,8 @@ class _ClusterRun:
             pending: Dict[Any, int] = {}
             for host, agent in enumerate(self.cluster.agents):
                 host_pull, host_from = self._pull_for(host, pull, pull_from)
-                agent.start.remote(self.run_id, source, sent, label, host_pull, host_from, jax)
+                agent.start.remote(self.run_id, source, sent, label, host_pull, host_from,
+                                   request)
                 pending[agent.poll.remote(self.run_id, POLL_SECONDS)] = host
             next_tick, cut_at = time.monotonic() + TICK_SECONDS, None
             while pending:

@@ -9,17 +9,18 @@ time), ends on every host. The notebook keeps which of its names every host's re
 have, and sends a name again only when the notebook changed it, as on one host
 (:class:`colab_xla.notebook.session.KnownNames`).
 
-With ``runtime="jax"`` the hosts' replicas are JAX processes of one ``jax.distributed``
+With ``--runtime jax`` the hosts' replicas are JAX processes of one ``jax.distributed``
 job, which meet once, when the session starts, at host 0's coordinator
-(:func:`colab_xla.notebook.cluster.run.jax_coordinator`); every cell then runs in them.
+(:func:`colab_xla.notebook.cluster.run.coordinator`); every cell then runs in them.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
+from ... import runtimes
 from ..session import START_TIMEOUT_SECONDS, KnownNames, SessionError
 from .connection import exception_line, host_note, import_ray
 
@@ -33,9 +34,10 @@ class ClusterSession:
     """Warm replicas on every host of ``cluster``. Make one with :meth:`start`."""
 
     def __init__(self, cluster, replicas: Dict[int, Dict[int, int]],
-                 runtime: str = "torch_xla", devices_per_process: Optional[int] = None):
+                 runtime: Union[runtimes.Runtime, str, None] = None,
+                 devices_per_process: Optional[int] = None):
         self.cluster = cluster
-        self.runtime, self.devices_per_process = runtime, devices_per_process
+        self.runtime, self.devices_per_process = runtimes.get(runtime), devices_per_process
         self.replicas = replicas  # host -> {local ordinal: pid}
         self.known = KnownNames()
         self.started_at = time.time()
@@ -43,23 +45,23 @@ class ClusterSession:
         self.ended: Optional[str] = None  # why it ended, once it has
 
     @classmethod
-    def start(cls, cluster, announce=print, runtime: str = "torch_xla",
+    def start(cls, cluster, announce=print, runtime: Union[runtimes.Runtime, str, None] = None,
               devices_per_process: Optional[int] = None) -> "ClusterSession":
-        """Start warm replicas on every host of ``cluster`` (``runtime`` "jax": JAX
-        processes, ``devices_per_process`` devices each on CPU hosts) and wait until all
-        are up; raise :class:`colab_xla.notebook.session.SessionError` naming the host that could
-        not (every host's are stopped then)."""
+        """Start warm replicas on every host of ``cluster`` (in ``runtime``, a runtime or
+        its name, None: the default; the JAX runtime's processes have
+        ``devices_per_process`` devices each on CPU hosts) and wait until all are up; raise
+        :class:`colab_xla.notebook.session.SessionError` naming the host that could not
+        (every host's are stopped then)."""
         from ..launch import Launch
-        from .run import check_jax, jax_coordinator
+        from .run import host_request
 
         cluster.check_up()
         launch = Launch(runtime=runtime, devices_per_process=devices_per_process)
-        check_jax(cluster, launch)
+        launch.runtime.check_cluster(cluster.described, launch)
         ray = import_ray()
         session_id = "session-" + secrets.token_hex(6)
-        jax = None if runtime != "jax" else {"coordinator": jax_coordinator(cluster),
-                                             "devices_per_process": devices_per_process}
-        refs = [agent.start_session.remote(session_id, jax) for agent in cluster.agents]
+        request = host_request(cluster, launch)
+        refs = [agent.start_session.remote(session_id, request) for agent in cluster.agents]
         ray.wait(refs, num_returns=len(refs), timeout=START_SECONDS)
         replicas: Dict[int, Dict[int, int]] = {}
         failures: List[str] = []
@@ -80,7 +82,7 @@ class ClusterSession:
                 failures.append(f"host {host}: {reply['error'][1]}")
             else:
                 replicas[host] = {int(i): pid for i, pid in reply["replicas"].items()}
-        session = cls(cluster, replicas, runtime, devices_per_process)
+        session = cls(cluster, replicas, launch.runtime, devices_per_process)
         if failures:
             session.stop("it did not start on every host")
             raise SessionError("The session did not start on every host, so it was "
@@ -113,9 +115,9 @@ class ClusterSession:
             return f"colab_xla session: ended ({self.ended or self.cluster.ended})."
         ray = import_ray()
         uptime = time.time() - self.started_at
+        are = self.runtime.replicas_are
         lines = [f"colab_xla session: up {uptime:.0f} s on the cluster, "
-                 f"{self.replica_count} replicas"
-                 f"{' (JAX processes)' if self.runtime == 'jax' else ''} on "
+                 f"{self.replica_count} replicas{f' ({are})' if are else ''} on "
                  f"{len(self.replicas)} hosts, {self.cells_run} cell"
                  f"{'s' if self.cells_run != 1 else ''} run."]
         refs = [agent.session_status.remote() for agent in self.cluster.agents]

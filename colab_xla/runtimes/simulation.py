@@ -1,5 +1,6 @@
-"""The CPU simulation of a TPU host, as the notebook plans it: the two models
-(:data:`SIMULATIONS`) and the variables of a run of N simulated replicas. What the
+"""The CPU simulation of a TPU host, as the torch_xla runtime plans it
+(:mod:`colab_xla.runtimes.torch_xla`): the two models (:data:`SIMULATIONS`, also the
+``--simulate`` choices) and the variables of a run of N simulated replicas. What the
 simulation does inside the replicas (their collectives) is
 :mod:`colab_xla.replica.cpu_sim`."""
 

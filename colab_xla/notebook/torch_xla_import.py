@@ -1,0 +1,39 @@
+"""torch_xla in the notebook's own process: imported for the launcher (xmp.spawn) and for
+the TPU scan (its PCI table), leaving the environment alone, and never initialized
+(:func:`colab_xla.runtimes.torch_xla.runtime_initialized` tells if a cell did).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from . import interrupts
+from ..runtimes.torch_xla import TORCH_XLA_MISSING, TorchXlaMissing
+
+
+def import_torch_xla():
+    """Import torch_xla's multiprocessing module, leaving PJRT_DEVICE alone.
+
+    A plain ``import torch_xla`` picks a default device and writes it into this process's
+    environment (with a logged warning); the notebook's process only launches replicas,
+    so it keeps its environment as the user left it.
+    """
+    if "torch_xla.distributed.xla_multiprocessing" in sys.modules:
+        return sys.modules["torch_xla.distributed.xla_multiprocessing"]
+    saved = os.environ.get("PJRT_SELECT_DEFAULT_DEVICE")
+    os.environ["PJRT_SELECT_DEFAULT_DEVICE"] = "0"
+    try:
+        # An Interrupt waits for the import to end (seconds): one cut half-way would leave
+        # torch's modules half-initialized, and every later run broken, until a restart.
+        with interrupts.held() as interrupted:
+            import torch_xla.distributed.xla_multiprocessing as xmp
+        interrupted.raise_if_requested()
+    except ImportError as exc:
+        raise TorchXlaMissing(TORCH_XLA_MISSING) from exc
+    finally:
+        if saved is None:
+            os.environ.pop("PJRT_SELECT_DEFAULT_DEVICE", None)
+        else:
+            os.environ["PJRT_SELECT_DEFAULT_DEVICE"] = saved
+    return xmp
