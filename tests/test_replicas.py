@@ -14,7 +14,7 @@ import pytest
 
 from _runs import LABEL, run  # tests/ is on sys.path
 
-from colab_xla.notebook import hardware, supervisor
+from colab_xla.notebook import hardware, replicas, supervisor
 from colab_xla.replica import job as replica_job
 from colab_xla.notebook.outcome import DONE, FAILED, XlaSpawnError
 
@@ -441,7 +441,7 @@ def test_the_outcome_lists_replicas_by_ordinal_whatever_order_they_started_in(mo
         def started(self, outcome, ordinal):
             self.order.append(ordinal)
 
-    monkeypatch.setattr(supervisor, "run_replica", _replica_0_starts_last)
+    monkeypatch.setattr(replicas, "run_replica", _replica_0_starts_last)
     outcome = run("import time\ntime.sleep(0.05 * (3 - index))\nran(index)", 4,
                   user_ns={"ran": _cell_ran}, observer=Starts(),  # and 3 finishes first
                   simulate="threads")  # (the semaphore is shared by threads)

@@ -23,20 +23,21 @@ import secrets
 import select
 import threading
 import time
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
-from . import endings, hardware, interrupts, processes, shared_lock, state
+from . import draw_pacing, endings, hardware, interrupts, shared_lock, state
 from ..wire.cell import CellModule
-from .launch import Launch, environ, inherit, replica_environ, run_replica, start
+from .draw_pacing import NEXT_DRAW_SECONDS, TICK_SECONDS, DrawPacer
+from .launch import Launch, inherit, replica_environ
 from .outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome, load_results
+from .replicas import FreshReplicas, Replicas
 from ..wire.job import ReplicaJob
 from ..wire import frames, ring, shared_tensors, values
 
-# Live views draw output at once, unless they drew less than an interval ago (then when it
-# has passed): the interval starts at NEXT_DRAW_SECONDS and doubles while output keeps
-# waiting for draws, up to TICK_SECONDS (a few updates a second keep the browser
-# responsive); without output, a draw (elapsed times) comes every TICK_SECONDS.
-TICK_SECONDS = 0.25
+# Imported from here by other modules (the names they had before this module was split).
+__all__ = ["RunRequest", "Supervisor", "Replicas", "FreshReplicas", "DrawPacer",
+           "TICK_SECONDS", "NEXT_DRAW_SECONDS", "FAIL_FAST_SECONDS"]
+
 # While replica processes write to output rings, the reader looks at them at least this
 # often: a ring's wake-up can be lost (a writer and the reader each store, then load what
 # the other stored: x86 may order those loads first), and a lost one must cost a few
@@ -47,7 +48,6 @@ RING_POLL_SECONDS = 0.005
 # cost a fast replica one in three lines), and the reader takes more lines per look. A
 # replica's end wakes it anyway: a warm session's cell waits for nothing else.
 RING_FLOW_SECONDS = 0.002
-NEXT_DRAW_SECONDS = 0.01
 READ_SIZE = 1 << 16  # what one read of a pipe takes
 # C-level output (a process's fd 1 and 2) is handed on a line at a time: C stdio may write
 # one line in pieces (a printf's text, then its conversion), and a Python line the replica
@@ -55,46 +55,10 @@ READ_SIZE = 1 << 16  # what one read of a pipe takes
 # not ended is held this long at most (then it is shown as it is: a prompt, say).
 PARTIAL_LINE_SECONDS = 0.2
 PIPE_READS = frames.PIPE_SIZE // READ_SIZE  # reads that take what a full pipe holds
-# After a kill, how long to wait for the driver thread to see its pool broken.
-_DRIVER_JOIN_SECONDS = 5.0
 # Once a replica has failed, how long the others may go on before the run is stopped:
 # they are usually blocked in a collective waiting for it and would wait forever
 # (pytorch/xla#7974).
 FAIL_FAST_SECONDS = 3.0
-
-
-class DrawPacer:
-    """When the live views draw (``tick``): output at once, unless the last draw was less
-    than an interval ago (then when it has passed). A draw whose output had to wait
-    doubles the interval, from NEXT_DRAW_SECONDS up to TICK_SECONDS (a flood settles at a
-    few draws a second); output that comes later than that (replicas starting one after
-    another) sets it back. Without output, a draw every TICK_SECONDS. Times are
-    ``time.monotonic()`` seconds, given by the caller.
-
-    >>> p = DrawPacer(now=0.0)
-    >>> p.drew(0.3); p.output(0.4); p.due  # drawn at once
-    0.4
-    """
-
-    def __init__(self, now: float):
-        self.due = now + TICK_SECONDS  # the next draw
-        self._last, self._interval = float("-inf"), NEXT_DRAW_SECONDS
-        self._since: Optional[float] = None  # when output came that no draw has shown yet
-
-    def output(self, now: float) -> None:
-        """Output came (again) that is not drawn yet."""
-        if self._since is None:
-            self._since = now
-            self.due = min(self.due, max(now, self._last + self._interval))
-
-    def drew(self, now: float) -> None:
-        """The views drew at ``now``."""
-        if self._since is not None:
-            waited = self._since < self._last + self._interval
-            self._interval = (min(TICK_SECONDS, self._interval * 2) if waited
-                              else NEXT_DRAW_SECONDS)
-            self._last, self._since = now, None
-        self.due = now + TICK_SECONDS
 
 
 # The origin of output of replica processes before their replicas start (see Supervisor.run).
@@ -133,7 +97,7 @@ class Supervisor:
 
     def __init__(self, options: RunRequest, plan: hardware.ReplicaPlan, run_dir: str,
                  user_ns: Dict[str, Any], observer: RunObserver, timeout: Optional[float],
-                 replicas: Optional["Replicas"] = None):
+                 replicas: Optional[Replicas] = None):
         self.options, self.cell = options, options.cell
         self.plan, self.run_dir, self.observer = plan, run_dir, observer
         self.timeout = timeout
@@ -308,7 +272,7 @@ class Supervisor:
                 draws.drew(now)
                 if now >= next_track:  # a pass over /proc: once a tick, not per draw
                     self._replicas.tick()
-                    next_track = now + TICK_SECONDS
+                    next_track = now + draw_pacing.TICK_SECONDS
             if readable == [done_r]:
                 return  # the driver ended and the pipes hold nothing more right now
 
@@ -535,79 +499,3 @@ class Supervisor:
                     rep, exits=self._exits, exit_codes=self._replicas.exit_codes(),
                     process_logs=self.outcome.processes.values(),
                     one_process=self.plan.processes == 1, driver_error=self._driver_error)
-
-
-# -- where the replicas come from ---------------------------------------------------------
-
-
-class Replicas:
-    """The replicas a :class:`Supervisor` runs its cell on, and their processes.
-
-    :class:`FreshReplicas` starts them for the run and kills them after it; a session
-    (:class:`colab_xla.notebook.session.SessionReplicas`) sends the cell to replicas it keeps.
-    """
-
-    inherit = False  # whether the replicas fork from this process for the run
-
-    def begin(self) -> None:
-        """Just before the replicas are started."""
-
-    def drive(self, job: ReplicaJob, ended) -> None:
-        """Run ``job`` on every replica, in the driver thread; return when every replica
-        has ended it. ``ended(ordinal, code)`` tells of a replica whose process ended."""
-        raise NotImplementedError
-
-    def started(self, pid: int) -> None:
-        """A replica runs in process ``pid``."""
-
-    def finished(self, ordinal: int) -> None:
-        """Replica ``ordinal`` sent its end (in time or not)."""
-
-    def tick(self) -> None:
-        """Called a few times a second while the run goes on."""
-
-    def exit_codes(self) -> List[int]:
-        return []
-
-    def stop(self, driver: threading.Thread, read_until) -> None:
-        """The run was cut: stop its replicas; ``read_until(t)`` reads what they send
-        until the time ``t`` or the driver's end."""
-        self.release(driver)
-
-    def release(self, driver: threading.Thread) -> None:
-        """The run is over, whatever happened: leave nothing of it running."""
-
-
-class FreshReplicas(Replicas):
-    """A one-off run's replicas: started by :func:`colab_xla.notebook.launch.start` for the run,
-    every process of it killed when it ends."""
-
-    def __init__(self, run_id: str, how: Launch, plan: hardware.ReplicaPlan):
-        self.how, self.plan = how, plan
-        self.inherit = how.start_method == "fork"
-        self.processes = processes.RunProcesses(run_id)
-
-    def begin(self) -> None:
-        self.processes.begin()
-
-    def drive(self, job: ReplicaJob, ended) -> None:
-        with environ(self.plan.env):
-            start(self.how, run_replica, job,
-                  processes=self.plan.processes if self.plan.own_processes else 0,
-                  ended=ended)
-
-    def started(self, pid: int) -> None:
-        self.processes.track(pid)
-        self.processes.new_children()
-
-    def tick(self) -> None:
-        self.processes.track_descendants()
-
-    def exit_codes(self) -> List[int]:
-        return self.processes.exit_codes()
-
-    def release(self, driver: threading.Thread) -> None:
-        """Kill the run's processes until the driver has seen them end: the launcher may
-        still be starting replicas when the run is stopped (a short --timeout, an error
-        in a view), and a process it starts after a kill must not outlive the run."""
-        self.processes.kill_until_ended(driver, _DRIVER_JOIN_SECONDS)
