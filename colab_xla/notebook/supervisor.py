@@ -23,13 +23,15 @@ import secrets
 import select
 import threading
 import time
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from . import draw_pacing, endings, hardware, interrupts, shared_lock, state
 from ..wire.cell import CellModule
+from .deadlines import FAIL_FAST_SECONDS, Deadlines
 from .draw_pacing import NEXT_DRAW_SECONDS, TICK_SECONDS, DrawPacer
 from .launch import Launch, inherit, replica_environ
 from .outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome, load_results
+from .partial_lines import PartialLines
 from .replicas import FreshReplicas, Replicas
 from ..wire.job import ReplicaJob
 from ..wire import frames, ring, shared_tensors, values
@@ -49,28 +51,11 @@ RING_POLL_SECONDS = 0.005
 # replica's end wakes it anyway: a warm session's cell waits for nothing else.
 RING_FLOW_SECONDS = 0.002
 READ_SIZE = 1 << 16  # what one read of a pipe takes
-# C-level output (a process's fd 1 and 2) is handed on a line at a time: C stdio may write
-# one line in pieces (a printf's text, then its conversion), and a Python line the replica
-# prints next, which comes another way, must not land inside it. A piece whose line has
-# not ended is held this long at most (then it is shown as it is: a prompt, say).
-PARTIAL_LINE_SECONDS = 0.2
 PIPE_READS = frames.PIPE_SIZE // READ_SIZE  # reads that take what a full pipe holds
-# Once a replica has failed, how long the others may go on before the run is stopped:
-# they are usually blocked in a collective waiting for it and would wait forever
-# (pytorch/xla#7974).
-FAIL_FAST_SECONDS = 3.0
 
 
 # The origin of output of replica processes before their replicas start (see Supervisor.run).
 STARTUP, STARTUP_LABEL = -1, "process start-up"
-
-
-class _Held(NamedTuple):
-    """The piece of a C-level line read so far (its line not ended yet)."""
-    text: str
-    origin: Any  # whose output it is, as read (shown under it if it is shown unended)
-    kind: int
-    since: float  # monotonic time of its first read
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,16 +86,12 @@ class Supervisor:
         self.options, self.cell = options, options.cell
         self.plan, self.run_dir, self.observer = plan, run_dir, observer
         self.timeout = timeout
-        self._timeout_at = time.monotonic() + timeout if timeout else None
-        self._fail_at: Optional[float] = None
-        self._first_failed: Optional[int] = None
-        self._stop: Optional[str] = None  # why the run was cut: interrupted, timeout, failed
+        self._deadlines = Deadlines(timeout, time.monotonic())  # and why the run was cut
         self.user_ns = user_ns
         self.run_id = secrets.token_hex(8)
         self.outcome = RunOutcome(device_type=plan.device_type, log_dir=state.new_log_dir())
         self._decoders: Dict[tuple, Any] = {}
-        # fd -> (the text of an unended C-level line, its origin, its kind, held since)
-        self._held: Dict[int, _Held] = {}
+        self._held = PartialLines()  # unended C-level lines, by the pipe they came from
         self._ranks: Dict[int, set] = {}  # local process rank -> ordinals it runs
         self._pid_rank: Dict[int, int] = {}
         self._replicas = replicas or FreshReplicas(self.run_id, options.launch, plan)
@@ -179,7 +160,7 @@ class Supervisor:
                 if self._interrupts.requested:
                     self.outcome.interrupted = True
                     self._cut("interrupted", read_fd)
-                if self._stop:
+                if self._deadlines.stop:
                     self._replicas.stop(driver, lambda until: self._read_until_done(
                         read_fd, done_r, until=until))
                 else:
@@ -187,7 +168,7 @@ class Supervisor:
                 self._drain(read_fd)
                 self._settle_unreported()
                 if (self._driver_error is not None and not self.outcome.replicas
-                        and not self._stop):
+                        and not self._deadlines.stop):
                     self.outcome.launch_error = endings.launch_error(self._driver_error)
                 # Replicas arrive in any order; the outcome a person reads is by ordinal.
                 self.outcome.replicas = dict(sorted(self.outcome.replicas.items()))
@@ -228,6 +209,7 @@ class Supervisor:
         fds = [read_fd, done_r, *self._fd_sources]
         if self._interrupts.wake_fd is not None and until is None:
             fds.append(self._interrupts.wake_fd)
+        held, cut = self._held, self._deadlines
         draws = DrawPacer(time.monotonic())
         next_track = draws.due  # when the replicas' processes are looked for again
         while True:
@@ -235,16 +217,16 @@ class Supervisor:
             if until is not None:
                 if now >= until:
                     return
-                deadlines = (draws.due, until)
+                times = (draws.due, until)
             else:
                 if self._interrupts.requested:
                     return
-                for reason, at in (("timeout", self._timeout_at), ("failed", self._fail_at)):
-                    if at is not None and now >= at:
-                        self._cut(reason, read_fd)
-                        return
-                deadlines = (draws.due, self._timeout_at, self._fail_at)
-            wake = min(t for t in deadlines if t is not None)
+                reason = cut.passed(now)
+                if reason:
+                    self._cut(reason, read_fd)
+                    return
+                times = (draws.due, cut.timeout_at, cut.fail_at)
+            wake = min(t for t in times if t is not None)
             self._read_rings()
             if not self._ring_output:  # none since the last look (here, or by _read): ask
                 for reader, _ in self._rings.values():
@@ -255,15 +237,15 @@ class Supervisor:
             flowing, self._ring_output = self._ring_output, False
             if self._rings:
                 wake = min(wake, now + (RING_FLOW_SECONDS if flowing else RING_POLL_SECONDS))
-            if self._held:
-                wake = min(wake, min(held.since for held in self._held.values())
-                           + PARTIAL_LINE_SECONDS)
+            if held.pieces:
+                wake = min(wake, held.due())
             readable, _, _ = select.select(fds, [], [], max(0.0, wake - now))
             for fd in readable:
                 if fd not in (done_r, self._interrupts.wake_fd):
                     self._read(fd, read_fd)
-            if self._held:
-                self._release_held(time.monotonic() - PARTIAL_LINE_SECONDS)
+            if held.pieces:
+                for piece in held.release(time.monotonic()):
+                    self._emit(piece.origin, piece.kind, piece.text)
             if self._output_since_draw:
                 draws.output(time.monotonic())
             if time.monotonic() >= draws.due:
@@ -279,13 +261,13 @@ class Supervisor:
     def _cut(self, reason: str, read_fd: int) -> None:
         """Stop the run now: what the pipes hold was written before this moment and counts
         (a replica that reported its end in time is done: for a timeout, one that ended
-        before the deadline, see _after_timeout); a report read after it is late and
-        ignored, so the replica is settled as stopped for ``reason``, even if the kill
+        before the deadline, see :meth:`Deadlines.in_time`); a report read after it is late
+        and ignored, so the replica is settled as stopped for ``reason``, even if the kill
         comes too late to stop it (a --timeout shorter than the start-up)."""
         for fd in [read_fd, *self._fd_sources]:
             self._read_ready(fd, read_fd, PIPE_READS)
         self._read_rings()
-        self._stop = reason
+        self._deadlines.stop = reason
 
     def _read(self, fd: int, read_fd: int) -> bool:
         """Read what ``fd`` has; False at end of file."""
@@ -306,26 +288,22 @@ class Supervisor:
         elif data:
             rank, kind = self._fd_sources[fd]
             self._catch_up(read_fd)
-            self._line_text(fd, self._fd_owner(rank), kind, data)
+            self._c_output(fd, rank, kind, data)
         return bool(data)
 
-    def _line_text(self, fd: int, origin, kind: int, data: bytes) -> None:
-        """C-level output read from ``fd``: its ended lines now, the rest held (see
-        PARTIAL_LINE_SECONDS)."""
-        held = self._held.pop(fd, None)
-        text = (held.text if held else "") + self._decoded(origin, kind, data)
-        end = max(text.rfind("\n"), text.rfind("\r")) + 1  # (\r: a progress line's end)
-        if end < len(text):
-            since = held.since if held else time.monotonic()
-            self._held[fd] = _Held(text[end:], origin, kind, since)
-        self._emit(origin, kind, text[:end])
-
-    def _release_held(self, before: Optional[float] = None) -> None:
-        """Show the held pieces of C-level lines (those held since ``before`` or earlier)."""
-        for fd, held in list(self._held.items()):
-            if before is None or held.since <= before:
-                del self._held[fd]
-                self._emit(held.origin, held.kind, held.text)
+    def _c_output(self, fd: int, rank: int, kind: int, data: bytes) -> None:
+        """C-level output read from pipe ``fd`` of process ``rank``: its ended lines now, the
+        rest held (see colab_xla.notebook.partial_lines). It belongs to the process's
+        replica if the process runs only that one."""
+        if rank == STARTUP:
+            origin = STARTUP_LABEL
+        else:  # (decided here, not in a method of its own: this runs for every read)
+            ordinals = self._ranks.get(rank, ())
+            per_process = (self.plan.replicas or 0) // max(1, self.plan.processes)
+            origin = (next(iter(ordinals)) if len(ordinals) == 1 and per_process == 1
+                      else f"process {rank}")
+        self._emit(origin, kind, self._held.ended(fd, origin, kind,
+                                                  self._decoded(origin, kind, data)))
 
     def _catch_up(self, read_fd: int) -> None:
         """Handle the frames sent before C-level output was read: the process's start,
@@ -347,7 +325,8 @@ class Supervisor:
         for fd in [read_fd, *self._fd_sources]:
             self._read_ready(fd, read_fd)
         self._read_rings()  # (those of processes that were killed too)
-        self._release_held()
+        for piece in self._held.release():
+            self._emit(piece.origin, piece.kind, piece.text)
         for (origin, kind), dec in self._decoders.items():
             self._emit(origin, kind, dec.decode(b"", final=True))
 
@@ -367,16 +346,6 @@ class Supervisor:
                     self._handle(frame)
         return got
 
-    def _fd_owner(self, rank: int):
-        """C-level output of a process belongs to its replica if it runs only one."""
-        if rank == STARTUP:
-            return STARTUP_LABEL
-        ordinals = self._ranks.get(rank, ())
-        per_process = (self.plan.replicas or 0) // max(1, self.plan.processes)
-        if len(ordinals) == 1 and per_process == 1:
-            return next(iter(ordinals))
-        return f"process {rank}"
-
     # -- frames -----------------------------------------------------------------------------
 
     def _handle(self, frame: frames.Frame) -> None:
@@ -395,17 +364,11 @@ class Supervisor:
             self.observer.started(self.outcome, frame.ordinal)
         elif frame.kind == frames.END:
             self._replicas.finished(frame.ordinal)
-            if self._stop:  # it ended after the run was stopped: not in time (see _cut)
-                return
-            if self._after_timeout(frame.payload):
-                # Read before the loop saw the deadline pass (forks held it up): not in
-                # time either, and the run is over all the same.
-                self._stop = "timeout"
-                return
+            if not self._deadlines.in_time(frame.payload):
+                return  # sent after the run was cut (see _cut) or after --timeout's deadline
             self._load_report(frame.ordinal)
-            if self.outcome.replicas[frame.ordinal].error and self._fail_at is None:
-                self._first_failed = frame.ordinal
-                self._fail_at = time.monotonic() + FAIL_FAST_SECONDS
+            if self.outcome.replicas[frame.ordinal].error:
+                self._deadlines.failed(frame.ordinal, time.monotonic())
             self.observer.finished(self.outcome, frame.ordinal)
         elif frame.kind == frames.NOTE:
             note = json.loads(frame.payload)
@@ -416,23 +379,15 @@ class Supervisor:
             if "ended" in note:  # the process of this replica alone ended (see _drive)
                 self._process_ended(frame.ordinal, note["ended"])
 
-    def _after_timeout(self, end_payload: bytes) -> bool:
-        """Whether a replica's end (an END frame's payload) came after --timeout's deadline."""
-        if self._timeout_at is None or len(end_payload) != frames.ENDED_AT.size:
-            return False
-        return frames.ENDED_AT.unpack(end_payload)[0] > self._timeout_at
-
     def _process_ended(self, ordinal: int, code: int) -> None:
         """A replica's own process ended with ``code``. Before its report, the replica
         died: the others get :data:`FAIL_FAST_SECONDS`, as after a failure (they may wait
         for it in a collective). Processes the run kills after it was cut do not count."""
         rep = self.outcome.replica(ordinal)
-        if self._stop or rep.state in (DONE, FAILED):
+        if self._deadlines.stop or rep.state in (DONE, FAILED):
             return
         self._died[ordinal] = code
-        if self._fail_at is None:
-            self._first_failed = ordinal
-            self._fail_at = time.monotonic() + FAIL_FAST_SECONDS
+        self._deadlines.failed(ordinal, time.monotonic())
 
     def _text(self, origin, kind: int, data: bytes) -> None:
         self._emit(origin, kind, self._decoded(origin, kind, data))
@@ -488,11 +443,9 @@ class Supervisor:
                 rep.error = endings.died(
                     rep, exits=self._exits, exit_codes=[self._died[ordinal]],
                     process_logs=self.outcome.processes.values(), one_process=True)
-            elif self._stop:
+            elif self._deadlines.stop:
                 rep.state, rep.elapsed = STOPPED, time.monotonic() - self._started
-                rep.error = endings.stopped(
-                    self._stop, rep, timeout=self.timeout, grace=FAIL_FAST_SECONDS,
-                    first_failed=self.outcome.replicas.get(self._first_failed))
+                rep.error = self._deadlines.stopped(rep, self.outcome.replicas)
             else:
                 rep.state = FAILED
                 rep.error = endings.died(
