@@ -234,7 +234,7 @@ def test_c_level_output_read_before_the_frame_naming_its_replica_still_goes_to_i
     real_select, forced = select.select, []
 
     def c_output_first(readable, writable, errors, timeout=None):
-        sources = [fd for fd, (rank, _) in loops[0]._fd_sources.items()
+        sources = [fd for fd, (rank, _) in loops[0]._pipes.fd_sources.items()
                    if rank >= 0 and fd in readable] if loops else []
         if sources and not forced:
             forced.append(real_select(sources, [], [], 60)[0])

@@ -1,13 +1,22 @@
 """Units of what the run loop is made of, each alone: when a run is cut
-(colab_xla.notebook.deadlines) and the pieces of C-level lines held back
-(colab_xla.notebook.partial_lines). No replicas, no XLA, no kernel; times are given, never
-slept."""
+(colab_xla.notebook.deadlines), the pieces of C-level lines held back
+(colab_xla.notebook.partial_lines) and the reading of a run's pipes and rings
+(colab_xla.notebook.pipes, on real named pipes and a real ring in a temporary directory).
+No replicas, no XLA, no kernel; times are given, never slept."""
 
-from colab_xla.notebook import deadlines, partial_lines
+import gc
+import os
+import select
+import weakref
+
+import pytest
+
+from colab_xla.notebook import deadlines, partial_lines, pipes
 from colab_xla.notebook.deadlines import Deadlines
 from colab_xla.notebook.outcome import ReplicaOutcome
 from colab_xla.notebook.partial_lines import PartialLines
-from colab_xla.wire import frames
+from colab_xla.notebook.pipes import STARTUP, RunPipes
+from colab_xla.wire import frames, ring
 from colab_xla.wire.reports import ReplicaError
 
 # --- when a run is cut --------------------------------------------------------------------
@@ -126,3 +135,139 @@ def test_held_pieces_are_due_after_partial_line_seconds_and_released_then(monkey
     assert held.due() == 10.75
     assert held.release() == [partial_lines.Held("warn", "process 0", frames.STDERR, 10.25)]
     assert held.pieces == {}
+
+
+# --- reading a run's pipes and rings ------------------------------------------------------------
+
+
+class _Reads:
+    """What RunPipes hands on, in the order it does."""
+
+    def __init__(self):
+        self.seen = []
+
+    def handle(self, frame):
+        self.seen.append(("frame", frame.kind, frame.ordinal, frame.payload))
+
+    def c_output(self, fd, rank, kind, data):
+        self.seen.append(("c", rank, kind, data))
+
+
+@pytest.fixture
+def run_pipes(tmp_path):
+    reads = _Reads()
+    made = RunPipes(str(tmp_path), 2, (str(tmp_path), None), reads.handle, reads.c_output)
+    yield made, reads
+    made.close()
+
+
+def _c_write(made, rank, kind, data):
+    path = made.fd_paths[rank][0 if kind == frames.STDOUT else 1]
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def test_the_run_s_pipes_are_named_pipes_where_the_replicas_find_them(run_pipes, tmp_path):
+    made, _ = run_pipes
+    assert made.channel_path == str(tmp_path / "channel")
+    assert made.startup_path == str(tmp_path / "startup")
+    assert made.fd_paths == tuple((str(tmp_path / f"process-{r}.stdout"),
+                                   str(tmp_path / f"process-{r}.stderr")) for r in range(2))
+    assert sorted(made.fd_sources.values()) == sorted(
+        [(STARTUP, frames.STDERR)] + [(r, k) for r in range(2)
+                                      for k in (frames.STDOUT, frames.STDERR)])
+
+
+def test_c_level_output_comes_after_the_frames_sent_before_it(run_pipes):
+    made, reads = run_pipes
+    writer = frames.ChannelWriter(made.write_fd)
+    writer.send(frames.START, 1, b'{"rank": 1}')
+    writer.send(frames.STDOUT, 1, b"from Python\n")
+    _c_write(made, 1, frames.STDOUT, b"from C\n")
+    c_fd = next(fd for fd, source in made.fd_sources.items() if source == (1, frames.STDOUT))
+    assert select.select([c_fd], [], [], 10)[0] == [c_fd]
+    assert made.read(c_fd)  # woken by the C-level line: the frames are handled first
+    assert reads.seen == [("frame", frames.START, 1, b'{"rank": 1}'),
+                          ("frame", frames.STDOUT, 1, b"from Python\n"),
+                          ("c", 1, frames.STDOUT, b"from C\n")]
+
+
+def test_a_ring_named_on_the_pipe_is_read_and_its_lines_merged(run_pipes, tmp_path):
+    made, reads = run_pipes
+    writer = frames.ChannelWriter(made.write_fd)
+    writer.use_ring(str(tmp_path / "ring-0"), size=1 << 16)
+    writer.send(frames.STDOUT, 0, b"one\n")
+    writer.send(frames.STDOUT, 0, b"two\n")
+    made.read_written()  # the pipe names the ring; the ring holds the lines
+    assert list(made.rings) == [str(tmp_path / "ring-0")]
+    assert reads.seen == [("frame", frames.STDOUT, 0, b"one\ntwo\n")]
+    writer.drop_ring()
+
+
+def test_a_ring_outside_the_run_s_directories_is_not_opened(run_pipes, tmp_path):
+    made, reads = run_pipes
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    writer = frames.ChannelWriter(made.write_fd)
+    writer.use_ring(str(elsewhere / "ring-0"), size=1 << 16)
+    made.read_written()
+    assert made.rings == {} and reads.seen == []
+    writer.drop_ring()
+
+
+def test_looking_at_the_rings_says_when_to_look_again(run_pipes, tmp_path, monkeypatch):
+    monkeypatch.setattr(pipes, "RING_FLOW_SECONDS", 0.002)
+    monkeypatch.setattr(pipes, "RING_POLL_SECONDS", 0.005)
+    made, reads = run_pipes
+    assert made.look(100.0, 101.0) == 101.0  # no ring: the caller's wake-up stands
+    writer = frames.ChannelWriter(made.write_fd)
+    writer.use_ring(str(tmp_path / "ring-0"), size=1 << 16)
+    made.read_written()
+    reader, _ = made.rings[str(tmp_path / "ring-0")]
+    writer.send(frames.STDOUT, 0, b"flowing\n")
+    assert made.look(100.0, 101.0) == 100.002  # output came: soon, no wake-up asked
+    assert reads.seen[-1] == ("frame", frames.STDOUT, 0, b"flowing\n")
+    assert reader._map[ring._WAITING] == 0
+    assert made.look(100.0, 101.0) == 100.005  # none: a wake-up asked, and a poll
+    assert reader._map[ring._WAITING] == 1
+    assert made.look(100.0, 100.001) == 100.001  # an earlier wake-up stands
+    writer.drop_ring()
+
+
+def test_draining_reads_everything_the_pipes_hold(run_pipes, monkeypatch):
+    monkeypatch.setattr(pipes, "READ_SIZE", 16)  # so that each pipe takes several reads
+    made, reads = run_pipes
+    writer = frames.ChannelWriter(made.write_fd)
+    for ordinal in range(3):
+        writer.send(frames.NOTE, ordinal, b'{"x": 1}')
+    _c_write(made, 0, frames.STDERR, b"a C-level line longer than one read\n")
+    fd = os.open(made.startup_path, os.O_WRONLY)
+    os.write(fd, b"before the rank is known\n")
+    os.close(fd)
+    made.drain()
+    assert [s[2] for s in reads.seen if s[0] == "frame"] == [0, 1, 2]
+    assert b"".join(s[3] for s in reads.seen if s[:3] == ("c", 0, frames.STDERR)) == (
+        b"a C-level line longer than one read\n")
+    assert b"".join(s[3] for s in reads.seen if s[:3] == ("c", STARTUP, frames.STDERR)) == (
+        b"before the rank is known\n")
+
+
+def test_closed_pipes_keep_nothing_of_their_caller_alive(tmp_path):
+    """The callbacks are the caller's methods: kept after the run, they would keep the
+    Supervisor, its outcome and the values in it (shared pages a later run reuses) until a
+    garbage collection."""
+    reads = _Reads()
+    reads.pipes = RunPipes(str(tmp_path), 1, (str(tmp_path),), reads.handle, reads.c_output)
+    gone = weakref.ref(reads)
+    reads.pipes.close()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del reads
+        assert gone() is None  # freed at once
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -1,14 +1,17 @@
-"""The run loop, on the notebook's side: one :class:`Supervisor` per run.
+"""The run loop, on the notebook's side: one :class:`Supervisor` per run, and its
+:class:`RunRequest`.
 
-It makes the run's pipes (one for frames, a pair per replica process for C-level output,
-one for what processes print before their rank is known), starts the replicas through
-:mod:`colab_xla.notebook.launch` in a driver thread, and reads every pipe in the calling thread
-(the kernel's main thread, so it stays interruptible) until the replicas have ended: frames
-become the outcome's output lines, starts, reports and notes, and the observer (a view)
-hears of each. It cuts the run on Interrupt, ``--timeout`` or :data:`FAIL_FAST_SECONDS`
-after a replica failed, settles every replica that sent no report
-(:mod:`colab_xla.notebook.endings`), and kills every process of the run
-(:class:`colab_xla.notebook.processes.RunProcesses`) whatever happened.
+The Supervisor composes what a run needs, each from the module that owns it: it makes the
+run's pipes (:class:`colab_xla.notebook.pipes.RunPipes`), starts the replicas
+(:class:`colab_xla.notebook.replicas.Replicas`: fresh ones, or a session's) in a driver
+thread, and reads every pipe in the calling thread (the kernel's main thread, so it stays
+interruptible) until the replicas have ended: frames become the outcome's output lines,
+starts, reports and notes, and the observer (a view) hears of each, drawing when
+:class:`colab_xla.notebook.draw_pacing.DrawPacer` says (C-level output a line at a time:
+:mod:`colab_xla.notebook.partial_lines`). It cuts the run on Interrupt, ``--timeout`` or
+:data:`colab_xla.notebook.deadlines.FAIL_FAST_SECONDS` after a replica failed
+(:class:`colab_xla.notebook.deadlines.Deadlines`), settles every replica that sent no report
+(:mod:`colab_xla.notebook.endings`), and leaves nothing of the run running whatever happened.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 import codecs
 import contextlib
 import dataclasses
-import itertools
 import json
 import os
 import secrets
@@ -32,30 +34,14 @@ from .draw_pacing import NEXT_DRAW_SECONDS, TICK_SECONDS, DrawPacer
 from .launch import Launch, inherit, replica_environ
 from .outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome, load_results
 from .partial_lines import PartialLines
+from .pipes import STARTUP, STARTUP_LABEL, RunPipes
 from .replicas import FreshReplicas, Replicas
 from ..wire.job import ReplicaJob
-from ..wire import frames, ring, shared_tensors, values
+from ..wire import frames, shared_tensors, values
 
 # Imported from here by other modules (the names they had before this module was split).
 __all__ = ["RunRequest", "Supervisor", "Replicas", "FreshReplicas", "DrawPacer",
            "TICK_SECONDS", "NEXT_DRAW_SECONDS", "FAIL_FAST_SECONDS"]
-
-# While replica processes write to output rings, the reader looks at them at least this
-# often: a ring's wake-up can be lost (a writer and the reader each store, then load what
-# the other stored: x86 may order those loads first), and a lost one must cost a few
-# milliseconds, not a tick.
-RING_POLL_SECONDS = 0.005
-# While output flows (the last look found some), the reader looks again this long after,
-# without asking for a wake-up: a writer then pays no system call per line (a wake-up
-# cost a fast replica one in three lines), and the reader takes more lines per look. A
-# replica's end wakes it anyway: a warm session's cell waits for nothing else.
-RING_FLOW_SECONDS = 0.002
-READ_SIZE = 1 << 16  # what one read of a pipe takes
-PIPE_READS = frames.PIPE_SIZE // READ_SIZE  # reads that take what a full pipe holds
-
-
-# The origin of output of replica processes before their replicas start (see Supervisor.run).
-STARTUP, STARTUP_LABEL = -1, "process start-up"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,10 +86,7 @@ class Supervisor:
         self._exits: Dict[int, Tuple[int, int]] = {}  # pid -> (replica, code) of os._exit
         self._died: Dict[int, int] = {}  # replica -> exit code of its own process
         self._interrupts = interrupts.Interrupts(None)  # held while the run goes on
-        self._decoder = frames.FrameDecoder()  # (an Interrupt may come before reading starts)
-        # The replica processes' output rings, by path (see colab_xla.wire.ring).
-        self._rings: Dict[str, Tuple[ring.RingReader, frames.FrameDecoder]] = {}
-        self._ring_output = False  # a ring had output since the reading loop last looked
+        self._pipes: Optional[RunPipes] = None  # made by run
 
     # -- the run --------------------------------------------------------------------------
 
@@ -114,36 +97,22 @@ class Supervisor:
         # The run's pipes go where its rings do: in tmpfs, making one costs less than in a
         # disk's /tmp (2 a replica process, and 2 more, every run; bench/launch_overhead.py
         # measures both).
-        pipe_dir = self._shm_dir or self.run_dir
-        channel_path = os.path.join(pipe_dir, "channel")
-        read_fd, write_fd = frames.make_fifo(channel_path)
-        done_r, done_w = os.pipe()
-        fd_paths = [tuple(os.path.join(pipe_dir, f"process-{rank}.{kind}")
-                          for kind in ("stdout", "stderr"))
-                    for rank in range(self.plan.processes)]
-        fd_pipes = [tuple(frames.make_fifo(path) for path in pair) for pair in fd_paths]
-        self._fd_sources = {pipe[0]: (rank, kind)
-                            for rank, pair in enumerate(fd_pipes)
-                            for kind, pipe in zip((frames.STDOUT, frames.STDERR), pair)}
-        # What a replica process prints before its rank is known (torch_xla starting its
-        # runtime: XLA's fatal message for a bad XLA_FLAGS, say) goes to one more pipe.
-        startup_path = os.path.join(pipe_dir, "startup")
-        startup = frames.make_fifo(startup_path)
-        self._fd_sources[startup[0]] = (STARTUP, frames.STDERR)
-        fd_pipes.append((startup,))
+        self._pipes = pipes = RunPipes(
+            self._shm_dir or self.run_dir, self.plan.processes, (self.run_dir, self._shm_dir),
+            handle=self._handle, c_output=self._c_output)
         # A Manager lock costs ~5 ms of connections per run: only cells that use it pay.
         lock = shared_lock.new_lock() if "lock" in self.cell.source else None
         self._replicas.begin()  # after the manager exists: every new child is the run's
         forked = self._replicas.inherit
         job = ReplicaJob(
-            run_id=self.run_id, run_dir=self.run_dir, channel_path=channel_path,
-            parent_pid=opts.parent_pid, lock=lock, fd_paths=tuple(fd_paths),
-            startup_path=startup_path,
+            run_id=self.run_id, run_dir=self.run_dir, channel_path=pipes.channel_path,
+            parent_pid=opts.parent_pid, lock=lock, fd_paths=tuple(pipes.fd_paths),
+            startup_path=pipes.startup_path,
             environ=replica_environ(self.plan.env),
             cell=None if forked else self.cell, names=None if forked else opts.names,
             cache_dir=opts.cache_dir, pull=opts.pull, pull_from=opts.pull_from,
             shm_dir=self._shm_dir, rings=True)
-        driver = threading.Thread(target=self._drive, args=(job, done_w, write_fd),
+        driver = threading.Thread(target=self._drive, args=(job, pipes.done_w, pipes.write_fd),
                                   name="colab_xla-driver", daemon=True)
         # From here on an Interrupt is a flag the read loop checks (see colab_xla.notebook.interrupts):
         # a second one during the clean-up cannot break it either.
@@ -154,18 +123,18 @@ class Supervisor:
                 self.observer.opened(self.outcome)
                 driver.start()
                 try:
-                    self._read_until_done(read_fd, done_r)
+                    self._read_until_done()
                 except KeyboardInterrupt:  # raised by a view's own code: an Interrupt too
                     self._interrupts.requested = True
                 if self._interrupts.requested:
                     self.outcome.interrupted = True
-                    self._cut("interrupted", read_fd)
+                    self._cut("interrupted")
                 if self._deadlines.stop:
                     self._replicas.stop(driver, lambda until: self._read_until_done(
-                        read_fd, done_r, until=until))
+                        until=until))
                 else:
                     driver.join()
-                self._drain(read_fd)
+                self._drain()
                 self._settle_unreported()
                 if (self._driver_error is not None and not self.outcome.replicas
                         and not self._deadlines.stop):
@@ -178,11 +147,7 @@ class Supervisor:
                 self._replicas.release(driver)
                 if self._shm_dir is not None:  # tensors already mapped stay valid
                     shared_tensors.remove_dir(self._shm_dir)
-                for reader, _ in self._rings.values():
-                    reader.close()
-                for fd in (read_fd, write_fd, done_r, done_w,
-                           *(fd for pair in fd_pipes for pipe in pair for fd in pipe)):
-                    os.close(fd)
+                pipes.close()
                 self.outcome.elapsed = time.monotonic() - self._started
                 self._finish_logs()
                 # Its traceback's frames hold the pool (each process's sentinel pipe) and this
@@ -203,13 +168,17 @@ class Supervisor:
         finally:
             os.write(done_w, b"x")
 
-    def _read_until_done(self, read_fd: int, done_r: int, until: Optional[float] = None) -> None:
+    def _read_until_done(self, until: Optional[float] = None) -> None:
         """Read until the driver is done, the run is cut, or (once it was cut, while the
-        replicas are being stopped) the time ``until``."""
-        fds = [read_fd, done_r, *self._fd_sources]
+        replicas are being stopped) the time ``until``: what the pipes and rings bring
+        (:class:`RunPipes`), interleaved with the deadlines (:class:`Deadlines`), the held
+        pieces of C-level lines (:class:`PartialLines`), the views' draws
+        (:class:`DrawPacer`) and, once a tick, the look for the replicas' processes."""
+        pipes, held, cut = self._pipes, self._held, self._deadlines
+        done_r = pipes.done_r
+        fds = [pipes.read_fd, done_r, *pipes.fd_sources]
         if self._interrupts.wake_fd is not None and until is None:
             fds.append(self._interrupts.wake_fd)
-        held, cut = self._held, self._deadlines
         draws = DrawPacer(time.monotonic())
         next_track = draws.due  # when the replicas' processes are looked for again
         while True:
@@ -223,26 +192,16 @@ class Supervisor:
                     return
                 reason = cut.passed(now)
                 if reason:
-                    self._cut(reason, read_fd)
+                    self._cut(reason)
                     return
                 times = (draws.due, cut.timeout_at, cut.fail_at)
-            wake = min(t for t in times if t is not None)
-            self._read_rings()
-            if not self._ring_output:  # none since the last look (here, or by _read): ask
-                for reader, _ in self._rings.values():
-                    reader.waiting(True)  # (then read: what came before the flag is not missed)
-                if self._read_rings():
-                    for reader, _ in self._rings.values():
-                        reader.waiting(False)
-            flowing, self._ring_output = self._ring_output, False
-            if self._rings:
-                wake = min(wake, now + (RING_FLOW_SECONDS if flowing else RING_POLL_SECONDS))
+            wake = pipes.look(now, min(t for t in times if t is not None))
             if held.pieces:
                 wake = min(wake, held.due())
             readable, _, _ = select.select(fds, [], [], max(0.0, wake - now))
             for fd in readable:
                 if fd not in (done_r, self._interrupts.wake_fd):
-                    self._read(fd, read_fd)
+                    pipes.read(fd)
             if held.pieces:
                 for piece in held.release(time.monotonic()):
                     self._emit(piece.origin, piece.kind, piece.text)
@@ -258,38 +217,14 @@ class Supervisor:
             if readable == [done_r]:
                 return  # the driver ended and the pipes hold nothing more right now
 
-    def _cut(self, reason: str, read_fd: int) -> None:
+    def _cut(self, reason: str) -> None:
         """Stop the run now: what the pipes hold was written before this moment and counts
         (a replica that reported its end in time is done: for a timeout, one that ended
         before the deadline, see :meth:`Deadlines.in_time`); a report read after it is late
         and ignored, so the replica is settled as stopped for ``reason``, even if the kill
         comes too late to stop it (a --timeout shorter than the start-up)."""
-        for fd in [read_fd, *self._fd_sources]:
-            self._read_ready(fd, read_fd, PIPE_READS)
-        self._read_rings()
+        self._pipes.read_written()
         self._deadlines.stop = reason
-
-    def _read(self, fd: int, read_fd: int) -> bool:
-        """Read what ``fd`` has; False at end of file."""
-        data = os.read(fd, READ_SIZE)
-        if fd == read_fd:
-            for frame in self._decoder.feed(data, merge=True):
-                if frame.kind == ring.RING:
-                    self._open_ring(frame.payload.decode())
-                elif frame.kind == ring.WAKE:
-                    pass  # the rings are read below
-                else:
-                    if frame.kind not in frames.STREAMS:
-                        # Sent after what the rings hold (the driver's note that a process
-                        # ended, say): handled after it.
-                        self._read_rings()
-                    self._handle(frame)
-            self._read_rings()
-        elif data:
-            rank, kind = self._fd_sources[fd]
-            self._catch_up(read_fd)
-            self._c_output(fd, rank, kind, data)
-        return bool(data)
 
     def _c_output(self, fd: int, rank: int, kind: int, data: bytes) -> None:
         """C-level output read from pipe ``fd`` of process ``rank``: its ended lines now, the
@@ -305,46 +240,13 @@ class Supervisor:
         self._emit(origin, kind, self._held.ended(fd, origin, kind,
                                                   self._decoded(origin, kind, data)))
 
-    def _catch_up(self, read_fd: int) -> None:
-        """Handle the frames sent before C-level output was read: the process's start,
-        which says whose output it is, and the Python lines printed before it. (While
-        output flows, a ring's frames come without a wake-up, so a C-level line can wake
-        the loop before them.)"""
-        self._read_ready(read_fd, read_fd, PIPE_READS)
-        self._read_rings()
-
-    def _read_ready(self, fd: int, read_fd: int, reads: Optional[int] = None) -> None:
-        """Read what ``fd`` holds, without waiting for more: at most ``reads`` reads (what
-        the pipe held when asked, while writers may go on), else until it is empty."""
-        for _ in range(reads) if reads is not None else itertools.count():
-            if not (select.select([fd], [], [], 0)[0] and self._read(fd, read_fd)):
-                return
-
-    def _drain(self, read_fd: int) -> None:
+    def _drain(self) -> None:
         # Every replica process has exited: what they wrote is in the pipes already.
-        for fd in [read_fd, *self._fd_sources]:
-            self._read_ready(fd, read_fd)
-        self._read_rings()  # (those of processes that were killed too)
+        self._pipes.drain()
         for piece in self._held.release():
             self._emit(piece.origin, piece.kind, piece.text)
         for (origin, kind), dec in self._decoders.items():
             self._emit(origin, kind, dec.decode(b"", final=True))
-
-    def _open_ring(self, path: str) -> None:
-        if path not in self._rings and os.path.dirname(path) in (self.run_dir, self._shm_dir):
-            self._rings[path] = (ring.RingReader(path), frames.FrameDecoder())
-
-    def _read_rings(self) -> bool:
-        """Handle what the replica processes' rings hold; whether there was anything."""
-        got = False
-        for reader, decoder in self._rings.values():
-            data = reader.read()
-            if data:
-                got = self._ring_output = True
-                # (decoded with merge: a replica's consecutive lines come as one frame)
-                for frame in decoder.feed(data, merge=True):
-                    self._handle(frame)
-        return got
 
     # -- frames -----------------------------------------------------------------------------
 
