@@ -1,7 +1,8 @@
 """What one run reads, and the reading of it: :class:`RunPipes`.
 
 A run's replica processes send everything the notebook sees through pipes this module
-makes (named pipes in the run's directory, opened by path in the replicas): the frame pipe
+makes (named pipes, opened by path in the replicas, in the directory the caller names: the
+run's ``/dev/shm`` directory where there is one, else the run's directory): the frame pipe
 (``channel``: events, and the frames of processes forked from a replica), a pair per
 replica process for C-level output (its fd 1 and 2), and ``startup``, for what a process
 prints before its rank is known. Each replica process also appends its frames to an output
