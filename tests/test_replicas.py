@@ -14,7 +14,7 @@ import pytest
 
 from _runs import LABEL, run  # tests/ is on sys.path
 
-from colab_xla.notebook import supervisor
+from colab_xla.notebook import replicas, supervisor
 from colab_xla.runtimes import torch_xla as torch_xla_runtime
 from colab_xla.replica import job as replica_job
 from colab_xla.notebook.outcome import DONE, FAILED, XlaSpawnError
@@ -235,7 +235,7 @@ def test_c_level_output_read_before_the_frame_naming_its_replica_still_goes_to_i
     real_select, forced = select.select, []
 
     def c_output_first(readable, writable, errors, timeout=None):
-        sources = [fd for fd, (rank, _) in loops[0]._fd_sources.items()
+        sources = [fd for fd, (rank, _) in loops[0]._pipes.fd_sources.items()
                    if rank >= 0 and fd in readable] if loops else []
         if sources and not forced:
             forced.append(real_select(sources, [], [], 60)[0])
@@ -442,7 +442,7 @@ def test_the_outcome_lists_replicas_by_ordinal_whatever_order_they_started_in(mo
         def started(self, outcome, ordinal):
             self.order.append(ordinal)
 
-    monkeypatch.setattr(supervisor, "run_replica", _replica_0_starts_last)
+    monkeypatch.setattr(replicas, "run_replica", _replica_0_starts_last)
     outcome = run("import time\ntime.sleep(0.05 * (3 - index))\nran(index)", 4,
                   user_ns={"ran": _cell_ran}, observer=Starts(),  # and 3 finishes first
                   simulate="threads")  # (the semaphore is shared by threads)

@@ -657,7 +657,7 @@ print("ok")
 
 # --- when the views draw ---------------------------------------------------------------------
 
-from colab_xla.notebook.supervisor import NEXT_DRAW_SECONDS, TICK_SECONDS, DrawPacer  # noqa: E402
+from colab_xla.notebook.draw_pacing import NEXT_DRAW_SECONDS, TICK_SECONDS, DrawPacer  # noqa: E402
 
 
 def test_output_is_drawn_at_once_and_without_output_every_tick():

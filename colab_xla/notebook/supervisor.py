@@ -1,14 +1,17 @@
-"""The run loop, on the notebook's side: one :class:`Supervisor` per run.
+"""The run loop, on the notebook's side: one :class:`Supervisor` per run, and its
+:class:`RunRequest`.
 
-It makes the run's pipes (one for frames, a pair per replica process for C-level output,
-one for what processes print before their rank is known), starts the replicas through
-:mod:`colab_xla.notebook.launch` in a driver thread, and reads every pipe in the calling thread
-(the kernel's main thread, so it stays interruptible) until the replicas have ended: frames
-become the outcome's output lines, starts, reports and notes, and the observer (a view)
-hears of each. It cuts the run on Interrupt, ``--timeout`` or :data:`FAIL_FAST_SECONDS`
-after a replica failed, settles every replica that sent no report
-(:mod:`colab_xla.notebook.endings`), and kills every process of the run
-(:class:`colab_xla.notebook.processes.RunProcesses`) whatever happened.
+The Supervisor composes what a run needs, each from the module that owns it: it makes the
+run's pipes (:class:`colab_xla.notebook.pipes.RunPipes`), starts the replicas
+(:class:`colab_xla.notebook.replicas.Replicas`: fresh ones, or a session's) in a driver
+thread, and reads every pipe in the calling thread (the kernel's main thread, so it stays
+interruptible) until the replicas have ended: frames become the outcome's output lines,
+starts, reports and notes, and the observer (a view) hears of each, drawing when
+:class:`colab_xla.notebook.draw_pacing.DrawPacer` says (C-level output a line at a time:
+:mod:`colab_xla.notebook.partial_lines`). It cuts the run on Interrupt, ``--timeout`` or
+:data:`colab_xla.notebook.deadlines.FAIL_FAST_SECONDS` after a replica failed
+(:class:`colab_xla.notebook.deadlines.Deadlines`), settles every replica that sent no report
+(:mod:`colab_xla.notebook.endings`), and leaves nothing of the run running whatever happened.
 """
 
 from __future__ import annotations
@@ -16,97 +19,29 @@ from __future__ import annotations
 import codecs
 import contextlib
 import dataclasses
-import itertools
 import json
 import os
 import secrets
 import select
 import threading
 import time
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
-from . import endings, hardware, interrupts, processes, shared_lock, state
+from . import draw_pacing, endings, hardware, interrupts, shared_lock, state
 from ..wire.cell import CellModule
-from .launch import Launch, environ, inherit, replica_environ, run_replica, start
+from .deadlines import FAIL_FAST_SECONDS, Deadlines
+from .draw_pacing import NEXT_DRAW_SECONDS, TICK_SECONDS, DrawPacer
+from .launch import Launch, inherit, replica_environ
 from .outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome, load_results
+from .partial_lines import PartialLines
+from .pipes import STARTUP, STARTUP_LABEL, RunPipes
+from .replicas import FreshReplicas, Replicas
 from ..wire.job import ReplicaJob
-from ..wire import frames, ring, shared_tensors, values
+from ..wire import frames, shared_tensors, values
 
-# Live views draw output at once, unless they drew less than an interval ago (then when it
-# has passed): the interval starts at NEXT_DRAW_SECONDS and doubles while output keeps
-# waiting for draws, up to TICK_SECONDS (a few updates a second keep the browser
-# responsive); without output, a draw (elapsed times) comes every TICK_SECONDS.
-TICK_SECONDS = 0.25
-# While replica processes write to output rings, the reader looks at them at least this
-# often: a ring's wake-up can be lost (a writer and the reader each store, then load what
-# the other stored: x86 may order those loads first), and a lost one must cost a few
-# milliseconds, not a tick.
-RING_POLL_SECONDS = 0.005
-# While output flows (the last look found some), the reader looks again this long after,
-# without asking for a wake-up: a writer then pays no system call per line (a wake-up
-# cost a fast replica one in three lines), and the reader takes more lines per look. A
-# replica's end wakes it anyway: a warm session's cell waits for nothing else.
-RING_FLOW_SECONDS = 0.002
-NEXT_DRAW_SECONDS = 0.01
-READ_SIZE = 1 << 16  # what one read of a pipe takes
-# C-level output (a process's fd 1 and 2) is handed on a line at a time: C stdio may write
-# one line in pieces (a printf's text, then its conversion), and a Python line the replica
-# prints next, which comes another way, must not land inside it. A piece whose line has
-# not ended is held this long at most (then it is shown as it is: a prompt, say).
-PARTIAL_LINE_SECONDS = 0.2
-PIPE_READS = frames.PIPE_SIZE // READ_SIZE  # reads that take what a full pipe holds
-# After a kill, how long to wait for the driver thread to see its pool broken.
-_DRIVER_JOIN_SECONDS = 5.0
-# Once a replica has failed, how long the others may go on before the run is stopped:
-# they are usually blocked in a collective waiting for it and would wait forever
-# (pytorch/xla#7974).
-FAIL_FAST_SECONDS = 3.0
-
-
-class DrawPacer:
-    """When the live views draw (``tick``): output at once, unless the last draw was less
-    than an interval ago (then when it has passed). A draw whose output had to wait
-    doubles the interval, from NEXT_DRAW_SECONDS up to TICK_SECONDS (a flood settles at a
-    few draws a second); output that comes later than that (replicas starting one after
-    another) sets it back. Without output, a draw every TICK_SECONDS. Times are
-    ``time.monotonic()`` seconds, given by the caller.
-
-    >>> p = DrawPacer(now=0.0)
-    >>> p.drew(0.3); p.output(0.4); p.due  # drawn at once
-    0.4
-    """
-
-    def __init__(self, now: float):
-        self.due = now + TICK_SECONDS  # the next draw
-        self._last, self._interval = float("-inf"), NEXT_DRAW_SECONDS
-        self._since: Optional[float] = None  # when output came that no draw has shown yet
-
-    def output(self, now: float) -> None:
-        """Output came (again) that is not drawn yet."""
-        if self._since is None:
-            self._since = now
-            self.due = min(self.due, max(now, self._last + self._interval))
-
-    def drew(self, now: float) -> None:
-        """The views drew at ``now``."""
-        if self._since is not None:
-            waited = self._since < self._last + self._interval
-            self._interval = (min(TICK_SECONDS, self._interval * 2) if waited
-                              else NEXT_DRAW_SECONDS)
-            self._last, self._since = now, None
-        self.due = now + TICK_SECONDS
-
-
-# The origin of output of replica processes before their replicas start (see Supervisor.run).
-STARTUP, STARTUP_LABEL = -1, "process start-up"
-
-
-class _Held(NamedTuple):
-    """The piece of a C-level line read so far (its line not ended yet)."""
-    text: str
-    origin: Any  # whose output it is, as read (shown under it if it is shown unended)
-    kind: int
-    since: float  # monotonic time of its first read
+# Imported from here by other modules (the names they had before this module was split).
+__all__ = ["RunRequest", "Supervisor", "Replicas", "FreshReplicas", "DrawPacer",
+           "TICK_SECONDS", "NEXT_DRAW_SECONDS", "FAIL_FAST_SECONDS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,20 +68,16 @@ class Supervisor:
 
     def __init__(self, options: RunRequest, plan: hardware.ReplicaPlan, run_dir: str,
                  user_ns: Dict[str, Any], observer: RunObserver, timeout: Optional[float],
-                 replicas: Optional["Replicas"] = None):
+                 replicas: Optional[Replicas] = None):
         self.options, self.cell = options, options.cell
         self.plan, self.run_dir, self.observer = plan, run_dir, observer
         self.timeout = timeout
-        self._timeout_at = time.monotonic() + timeout if timeout else None
-        self._fail_at: Optional[float] = None
-        self._first_failed: Optional[int] = None
-        self._stop: Optional[str] = None  # why the run was cut: interrupted, timeout, failed
+        self._deadlines = Deadlines(timeout, time.monotonic())  # and why the run was cut
         self.user_ns = user_ns
         self.run_id = secrets.token_hex(8)
         self.outcome = RunOutcome(device_type=plan.device_type, log_dir=state.new_log_dir())
         self._decoders: Dict[tuple, Any] = {}
-        # fd -> (the text of an unended C-level line, its origin, its kind, held since)
-        self._held: Dict[int, _Held] = {}
+        self._held = PartialLines()  # unended C-level lines, by the pipe they came from
         self._ranks: Dict[int, set] = {}  # local process rank -> ordinals it runs
         self._pid_rank: Dict[int, int] = {}
         self._replicas = replicas or FreshReplicas(self.run_id, options.launch, plan)
@@ -155,10 +86,7 @@ class Supervisor:
         self._exits: Dict[int, Tuple[int, int]] = {}  # pid -> (replica, code) of os._exit
         self._died: Dict[int, int] = {}  # replica -> exit code of its own process
         self._interrupts = interrupts.Interrupts(None)  # held while the run goes on
-        self._decoder = frames.FrameDecoder()  # (an Interrupt may come before reading starts)
-        # The replica processes' output rings, by path (see colab_xla.wire.ring).
-        self._rings: Dict[str, Tuple[ring.RingReader, frames.FrameDecoder]] = {}
-        self._ring_output = False  # a ring had output since the reading loop last looked
+        self._pipes: Optional[RunPipes] = None  # made by run
 
     # -- the run --------------------------------------------------------------------------
 
@@ -169,36 +97,22 @@ class Supervisor:
         # The run's pipes go where its rings do: in tmpfs, making one costs less than in a
         # disk's /tmp (2 a replica process, and 2 more, every run; bench/launch_overhead.py
         # measures both).
-        pipe_dir = self._shm_dir or self.run_dir
-        channel_path = os.path.join(pipe_dir, "channel")
-        read_fd, write_fd = frames.make_fifo(channel_path)
-        done_r, done_w = os.pipe()
-        fd_paths = [tuple(os.path.join(pipe_dir, f"process-{rank}.{kind}")
-                          for kind in ("stdout", "stderr"))
-                    for rank in range(self.plan.processes)]
-        fd_pipes = [tuple(frames.make_fifo(path) for path in pair) for pair in fd_paths]
-        self._fd_sources = {pipe[0]: (rank, kind)
-                            for rank, pair in enumerate(fd_pipes)
-                            for kind, pipe in zip((frames.STDOUT, frames.STDERR), pair)}
-        # What a replica process prints before its rank is known (torch_xla starting its
-        # runtime: XLA's fatal message for a bad XLA_FLAGS, say) goes to one more pipe.
-        startup_path = os.path.join(pipe_dir, "startup")
-        startup = frames.make_fifo(startup_path)
-        self._fd_sources[startup[0]] = (STARTUP, frames.STDERR)
-        fd_pipes.append((startup,))
+        self._pipes = pipes = RunPipes(
+            self._shm_dir or self.run_dir, self.plan.processes, (self.run_dir, self._shm_dir),
+            handle=self._handle, c_output=self._c_output)
         # A Manager lock costs ~5 ms of connections per run: only cells that use it pay.
         lock = shared_lock.new_lock() if "lock" in self.cell.source else None
         self._replicas.begin()  # after the manager exists: every new child is the run's
         forked = self._replicas.inherit
         job = ReplicaJob(
-            run_id=self.run_id, run_dir=self.run_dir, channel_path=channel_path,
-            parent_pid=opts.parent_pid, lock=lock, fd_paths=tuple(fd_paths),
-            startup_path=startup_path,
+            run_id=self.run_id, run_dir=self.run_dir, channel_path=pipes.channel_path,
+            parent_pid=opts.parent_pid, lock=lock, fd_paths=tuple(pipes.fd_paths),
+            startup_path=pipes.startup_path,
             environ=replica_environ(self.plan.env),
             cell=None if forked else self.cell, names=None if forked else opts.names,
             cache_dir=opts.cache_dir, pull=opts.pull, pull_from=opts.pull_from,
             shm_dir=self._shm_dir, rings=True)
-        driver = threading.Thread(target=self._drive, args=(job, done_w, write_fd),
+        driver = threading.Thread(target=self._drive, args=(job, pipes.done_w, pipes.write_fd),
                                   name="colab_xla-driver", daemon=True)
         # From here on an Interrupt is a flag the read loop checks (see colab_xla.notebook.interrupts):
         # a second one during the clean-up cannot break it either.
@@ -209,21 +123,21 @@ class Supervisor:
                 self.observer.opened(self.outcome)
                 driver.start()
                 try:
-                    self._read_until_done(read_fd, done_r)
+                    self._read_until_done()
                 except KeyboardInterrupt:  # raised by a view's own code: an Interrupt too
                     self._interrupts.requested = True
                 if self._interrupts.requested:
                     self.outcome.interrupted = True
-                    self._cut("interrupted", read_fd)
-                if self._stop:
+                    self._cut("interrupted")
+                if self._deadlines.stop:
                     self._replicas.stop(driver, lambda until: self._read_until_done(
-                        read_fd, done_r, until=until))
+                        until=until))
                 else:
                     driver.join()
-                self._drain(read_fd)
+                self._drain()
                 self._settle_unreported()
                 if (self._driver_error is not None and not self.outcome.replicas
-                        and not self._stop):
+                        and not self._deadlines.stop):
                     self.outcome.launch_error = endings.launch_error(self._driver_error)
                 # Replicas arrive in any order; the outcome a person reads is by ordinal.
                 self.outcome.replicas = dict(sorted(self.outcome.replicas.items()))
@@ -233,11 +147,7 @@ class Supervisor:
                 self._replicas.release(driver)
                 if self._shm_dir is not None:  # tensors already mapped stay valid
                     shared_tensors.remove_dir(self._shm_dir)
-                for reader, _ in self._rings.values():
-                    reader.close()
-                for fd in (read_fd, write_fd, done_r, done_w,
-                           *(fd for pair in fd_pipes for pipe in pair for fd in pipe)):
-                    os.close(fd)
+                pipes.close()
                 self.outcome.elapsed = time.monotonic() - self._started
                 self._finish_logs()
                 # Its traceback's frames hold the pool (each process's sentinel pipe) and this
@@ -258,10 +168,15 @@ class Supervisor:
         finally:
             os.write(done_w, b"x")
 
-    def _read_until_done(self, read_fd: int, done_r: int, until: Optional[float] = None) -> None:
+    def _read_until_done(self, until: Optional[float] = None) -> None:
         """Read until the driver is done, the run is cut, or (once it was cut, while the
-        replicas are being stopped) the time ``until``."""
-        fds = [read_fd, done_r, *self._fd_sources]
+        replicas are being stopped) the time ``until``: what the pipes and rings bring
+        (:class:`RunPipes`), interleaved with the deadlines (:class:`Deadlines`), the held
+        pieces of C-level lines (:class:`PartialLines`), the views' draws
+        (:class:`DrawPacer`) and, once a tick, the look for the replicas' processes."""
+        pipes, held, cut = self._pipes, self._held, self._deadlines
+        done_r = pipes.done_r
+        fds = [pipes.read_fd, done_r, *pipes.fd_sources]
         if self._interrupts.wake_fd is not None and until is None:
             fds.append(self._interrupts.wake_fd)
         draws = DrawPacer(time.monotonic())
@@ -271,35 +186,25 @@ class Supervisor:
             if until is not None:
                 if now >= until:
                     return
-                deadlines = (draws.due, until)
+                times = (draws.due, until)
             else:
                 if self._interrupts.requested:
                     return
-                for reason, at in (("timeout", self._timeout_at), ("failed", self._fail_at)):
-                    if at is not None and now >= at:
-                        self._cut(reason, read_fd)
-                        return
-                deadlines = (draws.due, self._timeout_at, self._fail_at)
-            wake = min(t for t in deadlines if t is not None)
-            self._read_rings()
-            if not self._ring_output:  # none since the last look (here, or by _read): ask
-                for reader, _ in self._rings.values():
-                    reader.waiting(True)  # (then read: what came before the flag is not missed)
-                if self._read_rings():
-                    for reader, _ in self._rings.values():
-                        reader.waiting(False)
-            flowing, self._ring_output = self._ring_output, False
-            if self._rings:
-                wake = min(wake, now + (RING_FLOW_SECONDS if flowing else RING_POLL_SECONDS))
-            if self._held:
-                wake = min(wake, min(held.since for held in self._held.values())
-                           + PARTIAL_LINE_SECONDS)
+                reason = cut.passed(now)
+                if reason:
+                    self._cut(reason)
+                    return
+                times = (draws.due, cut.timeout_at, cut.fail_at)
+            wake = pipes.look(now, min(t for t in times if t is not None))
+            if held.pieces:
+                wake = min(wake, held.due())
             readable, _, _ = select.select(fds, [], [], max(0.0, wake - now))
             for fd in readable:
                 if fd not in (done_r, self._interrupts.wake_fd):
-                    self._read(fd, read_fd)
-            if self._held:
-                self._release_held(time.monotonic() - PARTIAL_LINE_SECONDS)
+                    pipes.read(fd)
+            if held.pieces:
+                for piece in held.release(time.monotonic()):
+                    self._emit(piece.origin, piece.kind, piece.text)
             if self._output_since_draw:
                 draws.output(time.monotonic())
             if time.monotonic() >= draws.due:
@@ -308,110 +213,40 @@ class Supervisor:
                 draws.drew(now)
                 if now >= next_track:  # a pass over /proc: once a tick, not per draw
                     self._replicas.tick()
-                    next_track = now + TICK_SECONDS
+                    next_track = now + draw_pacing.TICK_SECONDS
             if readable == [done_r]:
                 return  # the driver ended and the pipes hold nothing more right now
 
-    def _cut(self, reason: str, read_fd: int) -> None:
+    def _cut(self, reason: str) -> None:
         """Stop the run now: what the pipes hold was written before this moment and counts
         (a replica that reported its end in time is done: for a timeout, one that ended
-        before the deadline, see _after_timeout); a report read after it is late and
-        ignored, so the replica is settled as stopped for ``reason``, even if the kill
+        before the deadline, see :meth:`Deadlines.in_time`); a report read after it is late
+        and ignored, so the replica is settled as stopped for ``reason``, even if the kill
         comes too late to stop it (a --timeout shorter than the start-up)."""
-        for fd in [read_fd, *self._fd_sources]:
-            self._read_ready(fd, read_fd, PIPE_READS)
-        self._read_rings()
-        self._stop = reason
+        self._pipes.read_written()
+        self._deadlines.stop = reason
 
-    def _read(self, fd: int, read_fd: int) -> bool:
-        """Read what ``fd`` has; False at end of file."""
-        data = os.read(fd, READ_SIZE)
-        if fd == read_fd:
-            for frame in self._decoder.feed(data, merge=True):
-                if frame.kind == ring.RING:
-                    self._open_ring(frame.payload.decode())
-                elif frame.kind == ring.WAKE:
-                    pass  # the rings are read below
-                else:
-                    if frame.kind not in frames.STREAMS:
-                        # Sent after what the rings hold (the driver's note that a process
-                        # ended, say): handled after it.
-                        self._read_rings()
-                    self._handle(frame)
-            self._read_rings()
-        elif data:
-            rank, kind = self._fd_sources[fd]
-            self._catch_up(read_fd)
-            self._line_text(fd, self._fd_owner(rank), kind, data)
-        return bool(data)
+    def _c_output(self, fd: int, rank: int, kind: int, data: bytes) -> None:
+        """C-level output read from pipe ``fd`` of process ``rank``: its ended lines now, the
+        rest held (see colab_xla.notebook.partial_lines). It belongs to the process's
+        replica if the process runs only that one."""
+        if rank == STARTUP:
+            origin = STARTUP_LABEL
+        else:  # (decided here, not in a method of its own: this runs for every read)
+            ordinals = self._ranks.get(rank, ())
+            per_process = (self.plan.replicas or 0) // max(1, self.plan.processes)
+            origin = (next(iter(ordinals)) if len(ordinals) == 1 and per_process == 1
+                      else f"process {rank}")
+        self._emit(origin, kind, self._held.ended(fd, origin, kind,
+                                                  self._decoded(origin, kind, data)))
 
-    def _line_text(self, fd: int, origin, kind: int, data: bytes) -> None:
-        """C-level output read from ``fd``: its ended lines now, the rest held (see
-        PARTIAL_LINE_SECONDS)."""
-        held = self._held.pop(fd, None)
-        text = (held.text if held else "") + self._decoded(origin, kind, data)
-        end = max(text.rfind("\n"), text.rfind("\r")) + 1  # (\r: a progress line's end)
-        if end < len(text):
-            since = held.since if held else time.monotonic()
-            self._held[fd] = _Held(text[end:], origin, kind, since)
-        self._emit(origin, kind, text[:end])
-
-    def _release_held(self, before: Optional[float] = None) -> None:
-        """Show the held pieces of C-level lines (those held since ``before`` or earlier)."""
-        for fd, held in list(self._held.items()):
-            if before is None or held.since <= before:
-                del self._held[fd]
-                self._emit(held.origin, held.kind, held.text)
-
-    def _catch_up(self, read_fd: int) -> None:
-        """Handle the frames sent before C-level output was read: the process's start,
-        which says whose output it is, and the Python lines printed before it. (While
-        output flows, a ring's frames come without a wake-up, so a C-level line can wake
-        the loop before them.)"""
-        self._read_ready(read_fd, read_fd, PIPE_READS)
-        self._read_rings()
-
-    def _read_ready(self, fd: int, read_fd: int, reads: Optional[int] = None) -> None:
-        """Read what ``fd`` holds, without waiting for more: at most ``reads`` reads (what
-        the pipe held when asked, while writers may go on), else until it is empty."""
-        for _ in range(reads) if reads is not None else itertools.count():
-            if not (select.select([fd], [], [], 0)[0] and self._read(fd, read_fd)):
-                return
-
-    def _drain(self, read_fd: int) -> None:
+    def _drain(self) -> None:
         # Every replica process has exited: what they wrote is in the pipes already.
-        for fd in [read_fd, *self._fd_sources]:
-            self._read_ready(fd, read_fd)
-        self._read_rings()  # (those of processes that were killed too)
-        self._release_held()
+        self._pipes.drain()
+        for piece in self._held.release():
+            self._emit(piece.origin, piece.kind, piece.text)
         for (origin, kind), dec in self._decoders.items():
             self._emit(origin, kind, dec.decode(b"", final=True))
-
-    def _open_ring(self, path: str) -> None:
-        if path not in self._rings and os.path.dirname(path) in (self.run_dir, self._shm_dir):
-            self._rings[path] = (ring.RingReader(path), frames.FrameDecoder())
-
-    def _read_rings(self) -> bool:
-        """Handle what the replica processes' rings hold; whether there was anything."""
-        got = False
-        for reader, decoder in self._rings.values():
-            data = reader.read()
-            if data:
-                got = self._ring_output = True
-                # (decoded with merge: a replica's consecutive lines come as one frame)
-                for frame in decoder.feed(data, merge=True):
-                    self._handle(frame)
-        return got
-
-    def _fd_owner(self, rank: int):
-        """C-level output of a process belongs to its replica if it runs only one."""
-        if rank == STARTUP:
-            return STARTUP_LABEL
-        ordinals = self._ranks.get(rank, ())
-        per_process = (self.plan.replicas or 0) // max(1, self.plan.processes)
-        if len(ordinals) == 1 and per_process == 1:
-            return next(iter(ordinals))
-        return f"process {rank}"
 
     # -- frames -----------------------------------------------------------------------------
 
@@ -431,17 +266,11 @@ class Supervisor:
             self.observer.started(self.outcome, frame.ordinal)
         elif frame.kind == frames.END:
             self._replicas.finished(frame.ordinal)
-            if self._stop:  # it ended after the run was stopped: not in time (see _cut)
-                return
-            if self._after_timeout(frame.payload):
-                # Read before the loop saw the deadline pass (forks held it up): not in
-                # time either, and the run is over all the same.
-                self._stop = "timeout"
-                return
+            if not self._deadlines.in_time(frame.payload):
+                return  # sent after the run was cut (see _cut) or after --timeout's deadline
             self._load_report(frame.ordinal)
-            if self.outcome.replicas[frame.ordinal].error and self._fail_at is None:
-                self._first_failed = frame.ordinal
-                self._fail_at = time.monotonic() + FAIL_FAST_SECONDS
+            if self.outcome.replicas[frame.ordinal].error:
+                self._deadlines.failed(frame.ordinal, time.monotonic())
             self.observer.finished(self.outcome, frame.ordinal)
         elif frame.kind == frames.NOTE:
             note = json.loads(frame.payload)
@@ -452,23 +281,15 @@ class Supervisor:
             if "ended" in note:  # the process of this replica alone ended (see _drive)
                 self._process_ended(frame.ordinal, note["ended"])
 
-    def _after_timeout(self, end_payload: bytes) -> bool:
-        """Whether a replica's end (an END frame's payload) came after --timeout's deadline."""
-        if self._timeout_at is None or len(end_payload) != frames.ENDED_AT.size:
-            return False
-        return frames.ENDED_AT.unpack(end_payload)[0] > self._timeout_at
-
     def _process_ended(self, ordinal: int, code: int) -> None:
         """A replica's own process ended with ``code``. Before its report, the replica
         died: the others get :data:`FAIL_FAST_SECONDS`, as after a failure (they may wait
         for it in a collective). Processes the run kills after it was cut do not count."""
         rep = self.outcome.replica(ordinal)
-        if self._stop or rep.state in (DONE, FAILED):
+        if self._deadlines.stop or rep.state in (DONE, FAILED):
             return
         self._died[ordinal] = code
-        if self._fail_at is None:
-            self._first_failed = ordinal
-            self._fail_at = time.monotonic() + FAIL_FAST_SECONDS
+        self._deadlines.failed(ordinal, time.monotonic())
 
     def _text(self, origin, kind: int, data: bytes) -> None:
         self._emit(origin, kind, self._decoded(origin, kind, data))
@@ -524,90 +345,12 @@ class Supervisor:
                 rep.error = endings.died(
                     rep, exits=self._exits, exit_codes=[self._died[ordinal]],
                     process_logs=self.outcome.processes.values(), one_process=True)
-            elif self._stop:
+            elif self._deadlines.stop:
                 rep.state, rep.elapsed = STOPPED, time.monotonic() - self._started
-                rep.error = endings.stopped(
-                    self._stop, rep, timeout=self.timeout, grace=FAIL_FAST_SECONDS,
-                    first_failed=self.outcome.replicas.get(self._first_failed))
+                rep.error = self._deadlines.stopped(rep, self.outcome.replicas)
             else:
                 rep.state = FAILED
                 rep.error = endings.died(
                     rep, exits=self._exits, exit_codes=self._replicas.exit_codes(),
                     process_logs=self.outcome.processes.values(),
                     one_process=self.plan.processes == 1, driver_error=self._driver_error)
-
-
-# -- where the replicas come from ---------------------------------------------------------
-
-
-class Replicas:
-    """The replicas a :class:`Supervisor` runs its cell on, and their processes.
-
-    :class:`FreshReplicas` starts them for the run and kills them after it; a session
-    (:class:`colab_xla.notebook.session.SessionReplicas`) sends the cell to replicas it keeps.
-    """
-
-    inherit = False  # whether the replicas fork from this process for the run
-
-    def begin(self) -> None:
-        """Just before the replicas are started."""
-
-    def drive(self, job: ReplicaJob, ended) -> None:
-        """Run ``job`` on every replica, in the driver thread; return when every replica
-        has ended it. ``ended(ordinal, code)`` tells of a replica whose process ended."""
-        raise NotImplementedError
-
-    def started(self, pid: int) -> None:
-        """A replica runs in process ``pid``."""
-
-    def finished(self, ordinal: int) -> None:
-        """Replica ``ordinal`` sent its end (in time or not)."""
-
-    def tick(self) -> None:
-        """Called a few times a second while the run goes on."""
-
-    def exit_codes(self) -> List[int]:
-        return []
-
-    def stop(self, driver: threading.Thread, read_until) -> None:
-        """The run was cut: stop its replicas; ``read_until(t)`` reads what they send
-        until the time ``t`` or the driver's end."""
-        self.release(driver)
-
-    def release(self, driver: threading.Thread) -> None:
-        """The run is over, whatever happened: leave nothing of it running."""
-
-
-class FreshReplicas(Replicas):
-    """A one-off run's replicas: started by :func:`colab_xla.notebook.launch.start` for the run,
-    every process of it killed when it ends."""
-
-    def __init__(self, run_id: str, how: Launch, plan: hardware.ReplicaPlan):
-        self.how, self.plan = how, plan
-        self.inherit = how.start_method == "fork"
-        self.processes = processes.RunProcesses(run_id)
-
-    def begin(self) -> None:
-        self.processes.begin()
-
-    def drive(self, job: ReplicaJob, ended) -> None:
-        with environ(self.plan.env):
-            start(self.how, run_replica, job,
-                  processes=self.plan.processes if self.plan.own_processes else 0,
-                  ended=ended)
-
-    def started(self, pid: int) -> None:
-        self.processes.track(pid)
-        self.processes.new_children()
-
-    def tick(self) -> None:
-        self.processes.track_descendants()
-
-    def exit_codes(self) -> List[int]:
-        return self.processes.exit_codes()
-
-    def release(self, driver: threading.Thread) -> None:
-        """Kill the run's processes until the driver has seen them end: the launcher may
-        still be starting replicas when the run is stopped (a short --timeout, an error
-        in a view), and a process it starts after a kill must not outlive the run."""
-        self.processes.kill_until_ended(driver, _DRIVER_JOIN_SECONDS)

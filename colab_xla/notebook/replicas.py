@@ -1,0 +1,92 @@
+"""Where a run's replicas come from: the :class:`Replicas` interface a
+:class:`colab_xla.notebook.supervisor.Supervisor` runs its cell on, and :class:`FreshReplicas`,
+a one-off run's (started for the run by :func:`colab_xla.notebook.launch.start`, every
+process of it killed when it ends). A session's replicas, kept across cells, are
+:class:`colab_xla.notebook.session.SessionReplicas`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import List
+
+from . import hardware, processes
+from .launch import Launch, environ, run_replica, start
+from ..wire.job import ReplicaJob
+
+# After a kill, how long to wait for the driver thread to see its pool broken.
+_DRIVER_JOIN_SECONDS = 5.0
+
+
+class Replicas:
+    """The replicas a :class:`colab_xla.notebook.supervisor.Supervisor` runs its cell on, and
+    their processes.
+
+    :class:`FreshReplicas` starts them for the run and kills them after it; a session
+    (:class:`colab_xla.notebook.session.SessionReplicas`) sends the cell to replicas it keeps.
+    """
+
+    inherit = False  # whether the replicas fork from this process for the run
+
+    def begin(self) -> None:
+        """Just before the replicas are started."""
+
+    def drive(self, job: ReplicaJob, ended) -> None:
+        """Run ``job`` on every replica, in the driver thread; return when every replica
+        has ended it. ``ended(ordinal, code)`` tells of a replica whose process ended."""
+        raise NotImplementedError
+
+    def started(self, pid: int) -> None:
+        """A replica runs in process ``pid``."""
+
+    def finished(self, ordinal: int) -> None:
+        """Replica ``ordinal`` sent its end (in time or not)."""
+
+    def tick(self) -> None:
+        """Called a few times a second while the run goes on."""
+
+    def exit_codes(self) -> List[int]:
+        return []
+
+    def stop(self, driver: threading.Thread, read_until) -> None:
+        """The run was cut: stop its replicas; ``read_until(t)`` reads what they send
+        until the time ``t`` or the driver's end."""
+        self.release(driver)
+
+    def release(self, driver: threading.Thread) -> None:
+        """The run is over, whatever happened: leave nothing of it running."""
+
+
+class FreshReplicas(Replicas):
+    """A one-off run's replicas: started by :func:`colab_xla.notebook.launch.start` for the run,
+    every process of it killed when it ends."""
+
+    def __init__(self, run_id: str, how: Launch, plan: hardware.ReplicaPlan):
+        self.how, self.plan = how, plan
+        self.inherit = how.start_method == "fork"
+        self.processes = processes.RunProcesses(run_id)
+
+    def begin(self) -> None:
+        self.processes.begin()
+
+    def drive(self, job: ReplicaJob, ended) -> None:
+        with environ(self.plan.env):
+            start(self.how, run_replica, job,
+                  processes=self.plan.processes if self.plan.own_processes else 0,
+                  ended=ended)
+
+    def started(self, pid: int) -> None:
+        self.processes.track(pid)
+        self.processes.new_children()
+
+    def tick(self) -> None:
+        self.processes.track_descendants()
+
+    def exit_codes(self) -> List[int]:
+        return self.processes.exit_codes()
+
+    def release(self, driver: threading.Thread) -> None:
+        """Kill the run's processes until the driver has seen them end: the launcher may
+        still be starting replicas when the run is stopped (a short --timeout, an error
+        in a view), and a process it starts after a kill must not outlive the run."""
+        self.processes.kill_until_ended(driver, _DRIVER_JOIN_SECONDS)
