@@ -10,6 +10,7 @@ import pytest
 
 from colab_xla.notebook import doctor, hardware, preflight, run, tpu_holders
 from colab_xla.notebook.tpu_holders import Holder, Scan
+from colab_xla.wire.cell import Cell
 
 # --- a fake /proc ----------------------------------------------------------------------------
 
@@ -249,13 +250,14 @@ def test_preflight_checks_holders_on_a_tpu_plan_only(monkeypatch, private_state)
 
     monkeypatch.setattr(tpu_holders, "scan", must_not_scan)
     for device in (None, "CPU", "CUDA"):
-        assert preflight.check("index", {}, device_type=device) == {"fatal": [], "notes": []}
+        assert preflight.check(Cell("index"), {}, device_type=device) == {"fatal": [],
+                                                                          "notes": []}
     monkeypatch.setattr(tpu_holders, "scan", lambda: HELD)
-    found = preflight.check("index", {}, device_type="TPU")
+    found = preflight.check(Cell("index"), {}, device_type="TPU")
     assert [p.code for p in found["fatal"]] == ["tpu-held"]
     assert "pid 4242 (`python3 jax_job.py`, user root)" in found["fatal"][0].message
     # If colab_xla is wrong about a holder, the user can make it a note and run anyway.
-    found = preflight.check("index", {"COLAB_XLA_TPU_HOLDERS": "warn"}, device_type="TPU")
+    found = preflight.check(Cell("index"), {"COLAB_XLA_TPU_HOLDERS": "warn"}, device_type="TPU")
     assert found["fatal"] == [] and [p.code for p in found["notes"]] == ["tpu-held"]
 
 

@@ -14,7 +14,7 @@ from colab_xla.notebook import hardware
 from colab_xla.replica import job as replica_job
 from colab_xla.wire import frames
 from colab_xla.notebook.views import text as text_view
-from colab_xla.wire.cell import CellModule, EmptyCellError
+from colab_xla.wire.cell import Cell, CellModule, EmptyCellError
 from colab_xla.notebook.outcome import (DONE, FAILED, ReplicaOutcome, RunOutcome, XlaSpawnError,
                                         format_ordinals)
 from colab_xla.wire.job import ReplicaJob
@@ -24,8 +24,8 @@ from colab_xla.wire.reports import ReplicaError
 
 
 def test_cell_is_written_as_a_private_module_with_a_unique_name(tmp_path):
-    a = CellModule.create("x = 1\n", str(tmp_path), label="Cell In[1]")
-    b = CellModule.create("x = 1\n", str(tmp_path), label="Cell In[1]")
+    a = CellModule.create(Cell("x = 1\n", label="Cell In[1]"), str(tmp_path))
+    b = CellModule.create(Cell("x = 1\n", label="Cell In[1]"), str(tmp_path))
     assert a.name != b.name and a.name.isidentifier()
     assert os.path.dirname(a.path) == str(tmp_path)
     assert stat.S_IMODE(os.stat(a.path).st_mode) == 0o600
@@ -34,32 +34,32 @@ def test_cell_is_written_as_a_private_module_with_a_unique_name(tmp_path):
 
 def test_cell_line_numbers_are_the_notebook_lines(tmp_path):
     # Line 1 of the notebook cell is the magic line, so the body starts at line 2.
-    cell = CellModule.create("a = 1\nb = 2\nc = 1 / 0\n", str(tmp_path))
+    cell = CellModule.create(Cell("a = 1\nb = 2\nc = 1 / 0\n"), str(tmp_path))
     with pytest.raises(ZeroDivisionError) as info:
         exec(cell.body, {})
     assert info.tb.tb_next.tb_lineno == 4 and info.tb.tb_next.tb_frame.f_code.co_filename == cell.path
 
 
 def test_last_expression_is_the_result_and_semicolon_hides_it(tmp_path):
-    cell = CellModule.create("x = 6\nx * 7\n", str(tmp_path))
+    cell = CellModule.create(Cell("x = 6\nx * 7\n"), str(tmp_path))
     ns = {}
     exec(cell.body, ns)
     assert eval(cell.last_expr, ns) == 42
-    hidden = CellModule.create("x = 6\nx * 7;  # no result\n", str(tmp_path))
+    hidden = CellModule.create(Cell("x = 6\nx * 7;  # no result\n"), str(tmp_path))
     assert hidden.last_expr is None
-    assert CellModule.create("x = 6\n", str(tmp_path)).last_expr is None
+    assert CellModule.create(Cell("x = 6\n"), str(tmp_path)).last_expr is None
 
 
 @pytest.mark.parametrize("source", ["", "   \n\n", "# just a comment\n"])
 def test_empty_cell_is_refused(tmp_path, source):
     with pytest.raises(EmptyCellError):
-        CellModule.create(source, str(tmp_path))
+        CellModule.create(Cell(source), str(tmp_path))
     assert os.listdir(tmp_path) == []
 
 
 def test_syntax_error_names_the_cell_and_its_line(tmp_path):
     with pytest.raises(SyntaxError) as info:
-        CellModule.create("x = 1\ny = (\n", str(tmp_path), label="Cell In[3]")
+        CellModule.create(Cell("x = 1\ny = (\n", label="Cell In[3]"), str(tmp_path))
     assert info.value.filename == "Cell In[3]"
     assert info.value.lineno == 3
 
@@ -73,7 +73,7 @@ def test_a_file_planted_at_the_module_path_is_never_written_through(tmp_path, mo
     target.write_text("untouched")
     (tmp_path / "xla_cell_1_feed.py").symlink_to(target)
     with pytest.raises(FileExistsError):
-        CellModule.create("x = 1\n", str(tmp_path))
+        CellModule.create(Cell("x = 1\n"), str(tmp_path))
     assert target.read_text() == "untouched"
 
 
@@ -342,8 +342,8 @@ def test_text_view_shows_every_replica_its_output_result_and_error():
 
 
 def test_traceback_starts_at_the_cell_and_names_its_lines(tmp_path):
-    cell = CellModule.create("def f():\n    raise KeyError('k')\nr = f()\n", str(tmp_path),
-                             label="Cell In[9]")
+    cell = CellModule.create(Cell("def f():\n    raise KeyError('k')\nr = f()\n",
+                                  label="Cell In[9]"), str(tmp_path))
     try:
         exec(cell.body, {})
     except KeyError as exc:
@@ -502,7 +502,7 @@ def check_options(env, pull, pull_from, replicas=None, timeout=None, cache_dir=N
 
 
 def test_a_cell_module_pickles_as_its_file_and_compiles_again(tmp_path):
-    cell = CellModule.create("y = 6\ny * 7\n", str(tmp_path), label="Cell In[3]")
+    cell = CellModule.create(Cell("y = 6\ny * 7\n", label="Cell In[3]"), str(tmp_path))
     again = pickle.loads(pickle.dumps(cell))
     assert (again.name, again.path, again.label, again.source) == \
         (cell.name, cell.path, cell.label, cell.source)
@@ -514,7 +514,7 @@ def test_a_cell_module_pickles_as_its_file_and_compiles_again(tmp_path):
 def test_used_names_are_the_notebook_names_the_cell_mentions_but_not_replica_names():
     ns = {"model": 1, "lr": 2, "index": 3, "device": 4, "unused": 5}
     source = "def step():\n    return model(lr)\nprint(index, device, undefined_here)"
-    assert names.used_names(source, ns) == ["lr", "model"]
+    assert names.used_names(Cell(source), ns) == ["lr", "model"]
 
 
 def test_names_that_cannot_be_sent_are_each_named_with_type_and_reason():

@@ -26,7 +26,7 @@ from .simulation import DEFAULT_SIMULATION
 from . import hardware, interrupts, options, preflight, processes, state
 from ..runtimes import jax as jax_runtime
 from . import session as sessions
-from ..wire.cell import CellModule
+from ..wire.cell import Cell, CellModule
 from .launch import Launch, replica_environ, warm_forkserver
 from .outcome import RunObserver, RunOutcome
 from .session import Session, SessionError, SessionOptions, SessionReplicas
@@ -76,10 +76,10 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
     line. Failures of replicas are not raised: they are in the outcome (see
     ``outcome.failed``).
     """
+    cell = Cell(source, label=label, header=header)  # the one parse of the cell
     if session is not None:
-        return _run_on_session(session, source, replicas=replicas, user_ns=user_ns,
-                               label=label, header=header, observer=observer,
-                               announce=announce, timeout=timeout, launch=launch, env=env,
+        return _run_on_session(session, cell, replicas=replicas, user_ns=user_ns,
+                               observer=observer, announce=announce, timeout=timeout, launch=launch, env=env,
                                cache_dir=cache_dir, pull=pull, pull_from=pull_from,
                                simulate=simulate, hosted=hosted)
     env, launch = dict(env or {}), launch or Launch()
@@ -90,15 +90,15 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
     user_ns = dict(user_ns or {})
     run_dir = state.new_work_dir("run-")
     try:
-        cell = CellModule.create(source, run_dir, label=label, header=header)
-        plan, notes = _planned(source, replicas=replicas, launch=launch, env=env,
+        module = CellModule.create(cell, run_dir)
+        plan, notes = _planned(cell, replicas=replicas, launch=launch, env=env,
                                simulate=simulate, pull_from=pull_from)
         sent_names = None
         if launch.start_method != "fork":
-            sent_names = names.pack(names.used_names(source, user_ns), user_ns,
+            sent_names = names.pack(names.used_names(cell, user_ns), user_ns,
                                    launch.start_method)
         parent_pid = _say_notes(plan, launch, notes, announce)
-        request = RunRequest(launch, parent_pid, cell, sent_names, cache_dir, tuple(pull),
+        request = RunRequest(launch, parent_pid, module, sent_names, cache_dir, tuple(pull),
                              pull_from, hosted)
         return Supervisor(request, plan, run_dir, user_ns, observer or RunObserver(),
                           timeout).run()
@@ -126,15 +126,15 @@ def new_session(opts: SessionOptions, user_ns: Mapping, announce=print) -> Sessi
     cache_dir = options.check_run(replicas=opts.replicas, timeout=None, env=dict(opts.env),
                                   pull=(), pull_from=None, cache_dir=opts.cache_dir,
                                   launch=launch, simulate=simulate)
-    plan, notes = _planned("", replicas=opts.replicas, launch=launch, env=dict(opts.env),
+    plan, notes = _planned(None, replicas=opts.replicas, launch=launch, env=dict(opts.env),
                            simulate=simulate, pull_from=None)
     parent_pid = _say_notes(plan, launch, notes, announce)
     return Session.start(opts, plan, parent_pid, cache_dir, user_ns)
 
 
-def _planned(source: str, *, replicas, launch: Launch, env, simulate,
+def _planned(cell: Optional[Cell], *, replicas, launch: Launch, env, simulate,
              pull_from) -> Tuple[hardware.ReplicaPlan, list]:
-    """The plan for ``source`` (device, replica count, processes, and every variable the
+    """The plan for ``cell`` (None: a session's, before any cell) (device, replica count, processes, and every variable the
     replicas get, ``env`` included), with what would fail refused: the plan, and the
     problems to note."""
     replica_env = replica_environ(env)  # what the replicas will see, --env included
@@ -150,7 +150,7 @@ def _planned(source: str, *, replicas, launch: Launch, env, simulate,
         plan = dataclasses.replace(plan, replicas=1, processes=1)
     options.check_pull_from(pull_from, plan.replicas)
     hardware.import_torch_xla()
-    problems = preflight.check(source, replica_env, launch, plan.device_type)
+    problems = preflight.check(cell, replica_env, launch, plan.device_type)
     if launch.runtime == "jax":
         problems["fatal"] += filter(None, [jax_runtime.backend_problem()])
     for problem in problems["fatal"]:
@@ -179,8 +179,7 @@ def _say_notes(plan: hardware.ReplicaPlan, launch: Launch, problems, announce) -
     return parent_pid
 
 
-def _run_on_session(session: Session, source: str, *, replicas, user_ns, label, header,
-                    observer, announce, timeout, launch, env, cache_dir, pull, pull_from,
+def _run_on_session(session: Session, cell: Cell, *, replicas, user_ns, observer, announce, timeout, launch, env, cache_dir, pull, pull_from,
                     simulate, hosted) -> RunOutcome:
     """:func:`run_cell` on a session's replicas."""
     session.check_cell_options(replicas=replicas, launch=launch, env=env or {},
@@ -193,8 +192,8 @@ def _run_on_session(session: Session, source: str, *, replicas, user_ns, label, 
     run_dir = state.new_work_dir("run-")
     try:
         # The cell's file lives as long as the session: what it defines is called later.
-        cell = CellModule.create(source, session.directory, label=label, header=header)
-        problems = preflight.check(source, os.environ)
+        module = CellModule.create(cell, session.directory)
+        problems = preflight.check(cell, os.environ)
         for problem in problems["fatal"]:
             raise preflight.refusal(problem)
         for problem in problems["notes"]:
@@ -202,11 +201,11 @@ def _run_on_session(session: Session, source: str, *, replicas, user_ns, label, 
             if note and announce:
                 announce(note)
         if hosted is None:
-            sent_names, sent = session.known.pack(source, user_ns)
+            sent_names, sent = session.known.pack(cell, user_ns)
         else:  # a cluster host's: the notebook chose the names to send (all it sent here)
             sent_names, sent = (names.pack(user_ns, user_ns, names.SESSION) if user_ns
                                 else None), []
-        request = RunRequest(session.options.launch, os.getpid(), cell, sent_names, None,
+        request = RunRequest(session.options.launch, os.getpid(), module, sent_names, None,
                              tuple(pull), pull_from, hosted)
         outcome = Supervisor(request, session.plan, run_dir, dict(user_ns),
                              observer or RunObserver(), timeout,

@@ -52,6 +52,7 @@ from .endings import describe_exit
 from ..errors import SetupError
 from ..wire.host_rank import HostRank
 from .launch import Launch, environ, inherit, replica_environ, serve_replica, start
+from ..wire.cell import Cell
 from ..wire.job import ReplicaJob, command_path
 from .supervisor import Replicas
 from ..wire import frames, names
@@ -439,12 +440,12 @@ class KnownNames:
     def __init__(self):
         self._known: Dict[str, _Known] = {}
 
-    def pack(self, source: str,
+    def pack(self, cell: Cell,
              user_ns: Mapping[str, Any]) -> Tuple[Optional[bytes], List[str]]:
-        """The names ``source`` uses that the replicas do not have as they are in
+        """The names ``cell`` uses that the replicas do not have as they are in
         ``user_ns``: packed (None if none), and their names."""
         changed = []
-        for name in names.used_names(source, user_ns):
+        for name in names.used_names(cell, user_ns):
             known = self._known.get(name)
             if known is None or known.changed(user_ns[name]):
                 changed.append(name)

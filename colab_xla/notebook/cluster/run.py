@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import itertools
 import secrets
-import shutil
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .. import endings, interrupts, options, preflight, state
-from ...wire.cell import CellModule
+from ...wire.cell import Cell
 from ...errors import OptionError
 from ..session import SessionError
 from ..launch import Launch
@@ -75,18 +74,15 @@ def run_on_cluster(cluster: Cluster, source: str, *, user_ns: Optional[Mapping] 
     check_jax(cluster, launch)
     per_host = replicas_per_host(cluster, launch.runtime)
     options.check_pull_from(pull_from, sum(per_host))
-    checked = state.new_work_dir("check-")
-    try:  # an empty cell or a SyntaxError is said here, with the cell's line, not per host
-        CellModule.create(source, checked, label=label, header=header)
-    finally:
-        shutil.rmtree(checked, ignore_errors=True)
-    for problem in preflight.cell_problems(source):
+    cell = Cell(source, label=label, header=header)  # the one parse of the cell
+    cell.check()  # an empty cell or a SyntaxError is said here, with its line, not per host
+    for problem in preflight.cell_problems(cell):
         raise preflight.refusal(problem)
     user_ns = user_ns if user_ns is not None else {}
     if session is not None:  # the names every host's warm replicas do not have yet
-        sent, sent_names = session.known.pack(source, user_ns)
+        sent, sent_names = session.known.pack(cell, user_ns)
     else:  # without fork between them, the notebook's names travel by value (as for spawn)
-        sent = names.pack(names.used_names(source, user_ns), user_ns, "spawn")
+        sent = names.pack(names.used_names(cell, user_ns), user_ns, "spawn")
     jax = None  # (a session's JAX processes met when it started)
     if launch.runtime == "jax" and session is None:
         jax = {"coordinator": jax_coordinator(cluster),
