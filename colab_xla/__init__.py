@@ -10,12 +10,11 @@ __version__ = "0.1.0"
 def load_ipython_extension(ipython):
     """Register ``%%xla_spawn``, ``%xla_session``, ``%xla_cluster`` and ``%xla_doctor``
     (called by ``%load_ext colab_xla``)."""
-    import os
-
+    from .notebook.defaults import Defaults
     from .notebook.magics import XlaMagics
 
     ipython.register_magics(XlaMagics)
-    if os.environ.get("COLAB_XLA_START_METHOD") == "forkserver":
+    if Defaults.read().start_method == "forkserver":
         from .notebook.launch import warm_forkserver
 
         warm_forkserver()  # it imports torch and torch_xla in the background meanwhile

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from . import cluster, hardware, launch, preflight, processes, tpu_holders
+from .defaults import Defaults
 from . import session as sessions
 from ..errors import Problem
 
@@ -149,7 +150,7 @@ def diagnose(environ: Mapping[str, str] = os.environ, history: Sequence[str] = (
 
     report.problems += preflight.environment_problems(environ)
 
-    method = environ.get("COLAB_XLA_START_METHOD", "fork")
+    method = Defaults.read(environ).start_method
     server = launch.forkserver_pid()
     report.facts.append(("start method", f"{method} by default" + (
         f"; forkserver running (pid {server})" if server else "")))

@@ -11,6 +11,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from . import cluster, doctor, processes, session, views
+from .defaults import Defaults
 from ..wire.cell import EmptyCellError
 from ..errors import SetupError
 from ..runtimes.jax import BACKEND_STARTED, RUNTIMES
@@ -143,10 +144,11 @@ class XlaMagics(Magics):
             xm.all_reduce(xm.REDUCE_SUM, t).cpu()     # tensor([6., 6.]) on every replica
         """
         args = _parse(self.xla_spawn, line, "%%xla_spawn")
+        defaults = Defaults.read()
         try:
             pull = pull_names(args.pull)
             check_output(args.output, pull)
-            how = Launch(args.start_method or os.environ.get("COLAB_XLA_START_METHOD", "fork"),
+            how = Launch(args.start_method or defaults.start_method,
                          launcher=args.launcher, debug_single=args.debug_single,
                          runtime=args.runtime or "torch_xla",
                          devices_per_process=args.devices_per_process)
@@ -155,7 +157,7 @@ class XlaMagics(Magics):
             raise UsageError(str(exc)) from None
         hosts = cluster.current() if not args.fresh else None
         if hosts is not None:
-            self._run_on_cluster(hosts, line, cell, args, pull)
+            self._run_on_cluster(hosts, line, cell, args, pull, defaults)
             return
         live = session.current() if not args.fresh else None
         if live is not None:  # the session's launch, unless the line asks another (refused)
@@ -169,7 +171,7 @@ class XlaMagics(Magics):
                              devices_per_process=args.devices_per_process) if asked else None
             except SetupError as exc:
                 raise UsageError(str(exc)) from None
-        view = self._view(args.no_widget)
+        view = self._view(args.no_widget, defaults)
         try:
             outcome = run_cell(
                 self.shell.transform_cell(cell),
@@ -191,7 +193,7 @@ class XlaMagics(Magics):
             raise UsageError(self._refusal(exc)) from None
         self._show(outcome, view, args, pull)
 
-    def _run_on_cluster(self, hosts, line, cell, args, pull) -> None:
+    def _run_on_cluster(self, hosts, line, cell, args, pull, defaults) -> None:
         """``%%xla_spawn`` while a cluster is connected: every replica of every host (with
         ``--runtime jax``, JAX processes of one job on every host)."""
         asked = [flag for flag, given in (
@@ -206,7 +208,7 @@ class XlaMagics(Magics):
                              "machine instead.")
         from .cluster.run import run_on_cluster
 
-        view = self._view(args.no_widget)
+        view = self._view(args.no_widget, defaults)
         try:
             outcome = run_on_cluster(
                 hosts, self.shell.transform_cell(cell), user_ns=self.shell.user_ns,
@@ -331,8 +333,7 @@ class XlaMagics(Magics):
             try:
                 opts = session.SessionOptions(
                     replicas=args.replicas,
-                    launch=Launch(args.start_method
-                                  or os.environ.get("COLAB_XLA_START_METHOD", "fork"),
+                    launch=Launch(args.start_method or Defaults.read().start_method,
                                   runtime=args.runtime or "torch_xla",
                                   devices_per_process=args.devices_per_process),
                     env=parse_env(args.env), cache_dir=args.cache, simulate=args.simulate)
@@ -531,9 +532,9 @@ class XlaMagics(Magics):
                   + "".join(f"\n  {k.describe()}" for k in killed))
         print(doctor.diagnose(os.environ, self.shell.user_ns.get("In", ())).render())
 
-    def _view(self, no_widget: bool):
+    def _view(self, no_widget: bool, defaults: Defaults):
         """The one place that chooses between the widget and text views."""
-        wanted = "text" if no_widget else os.environ.get("COLAB_XLA_VIEW", "auto").lower()
+        wanted = "text" if no_widget else defaults.view
         has_kernel = getattr(self.shell, "kernel", None) is not None
         if not has_kernel and not self._told_terminal:
             self._told_terminal = True

@@ -197,10 +197,12 @@ def leftovers_problem(found) -> Optional[Problem]:
 
 
 def check(cell: Optional[Cell], environ: Mapping[str, str], launch=None,
-          device_type: Optional[str] = None) -> Dict[str, List[Problem]]:
+          device_type: Optional[str] = None,
+          refuse_tpu_holders: bool = True) -> Dict[str, List[Problem]]:
     """Problems of this cell (None: of a session's start, no cell yet) in this environment:
     ``{"fatal": [...], "notes": [...]}``. ``device_type`` is the plan's: a TPU run also
-    checks who holds the TPU."""
+    checks who holds the TPU (a refusal, or with ``refuse_tpu_holders`` False a note:
+    :meth:`colab_xla.notebook.defaults.Defaults.refuses_tpu_holders`)."""
     found = cell_problems(cell) + environment_problems(environ) + runtime_problems()
     if launch is not None:
         found += launch_problems(launch, environ)
@@ -208,5 +210,5 @@ def check(cell: Optional[Cell], environ: Mapping[str, str], launch=None,
         from . import processes, tpu_holders
         found += tpu_holders.problems(tpu_holders.scan(),
                                       {left.pid for left in processes.leftovers()},
-                                      refuse=environ.get("COLAB_XLA_TPU_HOLDERS") != "warn")
+                                      refuse=refuse_tpu_holders)
     return {"fatal": [p for p in found if p.fatal], "notes": [p for p in found if not p.fatal]}

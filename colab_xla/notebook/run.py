@@ -22,11 +22,11 @@ import os
 import shutil
 from typing import Mapping, Optional, Sequence, Tuple
 
-from .simulation import DEFAULT_SIMULATION
 from . import hardware, interrupts, options, preflight, processes, state
 from ..runtimes import jax as jax_runtime
 from . import session as sessions
 from ..wire.cell import Cell, CellModule
+from .defaults import Defaults
 from .launch import Launch, replica_environ, warm_forkserver
 from .outcome import RunObserver, RunOutcome
 from .session import Session, SessionError, SessionOptions, SessionReplicas
@@ -82,8 +82,9 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
                                observer=observer, announce=announce, timeout=timeout, launch=launch, env=env,
                                cache_dir=cache_dir, pull=pull, pull_from=pull_from,
                                simulate=simulate, hosted=hosted)
+    defaults = Defaults.read()
     env, launch = dict(env or {}), launch or Launch()
-    simulate = simulate or os.environ.get("COLAB_XLA_SIMULATE") or DEFAULT_SIMULATION
+    simulate = simulate or defaults.simulate
     cache_dir = options.check_run(replicas=replicas, timeout=timeout, env=env, pull=pull,
                                   pull_from=pull_from, cache_dir=cache_dir, launch=launch,
                                   simulate=simulate)
@@ -92,7 +93,7 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
     try:
         module = CellModule.create(cell, run_dir)
         plan, notes = _planned(cell, replicas=replicas, launch=launch, env=env,
-                               simulate=simulate, pull_from=pull_from)
+                               simulate=simulate, pull_from=pull_from, defaults=defaults)
         sent_names = None
         if launch.start_method != "fork":
             sent_names = names.pack(names.used_names(cell, user_ns), user_ns,
@@ -121,19 +122,19 @@ def new_session(opts: SessionOptions, user_ns: Mapping, announce=print) -> Sessi
         raise SessionError("--debug-single runs one replica for one run, so a session "
                            "cannot use it: run the cell with %%xla_spawn --debug-single "
                            "(--fresh while a session is up).")
-    simulate = (opts.simulate or os.environ.get("COLAB_XLA_SIMULATE")
-                or DEFAULT_SIMULATION)
+    defaults = Defaults.read()
+    simulate = opts.simulate or defaults.simulate
     cache_dir = options.check_run(replicas=opts.replicas, timeout=None, env=dict(opts.env),
                                   pull=(), pull_from=None, cache_dir=opts.cache_dir,
                                   launch=launch, simulate=simulate)
     plan, notes = _planned(None, replicas=opts.replicas, launch=launch, env=dict(opts.env),
-                           simulate=simulate, pull_from=None)
+                           simulate=simulate, pull_from=None, defaults=defaults)
     parent_pid = _say_notes(plan, launch, notes, announce)
     return Session.start(opts, plan, parent_pid, cache_dir, user_ns)
 
 
 def _planned(cell: Optional[Cell], *, replicas, launch: Launch, env, simulate,
-             pull_from) -> Tuple[hardware.ReplicaPlan, list]:
+             pull_from, defaults: Defaults) -> Tuple[hardware.ReplicaPlan, list]:
     """The plan for ``cell`` (None: a session's, before any cell) (device, replica count, processes, and every variable the
     replicas get, ``env`` included), with what would fail refused: the plan, and the
     problems to note."""
@@ -150,7 +151,8 @@ def _planned(cell: Optional[Cell], *, replicas, launch: Launch, env, simulate,
         plan = dataclasses.replace(plan, replicas=1, processes=1)
     options.check_pull_from(pull_from, plan.replicas)
     hardware.import_torch_xla()
-    problems = preflight.check(cell, replica_env, launch, plan.device_type)
+    problems = preflight.check(cell, replica_env, launch, plan.device_type,
+                               defaults.refuses_tpu_holders(env))
     if launch.runtime == "jax":
         problems["fatal"] += filter(None, [jax_runtime.backend_problem()])
     for problem in problems["fatal"]:
