@@ -376,7 +376,7 @@ def test_an_interrupted_session_cell_leaves_the_next_one_free_to_set_a_profiler(
     ``PyThreadState_SetAsyncExc(thread, NULL)``: up to Python 3.12 that leaves the
     interpreter's "asynchronous exception pending" flag set, and on 3.11 a later cell that set
     and cleared a profiler spun for ever (this test failed there; 3.12 and 3.13 pass either way)."""
-    from colab_xla.replica.session import Interruptible
+    from colab_xla.replica.serve import Interruptible
 
     profiled = compile("import sys\nsys.setprofile(lambda *a: None)\n", "<cell>", "exec")
     last_line = compile("sys.setprofile(None)", "<cell>", "eval")
@@ -418,16 +418,16 @@ def test_a_session_cell_never_clears_an_asynchronous_exception_it_may_have_been_
     """Clearing one (``PyThreadState_SetAsyncExc(thread, NULL)``) leaves the pending flag set
     up to Python 3.12 (see the test above): a cell not interrupted sends nothing at its end,
     and an interrupted one replaces what may still be pending by an exception it takes."""
-    from colab_xla.replica import session as replica_session
+    from colab_xla.replica import serve
 
     sent = []
-    real = replica_session._async_raise
-    monkeypatch.setattr(replica_session, "_async_raise",
+    real = serve._async_raise
+    monkeypatch.setattr(serve, "_async_raise",
                         lambda thread, exc: sent.append(exc) or real(thread, exc))
     done = []
 
     def replica():
-        cell = replica_session.Interruptible()
+        cell = serve.Interruptible()
         with cell.running("quiet"):
             pass
         done.append(list(sent))
@@ -441,7 +441,7 @@ def test_a_session_cell_never_clears_an_asynchronous_exception_it_may_have_been_
         done.append(list(sent))
 
     _replica_thread(replica).join(60)
-    assert done == [[], [KeyboardInterrupt, replica_session._Dropped]]
+    assert done == [[], [KeyboardInterrupt, serve._Dropped]]
 
 
 # --- output log ------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Replicas kept warm across cells: a *session* (``%xla_session``), from the notebook's side.
 
 :meth:`Session.start` starts the replicas as a run does (the same plan, launcher,
-environment and checks) but each runs :func:`colab_xla.replica.session.serve`: it stays up
+environment and checks) but each runs :func:`colab_xla.replica.serve.serve`: it stays up
 and runs every cell the notebook sends, keeping its globals, its compiled graphs and its
 process. While a session is up, :func:`colab_xla.notebook.run.run_cell` runs cells on it: each cell
 is a run of its own (pipes, frames, reports, views, fail-fast: the
