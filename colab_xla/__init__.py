@@ -23,7 +23,8 @@ def load_ipython_extension(ipython):
 def unload_ipython_extension(ipython):
     """Remove the magics, end the session and the cluster connection, and stop the lock
     manager (``%unload_ext colab_xla``)."""
-    from .notebook import cluster, session, shared_lock
+    from .notebook import cluster, shared_lock
+    from .notebook.targets import session
 
     session.stop_session()
     cluster.stop()

@@ -156,7 +156,7 @@ def test_a_jax_process_on_a_host_is_its_global_ordinal_among_every_hosts_process
 
     from colab_xla.runtimes import jax as jax_runtime
     from colab_xla.notebook.cluster.agent import HostAgent
-    from colab_xla.notebook.cluster.run import check_jax, replicas_per_host
+    from colab_xla.notebook.targets.cluster_one_off import check_jax, replicas_per_host
     from colab_xla.errors import OptionError
     from colab_xla.notebook.launch import Launch
 
@@ -284,7 +284,7 @@ def local():
 
 
 def on_cluster(source: str, c, **kw):
-    from colab_xla.notebook.cluster.run import run_on_cluster
+    from colab_xla.notebook.targets.cluster_one_off import run_on_cluster
 
     return run_on_cluster(c, textwrap.dedent(source).lstrip("\n"), announce=None,
                           label="Cell In[3]", **kw)
@@ -461,7 +461,7 @@ def session_pids(session) -> dict:
 @pytest.fixture
 def warm(local):
     """Warm replicas on every host of the module's cluster, stopped after the test."""
-    from colab_xla.notebook.cluster.session import ClusterSession
+    from colab_xla.notebook.targets.cluster_session import ClusterSession
 
     local.session = ClusterSession.start(local, announce=None)
     pids = session_pids(local.session)

@@ -198,7 +198,7 @@ def test_the_cycle_finder_finds_a_cycle_through_a_lazy_import(monkeypatch):
 
 @pytest.mark.parametrize("source,target", [
     ("colab_xla.replica.job", "colab_xla.notebook.outcome"),
-    ("colab_xla.notebook.session", "colab_xla.replica.process"),
+    ("colab_xla.notebook.targets.session", "colab_xla.replica.process"),
     ("colab_xla.wire.values", "colab_xla.notebook.outcome"),
 ])
 def test_each_rule_fails_on_an_import_that_breaks_it(monkeypatch, source, target):

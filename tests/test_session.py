@@ -19,11 +19,12 @@ import pytest
 from IPython.core.error import UsageError
 
 from colab_xla.notebook import processes
-from colab_xla.notebook import session as sessions
+from colab_xla.notebook.targets import session as sessions
 from colab_xla.notebook.outcome import DONE, FAILED, STOPPED, XlaSpawnError
-from colab_xla.notebook.run import new_session, run_cell
-from colab_xla.notebook.session import SessionError, SessionOptions, _Known
+from colab_xla.notebook.targets.one_off import new_session, run_cell
+from colab_xla.notebook.targets.session import SessionError, SessionOptions, _Known
 from colab_xla.wire import names, shared_tensors
+from colab_xla.wire.cell import Cell
 from colab_xla.notebook.views import text as text_view
 
 from _kernel import wait_until_gone  # tests/ is on sys.path
@@ -220,7 +221,7 @@ def test_notebook_names_reach_the_replicas_when_new_or_changed(live):
     ns.update(double=double, scale=5)
     assert cell("double(scale) + index", live, user_ns=ns).results() == {0: 10, 1: 11}
     # unchanged: not sent again, so what a replica assigned itself stays
-    assert live.known.pack("scale", ns) == (None, [])
+    assert live.known.pack(Cell("scale"), ns) == (None, [])
     assert cell("scale = 100 + index\nscale", live, user_ns=ns).results() == {0: 100, 1: 101}
     assert cell("scale", live, user_ns=ns).results() == {0: 100, 1: 101}
     ns["scale"] = 7  # the notebook's new value wins again
@@ -433,8 +434,8 @@ def test_a_script_that_leaves_its_session_up_ends_on_its_own_and_leaves_nothing(
     xmp.spawn's pool, multiprocessing its children), and a replica waits to be told to
     stop: a script (or terminal IPython) that did not stop its session never ended."""
     script = textwrap.dedent(f"""
-        from colab_xla.notebook.run import run_cell, start_session
-        from colab_xla.notebook.session import SessionOptions
+        from colab_xla.notebook.targets.one_off import run_cell, start_session
+        from colab_xla.notebook.targets.session import SessionOptions
         s = start_session(SessionOptions(replicas={n}), {{}}, announce=None)
         assert run_cell("index", session=s, announce=None).ok
         print(*sorted({{r.pid for r in s.replicas.values()}}), flush=True)

@@ -8,7 +8,8 @@ import sys
 import psutil
 import pytest
 
-from colab_xla.notebook import doctor, hardware, preflight, run, tpu_holders
+from colab_xla.notebook import doctor, hardware, preflight, tpu_holders
+from colab_xla.notebook.targets import one_off as run
 from colab_xla.notebook.tpu_holders import Holder, Scan
 from colab_xla.wire.cell import Cell
 

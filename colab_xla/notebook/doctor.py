@@ -21,7 +21,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 
 from . import cluster, hardware, launch, preflight, processes, tpu_holders
 from .defaults import Defaults
-from . import session as sessions
+from .targets import session as sessions
 from ..errors import Problem
 
 # Calls that initialize the XLA runtime in the process that makes them.

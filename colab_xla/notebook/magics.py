@@ -10,7 +10,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from . import cluster, doctor, processes, session, views
+from . import cluster, doctor, processes, views
+from .targets import session
 from .defaults import Defaults
 from ..wire.cell import EmptyCellError
 from ..errors import SetupError
@@ -19,7 +20,7 @@ from .launch import LAUNCHERS, START_METHODS, Launch
 from .options import SIMULATIONS, check_output, parse_env, pull_names, split_line
 from .outcome import XlaSpawnError
 from ..errors import RuntimeInitializedError
-from .run import run_cell, start_session
+from .targets.one_off import run_cell, start_session
 
 
 @magics_class
@@ -206,7 +207,7 @@ class XlaMagics(Magics):
                              "%xla_cluster started on each host. Give the replicas per host "
                              "to %xla_cluster (-n); or add --fresh to run this cell on this "
                              "machine instead.")
-        from .cluster.run import run_on_cluster
+        from .targets.cluster_one_off import run_on_cluster
 
         view = self._view(args.no_widget, defaults)
         try:
@@ -351,7 +352,7 @@ class XlaMagics(Magics):
     def _session_on_cluster(self, hosts, args, given: list) -> None:
         """``%xla_session start`` or ``restart`` while a cluster is connected: warm
         replicas on every host, started by each host's agent."""
-        from .cluster.session import ClusterSession
+        from .targets.cluster_session import ClusterSession
 
         given = [flag for flag in given if flag not in ("--runtime", "--devices-per-process")]
         if given:

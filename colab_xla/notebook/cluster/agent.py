@@ -116,8 +116,8 @@ class HostAgent:
         ordinal: pid}, "notes": [...]}``, or ``{"error": (ename, message)}`` when they
         could not start (refused, or did not come up)."""
         from ...errors import SetupError
-        from ..run import new_session
-        from ..session import SessionOptions
+        from ..targets.one_off import new_session
+        from ..targets.session import SessionOptions
 
         self.stop_session()
         notes: List[str] = []
@@ -215,7 +215,7 @@ class _HostedRun(RunObserver):
         self._partial_sent: Dict[Any, list] = {}  # origin -> its unended lines last sent
 
     def run(self, host, source, names, label, how, pull, pull_from) -> None:
-        from ..run import run_cell
+        from ..targets.one_off import run_cell
         from ...wire import names as names_transport
 
         notes: List[str] = []

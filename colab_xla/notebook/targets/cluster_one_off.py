@@ -28,14 +28,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from .. import endings, interrupts, options, preflight, state
 from ...wire.cell import Cell
 from ...errors import OptionError
-from ..session import SessionError
+from .session import SessionError
 from ..launch import Launch
 from ..outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome, load_results
 from ...wire.reports import ReplicaError
 from ..supervisor import FAIL_FAST_SECONDS, TICK_SECONDS
 from ...wire import names
-from .connection import Cluster, exception_line, host_note, import_ray
-from .hosts import ClusterError
+from ..cluster.connection import Cluster, exception_line, host_note, import_ray
+from ..cluster.hosts import ClusterError
 
 # How long a poll waits in the agent for news: the notebook's Interrupt is seen between polls.
 POLL_SECONDS = 0.1

@@ -47,15 +47,15 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import cloudpickle
 import psutil
 
-from . import hardware, processes, state
-from .endings import describe_exit
-from ..errors import SetupError
-from ..wire.host_rank import HostRank
-from .launch import Launch, environ, inherit, replica_environ, serve_replica, start
-from ..wire.cell import Cell
-from ..wire.job import ReplicaJob, command_path
-from .supervisor import Replicas
-from ..wire import frames, names
+from .. import hardware, processes, state
+from ..endings import describe_exit
+from ...errors import SetupError
+from ...wire.host_rank import HostRank
+from ..launch import Launch, environ, inherit, replica_environ, serve_replica, start
+from ...wire.cell import Cell
+from ...wire.job import ReplicaJob, command_path
+from ..supervisor import Replicas
+from ...wire import frames, names
 
 # After an Interrupt (or --timeout, or fail-fast), how long every replica has to finish its
 # cell before the session is ended.

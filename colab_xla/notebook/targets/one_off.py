@@ -22,16 +22,16 @@ import os
 import shutil
 from typing import Mapping, Optional, Sequence, Tuple
 
-from . import hardware, interrupts, options, preflight, processes, state
-from ..runtimes import jax as jax_runtime
+from .. import hardware, interrupts, options, preflight, processes, state
+from ...runtimes import jax as jax_runtime
 from . import session as sessions
-from ..wire.cell import Cell, CellModule
-from .defaults import Defaults
-from .launch import Launch, replica_environ, warm_forkserver
-from .outcome import RunObserver, RunOutcome
+from ...wire.cell import Cell, CellModule
+from ..defaults import Defaults
+from ..launch import Launch, replica_environ, warm_forkserver
+from ..outcome import RunObserver, RunOutcome
 from .session import Session, SessionError, SessionOptions, SessionReplicas
-from .supervisor import RunRequest, Supervisor
-from ..wire import names
+from ..supervisor import RunRequest, Supervisor
+from ...wire import names
 
 
 def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[Mapping] = None,

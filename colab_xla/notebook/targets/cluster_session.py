@@ -20,8 +20,8 @@ import secrets
 import time
 from typing import Dict, List, Optional
 
-from ..session import START_TIMEOUT_SECONDS, KnownNames, SessionError
-from .connection import exception_line, host_note, import_ray
+from .session import START_TIMEOUT_SECONDS, KnownNames, SessionError
+from ..cluster.connection import exception_line, host_note, import_ray
 
 # How long the hosts may take to start their replicas (each host's own limit, and a margin
 # for the calls), and to end them before the notebook stops waiting.
@@ -50,7 +50,7 @@ class ClusterSession:
         are up; raise :class:`colab_xla.notebook.session.SessionError` naming the host that could
         not (every host's are stopped then)."""
         from ..launch import Launch
-        from .run import check_jax, jax_coordinator
+        from .cluster_one_off import check_jax, jax_coordinator
 
         cluster.check_up()
         launch = Launch(runtime=runtime, devices_per_process=devices_per_process)
