@@ -60,7 +60,7 @@ def make_paths(n: int) -> Dict[str, Callable[[], float]]:
     """Each path runs once and returns its wall time in seconds (checking the result)."""
     from IPython.core.interactiveshell import InteractiveShell
 
-    from colab_xla.notebook.targets.one_off import run_cell
+    from colab_xla.notebook.targets import run_cell
 
     xmp = import_xmp()
     shell = InteractiveShell.instance()

@@ -74,7 +74,7 @@ def make_observer():
 
 
 def run_once(n: int, sleep: float) -> List[Dict[str, float]]:
-    from colab_xla.notebook.targets.one_off import run_cell
+    from colab_xla.notebook.targets import run_cell
 
     recorder = make_observer()()
     outcome = run_cell(CELL.format(sleep=sleep), replicas=n, announce=None, observer=recorder)

@@ -153,7 +153,7 @@ class RssSampler:
 
 
 def measure_core(replicas: int, n: int, warmup_lines: int) -> dict:
-    from colab_xla.notebook.targets.one_off import run_cell
+    from colab_xla.notebook.targets import run_cell
 
     run_cell(LOOP.format(n=warmup_lines), replicas=replicas, announce=None)
     with RssSampler(os.getpid()) as rss:

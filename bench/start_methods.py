@@ -28,7 +28,7 @@ from _results import (bench_parser, machine_info, machine_line, publish,  # noqa
                       replica_counts, rotated, stats)
 
 from colab_xla.notebook.launch import Launch  # noqa: E402
-from colab_xla.notebook.targets.one_off import run_cell  # noqa: E402
+from colab_xla.notebook.targets import run_cell  # noqa: E402
 
 NAME = "start_methods"
 METHODS = ("fork", "forkserver", "spawn")

@@ -2,7 +2,7 @@
 
 import textwrap
 
-from colab_xla.notebook.targets.one_off import run_cell
+from colab_xla.notebook.targets import run_cell
 
 LABEL = "Cell In[5]"  # how tracebacks name the cell, as a notebook would
 

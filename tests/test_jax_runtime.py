@@ -94,7 +94,7 @@ def test_the_guard_sees_a_jax_backend_only_once_one_started():
 # -- real JAX processes ---------------------------------------------------------------------
 
 def run_jax(source: str, **kw):
-    from colab_xla.notebook.targets.one_off import run_cell
+    from colab_xla.notebook.targets import run_cell
 
     return run_cell(textwrap.dedent(source).lstrip("\n"), launch=kw.pop("launch", JAX),
                     announce=None, label="Cell In[4]", **kw)

@@ -279,7 +279,7 @@ def test_stale_topology_variables_do_not_reach_replicas(monkeypatch):
 def test_kernel_death_takes_the_replicas_with_it_and_leftovers_are_found(tmp_path, private_state):
     script = textwrap.dedent(f"""
         import tempfile; tempfile.tempdir = {str(private_state)!r}
-        from colab_xla.notebook.targets.one_off import run_cell
+        from colab_xla.notebook.targets import run_cell
         run_cell('''
         import os, subprocess, time
         if index == 0:

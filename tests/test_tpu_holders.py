@@ -9,7 +9,8 @@ import psutil
 import pytest
 
 from colab_xla.notebook import doctor, hardware, preflight, tpu_holders
-from colab_xla.notebook.targets import one_off as run
+from colab_xla.notebook import targets
+from colab_xla.notebook.targets import one_off
 from colab_xla.notebook.tpu_holders import Holder, Scan
 from colab_xla.wire.cell import Cell
 
@@ -282,14 +283,14 @@ def fake_tpu_host(monkeypatch, scan):
     def started(*args, **kwargs):
         raise AssertionError("replicas were started")
 
-    monkeypatch.setattr(run, "Supervisor", started)
+    monkeypatch.setattr(one_off, "Supervisor", started)
 
 
 def test_run_cell_on_a_held_tpu_is_refused_before_anything_starts(monkeypatch, private_state):
     fake_tpu_host(monkeypatch, lambda: HELD)
     before = set(psutil.Process().children(recursive=True))
     with pytest.raises(preflight.PreflightError) as info:
-        run.run_cell("index", announce=None)
+        targets.run_cell("index", announce=None)
     assert info.value.problem.code == "tpu-held"
     assert "pid 4242 (`python3 jax_job.py`, user root) has /dev/vfio/0 open and locks the " \
            "libtpu lock file" in str(info.value)
@@ -304,10 +305,10 @@ def test_run_cell_on_a_held_tpu_runs_with_a_note_when_told_to_warn(monkeypatch, 
     env = {"COLAB_XLA_TPU_HOLDERS": "warn"}
     if where == "environment":
         monkeypatch.setenv("COLAB_XLA_TPU_HOLDERS", "warn")
-    monkeypatch.setattr(run, "_said", set())  # (a note is said once per notebook process)
+    monkeypatch.setattr(one_off, "_said", set())  # (a note is said once per notebook process)
     said = []
     with pytest.raises(AssertionError, match="replicas were started"):  # not refused
-        run.run_cell("index", announce=said.append, env=env if where == "--env" else None)
+        targets.run_cell("index", announce=said.append, env=env if where == "--env" else None)
     assert any("The TPU is in use" in note and "pid 4242" in note for note in said), said
 
 

@@ -19,9 +19,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from . import cluster, hardware, launch, preflight, processes, tpu_holders
+from . import cluster, hardware, launch, preflight, processes, targets, tpu_holders
 from .defaults import Defaults
-from .targets import session as sessions
 from ..errors import Problem
 
 # Calls that initialize the XLA runtime in the process that makes them.
@@ -160,7 +159,7 @@ def diagnose(environ: Mapping[str, str] = os.environ, history: Sequence[str] = (
         report.problems.append(Problem("start-method", f"COLAB_XLA_START_METHOD: {exc}",
                                        "Set it to fork, spawn or forkserver.", fatal=False))
 
-    report.facts.append(("session", _session_fact(sessions.current())))
+    report.facts.append(("session", _session_fact(targets.local_session())))
     report.facts.append(("cluster", _cluster_fact(cluster.current(), _version("ray"))))
     found = processes.leftovers()
     report.facts.append(("leftover processes", str(len(found))))

@@ -88,8 +88,9 @@ class Cell:
         for node in ast.walk(self.tree) if self.tree is not None else ():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 owner = node.func.value
-                name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", None)
-                yield node.lineno, name, node.func.attr
+                owner = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id",
+                                                                                   None)
+                yield node.lineno, owner, node.func.attr
 
 
 @dataclass(frozen=True)
