@@ -709,7 +709,7 @@ def test_an_unsplittable_line_says_what_is_wrong_and_what_to_do(line, where):
 
 @pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0.0, -1.0])
 def test_run_cell_refuses_a_timeout_that_is_not_a_positive_number(timeout):
-    from colab_xla.notebook.targets.one_off import run_cell
+    from colab_xla.notebook.targets import run_cell
 
     with pytest.raises(ValueError, match=r"--timeout \S+: the timeout must be more than 0 "
                                          "seconds and finite"):
@@ -784,11 +784,13 @@ def test_the_core_imports_without_ipython_and_the_text_view_without_the_runtime(
 import importlib, pkgutil, sys
 sys.modules["IPython"] = sys.modules["ipywidgets"] = None  # importing them fails
 import colab_xla.notebook.views.text
-assert not {"colab_xla.notebook.supervisor", "colab_xla.notebook.targets", "torch"} & set(sys.modules), sorted(sys.modules)
+loaded = {"colab_xla.notebook.supervisor", "colab_xla.notebook.targets", "torch"} & set(sys.modules)
+assert not loaded, sorted(sys.modules)
 import colab_xla
 for info in pkgutil.walk_packages(colab_xla.__path__, "colab_xla."):
     if info.name not in ("colab_xla.notebook.magics", "colab_xla.notebook.views.widget"):
         importlib.import_module(info.name)
+import colab_xla.notebook.targets  # run_cell, the targets (colab_xla.notebook: no __init__)
 print("ok")
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
