@@ -264,7 +264,9 @@ def test_the_magic_runs_jax_processes_and_a_jax_session_keeps_them(capsys):
     assert shell.user_ns["got"] == {0: 0, 1: 10}
     try:
         shell.run_line_magic("xla_session", "start --runtime jax -n 2")
-        pids = {i: r.pid for i, r in __import__("colab_xla").session.current().replicas.items()}
+        from colab_xla.notebook import targets
+
+        pids = {i: r.pid for i, r in targets.local_session().replicas.items()}
         shell.run_cell_magic("xla_spawn", "--no-widget", "import jax, os\nkept = os.getpid()")
         shell.run_cell_magic("xla_spawn", "--no-widget -o again",
                              "(kept, jax.process_count())")
