@@ -99,8 +99,8 @@ def measure_stack(python: str, args) -> dict:
 def probe(args) -> dict:
     import colab_xla
     from colab_xla.notebook.outcome import RunObserver
-    from colab_xla.notebook.run import new_session, run_cell
-    from colab_xla.notebook.session import SessionOptions
+    from colab_xla.notebook.targets import run_cell
+    from colab_xla.notebook.targets.session import SessionOptions, new_session
 
     class InterruptOnOutput(RunObserver):
         """SIGINT to this process once the cell printed (it is in its loop by then)."""

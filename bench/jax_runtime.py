@@ -168,7 +168,7 @@ class BareRun:
 
 def _colab(n: int, source: str, observer=None, timeout: float = HANG_S):
     from colab_xla.notebook.launch import Launch
-    from colab_xla.notebook.run import run_cell
+    from colab_xla.notebook.targets import run_cell
 
     return run_cell(source, replicas=n, launch=Launch(runtime="jax"), announce=None,
                     observer=observer, timeout=timeout)

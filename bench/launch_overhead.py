@@ -7,7 +7,7 @@ In one process, for each replica count N, five paths run a trivial cell, interle
          PJRT_DEVICE=CPU and CPU_NUM_DEVICES=N set around the call (then restored);
 * magic: ``shell.run_cell_magic('xla_spawn', '-n N', 'index')`` in a real IPython shell
          after ``%load_ext colab_xla`` (its printed summary goes to a StringIO);
-* core:  ``colab_xla.notebook.run.run_cell('index', replicas=N, announce=None)``, no IPython;
+* core:  ``colab_xla.notebook.targets.one_off.run_cell('index', replicas=N, announce=None)``, no IPython;
 * threads: the magic with ``--simulate threads``: one replica process of N threads, as bare
          ``xmp.spawn`` runs them on CPU (the default simulation forks one process per
          replica, as on a TPU host: each fork of a notebook process costs ~10 ms here);
@@ -60,7 +60,7 @@ def make_paths(n: int) -> Dict[str, Callable[[], float]]:
     """Each path runs once and returns its wall time in seconds (checking the result)."""
     from IPython.core.interactiveshell import InteractiveShell
 
-    from colab_xla.notebook.run import run_cell
+    from colab_xla.notebook.targets import run_cell
 
     xmp = import_xmp()
     shell = InteractiveShell.instance()

@@ -1,6 +1,6 @@
 """First-output latency of ``%%xla_spawn``: a replica's ``print`` to the notebook side.
 
-In one process, ``colab_xla.notebook.run.run_cell`` runs a cell in which every replica takes
+In one process, ``colab_xla.notebook.targets.one_off.run_cell`` runs a cell in which every replica takes
 ``time.time()`` right before it prints one line carrying that timestamp, then sleeps (so
 the run is still going when the line arrives). A :class:`colab_xla.notebook.outcome.RunObserver`
 records ``time.time()`` when each line reaches the notebook side (``output``, called by
@@ -74,7 +74,7 @@ def make_observer():
 
 
 def run_once(n: int, sleep: float) -> List[Dict[str, float]]:
-    from colab_xla.notebook.run import run_cell
+    from colab_xla.notebook.targets import run_cell
 
     recorder = make_observer()()
     outcome = run_cell(CELL.format(sleep=sleep), replicas=n, announce=None, observer=recorder)

@@ -2,7 +2,7 @@
 
 Every replica prints ``r{index} line {i}`` for i in range(LINES). Three paths:
 
-* core:   ``colab_xla.notebook.run.run_cell(loop, replicas=R, announce=None)`` in this process
+* core:   ``colab_xla.notebook.targets.one_off.run_cell(loop, replicas=R, announce=None)`` in this process
           (no IPython), after a warm-up run;
 * magic:  ``%%xla_spawn -n R --no-widget`` of the same loop in a real ipykernel started
           with jupyter_client (the text view prints the first 200 lines of each replica
@@ -153,7 +153,7 @@ class RssSampler:
 
 
 def measure_core(replicas: int, n: int, warmup_lines: int) -> dict:
-    from colab_xla.notebook.run import run_cell
+    from colab_xla.notebook.targets import run_cell
 
     run_cell(LOOP.format(n=warmup_lines), replicas=replicas, announce=None)
     with RssSampler(os.getpid()) as rss:

@@ -54,8 +54,8 @@ from _results import (MEMCPY_PROSE, bench_parser, fastest, machine_info,  # noqa
 import torch  # noqa: E402
 
 from colab_xla.wire import shared_tensors  # noqa: E402
-from colab_xla.notebook.run import run_cell, start_session  # noqa: E402
-from colab_xla.notebook.session import SessionOptions, stop_session  # noqa: E402
+from colab_xla.notebook.targets import run_cell, start_session, stop_session  # noqa: E402
+from colab_xla.notebook.targets.session import SessionOptions  # noqa: E402
 
 NAME = "result_return"
 PATHS = ("memcpy_warm", "memcpy_fresh", "tmpfs_write", "shm", "shm_session", "shm_new", "inline",

@@ -46,8 +46,8 @@ from _results import (bench_parser, machine_info, machine_line, publish,  # noqa
 from launch_overhead import _cell, make_paths  # noqa: E402
 
 from colab_xla.notebook.launch import environ  # noqa: E402
-from colab_xla.notebook.run import run_cell, start_session  # noqa: E402
-from colab_xla.notebook.session import SessionOptions, stop_session  # noqa: E402
+from colab_xla.notebook.targets import run_cell, start_session, stop_session  # noqa: E402
+from colab_xla.notebook.targets.session import SessionOptions  # noqa: E402
 
 NAME = "session"
 TRIVIAL = ("session", "one_off", "bare")

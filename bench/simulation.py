@@ -31,7 +31,7 @@ from _results import (bench_parser, machine_info, machine_line, publish,  # noqa
                       replica_counts)
 
 from colab_xla.notebook.outcome import RunObserver  # noqa: E402
-from colab_xla.notebook.run import run_cell  # noqa: E402
+from colab_xla.notebook.targets import run_cell  # noqa: E402
 
 NAME = "simulation"
 MODELS = ("processes", "threads")

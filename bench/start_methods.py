@@ -1,6 +1,6 @@
 """What each start method costs: a trivial cell under fork, warm forkserver and spawn.
 
-In one process, for each replica count N, ``colab_xla.notebook.run.run_cell('index', replicas=N,
+In one process, for each replica count N, ``colab_xla.notebook.targets.one_off.run_cell('index', replicas=N,
 launch=Launch(method))`` runs interleaved for the three start methods (the order rotates
 every iteration). The forkserver is started (and its torch/torch_xla import waited for) by
 a first run that is timed on its own: the "cold" figure, paid once per notebook process.
@@ -28,7 +28,7 @@ from _results import (bench_parser, machine_info, machine_line, publish,  # noqa
                       replica_counts, rotated, stats)
 
 from colab_xla.notebook.launch import Launch  # noqa: E402
-from colab_xla.notebook.run import run_cell  # noqa: E402
+from colab_xla.notebook.targets import run_cell  # noqa: E402
 
 NAME = "start_methods"
 METHODS = ("fork", "forkserver", "spawn")

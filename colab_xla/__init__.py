@@ -1,7 +1,7 @@
 """colab_xla: run a notebook cell on every PyTorch/XLA replica with ``%%xla_spawn``.
 
 Load it in a notebook with ``%load_ext colab_xla``. The IPython glue is imported only
-then, so the core (``colab_xla.notebook.run`` and what it uses) imports without IPython.
+then, so the core (``colab_xla.notebook.targets`` and what it uses) imports without IPython.
 """
 
 __version__ = "0.1.0"
@@ -10,12 +10,11 @@ __version__ = "0.1.0"
 def load_ipython_extension(ipython):
     """Register ``%%xla_spawn``, ``%xla_session``, ``%xla_cluster`` and ``%xla_doctor``
     (called by ``%load_ext colab_xla``)."""
-    import os
-
+    from .notebook.defaults import Defaults
     from .notebook.magics import XlaMagics
 
     ipython.register_magics(XlaMagics)
-    if os.environ.get("COLAB_XLA_START_METHOD") == "forkserver":
+    if Defaults.read().start_method == "forkserver":
         from .notebook.launch import warm_forkserver
 
         warm_forkserver()  # it imports torch and torch_xla in the background meanwhile
@@ -24,10 +23,10 @@ def load_ipython_extension(ipython):
 def unload_ipython_extension(ipython):
     """Remove the magics, end the session and the cluster connection, and stop the lock
     manager (``%unload_ext colab_xla``)."""
-    from .notebook import cluster, session, shared_lock
+    from .notebook import shared_lock, targets
 
-    session.stop_session()
-    cluster.stop()
+    targets.stop_session()
+    targets.stop_cluster()
     ipython.magics_manager.magics["cell"].pop("xla_spawn", None)
     ipython.magics_manager.magics["line"].pop("xla_doctor", None)
     ipython.magics_manager.magics["line"].pop("xla_session", None)

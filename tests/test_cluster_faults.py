@@ -49,7 +49,7 @@ def test_a_host_that_is_gone_mid_cell_fails_its_replicas_stops_the_others_and_en
 DIES = """
 import json, sys
 from colab_xla.notebook import cluster
-from colab_xla.notebook.cluster.run import run_on_cluster
+from colab_xla.notebook.targets.cluster_one_off import run_on_cluster
 import psutil
 c = cluster.start_local(2, 1, announce=None)
 outcome = run_on_cluster(c, "index", announce=None)

@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from colab_xla.notebook.run import run_cell
+from colab_xla.notebook.targets import run_cell
 
 pytestmark = [pytest.mark.xla, pytest.mark.timeout(300)]
 

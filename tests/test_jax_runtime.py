@@ -15,7 +15,6 @@ import pytest
 from IPython.core.error import UsageError
 
 from colab_xla.notebook import doctor
-from colab_xla.notebook import session as sessions
 from colab_xla.runtimes import jax as jax_runtime
 from colab_xla.errors import OptionError
 from colab_xla.runtimes.plan import Hardware, ReplicaCountError
@@ -99,7 +98,7 @@ def test_the_guard_sees_a_jax_backend_only_once_one_started():
 # -- real JAX processes ---------------------------------------------------------------------
 
 def run_jax(source: str, **kw):
-    from colab_xla.notebook.run import run_cell
+    from colab_xla.notebook.targets import run_cell
 
     return run_cell(textwrap.dedent(source).lstrip("\n"), launch=kw.pop("launch", JAX),
                     announce=None, label="Cell In[4]", **kw)
@@ -269,7 +268,9 @@ def test_the_magic_runs_jax_processes_and_a_jax_session_keeps_them(capsys):
     assert shell.user_ns["got"] == {0: 0, 1: 10}
     try:
         shell.run_line_magic("xla_session", "start --runtime jax -n 2")
-        pids = {i: r.pid for i, r in sessions.current().replicas.items()}
+        from colab_xla.notebook import targets
+
+        pids = {i: r.pid for i, r in targets.local_session().replicas.items()}
         shell.run_cell_magic("xla_spawn", "--no-widget", "import jax, os\nkept = os.getpid()")
         shell.run_cell_magic("xla_spawn", "--no-widget -o again",
                              "(kept, jax.process_count())")

@@ -110,7 +110,7 @@ def test_forkserver_is_reused_and_survives_an_interrupted_run(tmp_path):
     marker = tmp_path / "pids"
     script = textwrap.dedent(f"""
         import os, time
-        from colab_xla.notebook.run import run_cell
+        from colab_xla.notebook.targets import run_cell
         from colab_xla.notebook.launch import Launch, warm_forkserver
         run_cell("index", replicas=1, announce=None, launch=Launch("forkserver"))
         print("server", warm_forkserver()[0], flush=True)

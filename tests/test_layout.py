@@ -211,7 +211,7 @@ def test_a_runtime_never_imports_the_notebook_side_or_ipython():
 
 @pytest.mark.parametrize("source,target", [
     ("colab_xla.replica.job", "colab_xla.notebook.outcome"),
-    ("colab_xla.notebook.session", "colab_xla.replica.process"),
+    ("colab_xla.notebook.targets.session", "colab_xla.replica.process"),
     ("colab_xla.wire.values", "colab_xla.notebook.outcome"),
     ("colab_xla.runtimes.jax", "colab_xla.notebook.launch"),
     ("colab_xla.runtimes.plan", "IPython.core.error"),

@@ -18,6 +18,7 @@ from colab_xla.notebook import doctor, preflight, processes, state, supervisor
 from colab_xla.notebook.outcome import DONE, STOPPED, XlaSpawnError
 from colab_xla.notebook.supervisor import FAIL_FAST_SECONDS
 from colab_xla.wire import values
+from colab_xla.wire.cell import Cell
 
 _PY = [sys.executable, "-u", "-c"]
 
@@ -34,15 +35,15 @@ def wait_for(predicate, seconds, what):
 
 
 def test_spmd_is_refused_with_what_to_do():
-    problems = preflight.check("index", {"XLA_USE_SPMD": "1"})
+    problems = preflight.check(Cell("index"), {"XLA_USE_SPMD": "1"})
     assert [p.code for p in problems["fatal"]] == ["spmd"]
     assert "del os.environ['XLA_USE_SPMD']" in problems["fatal"][0].fix
-    assert preflight.check("index", {"XLA_USE_SPMD": "0"}) == {"fatal": [], "notes": []}
+    assert preflight.check(Cell("index"), {"XLA_USE_SPMD": "0"}) == {"fatal": [], "notes": []}
 
 
 def test_stale_tpu_topology_is_stripped_for_replicas_and_said():
     env = {"TPU_PROCESS_ADDRESSES": "a,b", "CLOUD_TPU_TASK_ID": "0", "HOME": "/root"}
-    problems = preflight.check("index", env)
+    problems = preflight.check(Cell("index"), env)
     assert problems["fatal"] == [] and [p.code for p in problems["notes"]] == ["topology"]
     assert "os.environ.pop('TPU_PROCESS_ADDRESSES')" in problems["notes"][0].fix
     assert preflight.strip_topology(env) == ("TPU_PROCESS_ADDRESSES", "CLOUD_TPU_TASK_ID")
@@ -51,7 +52,7 @@ def test_stale_tpu_topology_is_stripped_for_replicas_and_said():
 @pytest.mark.parametrize("call", ["xmp.spawn(f, args=())", "torch_xla.launch(f)",
                                   "torch_xla.distributed.xla_multiprocessing.spawn(f)"])
 def test_a_cell_that_spawns_replicas_itself_is_refused_with_its_line(call):
-    problems = preflight.check(f"def f(i):\n    pass\n{call}\n", {})
+    problems = preflight.check(Cell(f"def f(i):\n    pass\n{call}\n"), {})
     assert [p.code for p in problems["fatal"]] == ["nested-spawn"]
     assert problems["fatal"][0].message.startswith("line 4 of the cell calls")
 
@@ -278,7 +279,7 @@ def test_stale_topology_variables_do_not_reach_replicas(monkeypatch):
 def test_kernel_death_takes_the_replicas_with_it_and_leftovers_are_found(tmp_path, private_state):
     script = textwrap.dedent(f"""
         import tempfile; tempfile.tempdir = {str(private_state)!r}
-        from colab_xla.notebook.run import run_cell
+        from colab_xla.notebook.targets import run_cell
         run_cell('''
         import os, subprocess, time
         if index == 0:

@@ -79,17 +79,17 @@ def test_bad_arguments_are_usage_errors(ip, capsys, line, message):
 
 
 class _Called(Exception):
-    """What the magic passed to run_cell (raised by a stand-in, so nothing starts)."""
+    """The request the magic ran on a one-off run (raised by a stand-in, so nothing starts)."""
 
 
 @pytest.fixture
 def run_cell_args(monkeypatch):
-    import colab_xla.notebook.magics
+    from colab_xla.notebook.targets.one_off import OneOff
 
-    def stand_in(source, **kwargs):
-        raise _Called(kwargs)
+    def stand_in(self, request, observer=None):
+        raise _Called(request)
 
-    monkeypatch.setattr(colab_xla.notebook.magics, "run_cell", stand_in)
+    monkeypatch.setattr(OneOff, "run", stand_in)
     return lambda result: result.error_in_exec.args[0]
 
 
@@ -99,19 +99,21 @@ def run_cell_args(monkeypatch):
     ('--env="A=it\'s a value"', {"A": "it's a value"}),
 ])
 def test_quoted_values_arrive_as_a_shell_would_pass_them(ip, run_cell_args, line, env):
-    args = run_cell_args(cell(ip, line, "index"))
-    assert args["env"] == env
+    request = run_cell_args(cell(ip, line, "index"))
+    assert request.env == env
 
 
 def test_every_option_takes_quoted_values(ip, run_cell_args, tmp_path):
-    args = run_cell_args(cell(ip, f"-n '3' -o \"res\" --pull 'a, b' --cache '{tmp_path}/my cache'", "index"))
-    assert (args["replicas"], args["pull"], args["cache_dir"]) == (3, ["a", "b"], f"{tmp_path}/my cache")
+    request = run_cell_args(cell(
+        ip, f"-n '3' -o \"res\" --pull 'a, b' --cache '{tmp_path}/my cache'", "index"))
+    assert (request.replicas, request.pull, request.cache_dir) == (
+        3, ("a", "b"), f"{tmp_path}/my cache")
 
 
 def test_a_notebook_variable_in_quotes_keeps_its_spaces(ip, run_cell_args):
     ip.user_ns["flags"] = "--xla_a --xla_b=1"
-    args = run_cell_args(cell(ip, '--env XLA_FLAGS="$flags"', "index"))  # IPython expands $flags
-    assert args["env"] == {"XLA_FLAGS": "--xla_a --xla_b=1"}
+    request = run_cell_args(cell(ip, '--env XLA_FLAGS="$flags"', "index"))  # IPython expands $flags
+    assert request.env == {"XLA_FLAGS": "--xla_a --xla_b=1"}
 
 
 @pytest.mark.parametrize("line, message", [
@@ -338,21 +340,21 @@ def test_a_failed_rerun_keeps_the_earlier_values_and_says_so(ip, capsys):
 def test_only_refusals_are_usage_errors_a_bug_keeps_its_type_and_traceback(ip, monkeypatch):
     # A ValueError from deep inside a run (a bug, not a refusal) must not be dressed up as
     # a UsageError, which IPython shows without its traceback.
-    import colab_xla.notebook.magics
     from colab_xla.errors import SetupError
+    from colab_xla.notebook.targets.one_off import OneOff
 
-    def buggy(source, **kwargs):
+    def buggy(self, request, observer=None):
         raise ValueError("a bug in colab_xla")
 
-    monkeypatch.setattr(colab_xla.notebook.magics, "run_cell", buggy)
+    monkeypatch.setattr(OneOff, "run", buggy)
     result = cell(ip, "-n 2 --no-widget", "index")
     assert type(result.error_in_exec) is ValueError, result.error_in_exec
     assert result.error_in_exec.__traceback__ is not None
 
-    def refused(source, **kwargs):
+    def refused(self, request, observer=None):
         raise SetupError("refused: do this instead")
 
-    monkeypatch.setattr(colab_xla.notebook.magics, "run_cell", refused)
+    monkeypatch.setattr(OneOff, "run", refused)
     result = cell(ip, "-n 2 --no-widget", "index")
     assert isinstance(result.error_in_exec, UsageError)
     assert str(result.error_in_exec) == "refused: do this instead"

@@ -343,7 +343,7 @@ def test_refuses_before_forking_when_the_runtime_is_already_initialized():
         import torch_xla, multiprocessing
         torch_xla.device()   # initializes the runtime in this (the "notebook's") process
         from colab_xla.notebook.preflight import RuntimeInitializedError
-        from colab_xla.notebook.run import run_cell
+        from colab_xla.notebook.targets import run_cell
         try:
             run_cell("index", replicas=2, announce=None)
         except RuntimeInitializedError as exc:
@@ -360,7 +360,7 @@ def test_refuses_before_forking_when_the_runtime_is_already_initialized():
 def test_interrupt_kills_every_replica_process_and_returns_promptly(tmp_path):
     marker = tmp_path / "pids"
     script = textwrap.dedent(f"""
-        from colab_xla.notebook.run import run_cell
+        from colab_xla.notebook.targets import run_cell
         cell = '''
         import os, time
         with open({str(marker)!r} + str(index), "w") as f:

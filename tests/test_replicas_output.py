@@ -127,7 +127,7 @@ def test_master_print_reaches_the_replica_whatever_stdout_was_when_torch_xla_was
         import torch_xla.core.xla_model
         sys.stdout.close()
         sys.stdout = real
-        from colab_xla.notebook.run import run_cell
+        from colab_xla.notebook.targets import run_cell
         outcome = run_cell("import torch_xla.core.xla_model as xm\\nxm.master_print('hello')",
                            replicas=2, announce=None)
         print(repr(outcome.replicas[0].text), outcome.ok)

@@ -136,7 +136,7 @@ device
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("simulate", ["processes", "threads"])
 def test_every_replica_process_records_torch_xlas_client_and_sets_the_guard(simulate):
-    from colab_xla.notebook.run import run_cell
+    from colab_xla.notebook.targets import run_cell
 
     outcome = run_cell(CLIENTS_CELL.lstrip("\n"), replicas=2, announce=None,
                        label="In[5]", simulate=simulate, timeout=240)
@@ -156,7 +156,7 @@ def test_every_replica_process_records_torch_xlas_client_and_sets_the_guard(simu
 @pytest.mark.jax
 @pytest.mark.timeout(300)
 def test_a_jax_backend_that_would_discover_again_in_a_replica_is_refused_naming_its_line():
-    from colab_xla.notebook.run import run_cell
+    from colab_xla.notebook.targets import run_cell
 
     # CPU counted as a discovering platform (on a TPU it is TPU): torch_xla's client
     # first, the guard taken away, then a real JAX backend starting.

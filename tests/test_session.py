@@ -18,12 +18,13 @@ import psutil
 import pytest
 from IPython.core.error import UsageError
 
-from colab_xla.notebook import processes
-from colab_xla.notebook import session as sessions
+from colab_xla.notebook import processes, targets
 from colab_xla.notebook.outcome import DONE, FAILED, STOPPED, XlaSpawnError
-from colab_xla.notebook.run import new_session, run_cell
-from colab_xla.notebook.session import SessionError, SessionOptions, _Known
+from colab_xla.notebook.targets import run_cell, session_exit
+from colab_xla.notebook.targets.known_names import _Known
+from colab_xla.notebook.targets.session import SessionError, SessionOptions, new_session
 from colab_xla.wire import names, shared_tensors
+from colab_xla.wire.cell import Cell
 from colab_xla.notebook.views import text as text_view
 
 from _kernel import wait_until_gone  # tests/ is on sys.path
@@ -220,7 +221,7 @@ def test_notebook_names_reach_the_replicas_when_new_or_changed(live):
     ns.update(double=double, scale=5)
     assert cell("double(scale) + index", live, user_ns=ns).results() == {0: 10, 1: 11}
     # unchanged: not sent again, so what a replica assigned itself stays
-    assert live.known.pack("scale", ns) == (None, [])
+    assert live.known.pack(Cell("scale"), ns) == (None, [])
     assert cell("scale = 100 + index\nscale", live, user_ns=ns).results() == {0: 100, 1: 101}
     assert cell("scale", live, user_ns=ns).results() == {0: 100, 1: 101}
     ns["scale"] = 7  # the notebook's new value wins again
@@ -418,7 +419,7 @@ def test_a_child_forked_from_the_notebook_ending_leaves_the_session_up(live):
     pid = os.fork()
     if pid == 0:
         try:
-            sessions._stop_sessions()  # what the child's interpreter exit runs
+            session_exit.stop_sessions()  # what the child's interpreter exit runs
         finally:
             os._exit(0)
     assert os.waitpid(pid, 0)[1] == 0
@@ -433,8 +434,8 @@ def test_a_script_that_leaves_its_session_up_ends_on_its_own_and_leaves_nothing(
     xmp.spawn's pool, multiprocessing its children), and a replica waits to be told to
     stop: a script (or terminal IPython) that did not stop its session never ended."""
     script = textwrap.dedent(f"""
-        from colab_xla.notebook.run import run_cell, start_session
-        from colab_xla.notebook.session import SessionOptions
+        from colab_xla.notebook.targets import run_cell, start_session
+        from colab_xla.notebook.targets.session import SessionOptions
         s = start_session(SessionOptions(replicas={n}), {{}}, announce=None)
         assert run_cell("index", session=s, announce=None).ok
         print(*sorted({{r.pid for r in s.replicas.values()}}), flush=True)
@@ -458,7 +459,7 @@ def ip():
     shell = get_ipython()
     shell.run_line_magic("load_ext", "colab_xla")
     yield shell
-    sessions.stop_session()
+    targets.stop_session()
 
 
 def run_magic(ip, text):
@@ -472,7 +473,7 @@ def test_the_magic_starts_runs_shows_and_stops_a_session(ip, capsys):
     ip.run_line_magic("xla_session", "start -n 2")
     out = capsys.readouterr().out
     assert "2 replicas started" in out and "replica 1: pid" in out
-    live = sessions.current()
+    live = targets.local_session()
     pids = session_pids(live)
     assert run_magic(ip, "%%xla_spawn --no-widget\nmodel = index + 40\nsession_only = 1").success
     assert run_magic(ip, "%%xla_spawn --no-widget -o got\nmodel").success
@@ -493,7 +494,7 @@ def test_the_magic_starts_runs_shows_and_stops_a_session(ip, capsys):
     assert re.search(rf"session +up, 2 replicas \(pids {pids[0]}, {pids[1]}\), 3 cells run",
                      doctor), doctor
     ip.run_line_magic("xla_session", "restart")
-    assert session_pids(sessions.current()) != pids and _alive(pids) == []
+    assert session_pids(targets.local_session()) != pids and _alive(pids) == []
     capsys.readouterr()
     ip.run_line_magic("xla_session", "stop")
     assert "stopped" in capsys.readouterr().out

@@ -8,8 +8,11 @@ import sys
 import psutil
 import pytest
 
-from colab_xla.notebook import doctor, hardware, preflight, run, torch_xla_import, tpu_holders
+from colab_xla.notebook import doctor, hardware, preflight, torch_xla_import, tpu_holders
+from colab_xla.notebook import targets
+from colab_xla.notebook.targets import one_off
 from colab_xla.notebook.tpu_holders import Holder, Scan
+from colab_xla.wire.cell import Cell
 
 # --- a fake /proc ----------------------------------------------------------------------------
 
@@ -249,14 +252,26 @@ def test_preflight_checks_holders_on_a_tpu_plan_only(monkeypatch, private_state)
 
     monkeypatch.setattr(tpu_holders, "scan", must_not_scan)
     for device in (None, "CPU", "CUDA"):
-        assert preflight.check("index", {}, device_type=device) == {"fatal": [], "notes": []}
+        assert preflight.check(Cell("index"), {}, device_type=device) == {"fatal": [],
+                                                                          "notes": []}
     monkeypatch.setattr(tpu_holders, "scan", lambda: HELD)
-    found = preflight.check("index", {}, device_type="TPU")
+    found = preflight.check(Cell("index"), {}, device_type="TPU")
     assert [p.code for p in found["fatal"]] == ["tpu-held"]
     assert "pid 4242 (`python3 jax_job.py`, user root)" in found["fatal"][0].message
     # If colab_xla is wrong about a holder, the user can make it a note and run anyway.
-    found = preflight.check("index", {"COLAB_XLA_TPU_HOLDERS": "warn"}, device_type="TPU")
+    found = preflight.check(Cell("index"), {}, device_type="TPU", refuse_tpu_holders=False)
     assert found["fatal"] == [] and [p.code for p in found["notes"]] == ["tpu-held"]
+
+
+def test_a_held_tpu_is_a_note_with_colab_xla_tpu_holders_warn_or_its_env_for_the_replicas():
+    from colab_xla.notebook.defaults import Defaults
+
+    assert Defaults.read({}).refuses_tpu_holders({})
+    assert not Defaults.read({"COLAB_XLA_TPU_HOLDERS": "warn"}).refuses_tpu_holders({})
+    # --env sets it for the replicas, whose environment is where it is read
+    assert not Defaults.read({}).refuses_tpu_holders({"COLAB_XLA_TPU_HOLDERS": "warn"})
+    assert Defaults.read({"COLAB_XLA_TPU_HOLDERS": "warn"}).refuses_tpu_holders(
+        {"COLAB_XLA_TPU_HOLDERS": "refuse"})
 
 
 def fake_tpu_host(monkeypatch, scan):
@@ -268,19 +283,33 @@ def fake_tpu_host(monkeypatch, scan):
     def started(*args, **kwargs):
         raise AssertionError("replicas were started")
 
-    monkeypatch.setattr(run, "Supervisor", started)
+    monkeypatch.setattr(one_off, "Supervisor", started)
 
 
 def test_run_cell_on_a_held_tpu_is_refused_before_anything_starts(monkeypatch, private_state):
     fake_tpu_host(monkeypatch, lambda: HELD)
     before = set(psutil.Process().children(recursive=True))
     with pytest.raises(preflight.PreflightError) as info:
-        run.run_cell("index", announce=None)
+        targets.run_cell("index", announce=None)
     assert info.value.problem.code == "tpu-held"
     assert "pid 4242 (`python3 jax_job.py`, user root) has /dev/vfio/0 open and locks the " \
            "libtpu lock file" in str(info.value)
     assert "kill 4242" in str(info.value)
     assert set(psutil.Process().children(recursive=True)) == before
+
+
+@pytest.mark.parametrize("where", ["environment", "--env"])
+def test_run_cell_on_a_held_tpu_runs_with_a_note_when_told_to_warn(monkeypatch, private_state,
+                                                                  where):
+    fake_tpu_host(monkeypatch, lambda: HELD)
+    env = {"COLAB_XLA_TPU_HOLDERS": "warn"}
+    if where == "environment":
+        monkeypatch.setenv("COLAB_XLA_TPU_HOLDERS", "warn")
+    monkeypatch.setattr(one_off, "_said", set())  # (a note is said once per notebook process)
+    said = []
+    with pytest.raises(AssertionError, match="replicas were started"):  # not refused
+        targets.run_cell("index", announce=said.append, env=env if where == "--env" else None)
+    assert any("The TPU is in use" in note and "pid 4242" in note for note in said), said
 
 
 def test_the_magic_says_who_holds_the_tpu(monkeypatch, private_state, capsys):

@@ -25,6 +25,7 @@ from colab_xla.runtimes import torch_xla as torch_xla_runtime
 from colab_xla.runtimes.plan import ReplicaCountError
 from colab_xla.runtimes.torch_xla import UnsupportedTpuError, plan_replicas
 from colab_xla.notebook.launch import replica_environ
+from colab_xla.wire.cell import Cell
 
 HOSTS = {p.stem: json.loads(p.read_text())
          for p in sorted((Path(__file__).parent / "tpu_hosts").glob("*.json"))}
@@ -335,14 +336,14 @@ def test_7x_is_counted_by_colab_xla_when_torch_xla_does_not_know_it(fake_host, t
 def test_kaggles_stale_address_is_removed_and_said(fake_host):
     env = HOSTS["kaggle-v5e-8"]["environ"]
     assert preflight.strip_topology(env) == ("TPU_PROCESS_ADDRESSES",)
-    [note] = preflight.check("index", env)["notes"]
+    [note] = preflight.check(Cell("index"), env)["notes"]
     assert note.code == "topology" and "removes them for the replicas" in note.fix
 
 
 def test_colabs_host_variables_are_kept_and_not_reported():
     env = HOSTS["colab-v5e-1"]["environ"]
     assert preflight.strip_topology(env) == ()
-    assert preflight.check("index", env) == {"fatal": [], "notes": []}
+    assert preflight.check(Cell("index"), env) == {"fatal": [], "notes": []}
 
 
 def test_bounds_that_are_torch_xlas_only_host_description_are_kept(fake_host, tpu):

@@ -14,7 +14,7 @@ from colab_xla.notebook import hardware
 from colab_xla.replica import job as replica_job
 from colab_xla.wire import frames
 from colab_xla.notebook.views import text as text_view
-from colab_xla.wire.cell import CellModule, EmptyCellError
+from colab_xla.wire.cell import Cell, CellModule, EmptyCellError
 from colab_xla.notebook.outcome import (DONE, FAILED, ReplicaOutcome, RunOutcome, XlaSpawnError,
                                         format_ordinals)
 from colab_xla.wire.job import ReplicaJob
@@ -24,8 +24,8 @@ from colab_xla.wire.reports import ReplicaError
 
 
 def test_cell_is_written_as_a_private_module_with_a_unique_name(tmp_path):
-    a = CellModule.create("x = 1\n", str(tmp_path), label="Cell In[1]")
-    b = CellModule.create("x = 1\n", str(tmp_path), label="Cell In[1]")
+    a = CellModule.create(Cell("x = 1\n", label="Cell In[1]"), str(tmp_path))
+    b = CellModule.create(Cell("x = 1\n", label="Cell In[1]"), str(tmp_path))
     assert a.name != b.name and a.name.isidentifier()
     assert os.path.dirname(a.path) == str(tmp_path)
     assert stat.S_IMODE(os.stat(a.path).st_mode) == 0o600
@@ -34,32 +34,32 @@ def test_cell_is_written_as_a_private_module_with_a_unique_name(tmp_path):
 
 def test_cell_line_numbers_are_the_notebook_lines(tmp_path):
     # Line 1 of the notebook cell is the magic line, so the body starts at line 2.
-    cell = CellModule.create("a = 1\nb = 2\nc = 1 / 0\n", str(tmp_path))
+    cell = CellModule.create(Cell("a = 1\nb = 2\nc = 1 / 0\n"), str(tmp_path))
     with pytest.raises(ZeroDivisionError) as info:
         exec(cell.body, {})
     assert info.tb.tb_next.tb_lineno == 4 and info.tb.tb_next.tb_frame.f_code.co_filename == cell.path
 
 
 def test_last_expression_is_the_result_and_semicolon_hides_it(tmp_path):
-    cell = CellModule.create("x = 6\nx * 7\n", str(tmp_path))
+    cell = CellModule.create(Cell("x = 6\nx * 7\n"), str(tmp_path))
     ns = {}
     exec(cell.body, ns)
     assert eval(cell.last_expr, ns) == 42
-    hidden = CellModule.create("x = 6\nx * 7;  # no result\n", str(tmp_path))
+    hidden = CellModule.create(Cell("x = 6\nx * 7;  # no result\n"), str(tmp_path))
     assert hidden.last_expr is None
-    assert CellModule.create("x = 6\n", str(tmp_path)).last_expr is None
+    assert CellModule.create(Cell("x = 6\n"), str(tmp_path)).last_expr is None
 
 
 @pytest.mark.parametrize("source", ["", "   \n\n", "# just a comment\n"])
 def test_empty_cell_is_refused(tmp_path, source):
     with pytest.raises(EmptyCellError):
-        CellModule.create(source, str(tmp_path))
+        CellModule.create(Cell(source), str(tmp_path))
     assert os.listdir(tmp_path) == []
 
 
 def test_syntax_error_names_the_cell_and_its_line(tmp_path):
     with pytest.raises(SyntaxError) as info:
-        CellModule.create("x = 1\ny = (\n", str(tmp_path), label="Cell In[3]")
+        CellModule.create(Cell("x = 1\ny = (\n", label="Cell In[3]"), str(tmp_path))
     assert info.value.filename == "Cell In[3]"
     assert info.value.lineno == 3
 
@@ -73,7 +73,7 @@ def test_a_file_planted_at_the_module_path_is_never_written_through(tmp_path, mo
     target.write_text("untouched")
     (tmp_path / "xla_cell_1_feed.py").symlink_to(target)
     with pytest.raises(FileExistsError):
-        CellModule.create("x = 1\n", str(tmp_path))
+        CellModule.create(Cell("x = 1\n"), str(tmp_path))
     assert target.read_text() == "untouched"
 
 
@@ -223,8 +223,8 @@ def test_text_view_shows_every_replica_its_output_result_and_error():
 
 
 def test_traceback_starts_at_the_cell_and_names_its_lines(tmp_path):
-    cell = CellModule.create("def f():\n    raise KeyError('k')\nr = f()\n", str(tmp_path),
-                             label="Cell In[9]")
+    cell = CellModule.create(Cell("def f():\n    raise KeyError('k')\nr = f()\n",
+                                  label="Cell In[9]"), str(tmp_path))
     try:
         exec(cell.body, {})
     except KeyError as exc:
@@ -257,7 +257,7 @@ def test_an_interrupted_session_cell_leaves_the_next_one_free_to_set_a_profiler(
     ``PyThreadState_SetAsyncExc(thread, NULL)``: up to Python 3.12 that leaves the
     interpreter's "asynchronous exception pending" flag set, and on 3.11 a later cell that set
     and cleared a profiler spun for ever (this test failed there; 3.12 and 3.13 pass either way)."""
-    from colab_xla.replica.session import Interruptible
+    from colab_xla.replica.serve import Interruptible
 
     profiled = compile("import sys\nsys.setprofile(lambda *a: None)\n", "<cell>", "exec")
     last_line = compile("sys.setprofile(None)", "<cell>", "eval")
@@ -299,16 +299,16 @@ def test_a_session_cell_never_clears_an_asynchronous_exception_it_may_have_been_
     """Clearing one (``PyThreadState_SetAsyncExc(thread, NULL)``) leaves the pending flag set
     up to Python 3.12 (see the test above): a cell not interrupted sends nothing at its end,
     and an interrupted one replaces what may still be pending by an exception it takes."""
-    from colab_xla.replica import session as replica_session
+    from colab_xla.replica import serve
 
     sent = []
-    real = replica_session._async_raise
-    monkeypatch.setattr(replica_session, "_async_raise",
+    real = serve._async_raise
+    monkeypatch.setattr(serve, "_async_raise",
                         lambda thread, exc: sent.append(exc) or real(thread, exc))
     done = []
 
     def replica():
-        cell = replica_session.Interruptible()
+        cell = serve.Interruptible()
         with cell.running("quiet"):
             pass
         done.append(list(sent))
@@ -322,7 +322,7 @@ def test_a_session_cell_never_clears_an_asynchronous_exception_it_may_have_been_
         done.append(list(sent))
 
     _replica_thread(replica).join(60)
-    assert done == [[], [KeyboardInterrupt, replica_session._Dropped]]
+    assert done == [[], [KeyboardInterrupt, serve._Dropped]]
 
 
 # --- output log ------------------------------------------------------------------------------
@@ -383,7 +383,7 @@ def check_options(env, pull, pull_from, replicas=None, timeout=None, cache_dir=N
 
 
 def test_a_cell_module_pickles_as_its_file_and_compiles_again(tmp_path):
-    cell = CellModule.create("y = 6\ny * 7\n", str(tmp_path), label="Cell In[3]")
+    cell = CellModule.create(Cell("y = 6\ny * 7\n", label="Cell In[3]"), str(tmp_path))
     again = pickle.loads(pickle.dumps(cell))
     assert (again.name, again.path, again.label, again.source) == \
         (cell.name, cell.path, cell.label, cell.source)
@@ -395,7 +395,7 @@ def test_a_cell_module_pickles_as_its_file_and_compiles_again(tmp_path):
 def test_used_names_are_the_notebook_names_the_cell_mentions_but_not_replica_names():
     ns = {"model": 1, "lr": 2, "index": 3, "device": 4, "unused": 5}
     source = "def step():\n    return model(lr)\nprint(index, device, undefined_here)"
-    assert names.used_names(source, ns) == ["lr", "model"]
+    assert names.used_names(Cell(source), ns) == ["lr", "model"]
 
 
 def test_names_that_cannot_be_sent_are_each_named_with_type_and_reason():
@@ -568,7 +568,7 @@ def test_an_unsplittable_line_says_what_is_wrong_and_what_to_do(line, where):
 
 @pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0.0, -1.0])
 def test_run_cell_refuses_a_timeout_that_is_not_a_positive_number(timeout):
-    from colab_xla.notebook.run import run_cell
+    from colab_xla.notebook.targets import run_cell
 
     with pytest.raises(ValueError, match=r"--timeout \S+: the timeout must be more than 0 "
                                          "seconds and finite"):
@@ -643,11 +643,13 @@ def test_the_core_imports_without_ipython_and_the_text_view_without_the_runtime(
 import importlib, pkgutil, sys
 sys.modules["IPython"] = sys.modules["ipywidgets"] = None  # importing them fails
 import colab_xla.notebook.views.text
-assert not {"colab_xla.notebook.supervisor", "colab_xla.notebook.run", "torch"} & set(sys.modules), sorted(sys.modules)
+loaded = {"colab_xla.notebook.supervisor", "colab_xla.notebook.targets", "torch"} & set(sys.modules)
+assert not loaded, sorted(sys.modules)
 import colab_xla
 for info in pkgutil.walk_packages(colab_xla.__path__, "colab_xla."):
     if info.name not in ("colab_xla.notebook.magics", "colab_xla.notebook.views.widget"):
         importlib.import_module(info.name)
+import colab_xla.notebook.targets  # run_cell, the targets (colab_xla.notebook: no __init__)
 print("ok")
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

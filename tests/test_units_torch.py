@@ -248,7 +248,7 @@ def test_kept_mappings_of_files_the_notebook_removed_are_let_go(run_dir, keeping
 
 
 def test_a_session_replica_waiting_for_its_next_cell_lets_go_each_check_period(monkeypatch):
-    from colab_xla.replica import session as replica_session
+    from colab_xla.replica import serve
 
     waits = []
 
@@ -257,7 +257,7 @@ def test_a_session_replica_waiting_for_its_next_cell_lets_go_each_check_period(m
             waits.append(timeout)
             return super().get(block, timeout)
 
-    commands = object.__new__(replica_session._Commands)  # (without its reading thread)
+    commands = object.__new__(serve._Commands)  # (without its reading thread)
     commands._queue = Recorded()
     checks = []
 

@@ -18,9 +18,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from . import cluster, hardware, launch, preflight, processes, tpu_holders
-from . import session as sessions
+from . import cluster, hardware, launch, preflight, processes, targets, tpu_holders
 from .. import runtimes
+from .defaults import Defaults
 from ..errors import Problem
 from ..runtimes import torch_xla as torch_xla_runtime
 from ..runtimes.plan import ReplicaCountError
@@ -142,7 +142,7 @@ def diagnose(environ: Mapping[str, str] = os.environ, history: Sequence[str] = (
 
     report.problems += preflight.environment_problems(environ)
 
-    method = environ.get("COLAB_XLA_START_METHOD", "fork")
+    method = Defaults.read(environ).start_method
     server = launch.forkserver_pid()
     report.facts.append(("start method", f"{method} by default" + (
         f"; forkserver running (pid {server})" if server else "")))
@@ -152,7 +152,7 @@ def diagnose(environ: Mapping[str, str] = os.environ, history: Sequence[str] = (
         report.problems.append(Problem("start-method", f"COLAB_XLA_START_METHOD: {exc}",
                                        "Set it to fork, spawn or forkserver.", fatal=False))
 
-    report.facts.append(("session", _session_fact(sessions.current())))
+    report.facts.append(("session", _session_fact(targets.local_session())))
     report.facts.append(("cluster", _cluster_fact(cluster.current(), _version("ray"))))
     found = processes.leftovers()
     report.facts.append(("leftover processes", str(len(found))))

@@ -1,5 +1,6 @@
-"""IPython glue: ``%%xla_spawn`` parses its line, calls :func:`colab_xla.notebook.run.run_cell`,
-and hands the outcome to a view. All the work is in the IPython-free core."""
+"""IPython glue: each magic parses its line, asks the IPython-free core
+(:mod:`colab_xla.notebook.targets`) for the target, runs the request on it, and hands the
+outcome to a view."""
 
 from __future__ import annotations
 
@@ -10,16 +11,16 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from . import cluster, doctor, processes, session, views
+from . import doctor, processes, targets, views
 from .. import runtimes
-from ..wire.cell import EmptyCellError
-from ..errors import SetupError
+from ..errors import RuntimeInitializedError, SetupError
 from ..runtimes import RUNTIMES
-from .launch import LAUNCHERS, START_METHODS, Launch
+from ..wire.cell import Cell, EmptyCellError
+from .defaults import Defaults
+from .launch import LAUNCHERS, START_METHODS
 from .options import SIMULATIONS, check_output, parse_env, pull_names, split_line
 from .outcome import XlaSpawnError
-from ..errors import RuntimeInitializedError
-from .run import run_cell, start_session
+from .request import CellRequest, LaunchAsked, SessionRequest
 
 
 @magics_class
@@ -144,86 +145,37 @@ class XlaMagics(Magics):
             xm.all_reduce(xm.REDUCE_SUM, t).cpu()     # tensor([6., 6.]) on every replica
         """
         args = _parse(self.xla_spawn, line, "%%xla_spawn")
+        defaults = Defaults.read()
         try:
             pull = pull_names(args.pull)
             check_output(args.output, pull)
-            how = Launch(args.start_method or os.environ.get("COLAB_XLA_START_METHOD", "fork"),
-                         launcher=args.launcher, debug_single=args.debug_single,
-                         runtime=args.runtime,
-                         devices_per_process=args.devices_per_process)
+            launch = LaunchAsked(args.start_method, args.launcher, args.debug_single,
+                                 args.runtime, args.devices_per_process,
+                                 default_start_method=defaults.start_method)
+            launch.one_off()  # (what a one-off run would refuse is refused on any target)
             env = parse_env(args.env)
         except SetupError as exc:
             raise UsageError(str(exc)) from None
-        hosts = cluster.current() if not args.fresh else None
-        if hosts is not None:
-            self._run_on_cluster(hosts, line, cell, args, pull)
-            return
-        live = session.current() if not args.fresh else None
-        if live is not None:  # the session's launch, unless the line asks another (refused)
-            own = live.options.launch
-            asked = (args.start_method or args.launcher != "xmp" or args.debug_single
-                     or args.runtime or args.devices_per_process is not None)
-            try:
-                how = Launch(args.start_method or own.start_method, launcher=args.launcher,
-                             debug_single=args.debug_single,
-                             runtime=args.runtime or own.runtime,
-                             devices_per_process=args.devices_per_process) if asked else None
-            except SetupError as exc:
-                raise UsageError(str(exc)) from None
-        view = self._view(args.no_widget)
+        request = CellRequest(
+            Cell(self.shell.transform_cell(cell), label=f"Cell In[{self._cell_number()}]",
+                 header=f"# %%xla_spawn {line}".rstrip()),
+            user_ns=self.shell.user_ns, replicas=args.replicas, launch=launch, env=env,
+            cache_dir=args.cache, simulate=args.simulate, timeout=args.timeout,
+            pull=tuple(pull), pull_from=args.pull_from, defaults=defaults)
+        target = targets.current(fresh=args.fresh)
         try:
-            outcome = run_cell(
-                self.shell.transform_cell(cell),
-                replicas=args.replicas,
-                user_ns=self.shell.user_ns,
-                label=f"Cell In[{self._cell_number()}]",
-                header=f"# %%xla_spawn {line}".rstrip(),
-                observer=view,
-                timeout=args.timeout,
-                launch=how,
-                env=env,
-                cache_dir=args.cache,
-                pull=pull,
-                pull_from=args.pull_from,
-                simulate=args.simulate,
-                session=live,
-            )
+            target.refuse(request)
+            view = self._view(args.no_widget, defaults)
+            outcome = target.run(request, view)
         except SetupError as exc:  # refused before anything started; nothing else is caught
             raise UsageError(self._refusal(exc)) from None
         self._show(outcome, view, args, pull)
 
-    def _run_on_cluster(self, hosts, line, cell, args, pull) -> None:
-        """``%%xla_spawn`` while a cluster is connected: every replica of every host (with
-        ``--runtime jax``, JAX processes of one job on every host)."""
-        asked = [flag for flag, given in (
-            ("-n", args.replicas is not None), ("--start-method", args.start_method),
-            ("--launcher", args.launcher != "xmp"), ("--debug-single", args.debug_single),
-            ("--env", args.env), ("--cache", args.cache), ("--simulate", args.simulate))
-            if given]
-        if asked:
-            raise UsageError(f"{', '.join(asked)}: a cell on the cluster runs on the replicas "
-                             "%xla_cluster started on each host. Give the replicas per host "
-                             "to %xla_cluster (-n); or add --fresh to run this cell on this "
-                             "machine instead.")
-        from .cluster.run import run_on_cluster
-
-        view = self._view(args.no_widget)
-        try:
-            outcome = run_on_cluster(
-                hosts, self.shell.transform_cell(cell), user_ns=self.shell.user_ns,
-                label=f"Cell In[{self._cell_number()}]",
-                header=f"# %%xla_spawn {line}".rstrip(), observer=view,
-                timeout=args.timeout, pull=pull, pull_from=args.pull_from,
-                runtime=args.runtime, devices_per_process=args.devices_per_process)
-        except SetupError as exc:
-            raise UsageError(self._refusal(exc)) from None
-        if not hosts.up:
-            print(f"colab_xla: the cluster connection ended: {hosts.ended}; its agents were "
-                  "stopped. %xla_cluster connect (or local) connects again.")
-        self._show(outcome, view, args, pull)
-
     def _show(self, outcome, view, args, pull) -> None:
         """Store the run's values, close its view, and say how it ended."""
+        if outcome.cluster_ended:
+            print(f"colab_xla: the cluster connection ended: {outcome.cluster_ended}; its "
+                  "agents were stopped. %xla_cluster connect (or local) connects again.")
         # Values first, then the closing draw: a view that fails cannot lose them.
         kept = self._store(outcome, args.output, pull, args.pull_from)
         view.closed(outcome)
@@ -293,92 +245,34 @@ class XlaMagics(Magics):
             %xla_session stop
         """
         args = _parse(self.xla_session, line, "%xla_session")
-        given = [flag for flag, value in (
-            ("-n", args.replicas is not None), ("--start-method", args.start_method),
-            ("--simulate", args.simulate), ("--env", args.env), ("--cache", args.cache),
-            ("--runtime", args.runtime),
-            ("--devices-per-process", args.devices_per_process is not None)) if value]
+        request = SessionRequest(
+            replicas=args.replicas, start_method=args.start_method, simulate=args.simulate,
+            env=tuple(args.env), cache_dir=args.cache, runtime=args.runtime,
+            devices_per_process=args.devices_per_process, defaults=Defaults.read())
+        given = request.given()
         if given and args.action != "start":
             raise UsageError(f"%xla_session {args.action} takes no {', '.join(given)}: "
                              "options are given to %xla_session start.")
-        hosts = cluster.current()
-        live = hosts.session if hosts is not None else session.current()
+        session = targets.current_session()
         if args.action == "status":
-            print(live.describe() if live is not None else "colab_xla session: none "
-                  f"(%xla_session start starts one{' on every host' if hosts else ''}).")
+            on_hosts = " on every host" if targets.connected_cluster() else ""
+            print(session.describe() if session is not None else "colab_xla session: none "
+                  f"(%xla_session start starts one{on_hosts}).")
             return
         if args.action == "stop":
-            was_up = live is not None and live.up
-            if hosts is not None:
-                if was_up:
-                    live.stop()
-                hosts.session = None
-            else:
-                session.stop_session()
+            was_up = session is not None and session.up
+            targets.stop_session()
             print("colab_xla session: stopped." if was_up else
-                  "colab_xla session: none was up." if live is None else
-                  f"colab_xla session: it had ended already ({live.ended}).")
+                  "colab_xla session: none was up." if session is None else
+                  f"colab_xla session: it had ended already ({session.ended}).")
             return
-        if args.action == "restart" and live is None:
-            raise UsageError("%xla_session restart: no session was started "
-                             "(%xla_session start starts one).")
-        if hosts is not None:
-            self._session_on_cluster(hosts, args, given)
-            return
-        if args.action == "restart":
-            opts = live.options
-            session.stop_session()
-        else:
-            try:
-                opts = session.SessionOptions(
-                    replicas=args.replicas,
-                    launch=Launch(args.start_method
-                                  or os.environ.get("COLAB_XLA_START_METHOD", "fork"),
-                                  runtime=args.runtime,
-                                  devices_per_process=args.devices_per_process),
-                    env=parse_env(args.env), cache_dir=args.cache, simulate=args.simulate)
-            except SetupError as exc:
-                raise UsageError(str(exc)) from None
-        started = time.monotonic()
         try:
-            new = start_session(opts, self.shell.user_ns)
+            started = targets.start_asked_session(request, self.shell.user_ns,
+                                                  restart=args.action == "restart")
         except SetupError as exc:
             raise UsageError(self._refusal(exc)) from None
-        print(f"colab_xla session: {len(new.replicas)} replicas started in "
-              f"{time.monotonic() - started:.2f} s.")  # (forks of a warm process: ms)
-        print(new.describe())
-
-    def _session_on_cluster(self, hosts, args, given: list) -> None:
-        """``%xla_session start`` or ``restart`` while a cluster is connected: warm
-        replicas on every host, started by each host's agent."""
-        from .cluster.session import ClusterSession
-
-        given = [flag for flag in given if flag not in ("--runtime", "--devices-per-process")]
-        if given:
-            raise UsageError(f"{', '.join(given)}: on a cluster, each host's replicas are "
-                             "the ones %xla_cluster planned (-n per CPU host; a TPU host's "
-                             "chips), so %xla_session start takes only --runtime (and "
-                             "--devices-per-process) there.")
-        live = hosts.session
-        runtime, per_process = args.runtime, args.devices_per_process
-        if args.action == "restart":  # the same options
-            runtime, per_process = live.runtime, live.devices_per_process
-        if live is not None and live.up:
-            if args.action == "start":
-                raise UsageError("a session is up on the cluster: %xla_session restart "
-                                 "starts it again, %xla_session stop ends it.")
-            live.stop()
-        hosts.session = None
-        started = time.monotonic()
-        try:
-            hosts.session = ClusterSession.start(hosts, runtime=runtime,
-                                                 devices_per_process=per_process)
-        except SetupError as exc:
-            raise UsageError(self._refusal(exc)) from None
-        print(f"colab_xla session: {hosts.session.replica_count} replicas started on "
-              f"{len(hosts.hosts)} hosts in "
-              f"{time.monotonic() - started:.1f} s.")
-        print(hosts.session.describe())
+        print(started.describe_start())
+        print(started.describe())
 
     @magic_arguments()
     @argument("action", nargs="?", default="status",
@@ -441,14 +335,14 @@ class XlaMagics(Magics):
                              "%xla_cluster connect" + (" (local takes --hosts, -n and "
                                                        "--slices)." if args.action == "local"
                                                        else "."))
-        live = cluster.current()
+        connected = targets.connected_cluster()
         if args.action == "status":
-            print(live.describe() if live is not None else
+            print(connected.describe() if connected is not None else
                   "colab_xla cluster: not connected (%xla_cluster connect, or local).")
             return
         if args.action == "stop":
-            stopped = cluster.stop()
-            print("colab_xla cluster: stopped." if live is not None else
+            stopped = targets.stop_cluster()
+            print("colab_xla cluster: stopped." if connected is not None else
                   "colab_xla cluster: none was connected." if stopped is None else
                   f"colab_xla cluster: its connection had ended already ({stopped.ended}).")
             return
@@ -456,24 +350,16 @@ class XlaMagics(Magics):
                             (args.slices, "--slices")):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} {value}: give 1 or more.")
-        if session.current() is not None:
-            raise UsageError("a session is up on this machine (%xla_session): stop it first "
-                             "(%xla_session stop).")
         started = time.monotonic()
         try:
-            if args.action == "local":
-                if args.hosts is None or args.replicas is None:
-                    raise UsageError("%xla_cluster local needs --hosts H and -n N (replicas "
-                                     "per host), e.g. %xla_cluster local --hosts 2 -n 2.")
-                new = cluster.start_local(args.hosts, args.replicas, args.slices)
-            else:
-                new = cluster.connect(args.address, hosts=args.hosts, replicas=args.replicas,
-                                      slice_name=args.slice, slices=args.slices)
+            cluster = targets.connect_cluster(args.address, hosts=args.hosts,
+                                              replicas=args.replicas, slice_name=args.slice,
+                                              slices=args.slices, local=args.action == "local")
         except SetupError as exc:
             raise UsageError(str(exc)) from None
-        print(f"colab_xla cluster: {len(new.hosts)} hosts ready in "
+        print(f"colab_xla cluster: {len(cluster.hosts)} hosts ready in "
               f"{time.monotonic() - started:.1f} s.")
-        print(new.describe())
+        print(cluster.describe())
 
     def _refusal(self, exc: SetupError) -> str:
         """What the person reads when a run is refused."""
@@ -532,9 +418,9 @@ class XlaMagics(Magics):
                   + "".join(f"\n  {k.describe()}" for k in killed))
         print(doctor.diagnose(os.environ, self.shell.user_ns.get("In", ())).render())
 
-    def _view(self, no_widget: bool):
+    def _view(self, no_widget: bool, defaults: Defaults):
         """The one place that chooses between the widget and text views."""
-        wanted = "text" if no_widget else os.environ.get("COLAB_XLA_VIEW", "auto").lower()
+        wanted = "text" if no_widget else defaults.view
         has_kernel = getattr(self.shell, "kernel", None) is not None
         if not has_kernel and not self._told_terminal:
             self._told_terminal = True

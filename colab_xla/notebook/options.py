@@ -127,7 +127,7 @@ def parse_env(assignments) -> Dict[str, str]:
 def check_run(*, replicas: Optional[int], timeout: Optional[float], env: Mapping[str, str],
               pull: Sequence[str], pull_from: Optional[int], cache_dir: Optional[str],
               launch, simulate: str = SIMULATIONS[0]) -> Optional[str]:
-    """Refuse bad options of :func:`colab_xla.notebook.run.run_cell`; return ``cache_dir`` made
+    """Refuse bad options of :func:`colab_xla.notebook.targets.run_cell`; return ``cache_dir`` made
     absolute (and created, checked writable), or None."""
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):  # nan > 0 is False
         raise OptionError(f"--timeout {timeout:g}: the timeout must be more than 0 seconds and "

@@ -69,10 +69,13 @@ class RunOutcome:
     # Why no replica started at all (xmp.spawn itself failed: a device this machine does
     # not have, a broken torch_xla), as kind "launch"; None when replicas started.
     launch_error: Optional[ReplicaError] = None
-    # Run on a session (colab_xla.notebook.session) that ended during the cell: why; else None.
+    # Run on a session (colab_xla.notebook.targets.session) that ended during the cell: why;
+    # else None.
     session_ended: Optional[str] = None
     # Run on a cluster (colab_xla.notebook.cluster): each replica's host, by global ordinal.
     hosts: Dict[int, int] = dataclasses.field(default_factory=dict)
+    # Run on a cluster whose connection ended during the cell (a host gone): why; else None.
+    cluster_ended: Optional[str] = None
 
     def label(self, ordinal: int) -> str:
         """``"replica 3"``, or on a cluster ``"host 1 · replica 3"``."""

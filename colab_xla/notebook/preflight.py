@@ -11,7 +11,6 @@ Example::
 
 from __future__ import annotations
 
-import ast
 import sys
 import threading
 from typing import Dict, List, Mapping, Optional, Tuple
@@ -19,6 +18,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 from .. import runtimes
 from ..runtimes import torch_xla as torch_xla_runtime
 from ..errors import PreflightError, Problem, RuntimeInitializedError
+from ..wire.cell import Cell
 
 # What torch_xla sets for each replica process on a TPU host (torch_xla/_internal/pjrt.py
 # initialize_multiprocess; tpu.py configure_topology), all with os.environ.setdefault, so a
@@ -101,24 +101,18 @@ _LAUNCHERS = {("xmp", "spawn"), ("xla_multiprocessing", "spawn"), ("torch_xla", 
               ("pjrt", "spawn"), ("pjrt", "run_multiprocess")}
 
 
-def cell_problems(source: str) -> List[Problem]:
-    """A cell that launches replicas itself would launch them from every replica."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return []  # reported with its line by the compiler
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            owner = node.func.value
-            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", None)
-            if (name, node.func.attr) in _LAUNCHERS:
-                return [Problem(
-                    "nested-spawn", f"line {node.lineno + 1} of the cell calls "
-                                    f"{name}.{node.func.attr}(...): %%xla_spawn already runs the "
-                                    "cell on every replica, so each replica would start replicas.",
-                    "Put the body of your function in the cell instead of spawning it; `index` "
-                    "is the ordinal xmp.spawn would pass. Or run xmp.spawn in a plain cell, "
-                    "without %%xla_spawn.")]
+def cell_problems(cell: Optional[Cell]) -> List[Problem]:
+    """A cell that launches replicas itself would launch them from every replica. (A cell
+    with a syntax error has no calls: compiling it says where.)"""
+    for line, owner, name in cell.calls() if cell is not None else ():
+        if (owner, name) in _LAUNCHERS:
+            return [Problem(
+                "nested-spawn", f"line {line} of the cell calls "
+                                f"{owner}.{name}(...): %%xla_spawn already runs the "
+                                "cell on every replica, so each replica would start replicas.",
+                "Put the body of your function in the cell instead of spawning it; `index` "
+                "is the ordinal xmp.spawn would pass. Or run xmp.spawn in a plain cell, "
+                "without %%xla_spawn.")]
     return []
 
 
@@ -202,19 +196,22 @@ def leftovers_problem(found) -> Optional[Problem]:
         "start time).", fatal=False)
 
 
-def check(source: str, environ: Mapping[str, str], launch=None,
-          device_type: Optional[str] = None) -> Dict[str, List[Problem]]:
-    """Problems of this cell in this environment: ``{"fatal": [...], "notes": [...]}``.
-    ``device_type`` is the plan's: a TPU run also checks who holds the TPU; ``launch``'s
+def check(cell: Optional[Cell], environ: Mapping[str, str], launch=None,
+          device_type: Optional[str] = None,
+          refuse_tpu_holders: bool = True) -> Dict[str, List[Problem]]:
+    """Problems of this cell (None: of a session's start, no cell yet) in this environment:
+    ``{"fatal": [...], "notes": [...]}``. ``device_type`` is the plan's: a TPU run also
+    checks who holds the TPU (a refusal, or with ``refuse_tpu_holders`` False a note:
+    :meth:`colab_xla.notebook.defaults.Defaults.refuses_tpu_holders`); ``launch``'s
     runtime adds what it refuses itself."""
-    found = cell_problems(source) + environment_problems(environ) + runtime_problems()
+    found = cell_problems(cell) + environment_problems(environ) + runtime_problems()
     if launch is not None:
         found += launch_problems(launch, environ)
     if device_type == "TPU":
         from . import processes, tpu_holders
         found += tpu_holders.problems(tpu_holders.scan(),
                                       {left.pid for left in processes.leftovers()},
-                                      refuse=environ.get("COLAB_XLA_TPU_HOLDERS") != "warn")
+                                      refuse=refuse_tpu_holders)
     if launch is not None:  # (torch_xla's own is runtime_problems(), found above)
         found += [p for p in launch.runtime.problems() if p not in found]
     return {"fatal": [p for p in found if p.fatal], "notes": [p for p in found if not p.fatal]}

@@ -2,7 +2,7 @@
 :class:`colab_xla.notebook.supervisor.Supervisor` runs its cell on, and :class:`FreshReplicas`,
 a one-off run's (started for the run by :func:`colab_xla.notebook.launch.start`, every
 process of it killed when it ends). A session's replicas, kept across cells, are
-:class:`colab_xla.notebook.session.SessionReplicas`.
+:class:`colab_xla.notebook.targets.session.SessionReplicas`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class Replicas:
     their processes.
 
     :class:`FreshReplicas` starts them for the run and kills them after it; a session
-    (:class:`colab_xla.notebook.session.SessionReplicas`) sends the cell to replicas it keeps.
+    (:class:`colab_xla.notebook.targets.session.SessionReplicas`) sends the cell to replicas it keeps.
     """
 
     inherit = False  # whether the replicas fork from this process for the run

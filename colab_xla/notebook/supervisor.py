@@ -46,7 +46,7 @@ __all__ = ["RunRequest", "Supervisor", "Replicas", "FreshReplicas", "DrawPacer",
 
 @dataclasses.dataclass(frozen=True)
 class RunRequest:
-    """What a run does besides running the cell (see :func:`colab_xla.notebook.run.run_cell`)."""
+    """What a run does besides running the cell (see :func:`colab_xla.notebook.targets.one_off.run_cell`)."""
 
     launch: Launch
     parent_pid: int  # the replica processes' parent: this process, or the forkserver

@@ -19,7 +19,7 @@ from .. import runtimes
 from ..wire.job import arrived
 from .job import main
 from .process import inherit
-from .session import serve
+from .serve import serve
 
 __all__ = ["main", "serve", "inherit", "replica_process", "single_replica"]
 

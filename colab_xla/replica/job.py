@@ -140,7 +140,7 @@ def _run_cell(index: int, job: ReplicaJob, process: "ReplicaProcess",
     runtime = runtimes.current()
     ns = make_globals(index, job, process)
     value = None
-    # In a session, the notebook's Interrupt reaches the cell (colab_xla.replica.session).
+    # In a session, the notebook's Interrupt reaches the cell (colab_xla.replica.serve).
     interruptible = getattr(current, "interruptible", None)
     try:
         with (interruptible.running(job.run_id) if interruptible is not None

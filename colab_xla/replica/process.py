@@ -68,7 +68,7 @@ class ReplicaProcess:
     """A replica process: set up once (streams, parent-death signal, its runtime's
     set-up), then opened for each run it serves (the run's pipes, its cell and the
     notebook's names). A one-off run's process serves one run; a session's serves one run
-    per cell (:mod:`colab_xla.replica.session`)."""
+    per cell (:mod:`colab_xla.replica.serve`)."""
 
     _lock = threading.Lock()
     _current: Optional["ReplicaProcess"] = None

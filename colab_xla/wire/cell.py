@@ -1,4 +1,11 @@
-"""A notebook cell as an importable module file.
+"""A notebook cell: its text parsed once (:class:`Cell`), and written as an importable
+module file (:class:`CellModule`).
+
+A :class:`Cell` is made once, where the cell enters colab_xla (the magic, ``run_cell``),
+and handed down: everything that reads the cell (is it empty, its syntax, the notebook
+names it uses, a call that would start replicas from every replica, its module) reads
+the one parse. It pickles with its parse, so a cluster's hosts get it as the notebook
+made it.
 
 Replicas run the cell from a real ``.py`` file with a unique module name, so that:
 
@@ -14,10 +21,10 @@ Example::
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as d:
-    ...     cell = CellModule.create("x = 2\\nx * 21\\n", d, label="Cell In[7]")
-    ...     ns = {"__name__": cell.name}
-    ...     exec(cell.body, ns)
-    ...     eval(cell.last_expr, ns)
+    ...     module = CellModule.create(Cell("x = 2\\nx * 21\\n", label="Cell In[7]"), d)
+    ...     ns = {"__name__": module.name}
+    ...     exec(module.body, ns)
+    ...     eval(module.last_expr, ns)
     42
 """
 
@@ -29,7 +36,7 @@ import os
 import secrets
 from dataclasses import dataclass
 from types import CodeType
-from typing import Optional
+from typing import FrozenSet, Optional
 
 from ..errors import SetupError
 
@@ -38,6 +45,52 @@ _counter = itertools.count(1)
 
 class EmptyCellError(SetupError):
     """The cell has no code to run."""
+
+
+class Cell:
+    """A cell's ``source``, parsed once, as its module file will hold it (``header``, the
+    magic line, as line 1; ``label``, how tracebacks name it: ``Cell In[7]``).
+
+    ``tree`` is the parse (None if the cell has a syntax error, kept in ``syntax_error``
+    and raised by :meth:`check`); ``names`` every name the cell mentions. Nothing else
+    parses the source again.
+    """
+
+    def __init__(self, source: str, label: str = "cell", header: str = "# %%xla_spawn"):
+        self.source, self.label = source, label
+        self.text = header.replace("\n", " ") + "\n" + source
+        self.tree: Optional[ast.Module] = None
+        self.syntax_error: Optional[SyntaxError] = None
+        try:
+            self.tree = ast.parse(self.text, filename=label)
+        except SyntaxError as exc:
+            self.syntax_error = exc
+        self.names: FrozenSet[str] = frozenset(
+            node.id for node in ast.walk(self.tree) if isinstance(node, ast.Name)
+        ) if self.tree is not None else frozenset()
+
+    @property
+    def empty(self) -> bool:
+        """No code to run (a cell with a syntax error has some: compiling it says where)."""
+        return not self.source.strip() or (self.tree is not None and not self.tree.body)
+
+    def check(self) -> None:
+        """Raise :class:`EmptyCellError` for a cell with no code, and its ``SyntaxError``
+        (``filename`` the label, the notebook's line number)."""
+        if self.empty:
+            raise EmptyCellError("the cell has no code to run")
+        if self.syntax_error is not None:
+            raise self.syntax_error.with_traceback(None)
+
+    def calls(self):
+        """``(line, owner, name)`` of every call of the form ``owner.name(...)`` or
+        ``a.owner.name(...)``, in the notebook's line numbers."""
+        for node in ast.walk(self.tree) if self.tree is not None else ():
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = node.func.value
+                owner = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id",
+                                                                                   None)
+                yield node.lineno, owner, node.func.attr
 
 
 @dataclass(frozen=True)
@@ -57,36 +110,31 @@ class CellModule:
     source: str = ""
 
     @classmethod
-    def create(cls, source: str, directory: str, label: str = "cell",
-               header: str = "# %%xla_spawn") -> "CellModule":
-        """Write ``source`` under ``directory`` as a new module and compile it.
+    def create(cls, cell: Cell, directory: str) -> "CellModule":
+        """Write ``cell`` under ``directory`` as a new module and compile its parse.
 
         Raises :class:`EmptyCellError` for a cell with no code, and ``SyntaxError`` (with
-        ``filename`` set to ``label`` and the notebook's line number) before anything runs.
+        ``filename`` set to the cell's label and the notebook's line number) before
+        anything runs.
         """
-        if not source.strip() or not _has_code(source):
-            raise EmptyCellError("the cell has no code to run")
+        cell.check()
         name = f"xla_cell_{next(_counter)}_{secrets.token_hex(4)}"
         path = os.path.join(directory, name + ".py")
-        text = header.replace("\n", " ") + "\n" + source
         # O_EXCL: never write through a file someone else put there.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        try:
-            body, last_expr = _compile(text, path)
-        except SyntaxError as exc:
-            exc.filename = label
-            raise
-        return cls(name=name, path=path, label=label, body=body, last_expr=last_expr,
-                   source=source)
+            f.write(cell.text)
+        body, last_expr = _compile(cell.tree, cell.text, path)
+        return cls(name=name, path=path, label=cell.label, body=body, last_expr=last_expr,
+                   source=cell.source)
 
     @classmethod
     def load(cls, path: str, label: str = "cell") -> "CellModule":
-        """The module written by :meth:`create`, compiled again from its file."""
+        """The module written by :meth:`create`, compiled again from its file (in a
+        replica that did not fork: code objects do not pickle)."""
         with open(path, encoding="utf-8") as f:
             text = f.read()
-        body, last_expr = _compile(text, path)
+        body, last_expr = _compile(ast.parse(text, filename=path), text, path)
         name = os.path.splitext(os.path.basename(path))[0]
         return cls(name=name, path=path, label=label, body=body, last_expr=last_expr,
                    source=text.split("\n", 1)[1])
@@ -97,21 +145,14 @@ class CellModule:
         return CellModule.load, (self.path, self.label)
 
 
-def _has_code(source: str) -> bool:
-    try:
-        return bool(ast.parse(source).body)
-    except SyntaxError:
-        return True  # let compilation report it with the line number
-
-
-def _compile(text: str, path: str):
-    tree = ast.parse(text, filename=path)
-    last_expr = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr) and not _ends_with_semicolon(text):
-        last_expr = ast.Expression(tree.body.pop().value)
-        last_expr = compile(last_expr, path, "eval")
-    body = compile(tree, path, "exec")
-    return body, last_expr
+def _compile(tree: ast.Module, text: str, path: str):
+    """The cell's body and last expression (or None), compiled from its parse (which is
+    left as it is: a cell may be compiled again)."""
+    body, last_expr = tree.body, None
+    if body and isinstance(body[-1], ast.Expr) and not _ends_with_semicolon(text):
+        body, last_expr = body[:-1], compile(ast.Expression(body[-1].value), path, "eval")
+    module = ast.Module(body=body, type_ignores=tree.type_ignores)
+    return compile(module, path, "exec"), last_expr
 
 
 def _ends_with_semicolon(text: str) -> bool:

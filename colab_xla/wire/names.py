@@ -11,8 +11,9 @@ name, type and reason before anything starts.
 
 Example::
 
+    >>> from colab_xla.wire.cell import Cell
     >>> ns = {"scale": 3, "unused": object(), "np": __import__("math")}
-    >>> used_names("print(scale * index, np.pi)", ns)
+    >>> used_names(Cell("print(scale * index, np.pi)"), ns)
     ['np', 'scale']
     >>> sorted(unpack(pack(["np", "scale"], ns)))
     ['np', 'scale']
@@ -20,18 +21,18 @@ Example::
 
 from __future__ import annotations
 
-import ast
 import pickle
 from typing import Dict, Iterable, List, Mapping, Tuple
 
 import cloudpickle
 
 from ..errors import PreflightError, Problem
+from .cell import Cell
 
 # Names every replica gets from colab_xla itself (see colab_xla.replica); get_ipython is
 # what IPython's magic lines in the cell (``%time``, ``%env``) call.
 REPLICA_NAMES = ("index", "device", "lock", "get_ipython")
-SESSION = "session"  # the names go to a session's replicas (see colab_xla.notebook.session)
+SESSION = "session"  # the names go to a session's replicas (colab_xla.notebook.targets.session)
 
 
 class UnsendableNames(PreflightError):
@@ -59,10 +60,9 @@ class UnsendableNames(PreflightError):
         super().__init__(problem)
 
 
-def used_names(source: str, user_ns: Mapping) -> List[str]:
+def used_names(cell: Cell, user_ns: Mapping) -> List[str]:
     """Names the cell mentions that the notebook defines (sorted)."""
-    mentioned = {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
-    return sorted(n for n in mentioned if n in user_ns and n not in REPLICA_NAMES)
+    return sorted(n for n in cell.names if n in user_ns and n not in REPLICA_NAMES)
 
 
 def pack(names: Iterable[str], user_ns: Mapping, start_method: str = "spawn") -> bytes:

@@ -6,9 +6,11 @@ Ray is the engine that reaches the hosts (``pip install colab_xla[ray]``):
 * :mod:`.hosts`: which hosts (a TPU slice ordered by worker id, or CPU hosts), pure;
 * :mod:`.connection`: :class:`Cluster`: Ray joined, the hosts reserved, one agent each;
 * :mod:`.agent`: the agent on a host, running each cell with the single-host machinery;
-* :mod:`.run`: a cell on every host, as one outcome with global ordinals;
-* :mod:`.session`: warm replicas on every host (``%xla_session`` while connected);
 * :mod:`.local`: hosts on this machine, for workshops and tests.
+
+A cell on every host is a target (:mod:`colab_xla.notebook.targets.cluster_one_off`: one
+outcome with global ordinals), as is the cluster's session, warm replicas on every host
+(:mod:`colab_xla.notebook.targets.cluster_session`).
 
 This module keeps the notebook's one cluster connection.
 """

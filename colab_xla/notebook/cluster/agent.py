@@ -3,15 +3,16 @@ each ``%%xla_spawn`` cell on its host's replicas for the notebook.
 
 It is, for its host, what the notebook's process is on a single host: it keeps torch and
 torch_xla imported (never the runtime: it is not a replica), plans its replicas, and runs
-the cell with the machinery of one-off runs (:func:`colab_xla.notebook.run.run_cell`: xmp.spawn,
-capture, reports, fail-fast on the host), in a thread of its own. What the run's view
+the cell with the machinery of one-off runs (the target
+:class:`~colab_xla.notebook.targets.one_off.OneOff`: xmp.spawn, capture, reports, fail-fast on
+the host), or on its host's session, in a thread of its own. What the run's view
 would see becomes events the notebook collects with :meth:`HostAgent.poll` (a Ray call
 that waits for news), so the notebook draws every host in one view; values and ``--pull``
 names stay packed bytes, loaded in the notebook where its classes are.
 
 A cell of another runtime (``--runtime jax``) runs the same way, as the host's replicas
 of that runtime; the notebook tells every host the runtime and what its replicas get
-(:func:`colab_xla.notebook.cluster.run.host_request`: for JAX, the coordinator host 0's
+(:func:`colab_xla.notebook.targets.cluster_one_off.host_request`: for JAX, the coordinator host 0's
 agent chose, :meth:`HostAgent.coordinator`), and each process's id is its global
 ordinal.
 
@@ -92,7 +93,7 @@ class HostAgent:
             warm_forkserver()
         self._runs: Dict[str, _HostedRun] = {}
         self._lock = threading.Lock()
-        self._session = None  # this host's warm replicas (colab_xla.notebook.session.Session), if up
+        self._session = None  # this host's warm replicas (targets.session.Session), if up
 
     def describe(self) -> Dict[str, Any]:
         """What the notebook shows of this host."""
@@ -117,8 +118,7 @@ class HostAgent:
         ordinal: pid}, "notes": [...]}``, or ``{"error": (ename, message)}`` when they
         could not start (refused, or did not come up)."""
         from ...errors import SetupError
-        from ..run import new_session
-        from ..session import SessionOptions
+        from ..targets.session import SessionOptions, new_session
 
         self.stop_session()
         notes: List[str] = []
@@ -143,22 +143,27 @@ class HostAgent:
 
     # -- cells --------------------------------------------------------------------------------
 
-    def start(self, run_id: str, source: str, names: Optional[bytes], label: str,
-              pull: List[str], pull_from: Optional[int],
-              request: Optional[Dict[str, Any]] = None) -> None:
-        """Start running the cell on this host's replicas (returns at once): the warm
-        ones, if a session is up, else replicas of the run's own, in ``request``'s runtime
-        (``{"runtime": name, "devices_per_process": K or None, "environ": {...}}``, what
-        every host's replicas get; None: the default runtime's), one job with every
-        host's."""
+    def start(self, run_id: str, cell, sent: Optional[bytes], pull: List[str],
+              pull_from: Optional[int], request: Optional[Dict[str, Any]] = None) -> None:
+        """Start running ``cell`` (a :class:`colab_xla.wire.cell.Cell`, as the notebook
+        parsed it) on this host's replicas (returns at once), with ``sent``, the notebook
+        names it uses, packed: on the warm ones, if a session is up, else on replicas of
+        the run's own, in ``request``'s runtime (``{"runtime": name, "devices_per_process":
+        K or None, "environ": {...}}``, what every host's replicas get; None: the default
+        runtime's), one job with every host's."""
+        from ..request import LaunchAsked
+        from ..targets.one_off import OneOff
+
         run = self._run(run_id)
-        session = self._session
-        how = (dict(session=session) if session is not None else
-               dict(env=self._environ(run_id, request), replicas=self._replicas(),
-                    launch=self._launch(request), simulate="processes"))
+        target, asked = self._session, {}
+        if target is None:
+            target, asked = OneOff(), dict(env=self._environ(run_id, request),
+                                           replicas=self._replicas(),
+                                           launch=LaunchAsked.of(self._launch(request)),
+                                           simulate="processes")
         thread = threading.Thread(
             target=run.run, name=f"colab_xla-host-run-{run_id}", daemon=True,
-            args=(self.rank.host, source, names, label, how, pull, pull_from))
+            args=(self.rank.host, cell, sent, target, asked, pull, pull_from))
         thread.start()
 
     def _environ(self, run: str, request: Optional[Dict[str, Any]] = None) -> Dict[str, str]:
@@ -217,22 +222,25 @@ class _HostedRun(RunObserver):
         self._outcome: Optional[RunOutcome] = None
         self._partial_sent: Dict[Any, list] = {}  # origin -> its unended lines last sent
 
-    def run(self, host, source, names, label, how, pull, pull_from) -> None:
-        from ..run import run_cell
-        from ...wire import names as names_transport
+    def run(self, host, cell, sent, target, asked, pull, pull_from) -> None:
+        """Run ``cell`` on ``target`` (this host's session, or a one-off run with the
+        options ``asked``), as a request made here, with the names ``sent``."""
+        from ..request import CellRequest
+        from ...wire import names
 
         notes: List[str] = []
         try:
             try:
-                user_ns = names_transport.unpack(names) if names else {}
+                user_ns = names.unpack(sent) if sent else {}
             except Exception as exc:  # noqa: BLE001 - said as a replica would say it
-                done = {"error": (type(exc).__name__, names_transport.unloadable(
+                done = {"error": (type(exc).__name__, names.unloadable(
                             exc, f"on host {host}", "on every host", "")),
                         "traceback": traceback.format_exc(), "notes": notes}
             else:
-                outcome = run_cell(source, user_ns=user_ns, label=label, observer=self,
-                                   announce=notes.append, pull=pull, pull_from=pull_from,
-                                   hosted=self.interrupter, **how)
+                request = CellRequest(cell, user_ns=user_ns, pull=tuple(pull),
+                                      pull_from=pull_from, announce=notes.append,
+                                      hosted=self.interrupter, **asked)
+                outcome = target.run(request, observer=self)
                 done = {"outcome": _packed_outcome(outcome), "notes": notes}
         except BaseException as exc:  # noqa: BLE001 - the notebook says it, with the host
             done = {"error": (type(exc).__name__,

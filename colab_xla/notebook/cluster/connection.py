@@ -12,8 +12,7 @@ from typing import Dict, List, Optional
 
 from . import multislice
 from ...wire.host_rank import HostRank
-from . import hosts as hosts_mod
-from .hosts import ClusterError, Host
+from .hosts import ClusterError, Host, TpuSlice, cpu_hosts, ordered_by_bundle, tpu_slices
 
 # How long reserving the hosts and starting their agents (each imports torch_xla) may take.
 RESERVE_SECONDS = 120.0
@@ -44,7 +43,7 @@ class Cluster:
         self.slices = slices  # several slices as one job (MegaScale), or None
         self.cells_run = 0
         self.ended: Optional[str] = None
-        self.session = None  # warm replicas on every host (.session.ClusterSession), if up
+        self.session = None  # warm replicas on every host (targets.cluster_session), if up
 
     # -- start ----------------------------------------------------------------------------
 
@@ -73,8 +72,7 @@ class Cluster:
         try:
             nodes = ray.nodes()
             if hosts is None:
-                found = hosts_mod.tpu_slices(nodes, slice_name.split(",") if slice_name
-                                             else None)
+                found = tpu_slices(nodes, slice_name.split(",") if slice_name else None)
                 for each in found:
                     placements.append(_reserve_slice(ray, each))
                 members = [host for each in found for host in each.hosts]
@@ -83,9 +81,9 @@ class Cluster:
                 layout = (multislice.Slices(len(found), len(found[0].hosts), members[0].address)
                           if len(found) > 1 else None)
             else:
-                hosts_mod.cpu_hosts(nodes, hosts)
+                cpu_hosts(nodes, hosts)
                 placements.append(_reserve_cpu_hosts(ray, hosts))
-                members = hosts_mod.ordered_by_bundle(_bundle_nodes(ray, placements[0]), nodes)
+                members = ordered_by_bundle(_bundle_nodes(ray, placements[0]), nodes)
                 layout = multislice.split(hosts, slices, members[0].address)
             if announce:
                 announce(f"colab_xla: starting an agent on each of {len(members)} hosts "
@@ -153,7 +151,7 @@ class Cluster:
         return "\n".join(lines)
 
 
-def _reserve_slice(ray, found: hosts_mod.TpuSlice):
+def _reserve_slice(ray, found: TpuSlice):
     from ray.util.tpu import SlicePlacementGroup
 
     group = SlicePlacementGroup(found.topology, found.accelerator_version)

@@ -1,17 +1,17 @@
 """Warm replicas on every host of a cluster (``%xla_session start`` while connected):
-the notebook's side.
+the notebook's side, and a target (:class:`ClusterSession`).
 
-Each host's agent keeps a :class:`colab_xla.notebook.session.Session` of its own replicas
-(:meth:`colab_xla.notebook.cluster.agent.HostAgent.start_session`), and runs every cell on it. The
-hosts are one program, so they start together and end together: a session that could
-not start on one host, or ended on one (a replica died, an Interrupt not honoured in
-time), ends on every host. The notebook keeps which of its names every host's replicas
-have, and sends a name again only when the notebook changed it, as on one host
-(:class:`colab_xla.notebook.session.KnownNames`).
+Each host's agent keeps a :class:`colab_xla.notebook.targets.session.Session` of its own
+replicas (:meth:`colab_xla.notebook.cluster.agent.HostAgent.start_session`), and runs every
+cell on it. The hosts are one program, so they start together and end together: a session
+that could not start on one host, or ended on one (a replica died, an Interrupt not
+honoured in time), ends on every host. The notebook keeps which of its names every host's
+replicas have, and sends a name again only when the notebook changed it, as on one host
+(:class:`colab_xla.notebook.targets.known_names.KnownNames`).
 
 With ``--runtime jax`` the hosts' replicas are JAX processes of one ``jax.distributed``
 job, which meet once, when the session starts, at host 0's coordinator
-(:func:`colab_xla.notebook.cluster.run.coordinator`); every cell then runs in them.
+(:func:`colab_xla.notebook.targets.cluster_one_off.coordinator`); every cell then runs in them.
 """
 
 from __future__ import annotations
@@ -21,8 +21,13 @@ import time
 from typing import Dict, List, Optional, Union
 
 from ... import runtimes
-from ..session import START_TIMEOUT_SECONDS, KnownNames, SessionError
-from .connection import exception_line, host_note, import_ray
+from ..cluster.connection import exception_line, host_note, import_ray
+from ..outcome import RunObserver, RunOutcome
+from ..request import CellRequest
+from .cluster_one_off import HOST_OPTIONS, refuse_host_options, run_on_hosts
+from .known_names import KnownNames
+from .session import START_TIMEOUT_SECONDS, SessionError
+from .target import Target
 
 # How long the hosts may take to start their replicas (each host's own limit, and a margin
 # for the calls), and to end them before the notebook stops waiting.
@@ -30,8 +35,13 @@ START_SECONDS = START_TIMEOUT_SECONDS + 30
 STOP_SECONDS = 10.0
 
 
-class ClusterSession:
-    """Warm replicas on every host of ``cluster``. Make one with :meth:`start`."""
+class ClusterSession(Target):
+    """Warm replicas on every host of ``cluster``. Make one with :meth:`start`. As a
+    target, the replicas are the hosts' (as for :class:`ClusterOneOff
+    <colab_xla.notebook.targets.cluster_one_off.ClusterOneOff>`) and the runtime the
+    session's: a cell cannot ask another."""
+
+    own_options = (*HOST_OPTIONS, "--runtime", "--devices-per-process")
 
     def __init__(self, cluster, replicas: Dict[int, Dict[int, int]],
                  runtime: Union[runtimes.Runtime, str, None] = None,
@@ -42,6 +52,7 @@ class ClusterSession:
         self.known = KnownNames()
         self.started_at = time.time()
         self.cells_run = 0
+        self.start_seconds: Optional[float] = None  # how long its start took
         self.ended: Optional[str] = None  # why it ended, once it has
 
     @classmethod
@@ -50,10 +61,11 @@ class ClusterSession:
         """Start warm replicas on every host of ``cluster`` (in ``runtime``, a runtime or
         its name, None: the default; the JAX runtime's processes have
         ``devices_per_process`` devices each on CPU hosts) and wait until all are up; raise
-        :class:`colab_xla.notebook.session.SessionError` naming the host that could not
-        (every host's are stopped then)."""
+        :class:`colab_xla.notebook.targets.session.SessionError` naming the host that could
+        not (every host's are stopped then)."""
+        began = time.monotonic()
         from ..launch import Launch
-        from .run import host_request
+        from .cluster_one_off import host_request
 
         cluster.check_up()
         launch = Launch(runtime=runtime, devices_per_process=devices_per_process)
@@ -83,6 +95,7 @@ class ClusterSession:
             else:
                 replicas[host] = {int(i): pid for i, pid in reply["replicas"].items()}
         session = cls(cluster, replicas, launch.runtime, devices_per_process)
+        session.start_seconds = time.monotonic() - began
         if failures:
             session.stop("it did not start on every host")
             raise SessionError("The session did not start on every host, so it was "
@@ -90,6 +103,30 @@ class ClusterSession:
                                "one-off %%xla_spawn cell on the cluster shows how the "
                                "replicas fail on that host; %xla_cluster shows the hosts.")
         return session
+
+    # -- a cell on every host's warm replicas (the target) ------------------------------
+
+    def refuse(self, request: CellRequest) -> None:
+        refuse_host_options(request)
+        runtime = request.launch.runtime
+        asked = [flag for flag, given in (
+            ("--runtime", runtime is not None and runtimes.get(runtime) != self.runtime),
+            ("--devices-per-process", request.launch.devices_per_process is not None))
+            if given]
+        if asked:
+            raise SessionError(f"{', '.join(asked)}: the session's replicas on the cluster "
+                               f"were started with their own options (--runtime "
+                               f"{self.runtime}), which a cell cannot change. Add --fresh "
+                               "to run this cell on this machine, or %xla_session stop, then "
+                               "%xla_session start with the options you want.")
+
+    def run(self, request: CellRequest,
+            observer: Optional[RunObserver] = None) -> RunOutcome:
+        self.cluster.check_up()
+        self.refuse(request)
+        return run_on_hosts(self.cluster, request, observer, session=self)
+
+    # -- what a person sees -------------------------------------------------------------
 
     @property
     def replica_count(self) -> int:
@@ -108,6 +145,11 @@ class ClusterSession:
         ray = import_ray()
         refs = [agent.stop_session.remote() for agent in self.cluster.agents]
         ray.wait(refs, num_returns=len(refs), timeout=STOP_SECONDS)
+
+    def describe_start(self) -> str:
+        """What ``%xla_session start`` says once every host's replicas are up."""
+        return (f"colab_xla session: {self.replica_count} replicas started on "
+                f"{len(self.cluster.hosts)} hosts in {self.start_seconds or 0:.1f} s.")
 
     def describe(self) -> str:
         """``%xla_session``'s status text: the session, then each host's replicas."""

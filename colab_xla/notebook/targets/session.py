@@ -1,37 +1,37 @@
 """Replicas kept warm across cells: a *session* (``%xla_session``), from the notebook's side.
 
-:meth:`Session.start` starts the replicas as a run does (the same plan, launcher,
-environment and checks) but each runs :func:`colab_xla.replica.session.serve`: it stays up
-and runs every cell the notebook sends, keeping its globals, its compiled graphs and its
-process. While a session is up, :func:`colab_xla.notebook.run.run_cell` runs cells on it: each cell
-is a run of its own (pipes, frames, reports, views, fail-fast: the
+:func:`new_session` plans, checks and announces a session's start as a one-off run's
+(:mod:`colab_xla.notebook.targets.one_off`), then :meth:`Session.start` starts the
+replicas, each running :func:`colab_xla.replica.serve.serve`: it stays up and runs every
+cell the notebook sends, keeping its globals, its compiled graphs and its process. A
+:class:`Session` is a :class:`~colab_xla.notebook.targets.target.Target`: each cell is a run
+of its own (pipes, frames, reports, views, fail-fast: the
 :class:`colab_xla.notebook.supervisor.Supervisor`), whose replicas are the session's
-(:class:`SessionReplicas`).
+(:class:`~colab_xla.notebook.targets.session_replicas.SessionReplicas`).
 
 * The notebook names a cell uses travel with it (cloudpickle, as for a replica that does
-  not fork) when the replicas do not have them yet, or when the name was given another
-  object in the notebook since they got it (a weak reference tells, or for plain data
-  its serialized bytes); what a replica assigned itself stays until then.
+  not fork) when the replicas do not have them as the notebook does
+  (:mod:`colab_xla.notebook.targets.known_names`); what a replica assigned itself stays
+  until then.
 * An Interrupt (also ``--timeout`` and fail-fast) raises KeyboardInterrupt in every
-  replica's cell; if one is not back within :data:`INTERRUPT_GRACE_SECONDS` (native code,
-  a collective waiting for a peer), the session ends: every process it started is killed.
+  replica's cell (through its command pipe:
+  :mod:`colab_xla.notebook.targets.session_commands`); if one is not back
+  within :data:`~colab_xla.notebook.targets.session_replicas.INTERRUPT_GRACE_SECONDS`
+  (native code, a collective waiting for a peer), the session ends: every process it
+  started is killed.
 * A replica whose process dies ends the session, with how it died. The session's
   processes die with the notebook's (parent-death signal) and are in the pid registry,
   where a later notebook process (its runs, ``%xla_doctor``) finds any that outlived it.
-  A notebook process that exits normally stops its sessions first (see
-  :func:`_stopped_at_exit`).
+  A notebook process that exits normally stops its sessions first
+  (:mod:`colab_xla.notebook.targets.session_exit`).
 
-The plan and the checks before the start are a run's: :func:`colab_xla.notebook.run.new_session`
-makes them (and :func:`colab_xla.notebook.run.start_session` makes the session this notebook
-process's, :func:`make_current`).
+The notebook's own session, the one ``%%xla_spawn`` cells run on, is kept by
+:mod:`colab_xla.notebook.targets`.
 """
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
-import hashlib
-import importlib
 import json
 import os
 import pickle
@@ -41,29 +41,32 @@ import shutil
 import signal
 import threading
 import time
-import weakref
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
-import cloudpickle
 import psutil
 
-from . import hardware, processes, state
-from .. import runtimes
-from .endings import describe_exit
-from ..errors import SetupError
-from ..wire.host_rank import HostRank
-from .launch import Launch, environ, inherit, replica_environ, serve_replica, start
-from ..wire.job import ReplicaJob, command_path
-from .supervisor import Replicas
-from ..wire import frames, names
+from .. import hardware, options, preflight, processes, state
+from ... import runtimes
+from ..defaults import Defaults
+from ..endings import describe_exit
+from ...errors import SetupError
+from ...wire.host_rank import HostRank
+from ..launch import Launch, environ, inherit, replica_environ, serve_replica, start
+from ...wire.cell import CellModule
+from ...wire.job import ReplicaJob
+from ..outcome import RunObserver, RunOutcome
+from ..request import CellRequest, SessionRequest
+from ..supervisor import RunRequest, Supervisor
+from ...wire import frames, names
+from .known_names import KnownNames
+from .one_off import _once, _planned, _say_notes
+from .session_commands import CommandPipes
+from .session_exit import stop_at_exit
+from .session_replicas import INTERRUPT_GRACE_SECONDS, KILL_SECONDS, SessionReplicas
+from .target import REPLICA_OPTIONS, Target
 
-# After an Interrupt (or --timeout, or fail-fast), how long every replica has to finish its
-# cell before the session is ended.
-INTERRUPT_GRACE_SECONDS = 2.0
 # How long the replicas may take to start (import torch_xla, start the runtime).
 START_TIMEOUT_SECONDS = 300.0
-# How long the processes of an ending session may take to go (killed until then).
-_KILL_SECONDS = 5.0
 # Why a session ended when its launcher saw every replica process end, unless it knows more.
 _PROCESSES_ENDED = "its replica processes ended"
 
@@ -87,6 +90,17 @@ class SessionOptions:
     cache_dir: Optional[str] = None
     simulate: Optional[str] = None
 
+    @classmethod
+    def asked(cls, request: SessionRequest) -> "SessionOptions":
+        """What ``request`` asks of this machine's session (an
+        :class:`~colab_xla.errors.OptionError` for a bad start method or ``--env``)."""
+        return cls(replicas=request.replicas,
+                   launch=Launch(request.start_method or request.defaults.start_method,
+                                 runtime=request.runtime,
+                                 devices_per_process=request.devices_per_process),
+                   env=options.parse_env(request.env), cache_dir=request.cache_dir,
+                   simulate=request.simulate)
+
 
 @dataclasses.dataclass
 class SessionReplica:
@@ -97,8 +111,12 @@ class SessionReplica:
     rank: int
 
 
-class Session:
-    """Replicas started once, running cell after cell. Make one with :meth:`start`."""
+class Session(Target):
+    """Replicas started once, running cell after cell. Make one with :func:`new_session`
+    (or :meth:`start`, planned already). As a target, every option that chooses the
+    replicas is the session's: a cell may repeat it, not change it (:meth:`refuse`)."""
+
+    own_options = REPLICA_OPTIONS
 
     def __init__(self, opts: SessionOptions, plan: hardware.ReplicaPlan, directory: str):
         self.options, self.plan, self.directory = opts, plan, directory
@@ -107,9 +125,10 @@ class Session:
         self.replicas: Dict[int, SessionReplica] = {}
         self.started_at = time.time()
         self.cells_run = 0
+        self.start_seconds: Optional[float] = None  # how long its start took (new_session)
         self.ended: Optional[str] = None  # why the session ended, once it has
         self._lock = threading.Condition()
-        self._commands: Dict[int, int] = {}  # ordinal -> write fd of its command pipe
+        self._commands = CommandPipes(directory)
         self.known = KnownNames()  # the notebook names the replicas have
         # On a cluster's host (started by its agent): where its replicas count globally.
         self._host_rank = HostRank.from_environ(opts.env)
@@ -130,7 +149,7 @@ class Session:
         parent, this process or the forkserver; ``cache_dir`` checked) and wait until every
         one is ready; raise :class:`SessionError` (with what they printed) if they cannot."""
         session = cls(opts, plan, state.new_work_dir("session-"))
-        _stopped_at_exit(session)
+        stop_at_exit(session)
         try:
             session._start(parent_pid, cache_dir, dict(user_ns))
         except BaseException:
@@ -149,9 +168,7 @@ class Session:
                          startup_path=startup, environ=replica_environ(self.plan.env),
                          cache_dir=cache_dir)
         for index in range(self.plan.replicas or 0):  # (others make their own: see serve)
-            path = command_path(self.directory, index)
-            os.mkfifo(path, 0o600)
-            self._commands[index] = os.open(path, os.O_RDWR)  # never blocks
+            self._commands.make(index)
         self.processes.begin()
         self._launcher = threading.Thread(target=self._launch, args=(job,), daemon=True,
                                           name="colab_xla-session")
@@ -195,9 +212,7 @@ class Session:
                     expected = expected or note.get("world")
         self.processes.stop_adopting()
         for index in self.replicas:
-            if index not in self._commands:
-                self._commands[index] = os.open(
-                    command_path(self.directory, index), os.O_WRONLY)
+            self._commands.open(index)
 
     def _read_channel(self, wait: float) -> List[dict]:
         """Notes the replicas sent on the session's own pipe; what they printed outside a
@@ -232,11 +247,7 @@ class Session:
     def stop(self) -> None:
         """End the session: tell the replicas, then kill whatever is left."""
         self._stopping = True
-        for fd in self._commands.values():
-            try:
-                os.write(fd, b"stop\n")
-            except OSError:
-                pass
+        self._commands.send_every("stop")
         if self._launcher is not None:
             self._launcher.join(INTERRUPT_GRACE_SECONDS)
         self.end("stopped (%xla_session stop)")
@@ -250,13 +261,13 @@ class Session:
                 self.ended = self.death_reason or reason
             self._lock.notify_all()
         if self._launcher is not None:
-            self.processes.kill_until_ended(self._launcher, _KILL_SECONDS)
+            self.processes.kill_until_ended(self._launcher, KILL_SECONDS)
         else:
             self.processes.kill()
-        for fd in (*self._commands.values(), *self._channel, *self._startup):
+        self._commands.close()
+        for fd in (*self._channel, *self._startup):
             if fd >= 0:
                 os.close(fd)
-        self._commands.clear()
         self._channel = self._startup = (-1, -1)
         shutil.rmtree(self.directory, ignore_errors=True)
         self._launch_error = None  # (its traceback holds the launcher's frames)
@@ -301,6 +312,53 @@ class Session:
                 "cell with --fresh (a one-off run beside the session), or %xla_session "
                 "restart with the options you want (%xla_session stop, then %xla_session "
                 "start ...).")
+
+    # -- a cell on the session (the target) --------------------------------------------------
+
+    def refuse(self, request: CellRequest) -> None:
+        """Refuse a cell that asks another value of the session's own options."""
+        self.check_cell_options(replicas=request.replicas,
+                                launch=request.launch.within(self.options.launch),
+                                env=request.env, cache_dir=request.cache_dir,
+                                simulate=request.simulate)
+
+    def run(self, request: CellRequest,
+            observer: Optional[RunObserver] = None) -> RunOutcome:
+        """Run the cell on the session's replicas, in the globals each keeps from cell to
+        cell. A session that ends during the cell says why in ``outcome.session_ended``."""
+        self.refuse(request)
+        self.check_up()
+        options.check_run(replicas=None, timeout=request.timeout, env={}, pull=request.pull,
+                          pull_from=request.pull_from, cache_dir=None, launch=Launch())
+        options.check_pull_from(request.pull_from, self.plan.replicas)
+        cell, user_ns = request.cell, request.user_ns
+        run_dir = state.new_work_dir("run-")
+        try:
+            # The cell's file lives as long as the session: what it defines is called later.
+            module = CellModule.create(cell, self.directory)
+            problems = preflight.check(cell, os.environ)
+            for problem in problems["fatal"]:
+                raise preflight.refusal(problem)
+            for problem in problems["notes"]:
+                note = _once(f"colab_xla: {problem.message} {problem.fix}")
+                if note and request.announce:
+                    request.announce(note)
+            if request.hosted is None:
+                sent_names, sent = self.known.pack(cell, user_ns)
+            else:  # a cluster host's: the notebook chose the names to send (all it sent here)
+                sent_names, sent = (names.pack(user_ns, user_ns, names.SESSION) if user_ns
+                                    else None), []
+            run = RunRequest(self.options.launch, os.getpid(), module, sent_names, None,
+                             request.pull, request.pull_from, request.hosted)
+            outcome = Supervisor(run, self.plan, run_dir, dict(user_ns),
+                                 observer or RunObserver(), request.timeout,
+                                 replicas=SessionReplicas(self)).run()
+            self.known.sent(sent, user_ns)
+            if not self.up:
+                outcome.session_ended = self.ended
+            return outcome
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
 
     # -- what dies ------------------------------------------------------------------------
 
@@ -349,7 +407,7 @@ class Session:
             self._cell = cell
             self.cells_run += 1
         try:
-            self._send_all(f"run {path}")
+            self._commands.send(f"run {path}", list(self.replicas))
             with self._lock:
                 while len(cell.finished) < len(self.replicas) and self.ended is None:
                     self._lock.wait(0.5)
@@ -373,17 +431,7 @@ class Session:
         with self._lock:
             running = [i for i in self.replicas
                        if self._cell is None or i not in self._cell.finished]
-        self._send_all(f"interrupt {run_id}", running)
-
-    def _send_all(self, command: str, ordinals=None) -> None:
-        line = command.encode() + b"\n"
-        for index in self.replicas if ordinals is None else ordinals:
-            fd = self._commands.get(index)
-            if fd is not None:
-                try:
-                    os.write(fd, line)
-                except OSError:  # its process is gone: the launcher tells
-                    pass
+        self._commands.send(f"interrupt {run_id}", running)
 
     # -- what a person sees -----------------------------------------------------------------
 
@@ -402,6 +450,11 @@ class Session:
         if opts.cache_dir:
             parts.append(f"--cache {opts.cache_dir}")
         return " ".join(parts)
+
+    def describe_start(self) -> str:
+        """What ``%xla_session start`` says once the replicas are up."""
+        return (f"colab_xla session: {len(self.replicas)} replicas started in "
+                f"{self.start_seconds or 0:.2f} s.")  # (forks of a warm process: ms)
 
     def describe(self) -> str:
         """``%xla_session``'s status text."""
@@ -432,182 +485,25 @@ class _CellRun:
     finished: set = dataclasses.field(default_factory=set)
 
 
-class KnownNames:
-    """The notebook names warm replicas have (a session's, here or on every host of a
-    cluster), as they were when sent: a name goes again when the notebook gave it another
-    object since, or changed plain data in place."""
-
-    def __init__(self):
-        self._known: Dict[str, _Known] = {}
-
-    def pack(self, source: str,
-             user_ns: Mapping[str, Any]) -> Tuple[Optional[bytes], List[str]]:
-        """The names ``source`` uses that the replicas do not have as they are in
-        ``user_ns``: packed (None if none), and their names."""
-        changed = []
-        for name in names.used_names(source, user_ns):
-            known = self._known.get(name)
-            if known is None or known.changed(user_ns[name]):
-                changed.append(name)
-        if not changed:
-            return None, []
-        return names.pack(changed, user_ns, names.SESSION), changed
-
-    def sent(self, sent_names: List[str], user_ns: Mapping[str, Any]) -> None:
-        """The replicas now have ``sent_names`` as ``user_ns`` has them."""
-        for name in sent_names:
-            self._known[name] = _Known(user_ns[name])
-
-
-class _Known:
-    """What the replicas have of a notebook name: its object (weakly where it can be),
-    and for plain data, which cannot be referenced weakly, its serialized bytes' digest
-    (so that a list changed in place is sent again)."""
-
-    def __init__(self, value):
-        try:
-            self._ref = weakref.ref(value)
-            self._digest = None
-        except TypeError:
-            self._ref = lambda value=value: value
-            self._digest = _digest(value)
-
-    def changed(self, value) -> bool:
-        if self._ref() is not value:
-            return True
-        return self._digest is not None and _digest(value) != self._digest
-
-
-def _digest(value) -> Optional[bytes]:
-    try:
-        return hashlib.blake2b(cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL),
-                               digest_size=16).digest()
-    except Exception:  # noqa: BLE001 - packing it says why, if a cell sends it
-        return None
-
-
-class SessionReplicas(Replicas):
-    """A session's replicas, as one cell's :class:`colab_xla.notebook.supervisor.Supervisor` sees
-    them: the cell is sent to them, and a cut run interrupts them instead of killing
-    them, unless they do not come back in time."""
-
-    def __init__(self, session: Session):
-        self.session, self.run_id = session, None
-        self.grace = INTERRUPT_GRACE_SECONDS
-        # Set when every replica has ended the cell (or the session has ended). The driver
-        # thread is alive a moment longer (it tells the supervisor first): its is_alive()
-        # would count a cell that ended in time as one still running.
-        self._returned = threading.Event()
-
-    def drive(self, job: ReplicaJob, ended) -> None:
-        self.run_id = job.run_id
-        try:
-            self.session.dispatch(job, ended)
-        finally:
-            self._returned.set()
-
-    def started(self, pid: int) -> None:
-        self.session.processes.track(pid)
-
-    def finished(self, ordinal: int) -> None:
-        self.session.finished(self.run_id, ordinal)
-
-    def tick(self) -> None:
-        self.session.processes.track_descendants()
-
-    def exit_codes(self) -> List[int]:
-        return self.session.exit_codes()
-
-    def stop(self, driver: threading.Thread, read_until) -> None:
-        if self.session.ended is None and self.session.death_reason is None:
-            self.session.interrupt(self.run_id)
-            read_until(time.monotonic() + self.grace)
-        self._end_if_running(driver)
-
-    def release(self, driver: threading.Thread) -> None:
-        if (not self._returned.is_set() and self.session.ended is None
-                and self.session.death_reason is None):
-            self.session.interrupt(self.run_id)  # (a view failed while the cell ran)
-            self._returned.wait(self.grace)
-        self._end_if_running(driver)
-
-    def _end_if_running(self, driver: threading.Thread) -> None:
-        """End the session if the cell still runs (a replica did not stop) or a replica
-        died: the replicas are no longer one group that can run the next cell."""
-        if not self._returned.is_set():
-            self.session.end(self.session.death_reason or (
-                f"a replica did not stop within {self.grace:g} s of the interrupt (native "
-                "code, or a collective waiting for a peer)"))
-        elif self.session.death_reason is not None and self.session.ended is None:
-            self.session.end(self.session.death_reason)
-        driver.join(_KILL_SECONDS)
-
-
-# -- the end of the notebook's process ----------------------------------------------------------
-
-_up: "weakref.WeakSet[Session]" = weakref.WeakSet()  # the sessions this process started
-_exit_hook_pid: Optional[int] = None
-
-
-def _stopped_at_exit(session: Session) -> None:
-    """Stop ``session`` when this process exits normally (a kernel shut down or restarted,
-    a script's end), if it is still up.
-
-    A replica runs until it is told to stop or its notebook's process is gone, and the
-    interpreter's exit first waits for the replicas' processes: xmp.spawn's process pool
-    (concurrent.futures joins it), the simulation's processes (multiprocessing joins its
-    children). Without this the process never ended on its own: a kernel waited to be
-    killed. The hook runs in ``threading``'s exit, before those joins (its hooks run last
-    registered first, hence the import)."""
-    global _exit_hook_pid
-    _up.add(session)
-    if _exit_hook_pid == os.getpid():
-        return
-    importlib.import_module("concurrent.futures.process")  # (registers its join of pools)
-    register = getattr(threading, "_register_atexit", None)  # private, in 3.10-3.13
-    if register is None:  # (were it gone: atexit still runs before multiprocessing's join)
-        atexit.register(_stop_sessions)
-    else:
-        register(_stop_sessions)
-    _exit_hook_pid = os.getpid()
-
-
-def _stop_sessions() -> None:
-    if os.getpid() != _exit_hook_pid:  # a child forked from this process, ending
-        return
-    for session in list(_up):
-        if session.up:
-            session.stop()
-
-
-# -- the notebook's session -------------------------------------------------------------------
-
-_current: Optional[Session] = None
-
-
-def current() -> Optional[Session]:
-    """The session of this notebook process, up or ended (None if none was started)."""
-    return _current
-
-
-def check_none_up() -> None:
-    """Refuse a second session while one is up."""
-    if _current is not None and _current.up:
-        raise SessionError("A session is already up: %xla_session stop ends it, "
-                           "%xla_session restart starts it again.")
-
-
-def make_current(session: Session) -> Session:
-    """Make ``session`` this notebook process's (see :func:`colab_xla.notebook.run.start_session`)."""
-    global _current
-    check_none_up()
-    _current = session
-    return session
-
-
-def stop_session() -> Optional[Session]:
-    global _current
-    session, _current = _current, None
-    if session is not None and session.up:
-        session.stop()
+def new_session(opts: SessionOptions, user_ns: Mapping, announce=print,
+                defaults: Optional[Defaults] = None) -> Session:
+    """Start a :class:`Session`, planned and checked as a one-off run is, and refused
+    (:class:`colab_xla.errors.SetupError`) as a run is. ``defaults``: the environment's, read
+    now if not given."""
+    began = time.monotonic()
+    launch = opts.launch
+    if launch.debug_single:
+        raise SessionError("--debug-single runs one replica for one run, so a session "
+                           "cannot use it: run the cell with %%xla_spawn --debug-single "
+                           "(--fresh while a session is up).")
+    defaults = defaults or Defaults.read()
+    simulate = opts.simulate or defaults.simulate
+    cache_dir = options.check_run(replicas=opts.replicas, timeout=None, env=dict(opts.env),
+                                  pull=(), pull_from=None, cache_dir=opts.cache_dir,
+                                  launch=launch, simulate=simulate)
+    plan, notes = _planned(None, replicas=opts.replicas, launch=launch, env=dict(opts.env),
+                          simulate=simulate, pull_from=None, defaults=defaults)
+    parent_pid = _say_notes(plan, launch, notes, announce)
+    session = Session.start(opts, plan, parent_pid, cache_dir, user_ns)
+    session.start_seconds = time.monotonic() - began
     return session

@@ -9,6 +9,12 @@ and reads them in the calling thread until they end: the caller (the kernel's ma
 stays interruptible. The notebook's process never initializes the XLA runtime and never
 runs a replica.
 
+That is a *one-off run*, the target :class:`OneOff`: replicas started for the cell on this
+machine and ended after it (``%%xla_spawn`` with no session up, or ``--fresh``);
+:func:`run_cell` makes the request from its keywords and runs it on one, or on the session
+it is given. A session's start is planned, checked and announced the same way
+(:func:`colab_xla.notebook.targets.session.new_session`).
+
 Example (in a plain Python process with torch_xla installed)::
 
     >>> outcome = run_cell("print('hi from', index)\\nindex * 10", replicas=2)
@@ -23,15 +29,15 @@ import os
 import shutil
 from typing import Mapping, Optional, Sequence, Tuple
 
-from ..runtimes.simulation import DEFAULT_SIMULATION
-from . import hardware, interrupts, options, preflight, processes, state, torch_xla_import
-from . import session as sessions
-from ..wire.cell import CellModule
-from .launch import Launch, replica_environ, warm_forkserver
-from .outcome import RunObserver, RunOutcome
-from .session import Session, SessionError, SessionOptions, SessionReplicas
-from .supervisor import RunRequest, Supervisor
-from ..wire import names
+from .. import hardware, interrupts, options, preflight, processes, state, torch_xla_import
+from ...wire.cell import Cell, CellModule
+from ..defaults import Defaults
+from ..launch import Launch, replica_environ, warm_forkserver
+from ..outcome import RunObserver, RunOutcome
+from ..request import CellRequest, LaunchAsked
+from ..supervisor import RunRequest, Supervisor
+from ...wire import names
+from .target import Target
 
 
 def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[Mapping] = None,
@@ -40,7 +46,7 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
              timeout: Optional[float] = None, launch: Optional[Launch] = None,
              env: Optional[Mapping[str, str]] = None, cache_dir: Optional[str] = None,
              pull: Sequence[str] = (), pull_from: Optional[int] = None,
-             simulate: Optional[str] = None, session: Optional[Session] = None,
+             simulate: Optional[str] = None, session: Optional[Target] = None,
              hosted: Optional[interrupts.Remote] = None) -> RunOutcome:
     """Run ``source`` on every replica and return the :class:`RunOutcome`.
 
@@ -53,7 +59,7 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
     ``$COLAB_XLA_SIMULATE``); ``pull`` names are sent back from every replica
     (or only from replica ``pull_from``) into ``outcome.pulled(name)``.
 
-    With ``session`` (a :class:`colab_xla.notebook.session.Session` that is up), the cell runs on
+    With ``session`` (a :class:`~.session.Session` that is up), the cell runs on
     the session's replicas, in the globals each keeps from cell to cell; ``replicas``,
     ``env``, ``cache_dir``, ``simulate`` and ``launch`` are the session's and cannot be
     given. A session that ends during the cell says why in ``outcome.session_ended``.
@@ -76,67 +82,59 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
     line. Failures of replicas are not raised: they are in the outcome (see
     ``outcome.failed``).
     """
-    if session is not None:
-        return _run_on_session(session, source, replicas=replicas, user_ns=user_ns,
-                               label=label, header=header, observer=observer,
-                               announce=announce, timeout=timeout, launch=launch, env=env,
-                               cache_dir=cache_dir, pull=pull, pull_from=pull_from,
-                               simulate=simulate, hosted=hosted)
-    env, launch = dict(env or {}), launch or Launch()
-    simulate = simulate or os.environ.get("COLAB_XLA_SIMULATE") or DEFAULT_SIMULATION
-    cache_dir = options.check_run(replicas=replicas, timeout=timeout, env=env, pull=pull,
-                                  pull_from=pull_from, cache_dir=cache_dir, launch=launch,
-                                  simulate=simulate)
-    user_ns = dict(user_ns or {})
-    run_dir = state.new_work_dir("run-")
-    try:
-        cell = CellModule.create(source, run_dir, label=label, header=header)
-        plan, notes = _planned(source, replicas=replicas, launch=launch, env=env,
-                               simulate=simulate, pull_from=pull_from)
-        sent_names = None
-        if launch.start_method != "fork":
-            sent_names = names.pack(names.used_names(source, user_ns), user_ns,
-                                   launch.start_method)
-        parent_pid = _say_notes(plan, launch, notes, announce)
-        request = RunRequest(launch, parent_pid, cell, sent_names, cache_dir, tuple(pull),
-                             pull_from, hosted)
-        return Supervisor(request, plan, run_dir, user_ns, observer or RunObserver(),
-                          timeout).run()
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    request = CellRequest(
+        Cell(source, label=label, header=header), user_ns=user_ns or {}, replicas=replicas,
+        launch=LaunchAsked.of(launch), env=dict(env or {}), cache_dir=cache_dir,
+        simulate=simulate, timeout=timeout, pull=tuple(pull), pull_from=pull_from,
+        announce=announce, hosted=hosted,
+        # Fork unless ``launch`` says otherwise: $COLAB_XLA_START_METHOD is the magics'.
+        defaults=dataclasses.replace(Defaults.read(), start_method="fork"))
+    target = session if session is not None else OneOff()
+    return target.run(request, observer)
 
 
-def start_session(opts: SessionOptions, user_ns: Mapping, announce=print) -> Session:
-    """Start this notebook process's :mod:`session <colab_xla.notebook.session>` (the one
-    ``%%xla_spawn`` cells run on), unless one is up."""
-    sessions.check_none_up()
-    return sessions.make_current(new_session(opts, user_ns, announce))
+class OneOff(Target):
+    """A one-off run on this machine: every option a request gives applies."""
+
+    def run(self, request: CellRequest,
+            observer: Optional[RunObserver] = None) -> RunOutcome:
+        """Run the cell on replicas of its own (see
+        :func:`colab_xla.notebook.targets.run_cell`, which says what each option does)."""
+        cell, defaults = request.cell, request.defaults
+        env, launch = dict(request.env), request.launch.one_off()
+        simulate = request.simulate or defaults.simulate
+        cache_dir = options.check_run(replicas=request.replicas, timeout=request.timeout,
+                                      env=env, pull=request.pull, pull_from=request.pull_from,
+                                      cache_dir=request.cache_dir, launch=launch,
+                                      simulate=simulate)
+        user_ns = dict(request.user_ns)
+        run_dir = state.new_work_dir("run-")
+        try:
+            module = CellModule.create(cell, run_dir)
+            plan, notes = _planned(cell, replicas=request.replicas, launch=launch, env=env,
+                                  simulate=simulate, pull_from=request.pull_from,
+                                  defaults=defaults)
+            sent_names = None
+            if launch.start_method != "fork":
+                sent_names = names.pack(names.used_names(cell, user_ns), user_ns,
+                                        launch.start_method)
+            parent_pid = _say_notes(plan, launch, notes, request.announce)
+            run = RunRequest(launch, parent_pid, module, sent_names, cache_dir, request.pull,
+                             request.pull_from, request.hosted)
+            return Supervisor(run, plan, run_dir, user_ns, observer or RunObserver(),
+                              request.timeout).run()
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+    def describe(self) -> str:
+        return "colab_xla: a one-off run on this machine (replicas of the cell's own)."
 
 
-def new_session(opts: SessionOptions, user_ns: Mapping, announce=print) -> Session:
-    """Start a :class:`colab_xla.notebook.session.Session`, planned and checked as a run is, and
-    refused (:class:`colab_xla.errors.SetupError`) as a run is."""
-    launch = opts.launch
-    if launch.debug_single:
-        raise SessionError("--debug-single runs one replica for one run, so a session "
-                           "cannot use it: run the cell with %%xla_spawn --debug-single "
-                           "(--fresh while a session is up).")
-    simulate = (opts.simulate or os.environ.get("COLAB_XLA_SIMULATE")
-                or DEFAULT_SIMULATION)
-    cache_dir = options.check_run(replicas=opts.replicas, timeout=None, env=dict(opts.env),
-                                  pull=(), pull_from=None, cache_dir=opts.cache_dir,
-                                  launch=launch, simulate=simulate)
-    plan, notes = _planned("", replicas=opts.replicas, launch=launch, env=dict(opts.env),
-                           simulate=simulate, pull_from=None)
-    parent_pid = _say_notes(plan, launch, notes, announce)
-    return Session.start(opts, plan, parent_pid, cache_dir, user_ns)
-
-
-def _planned(source: str, *, replicas, launch: Launch, env, simulate,
-             pull_from) -> Tuple[hardware.ReplicaPlan, list]:
-    """The plan for ``source`` (device, replica count, processes, and every variable the
+def _planned(cell: Optional[Cell], *, replicas, launch: Launch, env, simulate,
+            pull_from, defaults: Defaults) -> Tuple[hardware.ReplicaPlan, list]:
+    """The plan for ``cell`` (device, replica count, processes, and every variable the
     replicas get, ``env`` included), with what would fail refused: the plan, and the
-    problems to note."""
+    problems to note. (None: a session's, before its first cell.)"""
     replica_env = replica_environ(env)  # what the replicas will see, --env included
     runtime = launch.runtime
     runtime.check_installed()
@@ -149,7 +147,8 @@ def _planned(source: str, *, replicas, launch: Launch, env, simulate,
         plan = dataclasses.replace(plan, replicas=1, processes=1)
     options.check_pull_from(pull_from, plan.replicas)
     torch_xla_import.import_torch_xla()
-    problems = preflight.check(source, replica_env, launch, plan.device_type)
+    problems = preflight.check(cell, replica_env, launch, plan.device_type,
+                               defaults.refuses_tpu_holders(env))
     for problem in problems["fatal"]:
         raise preflight.refusal(problem)
     changes = {**env, **plan.env, **preflight.topology_changes(replica_env, plan.env)}
@@ -174,46 +173,6 @@ def _say_notes(plan: hardware.ReplicaPlan, launch: Launch, problems, announce) -
         if announce:
             announce(note)
     return parent_pid
-
-
-def _run_on_session(session: Session, source: str, *, replicas, user_ns, label, header,
-                    observer, announce, timeout, launch, env, cache_dir, pull, pull_from,
-                    simulate, hosted) -> RunOutcome:
-    """:func:`run_cell` on a session's replicas."""
-    session.check_cell_options(replicas=replicas, launch=launch, env=env or {},
-                               cache_dir=cache_dir, simulate=simulate)
-    session.check_up()
-    options.check_run(replicas=None, timeout=timeout, env={}, pull=pull, pull_from=pull_from,
-                      cache_dir=None, launch=Launch())
-    options.check_pull_from(pull_from, session.plan.replicas)
-    user_ns = user_ns if user_ns is not None else {}
-    run_dir = state.new_work_dir("run-")
-    try:
-        # The cell's file lives as long as the session: what it defines is called later.
-        cell = CellModule.create(source, session.directory, label=label, header=header)
-        problems = preflight.check(source, os.environ)
-        for problem in problems["fatal"]:
-            raise preflight.refusal(problem)
-        for problem in problems["notes"]:
-            note = _once(f"colab_xla: {problem.message} {problem.fix}")
-            if note and announce:
-                announce(note)
-        if hosted is None:
-            sent_names, sent = session.known.pack(source, user_ns)
-        else:  # a cluster host's: the notebook chose the names to send (all it sent here)
-            sent_names, sent = (names.pack(user_ns, user_ns, names.SESSION) if user_ns
-                                else None), []
-        request = RunRequest(session.options.launch, os.getpid(), cell, sent_names, None,
-                             tuple(pull), pull_from, hosted)
-        outcome = Supervisor(request, session.plan, run_dir, dict(user_ns),
-                             observer or RunObserver(), timeout,
-                             replicas=SessionReplicas(session)).run()
-        session.known.sent(sent, user_ns)
-        if not session.up:
-            outcome.session_ended = session.ended
-        return outcome
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _start_note(launch: Launch) -> Optional[str]:

@@ -1,4 +1,7 @@
-"""A cell on every replica of every host of a cluster: the notebook's side.
+"""A cell on every replica of every host of a cluster: the notebook's side, and the target
+:class:`ClusterOneOff` (each host's replicas started for the cell; a cluster's session,
+:class:`~colab_xla.notebook.targets.cluster_session.ClusterSession`, runs its cells through
+:func:`run_on_hosts` too).
 
 Each host's agent runs the cell on its replicas (:mod:`colab_xla.notebook.cluster.agent`); this
 module starts it on every host, collects their events (Ray calls that wait for news,
@@ -23,26 +26,70 @@ from __future__ import annotations
 
 import itertools
 import secrets
-import shutil
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from .. import endings, interrupts, options, preflight, state
 from ... import runtimes
-from ...wire.cell import CellModule
-from ..session import SessionError
+from ...wire.cell import Cell
+from ...errors import OptionError
 from ..launch import Launch
 from ..outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome, load_results
 from ...wire.reports import ReplicaError
 from ..supervisor import FAIL_FAST_SECONDS, TICK_SECONDS
 from ...wire import names
-from .connection import Cluster, exception_line, host_note, import_ray
-from .hosts import ClusterError
+from ..cluster.connection import Cluster, exception_line, host_note, import_ray
+from ..cluster.hosts import ClusterError
+from ..request import CellRequest, LaunchAsked
+from .target import Target
 
 # How long a poll waits in the agent for news: the notebook's Interrupt is seen between polls.
 POLL_SECONDS = 0.1
 # After the run was cut, how long a host may take to stop its replicas and answer.
 HOST_GRACE_SECONDS = 10.0
+
+
+# What a cell on the cluster cannot ask: each host's replicas are the ones %xla_cluster
+# started there.
+HOST_OPTIONS = ("-n", "--start-method", "--launcher", "--debug-single", "--env", "--cache",
+                "--simulate")
+
+
+class ClusterOneOff(Target):
+    """Every host of a connected cluster, each running the cell on replicas its agent starts
+    for it (a one-off run per host): ``index`` is the global ordinal, ``host`` the host's
+    rank, ``local_index`` the ordinal on the host. ``--runtime jax`` (and
+    ``--devices-per-process``) make them JAX processes of one job."""
+
+    own_options = HOST_OPTIONS
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+
+    def refuse(self, request: CellRequest) -> None:
+        refuse_host_options(request)
+
+    def run(self, request: CellRequest,
+            observer: Optional[RunObserver] = None) -> RunOutcome:
+        self.cluster.check_up()
+        self.refuse(request)
+        return run_on_hosts(self.cluster, request, observer)
+
+    def describe(self) -> str:
+        return self.cluster.describe()
+
+    def stop(self) -> None:
+        self.cluster.stop()
+
+
+def refuse_host_options(request: CellRequest) -> None:
+    """Refuse a cell on the cluster that asks for replicas of its own."""
+    asked = [flag for flag in request.asked() if flag in HOST_OPTIONS]
+    if asked:
+        raise OptionError(f"{', '.join(asked)}: a cell on the cluster runs on the replicas "
+                          "%xla_cluster started on each host. Give the replicas per host "
+                          "to %xla_cluster (-n); or add --fresh to run this cell on this "
+                          "machine instead.")
 
 
 def run_on_cluster(cluster: Cluster, source: str, *, user_ns: Optional[Mapping] = None,
@@ -52,51 +99,52 @@ def run_on_cluster(cluster: Cluster, source: str, *, user_ns: Optional[Mapping] 
                    pull_from: Optional[int] = None,
                    runtime: Union[runtimes.Runtime, str, None] = None,
                    devices_per_process: Optional[int] = None) -> RunOutcome:
-    """Run ``source`` on every replica of every host of ``cluster``; the outcome has
-    every replica by global ordinal, ``outcome.hosts`` their host.
+    """Run ``source`` on every replica of every host of ``cluster`` (the warm ones of its
+    session, if one is up); the outcome has every replica by global ordinal,
+    ``outcome.hosts`` their host.
 
     ``runtime`` is a runtime or its name, ``--runtime``'s (with the JAX runtime,
     ``devices_per_process`` devices per process on CPU hosts); None: the session's, if
     one is up, else the default. A session's cells run in its runtime: asking another is
     refused."""
-    cluster.check_up()
-    session = cluster.session if cluster.session is not None and cluster.session.up else None
-    runtime = None if runtime is None else runtimes.get(runtime)
-    if session is not None:
-        asked = [flag for flag, given in (
-            ("--runtime", runtime not in (None, session.runtime)),
-            ("--devices-per-process", devices_per_process is not None)) if given]
-        if asked:
-            raise SessionError(f"{', '.join(asked)}: the session's replicas on the cluster "
-                               f"were started with their own options (--runtime "
-                               f"{session.runtime}), which a cell cannot change. Add --fresh "
-                               "to run this cell on this machine, or %xla_session stop, then "
-                               "%xla_session start with the options you want.")
-        runtime = session.runtime
-    launch = Launch(runtime=runtime, devices_per_process=devices_per_process)
-    options.check_run(replicas=None, timeout=timeout, env={}, pull=pull, pull_from=pull_from,
-                      cache_dir=None, launch=launch)
+    request = CellRequest(Cell(source, label=label, header=header),
+                          user_ns=user_ns if user_ns is not None else {},
+                          launch=LaunchAsked(runtime=runtime,
+                                             devices_per_process=devices_per_process),
+                          timeout=timeout, pull=tuple(pull), pull_from=pull_from,
+                          announce=announce)
+    warm = cluster.session
+    target = warm if warm is not None and warm.up else ClusterOneOff(cluster)
+    return target.run(request, observer)
+
+
+def run_on_hosts(cluster: Cluster, request: CellRequest, observer: Optional[RunObserver] = None,
+                 session=None) -> RunOutcome:
+    """The cell of ``request`` on every host of ``cluster``: on replicas each host's agent
+    starts for it, or those of ``session`` (a
+    :class:`~colab_xla.notebook.targets.cluster_session.ClusterSession`, up)."""
+    runtime = session.runtime if session is not None else request.launch.runtime
+    launch = Launch(runtime=runtime, devices_per_process=request.launch.devices_per_process)
+    options.check_run(replicas=None, timeout=request.timeout, env={}, pull=request.pull,
+                      pull_from=request.pull_from, cache_dir=None, launch=launch)
     launch.runtime.check_cluster(cluster.described, launch)
     per_host = replicas_per_host(cluster, launch.runtime)
-    options.check_pull_from(pull_from, sum(per_host))
-    checked = state.new_work_dir("check-")
-    try:  # an empty cell or a SyntaxError is said here, with the cell's line, not per host
-        CellModule.create(source, checked, label=label, header=header)
-    finally:
-        shutil.rmtree(checked, ignore_errors=True)
-    for problem in preflight.cell_problems(source):
+    options.check_pull_from(request.pull_from, sum(per_host))
+    cell, user_ns = request.cell, request.user_ns
+    cell.check()  # an empty cell or a SyntaxError is said here, with its line, not per host
+    for problem in preflight.cell_problems(cell):
         raise preflight.refusal(problem)
-    user_ns = user_ns if user_ns is not None else {}
     if session is not None:  # the names every host's warm replicas do not have yet
-        sent, sent_names = session.known.pack(source, user_ns)
+        sent, sent_names = session.known.pack(cell, user_ns)
     else:  # without fork between them, the notebook's names travel by value (as for spawn)
-        sent = names.pack(names.used_names(source, user_ns), user_ns, "spawn")
-    request = None  # (a session's replicas are its own: they met when it started)
+        sent = names.pack(names.used_names(cell, user_ns), user_ns, "spawn")
+    host_launch = None  # (a session's replicas are its own: they met when it started)
     if session is None:
-        request = host_request(cluster, launch)
-    run = _ClusterRun(cluster, per_host, user_ns, observer or RunObserver(), timeout, announce)
+        host_launch = host_request(cluster, launch)
+    run = _ClusterRun(cluster, per_host, user_ns, observer or RunObserver(), request.timeout,
+                      request.announce)
     cluster.cells_run += 1
-    outcome = run.run(source, sent, label, tuple(pull), pull_from, request)
+    outcome = run.run(cell, sent, request.pull, request.pull_from, host_launch)
     if session is not None:
         session.cells_run += 1
         session.known.sent(sent_names, user_ns)
@@ -105,6 +153,8 @@ def run_on_cluster(cluster: Cluster, source: str, *, user_ns: Optional[Mapping] 
             session.stop(f"on host {host}, {why}")
         if not session.up:
             outcome.session_ended = session.ended
+    if not cluster.up:
+        outcome.cluster_ended = cluster.ended
     return outcome
 
 
@@ -149,8 +199,8 @@ class _ClusterRun:
         self._gone: Dict[int, str] = {}  # host -> how it went
         self.session_ended: Dict[int, str] = {}  # host -> why its session ended in the cell
 
-    def run(self, source: str, sent: Optional[bytes], label: str, pull, pull_from,
-            request: Optional[Dict[str, Any]]) -> RunOutcome:
+    def run(self, cell: Cell, sent: Optional[bytes], pull, pull_from,
+            host_launch: Optional[Dict[str, Any]]) -> RunOutcome:
         ray = import_ray()
         started = time.monotonic()
         timeout_at = started + self.timeout if self.timeout else None
@@ -163,8 +213,7 @@ class _ClusterRun:
             pending: Dict[Any, int] = {}
             for host, agent in enumerate(self.cluster.agents):
                 host_pull, host_from = self._pull_for(host, pull, pull_from)
-                agent.start.remote(self.run_id, source, sent, label, host_pull, host_from,
-                                   request)
+                agent.start.remote(self.run_id, cell, sent, host_pull, host_from, host_launch)
                 pending[agent.poll.remote(self.run_id, POLL_SECONDS)] = host
             next_tick, cut_at = time.monotonic() + TICK_SECONDS, None
             while pending:

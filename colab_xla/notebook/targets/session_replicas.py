@@ -1,0 +1,78 @@
+"""A session's replicas as one cell's :class:`~colab_xla.notebook.supervisor.Supervisor`
+runs on them (:class:`SessionReplicas`, a :class:`~colab_xla.notebook.supervisor.Replicas`):
+the cell is sent to replicas the session keeps, and a cut run interrupts them instead of
+killing them, unless they do not come back within :data:`INTERRUPT_GRACE_SECONDS`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import List
+
+from ...wire.job import ReplicaJob
+from ..supervisor import Replicas
+
+# After an Interrupt (or --timeout, or fail-fast), how long every replica has to finish its
+# cell before the session is ended.
+INTERRUPT_GRACE_SECONDS = 2.0
+# How long the processes of an ending session may take to go (killed until then).
+KILL_SECONDS = 5.0
+
+
+class SessionReplicas(Replicas):
+    """A session's replicas, as one cell's :class:`colab_xla.notebook.supervisor.Supervisor` sees
+    them: the cell is sent to them, and a cut run interrupts them instead of killing
+    them, unless they do not come back in time. ``session``: a
+    :class:`colab_xla.notebook.targets.session.Session`."""
+
+    def __init__(self, session):
+        self.session, self.run_id = session, None
+        self.grace = INTERRUPT_GRACE_SECONDS
+        # Set when every replica has ended the cell (or the session has ended). The driver
+        # thread is alive a moment longer (it tells the supervisor first): its is_alive()
+        # would count a cell that ended in time as one still running.
+        self._returned = threading.Event()
+
+    def drive(self, job: ReplicaJob, ended) -> None:
+        self.run_id = job.run_id
+        try:
+            self.session.dispatch(job, ended)
+        finally:
+            self._returned.set()
+
+    def started(self, pid: int) -> None:
+        self.session.processes.track(pid)
+
+    def finished(self, ordinal: int) -> None:
+        self.session.finished(self.run_id, ordinal)
+
+    def tick(self) -> None:
+        self.session.processes.track_descendants()
+
+    def exit_codes(self) -> List[int]:
+        return self.session.exit_codes()
+
+    def stop(self, driver: threading.Thread, read_until) -> None:
+        if self.session.ended is None and self.session.death_reason is None:
+            self.session.interrupt(self.run_id)
+            read_until(time.monotonic() + self.grace)
+        self._end_if_running(driver)
+
+    def release(self, driver: threading.Thread) -> None:
+        if (not self._returned.is_set() and self.session.ended is None
+                and self.session.death_reason is None):
+            self.session.interrupt(self.run_id)  # (a view failed while the cell ran)
+            self._returned.wait(self.grace)
+        self._end_if_running(driver)
+
+    def _end_if_running(self, driver: threading.Thread) -> None:
+        """End the session if the cell still runs (a replica did not stop) or a replica
+        died: the replicas are no longer one group that can run the next cell."""
+        if not self._returned.is_set():
+            self.session.end(self.session.death_reason or (
+                f"a replica did not stop within {self.grace:g} s of the interrupt (native "
+                "code, or a collective waiting for a peer)"))
+        elif self.session.death_reason is not None and self.session.ended is None:
+            self.session.end(self.session.death_reason)
+        driver.join(KILL_SECONDS)
