@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from colab_xla.errors import OptionError
-from colab_xla.notebook import cluster, hardware, targets
+from colab_xla.notebook import cluster, hardware, targets, torch_xla_import
 from colab_xla.notebook.defaults import Defaults
 from colab_xla.notebook.launch import Launch
 from colab_xla.notebook.outcome import RunOutcome
@@ -340,7 +340,7 @@ SOURCE = "import math\nscale = factor * math.pi\nprint(index)\nscale"
 
 def test_a_one_off_run_parses_its_cell_once(monkeypatch, parses, private_state):
     monkeypatch.setenv("PJRT_DEVICE", "CPU")
-    monkeypatch.setattr(hardware, "import_torch_xla", lambda: None)
+    monkeypatch.setattr(torch_xla_import, "import_torch_xla", lambda: None)
     monkeypatch.setattr(one_off, "_said", set())
     sent = no_replicas(monkeypatch, one_off, RunOutcome("CPU"))
     # spawn: the names the cell uses are sent, so they are looked up too
@@ -385,7 +385,7 @@ def test_a_cluster_cell_is_parsed_once_in_the_notebook_and_not_again_on_a_host(
     from colab_xla.notebook.cluster.agent import _HostedRun
 
     monkeypatch.setenv("PJRT_DEVICE", "CPU")
-    monkeypatch.setattr(hardware, "import_torch_xla", lambda: None)
+    monkeypatch.setattr(torch_xla_import, "import_torch_xla", lambda: None)
     modules = no_replicas(monkeypatch, one_off, RunOutcome("CPU"))
     host = _HostedRun()
     host.run(1, pickle.loads(sent_cell), sent_names, OneOff(),
