@@ -102,7 +102,8 @@ def diagnose(environ: Mapping[str, str] = os.environ, history: Sequence[str] = (
     report.facts.append(("running on", where(environ)))
     versions = {p: _version(p) for p in ("torch", "torch_xla", "ipykernel", "ipywidgets")}
     report.facts.append(("python", platform.python_version()))
-    report.facts.append(("packages", ", ".join(f"{p} {v or 'not installed'}" for p, v in versions.items())))
+    report.facts.append(("packages", ", ".join(f"{p} {v or 'not installed'}"
+                                               for p, v in versions.items())))
 
     if versions["torch_xla"] is None:
         report.problems.append(Problem("torch-xla-missing", "torch_xla is not installed.",
@@ -122,7 +123,8 @@ def diagnose(environ: Mapping[str, str] = os.environ, history: Sequence[str] = (
         plan = torch_xla_runtime.RUNTIME.plan(None, hw)
         replicas = plan.replicas if plan.replicas is not None else "all local devices"
         chips = f", {hw.tpu_chips} TPU chips on the PCI bus" if hw.tpu_chips else ""
-        report.facts.append(("device", f"{plan.device_type}: {replicas} replicas by default{chips}"))
+        report.facts.append(("device",
+                             f"{plan.device_type}: {replicas} replicas by default{chips}"))
     except ReplicaCountError as exc:
         report.facts.append(("device", str(exc)))
     if hw.tpu_chips and (hw.pjrt_device or "").upper() == "CPU":

@@ -158,7 +158,8 @@ def _start_processes(how: Launch, entry: Callable, job, count: int,
         # What the replicas' runtime adds per run (JAX: where its processes meet), as
         # the replicas will know it: from their environment.
         rank_env.update(runtimes.current(job.environ).run_environ(job.environ, free_port))
-    replicas = [context.Process(target=replica_entry.replica_process, name=f"colab_xla-replica-{index}",
+    replicas = [context.Process(target=replica_entry.replica_process,
+                                name=f"colab_xla-replica-{index}",
                                 args=(entry, index, job, rank_env, how.start_method == "fork"))
                 for index in range(count)]
     for process in replicas:

@@ -84,7 +84,8 @@ class RunOutcome:
 
     def replica(self, ordinal: int) -> ReplicaOutcome:
         if ordinal not in self.replicas:
-            self.replicas[ordinal] = ReplicaOutcome(ordinal, log=self._new_log(f"replica-{ordinal}"))
+            self.replicas[ordinal] = ReplicaOutcome(ordinal,
+                                                    log=self._new_log(f"replica-{ordinal}"))
         return self.replicas[ordinal]
 
     def process(self, label: str) -> OutputLog:
@@ -135,8 +136,9 @@ class RunObserver:
     ``origin`` of output is a replica ordinal, or a process label ("process 0") for output
     no single replica owns; ``lines`` are the lines it completed (``\\r`` collapsed).
     ``tick`` is when views draw: at once after output, unless the last draw was less than
-    an interval ago (``colab_xla.notebook.supervisor.NEXT_DRAW_SECONDS``, doubling while output keeps
-    waiting, up to ``TICK_SECONDS``, a quarter second); without output, every ``TICK_SECONDS``.
+    an interval ago (``colab_xla.notebook.draw_pacing.NEXT_DRAW_SECONDS``, doubling while
+    output keeps waiting, up to ``TICK_SECONDS``, a quarter second); without output, every
+    ``TICK_SECONDS``.
     ``closed`` is not called by :func:`run_cell`: whoever called it calls ``closed`` once
     it has used the outcome (the magic stores ``-o`` and ``--pull`` values first, so a
     view that fails while drawing the end cannot lose them).

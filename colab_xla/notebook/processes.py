@@ -46,7 +46,8 @@ class RunRecord:
             self._processes[proc.pid] = _identity(proc)
             tmp = self.path + ".tmp"
             with open(tmp, "w") as f:
-                json.dump({"kernel": state.kernel_key(), "processes": list(self._processes.values())}, f)
+                json.dump({"kernel": state.kernel_key(),
+                           "processes": list(self._processes.values())}, f)
             os.replace(tmp, self.path)
 
     def close(self) -> None:
@@ -62,7 +63,8 @@ class Leftover:
     cmdline: str
 
     def describe(self) -> str:
-        return f"pid {self.pid} ({self.cmdline[:60]}), started by notebook process {self.kernel.split('-')[0]}"
+        return (f"pid {self.pid} ({self.cmdline[:60]}), started by notebook process "
+                f"{self.kernel.split('-')[0]}")
 
 
 def leftovers() -> List[Leftover]:

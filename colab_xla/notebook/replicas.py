@@ -23,7 +23,8 @@ class Replicas:
     their processes.
 
     :class:`FreshReplicas` starts them for the run and kills them after it; a session
-    (:class:`colab_xla.notebook.targets.session.SessionReplicas`) sends the cell to replicas it keeps.
+    (:class:`colab_xla.notebook.targets.session_replicas.SessionReplicas`) sends the cell
+    to replicas it keeps.
     """
 
     inherit = False  # whether the replicas fork from this process for the run

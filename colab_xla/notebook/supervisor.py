@@ -46,7 +46,8 @@ __all__ = ["RunRequest", "Supervisor", "Replicas", "FreshReplicas", "DrawPacer",
 
 @dataclasses.dataclass(frozen=True)
 class RunRequest:
-    """What a run does besides running the cell (see :func:`colab_xla.notebook.targets.one_off.run_cell`)."""
+    """What a run does besides running the cell (see
+    :func:`colab_xla.notebook.targets.one_off.run_cell`)."""
 
     launch: Launch
     parent_pid: int  # the replica processes' parent: this process, or the forkserver
@@ -114,8 +115,9 @@ class Supervisor:
             shm_dir=self._shm_dir, rings=True)
         driver = threading.Thread(target=self._drive, args=(job, pipes.done_w, pipes.write_fd),
                                   name="colab_xla-driver", daemon=True)
-        # From here on an Interrupt is a flag the read loop checks (see colab_xla.notebook.interrupts):
-        # a second one during the clean-up cannot break it either.
+        # From here on an Interrupt is a flag the read loop checks (see
+        # colab_xla.notebook.interrupts): a second one during the clean-up cannot break it
+        # either.
         inherited = (inherit(self.run_id, self.user_ns, self.cell) if forked
                      else contextlib.nullcontext())
         with inherited, interrupts.held(opts.hosted) as self._interrupts:

@@ -165,7 +165,8 @@ def _proc_locks(proc_locks: str, st: os.stat_result, lockfile: str,
             major, minor, inode = fields[5].split(":")
             if int(inode) != st.st_ino:
                 continue
-            same_device = (int(major, 16), int(minor, 16)) == (os.major(st.st_dev), os.minor(st.st_dev))
+            same_device = ((int(major, 16), int(minor, 16))
+                           == (os.major(st.st_dev), os.minor(st.st_dev)))
         except ValueError:
             continue
         if same_device or any(t == lockfile for _, t in open_files(pid, proc_root) or ()):
@@ -211,7 +212,8 @@ def scan(proc_root: str = "/proc", dev_globs: Sequence[str] = DEV_GLOBS,
         openable = os.access(lockfile, os.R_OK | os.W_OK)
         found = _proc_locks(proc_locks or f"{proc_root}/locks", st, lockfile, proc_root)
         if found is None:  # no /proc/locks (a sandbox): ask the kernel about the file itself
-            own_fd = next((fd for fd, t in open_files(own_pid, proc_root) or () if t == lockfile), None)
+            own_fd = next((fd for fd, t in open_files(own_pid, proc_root) or ()
+                           if t == lockfile), None)
             pid = _probe(lockfile, own_fd)
             if pid is None and own_fd is not None:
                 pid = own_pid  # our own lock does not conflict with us; libtpu keeps its fd open
@@ -244,6 +246,12 @@ def _own_modules(modules: Mapping) -> str:
     return ", ".join(names) if names else "neither"
 
 
+def _whose(holder: Holder) -> str:
+    """Whose fix a line gives: this notebook's, a pid's, or the unseen holder's."""
+    return ("this notebook" if holder.own else f"pid {holder.pid}" if holder.pid
+            else "the unseen process")
+
+
 def _who(holder: Holder, leftover_pids: Collection[int], modules: Mapping) -> str:
     if holder.own:
         return (f"this notebook's own process (pid {holder.pid}; JAX/TensorFlow imported: "
@@ -264,7 +272,8 @@ def _fix(holder: Holder, leftover_pids: Collection[int], lockfile: str) -> str:
         return (f"find it on the host with `sudo lsof -w {lockfile} /dev/accel0 /dev/vfio/0` and "
                 "stop it, or restart the runtime.")
     if holder.pid in leftover_pids:
-        return f"run %xla_doctor --kill-leftovers (it kills pid {holder.pid} and the other leftovers)."
+        return (f"run %xla_doctor --kill-leftovers (it kills pid {holder.pid} and the other "
+                "leftovers).")
     sudo = "" if holder.user in (_user(os.getuid()), "?") or os.getuid() == 0 else "sudo "
     return (f"stop it where it runs, or `!{sudo}kill {holder.pid}` (`!{sudo}kill -9 "
             f"{holder.pid}` if it does not end); or restart the runtime.")
@@ -277,11 +286,12 @@ def problems(found: Scan, leftover_pids: Collection[int] = (),
     ``refuse=False`` (``COLAB_XLA_TPU_HOLDERS=warn``) every problem is a note."""
     modules = sys.modules if modules is None else modules
     if not refuse:
-        return [dataclasses.replace(p, fatal=False) for p in problems(found, leftover_pids, modules)]
+        return [dataclasses.replace(p, fatal=False)
+                for p in problems(found, leftover_pids, modules)]
     result = []
     if found.holders:
         who = "; ".join(f"{_who(h, leftover_pids, modules)} {h.holds()}" for h in found.holders)
-        fixes = " ".join(f"For {'this notebook' if h.own else f'pid {h.pid}' if h.pid else 'the unseen process'}: "
+        fixes = " ".join(f"For {_whose(h)}: "
                          f"{_fix(h, leftover_pids, found.lockfile)}" for h in found.holders)
         result.append(Problem(
             "tpu-held", f"The TPU is in use, so every replica would fail (\"The TPU is "
@@ -305,7 +315,8 @@ def problems(found: Scan, leftover_pids: Collection[int] = (),
                                   "this user cannot open it, so libtpu refuses to start in every "
                                   "replica (\"The TPU is already in use by another process "
                                   "probably owned by another user\")"
-                                  + ("; nobody locks it." if found.lockfile_state == "stale" else "."),
+                                  + ("; nobody locks it." if found.lockfile_state == "stale"
+                                     else "."),
                 f"remove it: !{sudo}rm {found.lockfile}"
                 + (f" (if a process of {found.lockfile_owner} still uses the TPU, stop it first)"
                    if found.lockfile_state != "stale" else "")))

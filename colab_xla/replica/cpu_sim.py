@@ -147,7 +147,8 @@ def install(xm) -> bool:
     # the same program everywhere.
     all_gather = xm.all_gather
     xm.all_gather = functools.wraps(all_gather)(
-        lambda value, *args, pin_layout=False, **kwargs: all_gather(value, *args, pin_layout=pin_layout, **kwargs))
+        lambda value, *args, pin_layout=False, **kwargs: all_gather(
+            value, *args, pin_layout=pin_layout, **kwargs))
     # The same step must be the same program on every replica, whatever the values: by
     # default scalars 0 and 1 are folded in as constants, and equal scalars share one
     # cached buffer (one parameter fewer), so `x * index` compiles differently on some

@@ -48,7 +48,8 @@ def serve_run(index: int, job: ReplicaJob, make_globals, end_started: bool = Tru
     current.ordinal = index
     process.enter(index)
     try:
-        process.writer.send(START, index, json.dumps({"pid": os.getpid(), "rank": process.rank}).encode())
+        process.writer.send(START, index,
+                            json.dumps({"pid": os.getpid(), "rank": process.rank}).encode())
         report = _run_cell(index, job, process, make_globals)
         report.elapsed = time.perf_counter() - started
         write_report(job.run_dir, report)

@@ -10,9 +10,9 @@ around its own JAX calls, and restores it after (so nested calls once popped it 
 So from a replica process's first client on, the variable stays set for the rest of the
 process (process-wide: v2/v3 replicas are threads of one process, and the first client
 is theirs), and every later client starts without discovery. Each client is recorded
-(the library that made it, platform, call); one that would run discovery again (a TPU client made while
-another exists and the variable was taken away) is refused before it starts, with
-:class:`SecondDiscovery` naming its call and the first client's.
+(the library that made it, platform, call); one that would run discovery again (a TPU
+client made while another exists and the variable was taken away) is refused before it
+starts, with :class:`SecondDiscovery` naming its call and the first client's.
 
 JAX is watched from the moment its ``xla_bridge`` module is imported (an import hook: no
 replica pays for importing jax); torch_xla's client, made in C++, is noticed at the

@@ -28,14 +28,16 @@ def render(outcome: RunOutcome, tail: int = text_view.SUMMARY_TAIL) -> str:
         color = _COLORS.get(rep.state, "inherit")
         took = f"{rep.elapsed:.2f} s" if rep.elapsed is not None else ""
         if rep.error is not None:
-            result = f'<span style="color:{_COLORS[FAILED]}">{esc(text_view.error_line(rep.error))}</span>'
+            error = esc(text_view.error_line(rep.error))
+            result = f'<span style="color:{_COLORS[FAILED]}">{error}</span>'
         else:
             result = f"<code>{esc(rep.value_repr)}</code>" if rep.value_repr is not None else ""
             if rep.pulled:
                 result += f" Pulled: <code>{esc(rep.pulled_summary())}</code>"
         lines = text_view.tail_lines(rep.log, tail)
         output = f"<pre style='{_PRE}'>{esc(chr(10).join(lines))}</pre>" if lines else ""
-        rows.append(f"<tr><td style='{_TD}'>{esc(_ordinal(outcome, ordinal))}</td><td style='{_TD};color:{color}'>"
+        rows.append(f"<tr><td style='{_TD}'>{esc(_ordinal(outcome, ordinal))}</td>"
+                    f"<td style='{_TD};color:{color}'>"
                     f"{state_mark(rep.state)} {esc(rep.state)}</td><td style='{_TD}'>{took}</td>"
                     f"<td style='{_TD}'>{result}</td><td style='{_TD}'>{output}</td></tr>")
     details = "".join(
