@@ -107,11 +107,11 @@ def test_what_crosses_is_a_leaf_both_sides_import():
 
 
 # The replica side runs the user's own IPython calls in a cell: `%time` becomes
-# get_ipython().run_line_magic(...) (replica/job.py's replica_shell), and display()
+# get_ipython().run_line_magic(...) (replica/execution.py's replica_shell), and display()
 # is IPython's (replica/capture.py's replica_display). Those two, inside their function,
 # are the only IPython imports it has.
-REPLICA_IPYTHON = {("colab_xla.replica.job", "IPython.core.interactiveshell"),
-                   ("colab_xla.replica.job", "traitlets.config"),
+REPLICA_IPYTHON = {("colab_xla.replica.execution", "IPython.core.interactiveshell"),
+                   ("colab_xla.replica.execution", "traitlets.config"),
                    ("colab_xla.replica.capture", "IPython.core.displaypub")}
 
 
@@ -210,7 +210,7 @@ def test_a_runtime_never_imports_the_notebook_side_or_ipython():
 
 
 @pytest.mark.parametrize("source,target", [
-    ("colab_xla.replica.job", "colab_xla.notebook.outcome"),
+    ("colab_xla.replica.execution", "colab_xla.notebook.outcome"),
     ("colab_xla.notebook.targets.session", "colab_xla.replica.process"),
     ("colab_xla.wire.values", "colab_xla.notebook.outcome"),
     ("colab_xla.runtimes.jax", "colab_xla.notebook.launch"),

@@ -16,7 +16,7 @@ from _runs import LABEL, run  # tests/ is on sys.path
 
 from colab_xla.notebook import replicas, supervisor
 from colab_xla.runtimes import torch_xla as torch_xla_runtime
-from colab_xla.replica import job as replica_job
+from colab_xla.replica import execution as replica_execution
 from colab_xla.notebook.outcome import DONE, FAILED, XlaSpawnError
 
 pytestmark = [pytest.mark.xla, pytest.mark.timeout(180)]
@@ -415,7 +415,7 @@ def test_instances_of_notebook_classes_come_back_as_those_classes():
 # only once replicas 1-3 run their cell, which they do after sending theirs: its entry comes
 # last whatever the threads' timing. The replicas run in a process forked from this one,
 # with its own copy of these.
-_REAL_MAIN = replica_job.main
+_REAL_MAIN = replica_execution.main
 _RUNNING = threading.Semaphore(0)
 _ZERO_WAITED = []
 

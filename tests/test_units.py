@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from colab_xla.notebook import hardware
-from colab_xla.replica import job as replica_job
+from colab_xla.replica import execution as replica_execution
 from colab_xla.wire import frames
 from colab_xla.notebook.views import text as text_view
 from colab_xla.wire.cell import Cell, CellModule, EmptyCellError
@@ -228,7 +228,7 @@ def test_traceback_starts_at_the_cell_and_names_its_lines(tmp_path):
     try:
         exec(cell.body, {})
     except KeyError as exc:
-        error = replica_job.error_from_exception(exc, cell)
+        error = replica_execution.error_from_exception(exc, cell)
     assert (error.kind, error.ename, error.evalue) == ("exception", "KeyError", "'k'")
     assert "Cell In[9], line 4, in <module>" in error.traceback
     assert "Cell In[9], line 3, in f" in error.traceback
@@ -243,7 +243,7 @@ def test_replica_globals_resolve_device_only_when_used(monkeypatch):
                                  _XLAC=types.SimpleNamespace(  # (no client recorded here)
                                      _xla_runtime_is_initialized=lambda: False))
     monkeypatch.setitem(sys.modules, "torch_xla", fake)
-    ns = replica_job.ReplicaGlobals(x=1)
+    ns = replica_execution.ReplicaGlobals(x=1)
     exec("y = x + 1", ns)
     assert calls == [] and "device" not in ns
     exec("d = device\nd2 = device", ns)

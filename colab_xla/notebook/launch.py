@@ -93,7 +93,7 @@ class Launch:
         return ", ".join(parts)
 
 
-def start(how: Launch, entry: Callable, job, *, processes: int = 0,
+def start(launch: Launch, entry: Callable, job, *, processes: int = 0,
           ended: Optional[Callable[[int, int], None]] = None) -> None:
     """Run ``entry(index, job)`` on every replica; return when all of them have ended.
 
@@ -101,28 +101,28 @@ def start(how: Launch, entry: Callable, job, *, processes: int = 0,
     simulation's default) and call ``ended(index, exit code)`` as each one ends: a
     replica whose process ended before its report is gone, and the others may wait for
     it in a collective."""
-    with _main_not_rerun(how.start_method):
-        _start(how, entry, job, processes, ended)
+    with _main_not_rerun(launch.start_method):
+        _start(launch, entry, job, processes, ended)
 
 
-def _start(how: Launch, entry: Callable, job, processes: int, ended) -> None:
+def _start(launch: Launch, entry: Callable, job, processes: int, ended) -> None:
     if processes:
-        _start_processes(how, entry, job, processes, ended)
+        _start_processes(launch, entry, job, processes, ended)
         return
-    if how.debug_single:
-        process = multiprocessing.get_context(how.start_method).Process(
+    if launch.debug_single:
+        process = multiprocessing.get_context(launch.start_method).Process(
             target=replica_entry.single_replica, args=(entry, job), name="colab_xla-debug-single")
         process.start()
         process.join()
         return
-    if how.launcher == "launch":
+    if launch.launcher == "launch":
         import torch_xla
 
-        torch_xla.launch(entry, args=(job,), start_method=how.start_method)
+        torch_xla.launch(entry, args=(job,), start_method=launch.start_method)
     else:
         import torch_xla.distributed.xla_multiprocessing as xmp
 
-        xmp.spawn(entry, args=(job,), nprocs=None, start_method=how.start_method)
+        xmp.spawn(entry, args=(job,), nprocs=None, start_method=launch.start_method)
 
 
 @contextlib.contextmanager
@@ -145,9 +145,9 @@ def _main_not_rerun(start_method: str) -> Iterator[None]:
         main.__spec__ = None
 
 
-def _start_processes(how: Launch, entry: Callable, job, count: int,
+def _start_processes(launch: Launch, entry: Callable, job, count: int,
                      ended: Optional[Callable[[int, int], None]]) -> None:
-    context = multiprocessing.get_context(how.start_method)
+    context = multiprocessing.get_context(launch.start_method)
     rank_env = {"PJRT_LOCAL_PROCESS_COUNT": str(count)}
     # torch.distributed's `xla://` and `env://` meet at MASTER_ADDR:MASTER_PORT; a port
     # of this run's own lets two notebooks (or two runs) train side by side.
@@ -160,7 +160,7 @@ def _start_processes(how: Launch, entry: Callable, job, count: int,
         rank_env.update(runtimes.current(job.environ).run_environ(job.environ, free_port))
     replicas = [context.Process(target=replica_entry.replica_process,
                                 name=f"colab_xla-replica-{index}",
-                                args=(entry, index, job, rank_env, how.start_method == "fork"))
+                                args=(entry, index, job, rank_env, launch.start_method == "fork"))
                 for index in range(count)]
     for process in replicas:
         process.start()
@@ -191,7 +191,7 @@ def warm_forkserver() -> Tuple[int, bool]:
     call started it.
 
     Its environment is the notebook's at that moment; each run's own variables are set in
-    its replicas when they arrive (see ``colab_xla.replica.job.ReplicaJob``). If something
+    its replicas when they arrive (see ``colab_xla.replica.execution.ReplicaJob``). If something
     else started the forkserver first, it is used as it is, without the preloaded modules.
     """
     from multiprocessing import forkserver

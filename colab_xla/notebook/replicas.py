@@ -62,9 +62,9 @@ class FreshReplicas(Replicas):
     """A one-off run's replicas: started by :func:`colab_xla.notebook.launch.start` for the run,
     every process of it killed when it ends."""
 
-    def __init__(self, run_id: str, how: Launch, plan: hardware.ReplicaPlan):
-        self.how, self.plan = how, plan
-        self.inherit = how.start_method == "fork"
+    def __init__(self, run_id: str, launch: Launch, plan: hardware.ReplicaPlan):
+        self.launch, self.plan = launch, plan
+        self.inherit = launch.start_method == "fork"
         self.processes = processes.RunProcesses(run_id)
 
     def begin(self) -> None:
@@ -72,7 +72,7 @@ class FreshReplicas(Replicas):
 
     def drive(self, job: ReplicaJob, ended) -> None:
         with environ(self.plan.env):
-            start(self.how, run_replica, job,
+            start(self.launch, run_replica, job,
                   processes=self.plan.processes if self.plan.own_processes else 0,
                   ended=ended)
 

@@ -17,7 +17,7 @@ from typing import Callable, Dict
 
 from .. import runtimes
 from ..wire.job import arrived
-from .job import main
+from .execution import main
 from .process import inherit
 from .serve import serve
 

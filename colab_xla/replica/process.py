@@ -275,7 +275,7 @@ def _importable(obj) -> bool:
     """Whether a fresh process importing ``obj.__module__`` gets ``obj`` without running
     a cell: not for the cell's own module, nor for what lives in a ``__main__``."""
     module = sys.modules.get(getattr(obj, "__module__", None) or "")
-    # (a module of the cell holds its globals: see colab_xla.replica.job._ReplicaModule)
+    # (a module of the cell holds its globals: see colab_xla.replica.execution._ReplicaModule)
     if module is None or "_replica_globals" in vars(module) or module.__name__ == "__main__":
         return False
     try:

@@ -2,15 +2,15 @@
 notebook sends, in globals it keeps from cell to cell.
 
 :func:`serve` is what the launcher calls in each replica instead of
-:func:`colab_xla.replica.job.main`. The replica's process is set up once (its streams,
+:func:`colab_xla.replica.execution.main`. The replica's process is set up once (its streams,
 torch_xla instrumented, the CPU simulation's collectives); each cell is then a run like a
-one-off run's (its own pipes, report and frames: :func:`colab_xla.replica.job.serve_run`),
+one-off run's (its own pipes, report and frames: :func:`colab_xla.replica.execution.serve_run`),
 with one difference: the cell's globals are the replica's own from the cells before, with
 the notebook names the cell brings on top.
 
 The notebook speaks to each replica through a named pipe of the session's directory,
 one line per command, read by a thread of the replica: ``run PATH`` (a pickled
-:class:`~colab_xla.replica.job.ReplicaJob`), ``interrupt RUN_ID`` and ``stop``. An
+:class:`~colab_xla.replica.execution.ReplicaJob`), ``interrupt RUN_ID`` and ``stop``. An
 interrupt raises KeyboardInterrupt in the replica's cell, as IPython does in a notebook:
 through SIGINT when the replica runs in its process's main thread (even ``time.sleep``
 stops), else as an asynchronous exception of its thread, which takes effect at the
@@ -33,7 +33,7 @@ from typing import Dict, Optional
 from ..wire import shared_tensors
 from ..wire.frames import NOTE
 from ..wire.names import REPLICA_NAMES
-from .job import ReplicaGlobals, cell_globals, serve_run
+from .execution import ReplicaGlobals, cell_globals, serve_run
 from ..wire.job import ReplicaJob, command_path
 from .process import ReplicaProcess
 from .thread import current

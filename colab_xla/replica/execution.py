@@ -1,4 +1,4 @@
-"""The job of a replica: the function xmp.spawn calls, and the cell it runs.
+"""The cell run as a replica: the function xmp.spawn calls, and the cell it runs.
 
 :func:`main` is called as ``main(index, job)`` in every replica; it is module-level in an
 importable module, so it pickles. It runs the cell in the replica's own globals (the
