@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     if args.repeats < 1 or n < 1:
         parser.error("need --repeats >= 1 and replicas >= 1")
 
-    from colab_xla.notebook.supervisor import NEXT_DRAW_SECONDS, TICK_SECONDS
+    from colab_xla.notebook.draw_pacing import NEXT_DRAW_SECONDS, TICK_SECONDS
 
     started = time.perf_counter()
     info = machine_info(args.repeats, args.warmups)

@@ -16,7 +16,7 @@ from _runs import run  # tests/ is on sys.path
 
 from colab_xla.notebook import doctor, preflight, processes, state, supervisor
 from colab_xla.notebook.outcome import DONE, STOPPED, XlaSpawnError
-from colab_xla.notebook.supervisor import FAIL_FAST_SECONDS
+from colab_xla.notebook.deadlines import FAIL_FAST_SECONDS
 from colab_xla.wire import values
 from colab_xla.wire.cell import Cell
 

@@ -29,8 +29,8 @@ from typing import Any, Dict, Optional, Tuple
 
 from . import draw_pacing, endings, hardware, interrupts, shared_lock, state
 from ..wire.cell import CellModule
-from .deadlines import FAIL_FAST_SECONDS, Deadlines
-from .draw_pacing import NEXT_DRAW_SECONDS, TICK_SECONDS, DrawPacer
+from .deadlines import Deadlines
+from .draw_pacing import DrawPacer
 from .launch import Launch, inherit, replica_environ
 from .outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome, load_results
 from .partial_lines import PartialLines
@@ -38,11 +38,6 @@ from .pipes import STARTUP, STARTUP_LABEL, RunPipes
 from .replicas import FreshReplicas, Replicas
 from ..wire.job import ReplicaJob
 from ..wire import frames, shared_tensors, values
-
-# Imported from here by other modules (the names they had before this module was split).
-__all__ = ["RunRequest", "Supervisor", "Replicas", "FreshReplicas", "DrawPacer",
-           "TICK_SECONDS", "NEXT_DRAW_SECONDS", "FAIL_FAST_SECONDS"]
-
 
 @dataclasses.dataclass(frozen=True)
 class RunRequest:

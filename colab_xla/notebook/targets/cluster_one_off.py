@@ -17,7 +17,7 @@ is its global ordinal (the runtime says how many replicas each host runs and wha
 host's replicas get: :meth:`colab_xla.runtimes.Runtime.cluster_environ`).
 
 The run is cut, on every host at once, on Interrupt, ``--timeout``, a host that is gone
-(its agent or node), or :data:`colab_xla.notebook.supervisor.FAIL_FAST_SECONDS` after a replica
+(its agent or node), or :data:`colab_xla.notebook.deadlines.FAIL_FAST_SECONDS` after a replica
 failed on any host: each agent stops its replicas as the notebook stops a local run's,
 and a host that does not answer within :data:`HOST_GRACE_SECONDS` is taken as gone.
 """
@@ -36,7 +36,8 @@ from ...errors import OptionError
 from ..launch import Launch
 from ..outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome, load_results
 from ...wire.reports import ReplicaError
-from ..supervisor import FAIL_FAST_SECONDS, TICK_SECONDS
+from ..deadlines import FAIL_FAST_SECONDS
+from ..draw_pacing import TICK_SECONDS
 from ...wire import names
 from ..cluster.connection import Cluster, exception_line, host_note, import_ray
 from ..cluster.hosts import ClusterError

@@ -69,7 +69,7 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
     agent interrupts the run through it.
 
     The run ends when every replica has ended; or
-    :data:`colab_xla.notebook.supervisor.FAIL_FAST_SECONDS` after the first replica failed; or after
+    :data:`colab_xla.notebook.deadlines.FAIL_FAST_SECONDS` after the first replica failed; or after
     ``timeout`` seconds; or on Interrupt (SIGINT). Then every process it started is killed,
     and replicas still running are *stopped*, with the reason, their last output line and
     their last ``xm.rendezvous`` tag.

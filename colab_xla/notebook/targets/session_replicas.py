@@ -1,5 +1,5 @@
 """A session's replicas as one cell's :class:`~colab_xla.notebook.supervisor.Supervisor`
-runs on them (:class:`SessionReplicas`, a :class:`~colab_xla.notebook.supervisor.Replicas`):
+runs on them (:class:`SessionReplicas`, a :class:`~colab_xla.notebook.replicas.Replicas`):
 the cell is sent to replicas the session keeps, and a cut run interrupts them instead of
 killing them, unless they do not come back within :data:`INTERRUPT_GRACE_SECONDS`.
 """
@@ -11,7 +11,7 @@ import time
 from typing import List
 
 from ...wire.job import ReplicaJob
-from ..supervisor import Replicas
+from ..replicas import Replicas
 
 # After an Interrupt (or --timeout, or fail-fast), how long every replica has to finish its
 # cell before the session is ended.
