@@ -196,7 +196,8 @@ def render(results: List[dict], info: dict, seconds: float,
     ]
     for r in results:
         lines.append(f"| {r['replicas']} | {_cell(r['stats_ms']['forks'])} "
-                     f"| {_signed(r['magic_minus_forks_ms'])} | {_signed(r['core_minus_forks_ms'])} |")
+                     f"| {_signed(r['magic_minus_forks_ms'])} "
+                     f"| {_signed(r['core_minus_forks_ms'])} |")
     pjrt = info["notebook_PJRT_DEVICE"] or "unset"
     largest = results[-1]
     lines += [

@@ -435,7 +435,8 @@ def render(res: dict, info: dict, seconds: float) -> str:
         "",
         machine_line(info, NAME, seconds,
                      "noisy; one timed run per row after warm-ups, kernel with PJRT_DEVICE=CPU "
-                     f"CPU_NUM_DEVICES={full['replicas']}", packages=f"ipykernel {info['ipykernel']}"),
+                     f"CPU_NUM_DEVICES={full['replicas']}",
+                     packages=f"ipykernel {info['ipykernel']}"),
     ]
     return "\n".join(lines)
 

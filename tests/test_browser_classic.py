@@ -184,7 +184,8 @@ def _describe_frame(payload) -> str:
         d = c["data"]
         detail["data"] = ({k: (v if "widget" in k else str(v)[:60]) for k, v in d.items()}
                           if t in ("display_data", "update_display_data", "execute_result")
-                          else {"method": d.get("method"), "state": sorted((d.get("state") or {}))[:8]})
+                          else {"method": d.get("method"),
+                                "state": sorted((d.get("state") or {}))[:8]})
     if "transient" in c:
         detail["transient"] = c["transient"]
     if t == "stream":

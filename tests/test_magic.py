@@ -104,8 +104,10 @@ def test_quoted_values_arrive_as_a_shell_would_pass_them(ip, run_cell_args, line
 
 
 def test_every_option_takes_quoted_values(ip, run_cell_args, tmp_path):
-    args = run_cell_args(cell(ip, f"-n '3' -o \"res\" --pull 'a, b' --cache '{tmp_path}/my cache'", "index"))
-    assert (args["replicas"], args["pull"], args["cache_dir"]) == (3, ["a", "b"], f"{tmp_path}/my cache")
+    line = f"-n '3' -o \"res\" --pull 'a, b' --cache '{tmp_path}/my cache'"
+    args = run_cell_args(cell(ip, line, "index"))
+    assert (args["replicas"], args["pull"], args["cache_dir"]) == (
+        3, ["a", "b"], f"{tmp_path}/my cache")
 
 
 def test_a_notebook_variable_in_quotes_keeps_its_spaces(ip, run_cell_args):
@@ -183,7 +185,8 @@ def test_results_and_output_come_back_to_the_notebook(ip, capsys):
 @pytest.mark.timeout(120)
 def test_a_failing_replica_raises_one_grouped_error_and_keeps_the_other_results(ip, capsys):
     number = ip.execution_count  # this cell's In[number]
-    result = cell(ip, "-n 4 -o partial", "if index in (1, 3):\n    raise KeyError(index % 2)\nindex")
+    result = cell(ip, "-n 4 -o partial",
+                  "if index in (1, 3):\n    raise KeyError(index % 2)\nindex")
     error = result.error_in_exec
     assert isinstance(error, XlaSpawnError)
     assert error.outcome.failed == [1, 3]
@@ -220,7 +223,8 @@ def test_a_model_trained_in_the_replicas_is_in_the_notebook_in_one_line(ip):
     assert ip.user_ns["losses"] == [1.0, 0.5]  # --pull-from: plain values, not a dict
     result = cell(ip, "-n 2 --pull model,losses --start-method forkserver", body)
     assert result.success, result.error_in_exec
-    assert sorted(ip.user_ns["model"]) == [0, 1] and ip.user_ns["losses"] == {0: [1.0, 0.5], 1: [1.0, 0.5]}
+    assert sorted(ip.user_ns["model"]) == [0, 1]
+    assert ip.user_ns["losses"] == {0: [1.0, 0.5], 1: [1.0, 0.5]}
     assert type(ip.user_ns["model"][1]) is ip.user_ns["Net"]  # sent by value, back as itself
     assert ip.user_ns["model"][1].fc.bias.item() == 1.5
 
@@ -250,10 +254,12 @@ def test_default_start_method_comes_from_the_environment(ip, monkeypatch):
     ip.run_cell("import threading\nguard = threading.Lock()")
     monkeypatch.setenv("COLAB_XLA_START_METHOD", "forkserver")
     result = cell(ip, "-n 2", "with guard:\n    index")
-    assert isinstance(result.error_in_exec, UsageError) and "forkserver" in str(result.error_in_exec)
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "forkserver" in str(result.error_in_exec)
     monkeypatch.setenv("COLAB_XLA_START_METHOD", "spoon")
     result = cell(ip, "-n 2", "index")
-    assert isinstance(result.error_in_exec, UsageError) and "--start-method spoon" in str(result.error_in_exec)
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "--start-method spoon" in str(result.error_in_exec)
 
 
 def test_loading_with_forkserver_as_default_starts_the_server_at_once(monkeypatch):

@@ -102,9 +102,11 @@ def test_xla_tensors_in_results_arrive_on_cpu():
         {"t": t, "nested": [t * 2], "param": torch.nn.Parameter(t + 1)}
         """, 2)
     for o, value in outcome.results().items():
-        assert value["t"].device.type == "cpu" and torch.equal(value["t"], torch.full((2,), float(o)))
+        assert value["t"].device.type == "cpu"
+        assert torch.equal(value["t"], torch.full((2,), float(o)))
         assert torch.equal(value["nested"][0], torch.full((2,), 2.0 * o))
-        assert isinstance(value["param"], torch.nn.Parameter) and value["param"].device.type == "cpu"
+        assert isinstance(value["param"], torch.nn.Parameter)
+        assert value["param"].device.type == "cpu"
     assert hardware.runtime_initialized() is False
 
 
@@ -134,7 +136,8 @@ def test_same_error_on_every_replica_is_shown_once():
 def test_exit_status_zero_is_a_normal_end_and_nonzero_a_failure():
     outcome = run("import sys\nprint('leaving')\nsys.exit(3 if index else 0)", 2)
     assert outcome.replicas[0].state == DONE and outcome.replicas[0].text == "leaving"
-    assert outcome.replicas[1].error.kind == "exit" and "sys.exit(3)" in outcome.replicas[1].error.render()
+    assert outcome.replicas[1].error.kind == "exit"
+    assert "sys.exit(3)" in outcome.replicas[1].error.render()
 
 
 def test_a_dying_replica_process_is_reported_with_its_exit_code():
@@ -148,7 +151,8 @@ def test_a_value_that_cannot_be_pickled_fails_only_its_replica():
     outcome = run("import threading\nthreading.Lock() if index == 1 else index", 3)
     assert outcome.failed == [1]
     error = outcome.replicas[1].error
-    assert error.kind == "result" and "lock" in error.evalue and "could not be sent back" in error.evalue
+    assert error.kind == "result"
+    assert "lock" in error.evalue and "could not be sent back" in error.evalue
     assert outcome.results() == {0: 0, 2: 2}
 
 

@@ -72,7 +72,8 @@ def test_forkserver_replicas_use_notebook_names_and_run_outside_the_notebook(sta
 
 def test_a_name_that_cannot_be_sent_is_named_and_nothing_runs(state):
     shown = text_of(cell(state, "unsendable-run"))
-    assert re.search(r"^UsageError: --start-method forkserver .* guard \(lock\): TypeError", shown, re.M)
+    assert re.search(r"^UsageError: --start-method forkserver .* guard \(lock\): TypeError",
+                     shown, re.M)
     assert "Fix: Create the object inside the cell, or use --start-method fork" in shown
     assert "── replica" not in shown
 

@@ -157,7 +157,8 @@ def test_lock_keeps_each_replicas_lines_together_in_a_shared_file(devices):
         m = re.fullmatch(r"replica (\d): begin", written[k])
         assert m, written
         i = m.group(1)
-        assert written[k:k + 3] == [f"replica {i}: {p}" for p in ("begin", "middle", "end")], written
+        assert written[k:k + 3] == [f"replica {i}: {p}"
+                                    for p in ("begin", "middle", "end")], written
         order.append(int(i))
     assert sorted(order) == list(range(REPLICAS)), written
 
@@ -208,7 +209,8 @@ def test_replica_errors_are_grouped_with_their_replicas(wrong):
     assert blocks[3][1] == ["replica 3 starts", "ValueError: replica 3 found a bad batch"]
     error, shown = the_error(c)
     assert error["ename"] == "XlaSpawnError"
-    assert error["evalue"].startswith("3 of 4 replicas failed (ValueError, ZeroDivisionError)"), error["evalue"]
+    assert error["evalue"].startswith(
+        "3 of 4 replicas failed (ValueError, ZeroDivisionError)"), error["evalue"]
     # each distinct traceback once, headed by its replicas, with the cell's own lines
     assert shown.count("ZeroDivisionError: division by zero") == 1, shown
     assert re.search(r"\[replicas 0, 2\]\nTraceback.*\n.*Cell In\[\d+\], line 5", shown), shown
@@ -232,10 +234,12 @@ def test_replicas_waiting_in_rendezvous_are_stopped_soon_after_a_failure(wrong):
         assert blocks[i][1] == [
             f"replica {i}: epoch 1 trained",
             "Stopped: stopped 3 s after replica 1 failed (RuntimeError); "
-            f"last output: 'replica {i}: epoch 1 trained'; last xm.rendezvous: 'epoch-end'"], blocks[i]
+            f"last output: 'replica {i}: epoch 1 trained'; "
+            "last xm.rendezvous: 'epoch-end'"], blocks[i]
     error, shown = the_error(c)
     assert error["ename"] == "XlaSpawnError"
-    assert error["evalue"].startswith("1 of 4 replicas failed (RuntimeError); 3 were stopped (Stopped)"), error["evalue"]
+    assert error["evalue"].startswith(
+        "1 of 4 replicas failed (RuntimeError); 3 were stopped (Stopped)"), error["evalue"]
     assert re.search(r"\[replica 1\]\nTraceback.*\n.*Cell In\[\d+\], line 6", shown), shown
     assert "epoch 2 started" not in text_of(c) + shown
     assert "last xm.rendezvous: 'epoch-end'" in visible_html(html_path)
@@ -244,7 +248,8 @@ def test_replicas_waiting_in_rendezvous_are_stopped_soon_after_a_failure(wrong):
 def test_timeout_stops_a_hang(wrong):
     nb = wrong[0]
     c = cell(nb, "timeout")
-    blocks, took = summary(text_of(c), f"{REPLICAS} stopped", {i: "stopped" for i in range(REPLICAS)})
+    blocks, took = summary(text_of(c), f"{REPLICAS} stopped",
+                           {i: "stopped" for i in range(REPLICAS)})
     # The --timeout counts from a few file operations (the run's log directory and record)
     # before the clock of T starts: 0.5 s is room for those under load, not an early stop.
     # That the timeout ended the run, not a hang, is the "Timeout:" lines below.

@@ -35,7 +35,8 @@ def test_cell_line_numbers_are_the_notebook_lines(tmp_path):
     cell = CellModule.create("a = 1\nb = 2\nc = 1 / 0\n", str(tmp_path))
     with pytest.raises(ZeroDivisionError) as info:
         exec(cell.body, {})
-    assert info.tb.tb_next.tb_lineno == 4 and info.tb.tb_next.tb_frame.f_code.co_filename == cell.path
+    assert info.tb.tb_next.tb_lineno == 4
+    assert info.tb.tb_next.tb_frame.f_code.co_filename == cell.path
 
 
 def test_last_expression_is_the_result_and_semicolon_hides_it(tmp_path):
@@ -194,8 +195,10 @@ def test_cpu_plan_honours_n_and_cpu_num_devices_and_explicit_device():
     assert plan.note is None  # the user chose CPU: nothing to announce
     mine = hardware.Hardware(pjrt_device="CPU", xla_thread_pool_size="3", param_aliasing="1")
     env = hardware.plan_replicas(4, mine, "threads").env
-    assert "XLA_THREAD_POOL_SIZE" not in env and "XLA_ENABLE_PARAM_ALIASING" not in env  # the user's stay
-    assert "XLA_ENABLE_PARAM_ALIASING" not in hardware.plan_replicas(1, hw).env  # nothing to simulate
+    # the user's stay
+    assert "XLA_THREAD_POOL_SIZE" not in env and "XLA_ENABLE_PARAM_ALIASING" not in env
+    # nothing to simulate
+    assert "XLA_ENABLE_PARAM_ALIASING" not in hardware.plan_replicas(1, hw).env
 
 
 @pytest.mark.parametrize("n", [0, -2])
@@ -321,7 +324,8 @@ def test_spawn_error_limits_the_tracebacks_it_draws():
     assert "2 more distinct errors on replicas 4-5" in text
 
 
-@pytest.mark.parametrize("ordinals, text", [([], ""), ([3], "3"), ([0, 1, 2, 5, 7, 8], "0-2, 5, 7-8"),
+@pytest.mark.parametrize("ordinals, text", [([], ""), ([3], "3"),
+                                            ([0, 1, 2, 5, 7, 8], "0-2, 5, 7-8"),
                                             ([2, 1, 1], "1-2")])
 def test_format_ordinals(ordinals, text):
     assert format_ordinals(ordinals) == text
@@ -667,7 +671,8 @@ def test_a_launch_that_starts_no_replica_is_reported_with_its_cause():
 
     outcome = RunOutcome("NEURON", elapsed=0.1, launch_error=ReplicaError(
         "launch", "ModuleNotFoundError", "No module named 'libneuronxla'",
-        "Traceback (most recent call last):\nModuleNotFoundError: No module named 'libneuronxla'\n"))
+        "Traceback (most recent call last):\n"
+        "ModuleNotFoundError: No module named 'libneuronxla'\n"))
     assert not outcome.ok
     error = str(XlaSpawnError(outcome))
     assert error.startswith("the replicas could not be started (ModuleNotFoundError: No module "
@@ -682,7 +687,8 @@ from colab_xla.options import LineError, split_line  # noqa: E402
 
 
 @pytest.mark.parametrize("line, argv", [
-    ('--env XLA_FLAGS="--xla_a --xla_b=1" -n 2', ["--env", "XLA_FLAGS=--xla_a --xla_b=1", "-n", "2"]),
+    ('--env XLA_FLAGS="--xla_a --xla_b=1" -n 2',
+     ["--env", "XLA_FLAGS=--xla_a --xla_b=1", "-n", "2"]),
     ("--env 'A=x y'", ["--env", "A=x y"]),
     ("--env A=it\\'s --env B='\"q\"'", ["--env", "A=it's", "--env", 'B="q"']),
     ("--env A=#1 --cache ''", ["--env", "A=#1", "--cache", ""]),  # "#" is text; '' is empty
@@ -782,7 +788,8 @@ def test_the_core_imports_without_ipython_and_the_text_view_without_the_runtime(
 import importlib, pkgutil, sys
 sys.modules["IPython"] = sys.modules["ipywidgets"] = None  # importing them fails
 import colab_xla.views.text
-assert not {"colab_xla.supervisor", "colab_xla.run", "torch"} & set(sys.modules), sorted(sys.modules)
+loaded = {"colab_xla.supervisor", "colab_xla.run", "torch"} & set(sys.modules)
+assert not loaded, sorted(sys.modules)
 import colab_xla
 for info in pkgutil.walk_packages(colab_xla.__path__, "colab_xla."):
     if info.name not in ("colab_xla.magics", "colab_xla.views.widget"):
