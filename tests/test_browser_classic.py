@@ -32,6 +32,8 @@ import _jupyterlab as lab  # tests/ is on sys.path (rootdir-relative import mode
 from test_browser import (FAILING, REPLICAS, SPAWN_AT, check_warm_up, require_browser_stack,
                           show_tab, tab_labels, write_notebook)
 
+pytestmark = [pytest.mark.stacks("colab")]
+
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
 RUN_TIMEOUT = 180  # s, from Run All to a finished widget

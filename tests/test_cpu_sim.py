@@ -8,6 +8,9 @@ import pytest
 from colab_xla import cpu_sim
 
 
+pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
+
+
 @pytest.mark.parametrize("replicas", [1, 2, 6, 7, 32])
 def test_the_thread_pool_has_room_for_every_replica_in_a_collective(replicas):
     env = cpu_sim.environment(replicas, simulation="threads")

@@ -220,6 +220,7 @@ KAGGLE_DDP = '''
     '''
 
 
+@pytest.mark.stacks("kaggle")
 def test_kaggle_ddp_toy_model():
     # Only the processes model: with simulate="threads" the four replica threads share one
     # torch.distributed default group, and their init_process_group calls race: either one
@@ -300,6 +301,7 @@ DDP_DOC = '''
     '''
 
 
+@pytest.mark.stacks("kaggle")
 def test_ddp_doc_demo_basic():
     n = 4
     outcome = run(DDP_DOC, n, timeout=120)
@@ -374,6 +376,7 @@ COLAB_MNIST = '''
     '''
 
 
+@pytest.mark.stacks("kaggle")
 def test_colab_mpmodelwrapper_and_dataloader_workers():
     import torch
     import torch.nn as nn
@@ -515,6 +518,7 @@ EAGER = '''
     '''
 
 
+@pytest.mark.stacks("kaggle")
 def test_eager_multi_process_decoder():
     n = 4
     results = _ok(run(EAGER, n, timeout=180), n)
@@ -614,6 +618,7 @@ RESNET_XLA_DDP = '''
     '''
 
 
+@pytest.mark.stacks("kaggle")
 def test_resnet_xla_ddp_with_compiled_step(tmp_path):
     n = 4
     outcome = run(RESNET_XLA_DDP, n, timeout=180, user_ns={"CACHE_DIR": str(tmp_path)})
@@ -751,6 +756,7 @@ COMPILED_STEP = '''
     '''
 
 
+@pytest.mark.stacks("kaggle")
 def test_compile_full_graph_around_optimizer_step():
     n = 4
     results = _ok(run(COMPILED_STEP, n, timeout=120), n)
@@ -773,6 +779,7 @@ SEEDS = '''
     '''
 
 
+@pytest.mark.stacks("kaggle")
 def test_seeding_in_the_cell_is_per_replica():
     import torch
 

@@ -8,7 +8,7 @@ from _runs import run  # tests/ is on sys.path
 
 from colab_xla.outcome import XlaSpawnError
 
-pytestmark = [pytest.mark.xla, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.xla, pytest.mark.timeout(180), pytest.mark.stacks("colab", "kaggle")]
 
 
 def test_an_exception_whose_str_raises_is_reported_not_a_crash():

@@ -22,7 +22,7 @@ from colab_xla.transport.names import UnsendableNames
 from colab_xla.outcome import DONE, RETURN_PLAIN_DATA
 from colab_xla.preflight import PreflightError
 
-pytestmark = [pytest.mark.xla, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.xla, pytest.mark.timeout(240), pytest.mark.stacks("colab", "kaggle")]
 
 _PY = [sys.executable, "-c"]
 
@@ -51,7 +51,8 @@ Point(scaled(index) + math.floor(2.5))
 """
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+@pytest.mark.parametrize("method", [pytest.param("spawn", marks=pytest.mark.stacks()),
+                                    "forkserver"])
 def test_without_fork_the_cell_gets_the_notebook_names_it_mentions(method):
     ns = notebook_namespace()
     ns["unrelated"] = threading.Lock()  # not mentioned: not sent, so no error
@@ -101,6 +102,7 @@ def test_names_that_cannot_be_loaded_in_the_replica_fail_every_replica_with_what
         assert "or use --start-method fork" in shown
 
 
+@pytest.mark.stacks()
 def test_forkserver_is_reused_and_survives_an_interrupted_run(tmp_path):
     first = run("index", 2, launch=Launch("forkserver"))
     server = launch.warm_forkserver()

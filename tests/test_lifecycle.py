@@ -19,6 +19,8 @@ from colab_xla.outcome import DONE, STOPPED, XlaSpawnError
 from colab_xla.supervisor import FAIL_FAST_SECONDS
 from colab_xla.transport import values
 
+pytestmark = [pytest.mark.stacks("colab", "kaggle")]
+
 _PY = [sys.executable, "-u", "-c"]
 
 
@@ -317,6 +319,8 @@ def _recorded(pid):
 
 
 @xla
+@pytest.mark.soak
+@pytest.mark.stacks()
 @pytest.mark.timeout(400)
 def test_a_thousand_runs_leave_no_files_descriptors_threads_or_processes(private_state):
     def files():  # everything colab_xla keeps in the (private) temp dir, but the logs

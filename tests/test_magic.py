@@ -9,6 +9,9 @@ from IPython.testing import globalipapp
 from colab_xla.outcome import XlaSpawnError
 
 
+pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
+
+
 def get_ipython():
     """The test-friendly TerminalInteractiveShell (a singleton, started once)."""
     globalipapp.start_ipython()

@@ -17,7 +17,7 @@ import nbformat  # the test command installs every layer's tools: a missing one 
 
 import run_notebooks  # noqa: E402  (tools/ is on sys.path: conftest.py)
 
-pytestmark = [pytest.mark.notebook, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.notebook, pytest.mark.timeout(600), pytest.mark.stacks("colab")]
 
 TUTORIAL = run_notebooks.NOTEBOOKS_DIR / "01-hello-replicas.ipynb"
 REPLICAS = 4

@@ -15,6 +15,9 @@ from colab_xla.outcome import RunObserver
 from colab_xla.transport import frames, ring
 
 
+pytestmark = [pytest.mark.stacks("colab", "kaggle")]
+
+
 class Channel:
     """A replica's frame pipe and output ring, as a test holds them: the pipe's ends, the
     ring's path, the writer (with ``use(size)`` its ring is made) and the readers opened

@@ -18,9 +18,10 @@ from colab_xla import hardware, supervisor
 from colab_xla.replica import job as replica_job
 from colab_xla.outcome import DONE, FAILED, XlaSpawnError
 
-pytestmark = [pytest.mark.xla, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.xla, pytest.mark.timeout(180), pytest.mark.stacks("colab", "kaggle")]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("n", [1, 4])
 def test_every_replica_runs_and_reports(n):
     outcome = run("""
@@ -93,6 +94,7 @@ def test_an_edited_cell_runs_the_new_code():
     assert first.results() == {0: "old"} and second.results() == {0: "new"}
 
 
+@pytest.mark.quick
 def test_xla_tensors_in_results_arrive_on_cpu():
     import torch
 
@@ -110,6 +112,7 @@ def test_xla_tensors_in_results_arrive_on_cpu():
     assert hardware.runtime_initialized() is False
 
 
+@pytest.mark.quick
 def test_one_replica_raising_fails_only_that_replica_with_the_cells_line():
     outcome = run("""
         print("before", index)
@@ -178,6 +181,7 @@ def test_the_lock_is_there_only_for_a_cell_whose_text_names_it():
     assert outcome.results() == {0: True, 1: True}
 
 
+@pytest.mark.quick
 def test_no_process_of_a_run_outlives_it():
     outcome = run("import os\nos.getpid()", 2)
     pid = outcome.results()[0]
@@ -288,6 +292,7 @@ def test_a_c_level_piece_without_its_line_end_is_shown_when_the_run_ends():
     assert outcome.replicas[0].text == "Password for nothing: "
 
 
+@pytest.mark.quick
 def test_output_is_ordered_complete_and_unmixed_per_replica():
     outcome = run("""
         import sys
@@ -341,6 +346,7 @@ def test_a_replica_printing_then_raising_keeps_every_line():
 _PY = [sys.executable, "-u", "-c"]
 
 
+@pytest.mark.stacks("kaggle")
 def test_refuses_before_forking_when_the_runtime_is_already_initialized():
     script = textwrap.dedent("""
         import torch_xla, multiprocessing
@@ -389,6 +395,7 @@ def test_interrupt_kills_every_replica_process_and_returns_promptly(tmp_path):
     assert not any(psutil.pid_exists(p) for p in replica_pids)
 
 
+@pytest.mark.stacks()
 @pytest.mark.timeout(300)
 def test_eight_replicas_times_100k_lines_arrive_complete_in_order_with_bounded_memory():
     run("1", 8)  # warm: imports and the lock manager are not what is measured

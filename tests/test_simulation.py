@@ -10,7 +10,7 @@ import pytest
 
 from _runs import run
 
-pytestmark = [pytest.mark.xla, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.xla, pytest.mark.timeout(300), pytest.mark.stacks("colab", "kaggle")]
 
 IDENTITY = '''
 import os, torch_xla, torch_xla.runtime as xr, torch_xla.core.xla_model as xm

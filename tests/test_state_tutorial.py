@@ -15,7 +15,7 @@ import pytest
 import run_notebooks  # tools/ is on sys.path (conftest.py)
 from test_notebooks import assert_every_cell_ran, cell, replica_blocks, text_of  # noqa: E402
 
-pytestmark = [pytest.mark.notebook, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.notebook, pytest.mark.timeout(600), pytest.mark.stacks("colab")]
 
 STATE = run_notebooks.NOTEBOOKS_DIR / "05-state-and-start-methods.ipynb"
 REPLICAS = 4

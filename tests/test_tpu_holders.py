@@ -11,6 +11,8 @@ import pytest
 from colab_xla import doctor, hardware, preflight, run, tpu_holders
 from colab_xla.tpu_holders import Holder, Scan
 
+pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
+
 # --- a fake /proc ----------------------------------------------------------------------------
 
 

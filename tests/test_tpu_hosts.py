@@ -22,6 +22,8 @@ import requests
 from colab_xla import hardware, preflight
 from colab_xla.launch import replica_environ
 
+pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
+
 HOSTS = {p.stem: json.loads(p.read_text())
          for p in sorted((Path(__file__).parent / "tpu_hosts").glob("*.json"))}
 _PCI = "/sys/bus/pci/devices"

@@ -91,6 +91,7 @@ def wrong(tmp_path_factory):
 # --- both notebooks ------------------------------------------------------------------------
 
 
+@pytest.mark.stacks("colab")
 @pytest.mark.parametrize("path", [DEVICES, WRONG] + [
     run_notebooks.NOTEBOOKS_DIR / name
     for name in ("03-mnist-every-replica.ipynb", "06-warm-session.ipynb", "07-pod-slice.ipynb",
@@ -109,7 +110,8 @@ def test_saved_clean_with_stable_ids(path):
 
 @pytest.mark.parametrize("name, expected_raising", [
     ("devices", set()),
-    ("wrong", {"raise", "rendezvous", "timeout", "partial"}),
+    pytest.param("wrong", {"raise", "rendezvous", "timeout", "partial"},
+                 marks=pytest.mark.stacks("colab")),
 ])
 def test_only_tagged_cells_raise_and_they_do(name, expected_raising, request):
     nb, _, ipynb_path = request.getfixturevalue(name)
@@ -198,6 +200,7 @@ def test_guard_refuses_when_the_runtime_is_initialized_first(devices):
 # --- 04: when things go wrong ----------------------------------------------------------------
 
 
+@pytest.mark.stacks("colab")
 def test_replica_errors_are_grouped_with_their_replicas(wrong):
     nb = wrong[0]
     c = cell(nb, "raise")
@@ -220,6 +223,7 @@ def test_replica_errors_are_grouped_with_their_replicas(wrong):
         "states: {0: 'failed', 1: 'done', 2: 'failed', 3: 'failed'}"]
 
 
+@pytest.mark.stacks("colab")
 def test_replicas_waiting_in_rendezvous_are_stopped_soon_after_a_failure(wrong):
     nb, html_path, _ = wrong
     c = cell(nb, "rendezvous")
@@ -245,6 +249,7 @@ def test_replicas_waiting_in_rendezvous_are_stopped_soon_after_a_failure(wrong):
     assert "last xm.rendezvous: 'epoch-end'" in visible_html(html_path)
 
 
+@pytest.mark.stacks("colab")
 def test_timeout_stops_a_hang(wrong):
     nb = wrong[0]
     c = cell(nb, "timeout")
@@ -263,6 +268,7 @@ def test_timeout_stops_a_hang(wrong):
     assert error["evalue"].startswith("4 of 4 replicas were stopped (Timeout)"), error["evalue"]
 
 
+@pytest.mark.stacks("colab")
 def test_good_replicas_results_survive_a_failure(wrong):
     nb = wrong[0]
     c = cell(nb, "partial")
@@ -277,6 +283,7 @@ def test_good_replicas_results_survive_a_failure(wrong):
         "scores: {0: 0.0, 1: 10.0, 2: 20.0}", "failed: [3]"]
 
 
+@pytest.mark.stacks("colab")
 def test_a_run_after_the_failures_works_together(wrong):
     nb = wrong[0]
     blocks, _ = summary(text_of(cell(nb, "rerun")), f"{REPLICAS} done")
@@ -285,6 +292,7 @@ def test_a_run_after_the_failures_works_together(wrong):
     assert text_of(cell(nb, "rerun-nb")).strip() == "{0: 10.0, 1: 10.0, 2: 10.0, 3: 10.0}"
 
 
+@pytest.mark.stacks("colab")
 def test_doctor_reports_a_healthy_notebook(wrong):
     nb = wrong[0]
     shown = text_of(cell(nb, "doctor"))

@@ -18,6 +18,8 @@ from colab_xla.cell import CellModule, EmptyCellError
 from colab_xla.outcome import (DONE, FAILED, ReplicaError, ReplicaOutcome, RunOutcome,
                                XlaSpawnError, format_ordinals)
 
+pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
+
 # --- cell to module ----------------------------------------------------------------------
 
 
