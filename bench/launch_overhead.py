@@ -7,7 +7,7 @@ In one process, for each replica count N, five paths run a trivial cell, interle
          PJRT_DEVICE=CPU and CPU_NUM_DEVICES=N set around the call (then restored);
 * magic: ``shell.run_cell_magic('xla_spawn', '-n N', 'index')`` in a real IPython shell
          after ``%load_ext colab_xla`` (its printed summary goes to a StringIO);
-* core:  ``colab_xla.notebook.targets.one_off.run_cell('index', replicas=N, announce=None)``, no IPython;
+* core:  ``colab_xla.notebook.targets.run_cell('index', replicas=N, announce=None)``, no IPython;
 * threads: the magic with ``--simulate threads``: one replica process of N threads, as bare
          ``xmp.spawn`` runs them on CPU (the default simulation forks one process per
          replica, as on a TPU host: each fork of a notebook process costs ~10 ms here);
@@ -196,7 +196,8 @@ def render(results: List[dict], info: dict, seconds: float,
     ]
     for r in results:
         lines.append(f"| {r['replicas']} | {_cell(r['stats_ms']['forks'])} "
-                     f"| {_signed(r['magic_minus_forks_ms'])} | {_signed(r['core_minus_forks_ms'])} |")
+                     f"| {_signed(r['magic_minus_forks_ms'])} "
+                     f"| {_signed(r['core_minus_forks_ms'])} |")
     pjrt = info["notebook_PJRT_DEVICE"] or "unset"
     largest = results[-1]
     lines += [

@@ -1,6 +1,6 @@
 """First-output latency of ``%%xla_spawn``: a replica's ``print`` to the notebook side.
 
-In one process, ``colab_xla.notebook.targets.one_off.run_cell`` runs a cell in which every replica takes
+In one process, ``colab_xla.notebook.targets.run_cell`` runs a cell in which every replica takes
 ``time.time()`` right before it prints one line carrying that timestamp, then sleeps (so
 the run is still going when the line arrives). A :class:`colab_xla.notebook.outcome.RunObserver`
 records ``time.time()`` when each line reaches the notebook side (``output``, called by
@@ -135,7 +135,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=15, help="timed runs (15)")
     parser.add_argument("--warmups", type=int, default=1, help="untimed runs (1)")
     parser.add_argument("--replicas", default="4",
-                        help="replicas per run (4; of a list such as bench/run passes, the largest)")
+                        help="replicas per run "
+                             "(4; of a list such as bench/run passes, the largest)")
     parser.add_argument("--sleep", type=float, default=1.0,
                         help="seconds each replica sleeps after its line (1.0)")
     args, _ = parser.parse_known_args(argv)  # bench/run passes every benchmark's options

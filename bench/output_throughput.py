@@ -2,7 +2,7 @@
 
 Every replica prints ``r{index} line {i}`` for i in range(LINES). Three paths:
 
-* core:   ``colab_xla.notebook.targets.one_off.run_cell(loop, replicas=R, announce=None)`` in this process
+* core:   ``colab_xla.notebook.targets.run_cell(loop, replicas=R, announce=None)`` in this process
           (no IPython), after a warm-up run;
 * magic:  ``%%xla_spawn -n R --no-widget`` of the same loop in a real ipykernel started
           with jupyter_client (the text view prints the first 200 lines of each replica
@@ -435,7 +435,8 @@ def render(res: dict, info: dict, seconds: float) -> str:
         "",
         machine_line(info, NAME, seconds,
                      "noisy; one timed run per row after warm-ups, kernel with PJRT_DEVICE=CPU "
-                     f"CPU_NUM_DEVICES={full['replicas']}", packages=f"ipykernel {info['ipykernel']}"),
+                     f"CPU_NUM_DEVICES={full['replicas']}",
+                     packages=f"ipykernel {info['ipykernel']}"),
     ]
     return "\n".join(lines)
 

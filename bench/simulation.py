@@ -132,7 +132,8 @@ def render(results: List[dict], info: dict, seconds: float, repeats: int) -> str
     for r in results:
         for key, label in ROWS:
             p, t = r["median_ms"]["processes"][key], r["median_ms"]["threads"][key]
-            lines.append(f"| {r['replicas']} | {label} | {p:.1f} | {t:.1f} | {r['ratio'][key]:.2f}x |")
+            lines.append(f"| {r['replicas']} | {label} | {p:.1f} | {t:.1f} "
+                         f"| {r['ratio'][key]:.2f}x |")
     lines += ["", machine_line(info, NAME, seconds, f"launch repeats {repeats}")]
     return "\n".join(lines)
 

@@ -1,6 +1,6 @@
 """What each start method costs: a trivial cell under fork, warm forkserver and spawn.
 
-In one process, for each replica count N, ``colab_xla.notebook.targets.one_off.run_cell('index', replicas=N,
+In one process, for each replica count N, ``colab_xla.notebook.targets.run_cell('index', replicas=N,
 launch=Launch(method))`` runs interleaved for the three start methods (the order rotates
 every iteration). The forkserver is started (and its torch/torch_xla import waited for) by
 a first run that is timed on its own: the "cold" figure, paid once per notebook process.

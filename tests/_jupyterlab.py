@@ -63,7 +63,8 @@ class JupyterLabServer:
                         / "notification.jupyterlab-settings")
         notification.parent.mkdir(parents=True, exist_ok=True)
         notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-        cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={self.port}",
+        cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1",
+               f"--port={self.port}",
                "--ServerApp.port_retries=0", "--ServerApp.token=", "--ServerApp.password=",
                "--ServerApp.disable_check_xsrf=True", "--allow-root",
                f"--ServerApp.root_dir={self.root_dir}",
@@ -90,7 +91,8 @@ class JupyterLabServer:
                 last = e
             time.sleep(0.25)
         raise RuntimeError(f"jupyter lab did not answer on {self.url}/api within "
-                           f"{SERVER_START_TIMEOUT} s (last error: {last}):\n{_tail(self.log_path)}")
+                           f"{SERVER_START_TIMEOUT} s (last error: {last}):\n"
+                           f"{_tail(self.log_path)}")
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
@@ -118,7 +120,8 @@ class JupyterLabServer:
 
 
 @contextlib.contextmanager
-def jupyterlab(root_dir: Path, state_dir: Path, env: Mapping[str, str]) -> Iterator[JupyterLabServer]:
+def jupyterlab(root_dir: Path, state_dir: Path,
+               env: Mapping[str, str]) -> Iterator[JupyterLabServer]:
     server = JupyterLabServer(root_dir, state_dir, env)
     try:
         yield server.start()

@@ -8,7 +8,7 @@ LABEL = "Cell In[5]"  # how tracebacks name the cell, as a notebook would
 
 
 def run(source: str, n: int, *, label: str = LABEL, announce=None, **kw):
-    """:func:`colab_xla.notebook.targets.one_off.run_cell` of ``source`` on ``n`` replicas, quietly (no
+    """:func:`colab_xla.notebook.targets.run_cell` of ``source`` on ``n`` replicas, quietly (no
     announcement). ``source`` may be an indented triple-quoted string: it is dedented and
     its leading newlines dropped. Other keywords go to ``run_cell`` as they are."""
     return run_cell(textwrap.dedent(source).lstrip("\n"), replicas=n, label=label,

@@ -21,3 +21,38 @@ def private_state(tmp_path, monkeypatch):
     monkeypatch.setattr(state, "_state_dir", None)
     yield tmp_path
     monkeypatch.setattr(state, "_state_dir", None)
+
+
+# --- which tests a users' stack runs ---------------------------------------------------------
+# The dev env runs every test; a users' stack of stacks/ (scripts/test passes --users-stack
+# NAME there) runs only those that its versions change: the tests whose closest
+# ``stacks(...)`` marker names it. Closest: a test's own marker (or its parameter's) over its
+# module's, so ``@pytest.mark.stacks()`` keeps one test of a module that runs in the stacks in
+# dev alone. scripts/test's header says what each stack runs and why.
+
+STACKS_DIR = Path(__file__).resolve().parents[1] / "stacks"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--users-stack", metavar="NAME", default="",
+                     help="run only the tests marked stacks(..., NAME, ...) (a stack of stacks/)")
+
+
+def pytest_configure(config):
+    name = config.getoption("--users-stack")
+    if name and not (STACKS_DIR / f"{name}.txt").is_file():
+        known = sorted(p.stem for p in STACKS_DIR.glob("*.txt"))
+        raise pytest.UsageError(f"--users-stack {name}: no stacks/{name}.txt (stacks: {known})")
+
+
+def pytest_collection_modifyitems(config, items):
+    name = config.getoption("--users-stack")
+    if not name:
+        return
+    keep, drop = [], []
+    for item in items:
+        marker = item.get_closest_marker("stacks")
+        (keep if marker is not None and name in marker.args else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

@@ -58,7 +58,8 @@ def write_notebook(path: Path) -> None:
 
 
 def require_browser_stack():
-    if importlib.util.find_spec("torch_xla") is None:  # found, not imported: no PJRT_DEVICE side effect
+    # found, not imported: no PJRT_DEVICE side effect
+    if importlib.util.find_spec("torch_xla") is None:
         pytest.fail("torch_xla is not installed: the browser tests run real replicas (install "
                     "the pinned torch/torch_xla pair with `pip install -r requirements-dev.txt`, "
                     "or `scripts/env`)", pytrace=False)
@@ -133,7 +134,8 @@ def test_widget_in_jupyterlab(tmp_path):
                 return labels if done else None
 
             def state():
-                status = page.locator(".jp-Notebook-ExecutionIndicator").get_attribute("data-status")
+                status = page.locator(".jp-Notebook-ExecutionIndicator").get_attribute(
+                    "data-status")
                 return (f"a finished widget (kernel: {status}; widgets: {widget.count()}; "
                         f"tabs: {tab_labels(widget) if widget.count() == 1 else None}; "
                         f"cell text: {spawn.inner_text()[-2000:]!r}; "

@@ -32,6 +32,8 @@ import _jupyterlab as lab  # tests/ is on sys.path (rootdir-relative import mode
 from test_browser import (FAILING, REPLICAS, SPAWN_AT, check_warm_up, require_browser_stack,
                           show_tab, tab_labels, write_notebook)
 
+pytestmark = [pytest.mark.stacks("colab")]
+
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
 RUN_TIMEOUT = 180  # s, from Run All to a finished widget
@@ -184,7 +186,8 @@ def _describe_frame(payload) -> str:
         d = c["data"]
         detail["data"] = ({k: (v if "widget" in k else str(v)[:60]) for k, v in d.items()}
                           if t in ("display_data", "update_display_data", "execute_result")
-                          else {"method": d.get("method"), "state": sorted((d.get("state") or {}))[:8]})
+                          else {"method": d.get("method"),
+                                "state": sorted((d.get("state") or {}))[:8]})
     if "transient" in c:
         detail["transient"] = c["transient"]
     if t == "stream":

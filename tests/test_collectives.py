@@ -6,7 +6,7 @@ import pytest
 
 from colab_xla.notebook.targets import run_cell
 
-pytestmark = [pytest.mark.xla, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.xla, pytest.mark.timeout(300), pytest.mark.stacks("kaggle")]
 
 CELL = textwrap.dedent('''
     import torch, torch_xla, torch_xla.core.xla_model as xm

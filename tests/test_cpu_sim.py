@@ -9,6 +9,9 @@ from colab_xla.runtimes import simulation as sim_plan
 from colab_xla.replica import cpu_sim
 
 
+pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
+
+
 @pytest.mark.parametrize("replicas", [1, 2, 6, 7, 32])
 def test_the_thread_pool_has_room_for_every_replica_in_a_collective(replicas):
     env = sim_plan.environment(replicas, simulation="threads")
@@ -79,7 +82,7 @@ def test_the_installed_torch_xla_has_everything_the_simulation_patches():
     assert torch_xla.__version__.rsplit(".", 1)[0] in cpu_sim.TESTED_RELEASES
 
 
-# --- the processes model's collectives (colab_xla.replica.gloo_collectives) ---------------------------
+# --- the processes model's collectives (colab_xla.replica.gloo_collectives) -----------
 
 from colab_xla.replica import gloo_collectives  # noqa: E402
 

@@ -99,8 +99,10 @@ MNIST_DDP = '''
     torch.manual_seed(1)
     # fake data: the same batch every step (xu.SampleGenerator), different on every replica
     g = torch.Generator().manual_seed(100 + xr.global_ordinal())
-    images, labels = torch.randn(batch_size, 1, 28, 28, generator=g), torch.randint(0, 10, (batch_size,), generator=g)
-    train_loader = xu.SampleGenerator(data=(images, labels), sample_count=64 // batch_size // xr.world_size())
+    images = torch.randn(batch_size, 1, 28, 28, generator=g)
+    labels = torch.randint(0, 10, (batch_size,), generator=g)
+    train_loader = xu.SampleGenerator(data=(images, labels),
+                                      sample_count=64 // batch_size // xr.world_size())
     test_loader = xu.SampleGenerator(data=(images, labels), sample_count=1)
 
     lr = 0.01 * xr.world_size()
@@ -114,7 +116,8 @@ MNIST_DDP = '''
 
     def _train_update(device, step, loss, tracker, epoch):
       losses.append(loss.item())
-      print(f'[{device}] epoch {epoch} step {step} loss {loss.item():.5f} rate {tracker.rate():.2f}')
+      print(f'[{device}] epoch {epoch} step {step} loss {loss.item():.5f} '
+            f'rate {tracker.rate():.2f}')
 
     def train_loop_fn(loader, epoch):
       tracker = xm.RateTracker()
@@ -211,11 +214,13 @@ KAGGLE_DDP = '''
 
     # Print mean parameters so we can confirm they're the same across replicas
     print(index, [p.mean() for p in model.parameters()])
-    {"initial": initial, "weights": {k: v.detach().cpu() for k, v in model.module.named_parameters()},
+    {"initial": initial,
+     "weights": {k: v.detach().cpu() for k, v in model.module.named_parameters()},
      "group": (dist.get_rank(), dist.get_world_size())}
     '''
 
 
+@pytest.mark.stacks("kaggle")
 def test_kaggle_ddp_toy_model():
     # Only the processes model: with simulate="threads" the four replica threads share one
     # torch.distributed default group, and their init_process_group calls race: either one
@@ -296,6 +301,7 @@ DDP_DOC = '''
     '''
 
 
+@pytest.mark.stacks("kaggle")
 def test_ddp_doc_demo_basic():
     n = 4
     outcome = run(DDP_DOC, n, timeout=120)
@@ -370,6 +376,7 @@ COLAB_MNIST = '''
     '''
 
 
+@pytest.mark.stacks("kaggle")
 def test_colab_mpmodelwrapper_and_dataloader_workers():
     import torch
     import torch.nn as nn
@@ -511,6 +518,7 @@ EAGER = '''
     '''
 
 
+@pytest.mark.stacks("kaggle")
 def test_eager_multi_process_decoder():
     n = 4
     results = _ok(run(EAGER, n, timeout=180), n)
@@ -610,6 +618,7 @@ RESNET_XLA_DDP = '''
     '''
 
 
+@pytest.mark.stacks("kaggle")
 def test_resnet_xla_ddp_with_compiled_step(tmp_path):
     n = 4
     outcome = run(RESNET_XLA_DDP, n, timeout=180, user_ns={"CACHE_DIR": str(tmp_path)})
@@ -673,10 +682,12 @@ ACCELERATE = '''
             eval_metric = accurate.item() / num_elems
             accelerator.print(f"epoch {epoch}: {100 * eval_metric:.2f}")
         state = accelerator.state
-        return {"distributed_type": str(state.distributed_type), "num_processes": state.num_processes,
+        weights = accelerator.unwrap_model(model).state_dict()
+        return {"distributed_type": str(state.distributed_type),
+                "num_processes": state.num_processes,
                 "process_index": state.process_index, "device": str(accelerator.device),
                 "accuracy": eval_metric, "eval_count": num_elems,
-                "weights": {k: v.detach().cpu() for k, v in accelerator.unwrap_model(model).state_dict().items()}}
+                "weights": {k: v.detach().cpu() for k, v in weights.items()}}
 
     training_loop()
     '''
@@ -745,6 +756,7 @@ COMPILED_STEP = '''
     '''
 
 
+@pytest.mark.stacks("kaggle")
 def test_compile_full_graph_around_optimizer_step():
     n = 4
     results = _ok(run(COMPILED_STEP, n, timeout=120), n)
@@ -767,6 +779,7 @@ SEEDS = '''
     '''
 
 
+@pytest.mark.stacks("kaggle")
 def test_seeding_in_the_cell_is_per_replica():
     import torch
 

@@ -46,7 +46,7 @@ def test_everything_a_run_started_dies_with_a_killed_kernel(tmp_path, start_meth
         assert alive == [], [(p.pid, " ".join(p.cmdline())[:120]) for p in alive]
 
 
-@pytest.mark.parametrize("delay", [0.3, 1.2])
+@pytest.mark.parametrize("delay", [pytest.param(0.3, marks=pytest.mark.stacks("colab")), 1.2])
 def test_an_interrupt_while_the_first_run_imports_torch_xla_leaves_the_kernel_usable(delay):
     with Kernel() as k:
         assert k.run("%load_ext colab_xla\nimport sys\n'torch' in sys.modules").status == "ok"
@@ -92,6 +92,7 @@ def test_dataloader_workers_work_over_any_dataset_under_every_start_method(start
         assert check.status == "ok", check.text
 
 
+@pytest.mark.stacks("colab")
 def test_ipython_magics_inside_the_cell_run_in_every_replica():
     with Kernel() as k:
         assert k.run("%load_ext colab_xla").status == "ok"
@@ -103,6 +104,7 @@ def test_ipython_magics_inside_the_cell_run_in_every_replica():
             assert f"[replica {i}] Wall time:" in reply.stdout, reply.stdout
 
 
+@pytest.mark.stacks("colab")
 @pytest.mark.parametrize("start_method", ["forkserver"])
 def test_ipython_magics_inside_the_cell_run_in_replicas_that_do_not_fork(start_method):
     with Kernel() as k:
@@ -115,8 +117,9 @@ def test_ipython_magics_inside_the_cell_run_in_replicas_that_do_not_fork(start_m
         assert "[replica 1] Wall time:" in reply.stdout, reply.stdout
 
 
-@pytest.mark.parametrize("reader", ["input('your name? ')", "getpass.getpass()",
-                                    "sys.stdin.readline()", "breakpoint()"])
+@pytest.mark.parametrize("reader", [
+    pytest.param("input('your name? ')", marks=pytest.mark.stacks("colab")),
+    "getpass.getpass()", "sys.stdin.readline()", "breakpoint()"])
 def test_reading_the_notebooks_input_in_a_replica_fails_at_once_with_the_way_out(reader):
     with Kernel() as k:
         assert k.run("%load_ext colab_xla").status == "ok"

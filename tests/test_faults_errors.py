@@ -8,12 +8,12 @@ from _runs import run  # tests/ is on sys.path
 
 from colab_xla.notebook.outcome import XlaSpawnError
 
-pytestmark = [pytest.mark.xla, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.xla, pytest.mark.timeout(180), pytest.mark.stacks("colab", "kaggle")]
 
 
 def test_an_exception_whose_str_raises_is_reported_not_a_crash():
-    outcome = run("class Odd(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\n"
-                  "raise Odd()", 2)
+    outcome = run("class Odd(Exception):\n    def __str__(self):\n"
+                  "        raise RuntimeError('no')\nraise Odd()", 2)
     assert outcome.failed == [0, 1]
     for rep in outcome.replicas.values():
         assert rep.error.kind == "exception" and rep.error.ename == "Odd", rep.error
@@ -52,7 +52,8 @@ def test_os_exit_in_one_replica_names_that_replica_and_the_call(simulate):
         if simulate == "threads":  # threads of the same process: they went with it
             assert "replica 1 called os._exit(0)" in error.evalue
         else:  # a process each: stopped soon after, as after any failure
-            assert error.kind == "stopped" and "after replica 1 failed (ReplicaDied)" in error.evalue
+            assert error.kind == "stopped"
+            assert "after replica 1 failed (ReplicaDied)" in error.evalue
     assert "without an exit code" not in str(XlaSpawnError(outcome))
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from _kernel import Kernel  # tests/ is on sys.path
 
-pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(300), pytest.mark.stacks("colab")]
 
 
 def test_a_quoted_env_value_with_spaces_reaches_every_replica_and_xla(tmp_path):

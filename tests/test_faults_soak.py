@@ -22,7 +22,7 @@ import pytest
 import colab_xla
 from _kernel import Kernel, shell_msg_ready  # tests/ is on sys.path
 
-pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(900), pytest.mark.soak]
 
 RUNS = int(os.environ.get("COLAB_XLA_SOAK_RUNS", "500"))
 WARM_UP = 24  # three rounds of every kind of run

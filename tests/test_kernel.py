@@ -8,7 +8,7 @@ import pytest
 import run_notebooks  # tools/ is on sys.path (conftest.py)
 from _kernel import Kernel, shell_msg_ready  # tests/ is on sys.path
 
-pytestmark = [pytest.mark.notebook, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.notebook, pytest.mark.timeout(300), pytest.mark.stacks("colab")]
 
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"

@@ -24,7 +24,7 @@ from colab_xla.notebook.outcome import DONE
 from colab_xla.wire.reports import RETURN_PLAIN_DATA
 from colab_xla.errors import PreflightError
 
-pytestmark = [pytest.mark.xla, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.xla, pytest.mark.timeout(240), pytest.mark.stacks("colab", "kaggle")]
 
 _PY = [sys.executable, "-c"]
 
@@ -53,7 +53,8 @@ Point(scaled(index) + math.floor(2.5))
 """
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+@pytest.mark.parametrize("method", [pytest.param("spawn", marks=pytest.mark.stacks()),
+                                    "forkserver"])
 def test_without_fork_the_cell_gets_the_notebook_names_it_mentions(method):
     ns = notebook_namespace()
     ns["unrelated"] = threading.Lock()  # not mentioned: not sent, so no error
@@ -103,6 +104,7 @@ def test_names_that_cannot_be_loaded_in_the_replica_fail_every_replica_with_what
         assert "or use --start-method fork" in shown
 
 
+@pytest.mark.stacks()
 def test_forkserver_is_reused_and_survives_an_interrupted_run(tmp_path):
     first = run("index", 2, launch=Launch("forkserver"))
     server = launch.warm_forkserver()
@@ -205,7 +207,8 @@ def test_env_reaches_xla_in_the_replicas_only(tmp_path):
         """, 2, env={"XLA_FLAGS": f"--xla_dump_to={dump}", "COLAB_XLA_TEST_VAR": "a=b"})
     assert outcome.ok and all(r.text == "a=b" for r in outcome.replicas.values())
     assert dump.is_dir() and any(dump.iterdir())  # XLA itself read the flag
-    assert "COLAB_XLA_TEST_VAR" not in os.environ and "--xla_dump_to" not in os.environ.get("XLA_FLAGS", "")
+    assert "COLAB_XLA_TEST_VAR" not in os.environ
+    assert "--xla_dump_to" not in os.environ.get("XLA_FLAGS", "")
 
 
 def test_env_is_planned_with_so_a_bad_value_is_refused_like_the_environment():

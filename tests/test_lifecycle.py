@@ -20,6 +20,8 @@ from colab_xla.notebook.deadlines import FAIL_FAST_SECONDS
 from colab_xla.wire import values
 from colab_xla.wire.cell import Cell
 
+pytestmark = [pytest.mark.stacks("colab", "kaggle")]
+
 _PY = [sys.executable, "-u", "-c"]
 
 
@@ -318,6 +320,8 @@ def _recorded(pid):
 
 
 @xla
+@pytest.mark.soak
+@pytest.mark.stacks()
 @pytest.mark.timeout(400)
 def test_a_thousand_runs_leave_no_files_descriptors_threads_or_processes(private_state):
     def files():  # everything colab_xla keeps in the (private) temp dir, but the logs

@@ -9,6 +9,9 @@ from IPython.testing import globalipapp
 from colab_xla.notebook.outcome import XlaSpawnError
 
 
+pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
+
+
 def get_ipython():
     """The test-friendly TerminalInteractiveShell (a singleton, started once)."""
     globalipapp.start_ipython()
@@ -185,7 +188,8 @@ def test_results_and_output_come_back_to_the_notebook(ip, capsys):
 @pytest.mark.timeout(120)
 def test_a_failing_replica_raises_one_grouped_error_and_keeps_the_other_results(ip, capsys):
     number = ip.execution_count  # this cell's In[number]
-    result = cell(ip, "-n 4 -o partial", "if index in (1, 3):\n    raise KeyError(index % 2)\nindex")
+    result = cell(ip, "-n 4 -o partial",
+                  "if index in (1, 3):\n    raise KeyError(index % 2)\nindex")
     error = result.error_in_exec
     assert isinstance(error, XlaSpawnError)
     assert error.outcome.failed == [1, 3]
@@ -222,7 +226,8 @@ def test_a_model_trained_in_the_replicas_is_in_the_notebook_in_one_line(ip):
     assert ip.user_ns["losses"] == [1.0, 0.5]  # --pull-from: plain values, not a dict
     result = cell(ip, "-n 2 --pull model,losses --start-method forkserver", body)
     assert result.success, result.error_in_exec
-    assert sorted(ip.user_ns["model"]) == [0, 1] and ip.user_ns["losses"] == {0: [1.0, 0.5], 1: [1.0, 0.5]}
+    assert sorted(ip.user_ns["model"]) == [0, 1]
+    assert ip.user_ns["losses"] == {0: [1.0, 0.5], 1: [1.0, 0.5]}
     assert type(ip.user_ns["model"][1]) is ip.user_ns["Net"]  # sent by value, back as itself
     assert ip.user_ns["model"][1].fc.bias.item() == 1.5
 
@@ -252,10 +257,12 @@ def test_default_start_method_comes_from_the_environment(ip, monkeypatch):
     ip.run_cell("import threading\nguard = threading.Lock()")
     monkeypatch.setenv("COLAB_XLA_START_METHOD", "forkserver")
     result = cell(ip, "-n 2", "with guard:\n    index")
-    assert isinstance(result.error_in_exec, UsageError) and "forkserver" in str(result.error_in_exec)
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "forkserver" in str(result.error_in_exec)
     monkeypatch.setenv("COLAB_XLA_START_METHOD", "spoon")
     result = cell(ip, "-n 2", "index")
-    assert isinstance(result.error_in_exec, UsageError) and "--start-method spoon" in str(result.error_in_exec)
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "--start-method spoon" in str(result.error_in_exec)
 
 
 def test_loading_with_forkserver_as_default_starts_the_server_at_once(monkeypatch):

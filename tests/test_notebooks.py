@@ -17,7 +17,7 @@ import nbformat  # the test command installs every layer's tools: a missing one 
 
 import run_notebooks  # noqa: E402  (tools/ is on sys.path: conftest.py)
 
-pytestmark = [pytest.mark.notebook, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.notebook, pytest.mark.timeout(600), pytest.mark.stacks("colab")]
 
 TUTORIAL = run_notebooks.NOTEBOOKS_DIR / "01-hello-replicas.ipynb"
 REPLICAS = 4
@@ -76,7 +76,8 @@ def replica_blocks(text: str):
 
 def assert_summary(text: str, expected_lines):
     """A finished run of REPLICAS replicas; replica i shows exactly expected_lines(i)."""
-    assert re.search(rf"^{REPLICAS} replicas on CPU: {REPLICAS} done in \d+\.\d\d s$", text, re.M), text
+    assert re.search(rf"^{REPLICAS} replicas on CPU: {REPLICAS} done in \d+\.\d\d s$", text,
+                     re.M), text
     blocks = replica_blocks(text)
     assert sorted(blocks) == list(range(REPLICAS)), text
     for i in range(REPLICAS):
@@ -187,8 +188,8 @@ def test_failing_notebook_exits_nonzero_and_keeps_its_output(tmp_path, capsys):
 
     assert code != 0
     report = capsys.readouterr().out
-    assert re.search(r"^FAILED +broken\.ipynb .*\(cell 2 of 3: XlaSpawnError: 2 of 2 replicas failed "
-                     r"\(ValueError\)\)$", report, re.M), report
+    assert re.search(r"^FAILED +broken\.ipynb .*\(cell 2 of 3: XlaSpawnError: "
+                     r"2 of 2 replicas failed \(ValueError\)\)$", report, re.M), report
     executed = nbformat.read(out / "broken.ipynb", as_version=4)
     assert (out / "broken.html").exists()
     boom = cell(executed, "boom")

@@ -2,7 +2,11 @@
 
 import time
 
+import pytest
+
 from colab_xla.notebook.output_log import OutputLog
+
+pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
 
 CHUNK = "x" * (1 << 16)  # what the notebook reads from the pipe at a time
 

@@ -15,6 +15,9 @@ from colab_xla.notebook.outcome import RunObserver
 from colab_xla.wire import frames, ring
 
 
+pytestmark = [pytest.mark.stacks("colab", "kaggle")]
+
+
 class Channel:
     """A replica's frame pipe and output ring, as a test holds them: the pipe's ends, the
     ring's path, the writer (with ``use(size)`` its ring is made) and the readers opened
@@ -182,7 +185,8 @@ def test_a_replica_s_end_wakes_the_reader_even_while_it_does_not_ask(channel):
     assert _pipe_kinds(channel.pipe_r) == []
 
 
-def test_a_ring_without_room_for_its_pages_is_not_made_and_frames_go_to_the_pipe(channel, monkeypatch):
+def test_a_ring_without_room_for_its_pages_is_not_made_and_frames_go_to_the_pipe(channel,
+                                                                                monkeypatch):
     """On a full file system the ring's pages are refused at once (ENOSPC), not later as a
     SIGBUS at the print that touches one: the file is gone and the pipe carries the line."""
     def no_room(fd, offset, length):
@@ -219,7 +223,8 @@ def test_lines_appended_before_a_sigkill_are_all_read(channel):
     _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
     payloads = [f.payload for f in frames.FrameDecoder().feed(channel.reader().read())]
-    assert b"".join(payloads).decode() == "".join(f"line {i}\n" for i in range(5000)) + "a partial line"
+    expected = "".join(f"line {i}\n" for i in range(5000)) + "a partial line"
+    assert b"".join(payloads).decode() == expected
 
 
 def test_a_process_forked_from_a_ring_writer_writes_to_the_pipe(channel):
@@ -237,7 +242,8 @@ def test_a_process_forked_from_a_ring_writer_writes_to_the_pipe(channel):
     piped = frames.FrameDecoder().feed(os.read(channel.pipe_r, 1 << 16))
     assert [(f.ordinal, f.pid, f.payload) for f in piped] == [(1, pid, b"from the child\n")]
     ringed = frames.FrameDecoder().feed(reader.read())
-    assert [(f.ordinal, f.pid, f.payload) for f in ringed] == [(0, os.getpid(), b"from the parent\n")]
+    assert [(f.ordinal, f.pid, f.payload) for f in ringed] == [
+        (0, os.getpid(), b"from the parent\n")]
 
 
 @pytest.mark.xla

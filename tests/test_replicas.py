@@ -19,9 +19,10 @@ from colab_xla.runtimes import torch_xla as torch_xla_runtime
 from colab_xla.replica import execution as replica_execution
 from colab_xla.notebook.outcome import DONE, FAILED, XlaSpawnError
 
-pytestmark = [pytest.mark.xla, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.xla, pytest.mark.timeout(180), pytest.mark.stacks("colab", "kaggle")]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("n", [1, 4])
 def test_every_replica_runs_and_reports(n):
     outcome = run("""
@@ -94,6 +95,7 @@ def test_an_edited_cell_runs_the_new_code():
     assert first.results() == {0: "old"} and second.results() == {0: "new"}
 
 
+@pytest.mark.quick
 def test_xla_tensors_in_results_arrive_on_cpu():
     import torch
 
@@ -103,12 +105,15 @@ def test_xla_tensors_in_results_arrive_on_cpu():
         {"t": t, "nested": [t * 2], "param": torch.nn.Parameter(t + 1)}
         """, 2)
     for o, value in outcome.results().items():
-        assert value["t"].device.type == "cpu" and torch.equal(value["t"], torch.full((2,), float(o)))
+        assert value["t"].device.type == "cpu"
+        assert torch.equal(value["t"], torch.full((2,), float(o)))
         assert torch.equal(value["nested"][0], torch.full((2,), 2.0 * o))
-        assert isinstance(value["param"], torch.nn.Parameter) and value["param"].device.type == "cpu"
+        assert isinstance(value["param"], torch.nn.Parameter)
+        assert value["param"].device.type == "cpu"
     assert torch_xla_runtime.runtime_initialized() is False
 
 
+@pytest.mark.quick
 def test_one_replica_raising_fails_only_that_replica_with_the_cells_line():
     outcome = run("""
         print("before", index)
@@ -135,7 +140,8 @@ def test_same_error_on_every_replica_is_shown_once():
 def test_exit_status_zero_is_a_normal_end_and_nonzero_a_failure():
     outcome = run("import sys\nprint('leaving')\nsys.exit(3 if index else 0)", 2)
     assert outcome.replicas[0].state == DONE and outcome.replicas[0].text == "leaving"
-    assert outcome.replicas[1].error.kind == "exit" and "sys.exit(3)" in outcome.replicas[1].error.render()
+    assert outcome.replicas[1].error.kind == "exit"
+    assert "sys.exit(3)" in outcome.replicas[1].error.render()
 
 
 def test_a_dying_replica_process_is_reported_with_its_exit_code():
@@ -149,7 +155,8 @@ def test_a_value_that_cannot_be_pickled_fails_only_its_replica():
     outcome = run("import threading\nthreading.Lock() if index == 1 else index", 3)
     assert outcome.failed == [1]
     error = outcome.replicas[1].error
-    assert error.kind == "result" and "lock" in error.evalue and "could not be sent back" in error.evalue
+    assert error.kind == "result"
+    assert "lock" in error.evalue and "could not be sent back" in error.evalue
     assert outcome.results() == {0: 0, 2: 2}
 
 
@@ -175,6 +182,7 @@ def test_the_lock_is_there_only_for_a_cell_whose_text_names_it():
     assert outcome.results() == {0: True, 1: True}
 
 
+@pytest.mark.quick
 def test_no_process_of_a_run_outlives_it():
     outcome = run("import os\nos.getpid()", 2)
     pid = outcome.results()[0]
@@ -285,6 +293,7 @@ def test_a_c_level_piece_without_its_line_end_is_shown_when_the_run_ends():
     assert outcome.replicas[0].text == "Password for nothing: "
 
 
+@pytest.mark.quick
 def test_output_is_ordered_complete_and_unmixed_per_replica():
     outcome = run("""
         import sys
@@ -338,6 +347,7 @@ def test_a_replica_printing_then_raising_keeps_every_line():
 _PY = [sys.executable, "-u", "-c"]
 
 
+@pytest.mark.stacks("kaggle")
 def test_refuses_before_forking_when_the_runtime_is_already_initialized():
     script = textwrap.dedent("""
         import torch_xla, multiprocessing
@@ -386,6 +396,7 @@ def test_interrupt_kills_every_replica_process_and_returns_promptly(tmp_path):
     assert not any(psutil.pid_exists(p) for p in replica_pids)
 
 
+@pytest.mark.stacks()
 @pytest.mark.timeout(300)
 def test_eight_replicas_times_100k_lines_arrive_complete_in_order_with_bounded_memory():
     run("1", 8)  # warm: imports and the lock manager are not what is measured

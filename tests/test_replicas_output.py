@@ -11,7 +11,7 @@ import pytest
 from _runs import run  # tests/ is on sys.path
 
 
-pytestmark = [pytest.mark.xla, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.xla, pytest.mark.timeout(300), pytest.mark.stacks("colab", "kaggle")]
 
 
 def lines(outcome, ordinal, stream=None):
@@ -117,6 +117,7 @@ def test_tqdm_notebook_in_a_replica_is_the_text_bar():
             lines(outcome, o)
 
 
+@pytest.mark.stacks("kaggle")
 @pytest.mark.timeout(300)
 def test_master_print_reaches_the_replica_whatever_stdout_was_when_torch_xla_was_imported():
     # xm.master_print binds sys.stdout as its default when torch_xla is first imported: in a

@@ -24,6 +24,9 @@ from colab_xla.replica import runtime_clients as rc
 from test_jax_runtime import needs_jax  # tests/ is on sys.path
 
 
+pytestmark = [pytest.mark.stacks("colab", "kaggle")]
+
+
 @pytest.fixture
 def fresh(monkeypatch):
     """A process with no runtime client yet (the module's record and the variable)."""

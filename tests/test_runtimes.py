@@ -112,7 +112,8 @@ def test_runtimes_are_values_a_copy_is_the_same_runtime_and_prints_as_its_name()
     for runtime in runtimes.registered():
         assert copy.copy(runtime) == runtime and pickle.loads(pickle.dumps(runtime)) == runtime
         assert hash(copy.copy(runtime)) == hash(runtime)
-        assert str(runtime) == runtime.name and f"--runtime {runtime}" == f"--runtime {runtime.name}"
+        assert str(runtime) == runtime.name
+        assert f"--runtime {runtime}" == f"--runtime {runtime.name}"
     assert TORCH_XLA != JAX
     assert Launch(runtime="jax") == Launch(runtime=JAX) and Launch() == Launch(runtime="torch_xla")
     assert Launch().runtime is TORCH_XLA

@@ -31,6 +31,8 @@ from _kernel import wait_until_gone  # tests/ is on sys.path
 from test_magic import get_ipython
 
 
+pytestmark = [pytest.mark.stacks("colab", "kaggle")]
+
 # -- units ----------------------------------------------------------------------------------
 
 
@@ -428,7 +430,8 @@ def test_a_child_forked_from_the_notebook_ending_leaves_the_session_up(live):
 
 
 @pytest.mark.xla
-@pytest.mark.parametrize("n", [1, 2])  # 1: xmp.spawn's process pool; 2: a process each
+# 1: xmp.spawn's process pool; 2: a process each
+@pytest.mark.parametrize("n", [1, pytest.param(2, marks=pytest.mark.stacks())])
 def test_a_script_that_leaves_its_session_up_ends_on_its_own_and_leaves_nothing(n):
     """The interpreter's exit waits for the replicas' processes (concurrent.futures joins
     xmp.spawn's pool, multiprocessing its children), and a replica waits to be told to

@@ -10,7 +10,7 @@ import pytest
 from _kernel import Kernel, wait_until_gone  # tests/ is on sys.path
 from test_faults import wait_for_files
 
-pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(300), pytest.mark.stacks("colab")]
 
 
 def session_pids(reply_text: str):

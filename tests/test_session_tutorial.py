@@ -117,7 +117,8 @@ def test_replicas_keep_what_a_cell_defined_and_training_continues(session_nb):
         # the second cell starts from the model the first one left: below its last loss
         assert again[0] < losses[-1], (i, losses, again)
     assert len({losses[0] for losses, _, _ in first.values()}) > 1  # each replica its own batch
-    assert text_of(cell(session_nb, "inspect")).splitlines()[1] == "loss fell on every replica: True"
+    assert text_of(cell(session_nb, "inspect")).splitlines()[1] == \
+        "loss fell on every replica: True"
     assert text_of(cell(session_nb, "inspect-again")).splitlines()[1] == \
         "lower than after the first training cell on every replica: True"
 

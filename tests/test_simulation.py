@@ -10,7 +10,7 @@ import pytest
 
 from _runs import run
 
-pytestmark = [pytest.mark.xla, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.xla, pytest.mark.timeout(300), pytest.mark.stacks("colab", "kaggle")]
 
 IDENTITY = '''
 import os, torch_xla, torch_xla.runtime as xr, torch_xla.core.xla_model as xm
@@ -23,7 +23,8 @@ import os, torch_xla, torch_xla.runtime as xr, torch_xla.core.xla_model as xm
 
 def _ok(outcome):
     assert outcome.ok, ({o: r.error.render() for o, r in outcome.replicas.items() if r.error},
-                        {label: log.tail_text()[-4000:] for label, log in outcome.processes.items()})
+                        {label: log.tail_text()[-4000:]
+                         for label, log in outcome.processes.items()})
     return outcome.results()
 
 
@@ -137,7 +138,8 @@ def test_apis_torch_xla_2_removed_name_their_replacement_in_the_replica():
                                     "torch_xla 2.x: use torch_xla.runtime.world_size() instead")
         # the deprecation warning is shown once, where the cell called it
         log = rep.log.tail_text()
-        assert "Cell In[5], line 3: DeprecationWarning: Use torch_xla.device instead" in log  # as a traceback numbers it (line 1: %%xla_spawn)
+        # line 3 as a traceback numbers it (line 1: %%xla_spawn)
+        assert "Cell In[5], line 3: DeprecationWarning: Use torch_xla.device instead" in log
     outcome = run("import torch_xla.core.xla_model as xm\nxm.get_ordinal()", 1)
     assert "use torch_xla.runtime.global_ordinal() instead" in outcome.replicas[0].error.evalue
     outcome = run("import torch_xla.core.xla_model as xm\nxm.no_such_thing", 1)

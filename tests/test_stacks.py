@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.stacks("colab", "kaggle")]
+
 REPO = Path(__file__).resolve().parent.parent
 STACK = os.environ.get("COLAB_XLA_STACK", "")  # set by scripts/test for .venv-NAME
 

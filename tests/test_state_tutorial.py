@@ -15,7 +15,7 @@ import pytest
 import run_notebooks  # tools/ is on sys.path (conftest.py)
 from test_notebooks import assert_every_cell_ran, cell, replica_blocks, text_of  # noqa: E402
 
-pytestmark = [pytest.mark.notebook, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.notebook, pytest.mark.timeout(600), pytest.mark.stacks("colab")]
 
 STATE = run_notebooks.NOTEBOOKS_DIR / "05-state-and-start-methods.ipynb"
 REPLICAS = 4
@@ -72,7 +72,8 @@ def test_forkserver_replicas_use_notebook_names_and_run_outside_the_notebook(sta
 
 def test_a_name_that_cannot_be_sent_is_named_and_nothing_runs(state):
     shown = text_of(cell(state, "unsendable-run"))
-    assert re.search(r"^UsageError: --start-method forkserver .* guard \(lock\): TypeError", shown, re.M)
+    assert re.search(r"^UsageError: --start-method forkserver .* guard \(lock\): TypeError",
+                     shown, re.M)
     assert "Fix: Create the object inside the cell, or use --start-method fork" in shown
     assert "── replica" not in shown
 

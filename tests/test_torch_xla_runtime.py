@@ -61,7 +61,8 @@ def test_cpu_plan_honours_n_and_cpu_num_devices_and_explicit_device():
     assert plan.note is None  # the user chose CPU: nothing to announce
     mine = Hardware(pjrt_device="CPU", xla_thread_pool_size="3", param_aliasing="1")
     env = plan_replicas(4, mine, "threads").env
-    assert "XLA_THREAD_POOL_SIZE" not in env and "XLA_ENABLE_PARAM_ALIASING" not in env  # the user's stay
+    # the user's stay
+    assert "XLA_THREAD_POOL_SIZE" not in env and "XLA_ENABLE_PARAM_ALIASING" not in env
     assert "XLA_ENABLE_PARAM_ALIASING" not in plan_replicas(1, hw).env  # nothing to simulate
 
 

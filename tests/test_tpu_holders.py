@@ -14,6 +14,8 @@ from colab_xla.notebook.targets import one_off
 from colab_xla.notebook.tpu_holders import Holder, Scan
 from colab_xla.wire.cell import Cell
 
+pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
+
 # --- a fake /proc ----------------------------------------------------------------------------
 
 
@@ -325,7 +327,8 @@ def test_the_magic_says_who_holds_the_tpu(monkeypatch, private_state, capsys):
     finally:
         ip.run_line_magic("unload_ext", "colab_xla")
     assert isinstance(result.error_in_exec, UsageError)
-    assert "The TPU is in use" in str(result.error_in_exec) and "pid 4242" in str(result.error_in_exec)
+    assert "The TPU is in use" in str(result.error_in_exec)
+    assert "pid 4242" in str(result.error_in_exec)
 
 
 def test_doctor_says_who_holds_the_tpu_and_the_problem_on_a_tpu(monkeypatch, private_state):

@@ -27,6 +27,8 @@ from colab_xla.runtimes.torch_xla import UnsupportedTpuError, plan_replicas
 from colab_xla.notebook.launch import replica_environ
 from colab_xla.wire.cell import Cell
 
+pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
+
 HOSTS = {p.stem: json.loads(p.read_text())
          for p in sorted((Path(__file__).parent / "tpu_hosts").glob("*.json"))}
 _PCI = "/sys/bus/pci/devices"

@@ -91,6 +91,7 @@ def wrong(tmp_path_factory):
 # --- both notebooks ------------------------------------------------------------------------
 
 
+@pytest.mark.stacks("colab")
 @pytest.mark.parametrize("path", [DEVICES, WRONG] + [
     run_notebooks.NOTEBOOKS_DIR / name
     for name in ("03-mnist-every-replica.ipynb", "06-warm-session.ipynb", "07-pod-slice.ipynb",
@@ -109,7 +110,8 @@ def test_saved_clean_with_stable_ids(path):
 
 @pytest.mark.parametrize("name, expected_raising", [
     ("devices", set()),
-    ("wrong", {"raise", "rendezvous", "timeout", "partial"}),
+    pytest.param("wrong", {"raise", "rendezvous", "timeout", "partial"},
+                 marks=pytest.mark.stacks("colab")),
 ])
 def test_only_tagged_cells_raise_and_they_do(name, expected_raising, request):
     nb, _, ipynb_path = request.getfixturevalue(name)
@@ -157,7 +159,8 @@ def test_lock_keeps_each_replicas_lines_together_in_a_shared_file(devices):
         m = re.fullmatch(r"replica (\d): begin", written[k])
         assert m, written
         i = m.group(1)
-        assert written[k:k + 3] == [f"replica {i}: {p}" for p in ("begin", "middle", "end")], written
+        assert written[k:k + 3] == [f"replica {i}: {p}"
+                                    for p in ("begin", "middle", "end")], written
         order.append(int(i))
     assert sorted(order) == list(range(REPLICAS)), written
 
@@ -197,6 +200,7 @@ def test_guard_refuses_when_the_runtime_is_initialized_first(devices):
 # --- 04: when things go wrong ----------------------------------------------------------------
 
 
+@pytest.mark.stacks("colab")
 def test_replica_errors_are_grouped_with_their_replicas(wrong):
     nb = wrong[0]
     c = cell(nb, "raise")
@@ -208,7 +212,8 @@ def test_replica_errors_are_grouped_with_their_replicas(wrong):
     assert blocks[3][1] == ["replica 3 starts", "ValueError: replica 3 found a bad batch"]
     error, shown = the_error(c)
     assert error["ename"] == "XlaSpawnError"
-    assert error["evalue"].startswith("3 of 4 replicas failed (ValueError, ZeroDivisionError)"), error["evalue"]
+    assert error["evalue"].startswith(
+        "3 of 4 replicas failed (ValueError, ZeroDivisionError)"), error["evalue"]
     # each distinct traceback once, headed by its replicas, with the cell's own lines
     assert shown.count("ZeroDivisionError: division by zero") == 1, shown
     assert re.search(r"\[replicas 0, 2\]\nTraceback.*\n.*Cell In\[\d+\], line 5", shown), shown
@@ -218,6 +223,7 @@ def test_replica_errors_are_grouped_with_their_replicas(wrong):
         "states: {0: 'failed', 1: 'done', 2: 'failed', 3: 'failed'}"]
 
 
+@pytest.mark.stacks("colab")
 def test_replicas_waiting_in_rendezvous_are_stopped_soon_after_a_failure(wrong):
     nb, html_path, _ = wrong
     c = cell(nb, "rendezvous")
@@ -232,19 +238,23 @@ def test_replicas_waiting_in_rendezvous_are_stopped_soon_after_a_failure(wrong):
         assert blocks[i][1] == [
             f"replica {i}: epoch 1 trained",
             "Stopped: stopped 3 s after replica 1 failed (RuntimeError); "
-            f"last output: 'replica {i}: epoch 1 trained'; last xm.rendezvous: 'epoch-end'"], blocks[i]
+            f"last output: 'replica {i}: epoch 1 trained'; "
+            "last xm.rendezvous: 'epoch-end'"], blocks[i]
     error, shown = the_error(c)
     assert error["ename"] == "XlaSpawnError"
-    assert error["evalue"].startswith("1 of 4 replicas failed (RuntimeError); 3 were stopped (Stopped)"), error["evalue"]
+    assert error["evalue"].startswith(
+        "1 of 4 replicas failed (RuntimeError); 3 were stopped (Stopped)"), error["evalue"]
     assert re.search(r"\[replica 1\]\nTraceback.*\n.*Cell In\[\d+\], line 6", shown), shown
     assert "epoch 2 started" not in text_of(c) + shown
     assert "last xm.rendezvous: 'epoch-end'" in visible_html(html_path)
 
 
+@pytest.mark.stacks("colab")
 def test_timeout_stops_a_hang(wrong):
     nb = wrong[0]
     c = cell(nb, "timeout")
-    blocks, took = summary(text_of(c), f"{REPLICAS} stopped", {i: "stopped" for i in range(REPLICAS)})
+    blocks, took = summary(text_of(c), f"{REPLICAS} stopped",
+                           {i: "stopped" for i in range(REPLICAS)})
     # The --timeout counts from a few file operations (the run's log directory and record)
     # before the clock of T starts: 0.5 s is room for those under load, not an early stop.
     # That the timeout ended the run, not a hang, is the "Timeout:" lines below.
@@ -258,6 +268,7 @@ def test_timeout_stops_a_hang(wrong):
     assert error["evalue"].startswith("4 of 4 replicas were stopped (Timeout)"), error["evalue"]
 
 
+@pytest.mark.stacks("colab")
 def test_good_replicas_results_survive_a_failure(wrong):
     nb = wrong[0]
     c = cell(nb, "partial")
@@ -272,6 +283,7 @@ def test_good_replicas_results_survive_a_failure(wrong):
         "scores: {0: 0.0, 1: 10.0, 2: 20.0}", "failed: [3]"]
 
 
+@pytest.mark.stacks("colab")
 def test_a_run_after_the_failures_works_together(wrong):
     nb = wrong[0]
     blocks, _ = summary(text_of(cell(nb, "rerun")), f"{REPLICAS} done")
@@ -280,6 +292,7 @@ def test_a_run_after_the_failures_works_together(wrong):
     assert text_of(cell(nb, "rerun-nb")).strip() == "{0: 10.0, 1: 10.0, 2: 10.0, 3: 10.0}"
 
 
+@pytest.mark.stacks("colab")
 def test_doctor_reports_a_healthy_notebook(wrong):
     nb = wrong[0]
     shown = text_of(cell(nb, "doctor"))

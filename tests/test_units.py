@@ -20,6 +20,8 @@ from colab_xla.notebook.outcome import (DONE, FAILED, ReplicaOutcome, RunOutcome
 from colab_xla.wire.job import ReplicaJob
 from colab_xla.wire.reports import ReplicaError
 
+pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
+
 # --- cell to module ----------------------------------------------------------------------
 
 
@@ -37,7 +39,8 @@ def test_cell_line_numbers_are_the_notebook_lines(tmp_path):
     cell = CellModule.create(Cell("a = 1\nb = 2\nc = 1 / 0\n"), str(tmp_path))
     with pytest.raises(ZeroDivisionError) as info:
         exec(cell.body, {})
-    assert info.tb.tb_next.tb_lineno == 4 and info.tb.tb_next.tb_frame.f_code.co_filename == cell.path
+    assert info.tb.tb_next.tb_lineno == 4
+    assert info.tb.tb_next.tb_frame.f_code.co_filename == cell.path
 
 
 def test_last_expression_is_the_result_and_semicolon_hides_it(tmp_path):
@@ -204,7 +207,8 @@ def test_spawn_error_limits_the_tracebacks_it_draws():
     assert "2 more distinct errors on replicas 4-5" in text
 
 
-@pytest.mark.parametrize("ordinals, text", [([], ""), ([3], "3"), ([0, 1, 2, 5, 7, 8], "0-2, 5, 7-8"),
+@pytest.mark.parametrize("ordinals, text", [([], ""), ([3], "3"),
+                                            ([0, 1, 2, 5, 7, 8], "0-2, 5, 7-8"),
                                             ([2, 1, 1], "1-2")])
 def test_format_ordinals(ordinals, text):
     assert format_ordinals(ordinals) == text
@@ -528,7 +532,8 @@ def test_a_launch_that_starts_no_replica_is_reported_with_its_cause():
 
     outcome = RunOutcome("NEURON", elapsed=0.1, launch_error=ReplicaError(
         "launch", "ModuleNotFoundError", "No module named 'libneuronxla'",
-        "Traceback (most recent call last):\nModuleNotFoundError: No module named 'libneuronxla'\n"))
+        "Traceback (most recent call last):\n"
+        "ModuleNotFoundError: No module named 'libneuronxla'\n"))
     assert not outcome.ok
     error = str(XlaSpawnError(outcome))
     assert error.startswith("the replicas could not be started (ModuleNotFoundError: No module "
@@ -543,7 +548,8 @@ from colab_xla.notebook.options import LineError, split_line  # noqa: E402
 
 
 @pytest.mark.parametrize("line, argv", [
-    ('--env XLA_FLAGS="--xla_a --xla_b=1" -n 2', ["--env", "XLA_FLAGS=--xla_a --xla_b=1", "-n", "2"]),
+    ('--env XLA_FLAGS="--xla_a --xla_b=1" -n 2',
+     ["--env", "XLA_FLAGS=--xla_a --xla_b=1", "-n", "2"]),
     ("--env 'A=x y'", ["--env", "A=x y"]),
     ("--env A=it\\'s --env B='\"q\"'", ["--env", "A=it's", "--env", 'B="q"']),
     ("--env A=#1 --cache ''", ["--env", "A=#1", "--cache", ""]),  # "#" is text; '' is empty

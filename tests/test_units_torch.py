@@ -13,6 +13,9 @@ from colab_xla.wire import shared_tensors, values
 torch = pytest.importorskip("torch")
 
 
+pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
+
+
 def test_pack_value_keeps_nested_cpu_tensors():
     value = {"w": [torch.arange(3.0)], "n": 2}
     back = pickle.loads(values.pack_value(value))

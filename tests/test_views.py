@@ -10,6 +10,9 @@ from colab_xla.notebook.outcome import ReplicaOutcome, RunOutcome
 from colab_xla.notebook.outcome import RunObserver
 
 
+pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
+
+
 def finished_outcome():
     outcome = RunOutcome("CPU", {0: ReplicaOutcome(0, "done", elapsed=0.5, value_repr="7")})
     outcome.replicas[0].log.write("stdout", "epoch 1\nepoch 2\n")
