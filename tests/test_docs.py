@@ -13,6 +13,9 @@ import pytest
 import option_tables  # tools/, on sys.path through conftest.py
 from colab_xla.notebook.magics import XlaMagics
 
+# The parsers are IPython's magic_arguments: 7.34's in the colab stack.
+pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab")]
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = option_tables.pages(ROOT)
 README_LIMIT = 15 * 1024  # bytes: the README is the product's front page, the docs the rest

@@ -25,6 +25,8 @@ from typing import Dict, List, Set, Tuple
 
 import pytest
 
+pytestmark = [pytest.mark.quick]  # the source read: the same on every stack
+
 PACKAGE = Path(__file__).resolve().parents[1] / "colab_xla"
 
 

@@ -21,6 +21,8 @@ from colab_xla.runtimes import jax as jax_runtime, torch_xla as torch_xla_runtim
 from colab_xla.runtimes.base import Runtime
 from colab_xla.runtimes.plan import Hardware
 
+pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
+
 TORCH_XLA, JAX = torch_xla_runtime.RUNTIME, jax_runtime.RUNTIME
 INTERFACE = sorted(Runtime.__abstractmethods__)
 

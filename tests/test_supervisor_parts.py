@@ -19,6 +19,8 @@ from colab_xla.notebook.pipes import STARTUP, RunPipes
 from colab_xla.wire import frames, ring
 from colab_xla.wire.reports import ReplicaError
 
+pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
+
 # --- when a run is cut --------------------------------------------------------------------
 
 

@@ -26,6 +26,8 @@ from colab_xla.notebook.targets.session import (Session, SessionError, SessionOp
                                                 SessionReplica)
 from colab_xla.wire.cell import Cell, CellModule
 
+pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
+
 
 # -- stand-ins ---------------------------------------------------------------------------------
 

@@ -13,6 +13,8 @@ from colab_xla.runtimes import torch_xla as torch_xla_runtime
 from colab_xla.runtimes.plan import DeviceMissing, Hardware, ReplicaCountError
 from colab_xla.runtimes.torch_xla import plan_replicas
 
+pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
+
 # --- replica plan ------------------------------------------------------------------------
 
 
