@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from colab_xla.errors import OptionError
-from colab_xla.notebook import cluster, hardware, targets, torch_xla_import
+from colab_xla.notebook import cluster, targets, torch_xla_import
 from colab_xla.notebook.defaults import Defaults
 from colab_xla.notebook.launch import Launch
 from colab_xla.notebook.outcome import RunOutcome
@@ -24,6 +24,7 @@ from colab_xla.notebook.targets.cluster_session import ClusterSession
 from colab_xla.notebook.targets.one_off import OneOff
 from colab_xla.notebook.targets.session import (Session, SessionError, SessionOptions,
                                                 SessionReplica)
+from colab_xla.runtimes.plan import ReplicaPlan
 from colab_xla.wire.cell import Cell, CellModule
 
 pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
@@ -34,7 +35,7 @@ pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
 
 def a_session(tmp_path, replicas=2, launch=Launch(), **options) -> Session:
     """A session as one that started ``replicas`` CPU replicas would be (none runs)."""
-    plan = hardware.ReplicaPlan("CPU", replicas, processes=replicas, simulation="processes")
+    plan = ReplicaPlan("CPU", replicas, processes=replicas, simulation="processes")
     session = Session(SessionOptions(replicas=replicas, launch=launch, **options), plan,
                       str(tmp_path))
     session.replicas = {i: SessionReplica(i, 1000 + i, i) for i in range(replicas)}

@@ -20,10 +20,9 @@ import re
 from typing import Mapping, Optional, Tuple
 
 from . import tpu_scan
-# (ReplicaPlan: named here for the modules that annotate with hardware.ReplicaPlan.)
-from ..runtimes.plan import DEVICE_FILES, Hardware, ReplicaPlan, device_type
+from ..runtimes.plan import DEVICE_FILES, Hardware, device_type
 
-__all__ = ["detect", "device_files", "Hardware", "ReplicaPlan"]
+__all__ = ["detect", "device_files", "Hardware"]
 
 
 def detect(environ: Mapping[str, str] = os.environ) -> Hardware:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import threading
 from typing import List
 
-from . import hardware, processes
+from . import processes
 from .launch import Launch, environ, run_replica, start
 from ..wire.job import ReplicaJob
+from ..runtimes.plan import ReplicaPlan
 
 # After a kill, how long to wait for the driver thread to see its pool broken.
 _DRIVER_JOIN_SECONDS = 5.0
@@ -62,7 +63,7 @@ class FreshReplicas(Replicas):
     """A one-off run's replicas: started by :func:`colab_xla.notebook.launch.start` for the run,
     every process of it killed when it ends."""
 
-    def __init__(self, run_id: str, launch: Launch, plan: hardware.ReplicaPlan):
+    def __init__(self, run_id: str, launch: Launch, plan: ReplicaPlan):
         self.launch, self.plan = launch, plan
         self.inherit = launch.start_method == "fork"
         self.processes = processes.RunProcesses(run_id)

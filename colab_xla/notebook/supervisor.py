@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any, Dict, Optional, Tuple
 
-from . import draw_pacing, endings, hardware, interrupts, shared_lock, state
+from . import draw_pacing, endings, interrupts, shared_lock, state
 from ..wire.cell import CellModule
 from .deadlines import Deadlines
 from .draw_pacing import DrawPacer
@@ -38,6 +38,7 @@ from .pipes import STARTUP, STARTUP_LABEL, RunPipes
 from .replicas import FreshReplicas, Replicas
 from ..wire.job import ReplicaJob
 from ..wire import frames, shared_tensors, values
+from ..runtimes.plan import ReplicaPlan
 
 @dataclasses.dataclass(frozen=True)
 class RunRequest:
@@ -62,7 +63,7 @@ class Supervisor:
     they send until they end (or the run is cut), settle every replica in the outcome, and
     leave nothing running. Call :meth:`run` once."""
 
-    def __init__(self, options: RunRequest, plan: hardware.ReplicaPlan, run_dir: str,
+    def __init__(self, options: RunRequest, plan: ReplicaPlan, run_dir: str,
                  user_ns: Dict[str, Any], observer: RunObserver, timeout: Optional[float],
                  replicas: Optional[Replicas] = None):
         self.options, self.cell = options, options.cell

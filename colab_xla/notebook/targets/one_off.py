@@ -38,6 +38,7 @@ from ..request import CellRequest, LaunchAsked
 from ..supervisor import RunRequest, Supervisor
 from ...wire import names
 from .target import Target
+from ...runtimes.plan import ReplicaPlan
 
 
 def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[Mapping] = None,
@@ -111,14 +112,14 @@ class OneOff(Target):
         run_dir = state.new_work_dir("run-")
         try:
             module = CellModule.create(cell, run_dir)
-            plan, notes = _planned(cell, replicas=request.replicas, launch=launch, env=env,
+            plan, notes = planned(cell, replicas=request.replicas, launch=launch, env=env,
                                   simulate=simulate, pull_from=request.pull_from,
                                   defaults=defaults)
             sent_names = None
             if launch.start_method != "fork":
                 sent_names = names.pack(names.used_names(cell, user_ns), user_ns,
                                         launch.start_method)
-            parent_pid = _say_notes(plan, launch, notes, request.announce)
+            parent_pid = say_notes(plan, launch, notes, request.announce)
             run = RunRequest(launch, parent_pid, module, sent_names, cache_dir, request.pull,
                              request.pull_from, request.hosted)
             return Supervisor(run, plan, run_dir, user_ns, observer or RunObserver(),
@@ -130,8 +131,8 @@ class OneOff(Target):
         return "colab_xla: a one-off run on this machine (replicas of the cell's own)."
 
 
-def _planned(cell: Optional[Cell], *, replicas, launch: Launch, env, simulate,
-            pull_from, defaults: Defaults) -> Tuple[hardware.ReplicaPlan, list]:
+def planned(cell: Optional[Cell], *, replicas, launch: Launch, env, simulate,
+            pull_from, defaults: Defaults) -> Tuple[ReplicaPlan, list]:
     """The plan for ``cell`` (device, replica count, processes, and every variable the
     replicas get, ``env`` included), with what would fail refused: the plan, and the
     problems to note. (None: a session's, before its first cell.)"""
@@ -155,17 +156,17 @@ def _planned(cell: Optional[Cell], *, replicas, launch: Launch, env, simulate,
     return dataclasses.replace(plan, env=changes), problems["notes"]
 
 
-def _say_notes(plan: hardware.ReplicaPlan, launch: Launch, problems, announce) -> int:
+def say_notes(plan: ReplicaPlan, launch: Launch, problems, announce) -> int:
     """Say what a person should know before the replicas start (once per notebook
     process; leftover processes on every run), warming the forkserver if it is used.
     Return the replica processes' parent pid: this process's, or the forkserver's."""
-    notes = [_once(plan.note), _once(_start_note(launch))]
+    notes = [said_once(plan.note), said_once(_start_note(launch))]
     parent_pid = os.getpid()  # of the replica processes (each checks it)
     if launch.start_method == "forkserver":
         parent_pid, started = warm_forkserver()
         if started:
             notes.append(FORKSERVER_STARTING)
-    notes += [_once(f"colab_xla: {p.message} {p.fix}") for p in problems]
+    notes += [said_once(f"colab_xla: {p.message} {p.fix}") for p in problems]
     leftovers = preflight.leftovers_problem(processes.leftovers())
     if leftovers:  # said on every run until they are gone
         notes.append(f"colab_xla: {leftovers.message} {leftovers.fix}")
@@ -191,7 +192,7 @@ FORKSERVER_STARTING = ("colab_xla: starting the forkserver: it imports torch and
                        "it warm.")
 
 
-def _once(note: Optional[str]) -> Optional[str]:
+def said_once(note: Optional[str]) -> Optional[str]:
     """``note`` the first time this notebook process sees it, else None."""
     if note is None or note in _said:
         return None

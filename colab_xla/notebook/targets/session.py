@@ -45,7 +45,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import psutil
 
-from .. import hardware, options, preflight, processes, state
+from .. import options, preflight, processes, state
 from ... import runtimes
 from ..defaults import Defaults
 from ..endings import describe_exit
@@ -59,11 +59,12 @@ from ..request import CellRequest, SessionRequest
 from ..supervisor import RunRequest, Supervisor
 from ...wire import frames, names
 from .known_names import KnownNames
-from .one_off import _once, _planned, _say_notes
+from .one_off import said_once, planned, say_notes
 from .session_commands import CommandPipes
 from .session_exit import stop_at_exit
 from .session_replicas import INTERRUPT_GRACE_SECONDS, KILL_SECONDS, SessionReplicas
 from .target import REPLICA_OPTIONS, Target
+from ...runtimes.plan import ReplicaPlan
 
 # How long the replicas may take to start (import torch_xla, start the runtime).
 START_TIMEOUT_SECONDS = 300.0
@@ -118,7 +119,7 @@ class Session(Target):
 
     own_options = REPLICA_OPTIONS
 
-    def __init__(self, opts: SessionOptions, plan: hardware.ReplicaPlan, directory: str):
+    def __init__(self, opts: SessionOptions, plan: ReplicaPlan, directory: str):
         self.options, self.plan, self.directory = opts, plan, directory
         self.id = "session-" + secrets.token_hex(6)
         self.processes = processes.RunProcesses(self.id)
@@ -143,7 +144,7 @@ class Session(Target):
     # -- start and stop ---------------------------------------------------------------------
 
     @classmethod
-    def start(cls, opts: SessionOptions, plan: hardware.ReplicaPlan, parent_pid: int,
+    def start(cls, opts: SessionOptions, plan: ReplicaPlan, parent_pid: int,
               cache_dir: Optional[str], user_ns: Mapping[str, Any]) -> "Session":
         """Start the replicas ``plan`` says (``parent_pid``: the replica processes'
         parent, this process or the forkserver; ``cache_dir`` checked) and wait until every
@@ -340,7 +341,7 @@ class Session(Target):
             for problem in problems["fatal"]:
                 raise preflight.refusal(problem)
             for problem in problems["notes"]:
-                note = _once(f"colab_xla: {problem.message} {problem.fix}")
+                note = said_once(f"colab_xla: {problem.message} {problem.fix}")
                 if note and request.announce:
                     request.announce(note)
             if request.hosted is None:
@@ -501,9 +502,9 @@ def new_session(opts: SessionOptions, user_ns: Mapping, announce=print,
     cache_dir = options.check_run(replicas=opts.replicas, timeout=None, env=dict(opts.env),
                                   pull=(), pull_from=None, cache_dir=opts.cache_dir,
                                   launch=launch, simulate=simulate)
-    plan, notes = _planned(None, replicas=opts.replicas, launch=launch, env=dict(opts.env),
+    plan, notes = planned(None, replicas=opts.replicas, launch=launch, env=dict(opts.env),
                           simulate=simulate, pull_from=None, defaults=defaults)
-    parent_pid = _say_notes(plan, launch, notes, announce)
+    parent_pid = say_notes(plan, launch, notes, announce)
     session = Session.start(opts, plan, parent_pid, cache_dir, user_ns)
     session.start_seconds = time.monotonic() - began
     return session
