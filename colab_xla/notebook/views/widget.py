@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import html
+import itertools
 import time
 from typing import Deque, Dict, List, Optional, Tuple
 
@@ -35,6 +36,12 @@ from ..output_log import shorten
 COMBINED_LINES = 400
 # Look back this far for the same line from other replicas (merged into one row).
 _MERGE_WINDOW = 64
+# Lines that came since the last draw and wait for it: the read loop only appends them
+# (output() costs nothing per line, so the view never slows the reading of replicas, nor
+# them), the draw merges them into rows. Enough for the combined tab's rows when up to 8
+# replicas print the same lines; a flood beyond that leaves a row saying how many lines the
+# tab skipped (each replica's tab has its own latest lines, the logs all of them).
+PENDING_LINES = COMBINED_LINES * 8 + _MERGE_WINDOW
 # Runs whose widgets stay live. A closed widget's model leaves the kernel and the frontend,
 # and with it the saved notebook's widget state; so the newest runs keep theirs (a Run All
 # of a notebook with a few %%xla_spawn cells saves every one of them live), and an older
@@ -112,7 +119,8 @@ class WidgetView(RunObserver):
         self._made: List[widgets.Widget] = []
         self._drawn: Dict[int, tuple] = {}
         self._lines: Deque[list] = collections.deque(maxlen=COMBINED_LINES)  # [text, {sources}]
-        self._combined_dirty = False
+        self._pending: Deque[tuple] = collections.deque(maxlen=PENDING_LINES)  # (origin, line)
+        self._skipped = 0  # lines that left _pending undrawn (a flood between two draws)
         self._started = time.monotonic()
         self._handle = None
 
@@ -133,26 +141,43 @@ class WidgetView(RunObserver):
     # replicas that started by then: one change of the Tab's children, not one per replica.
 
     def output(self, outcome: RunOutcome, origin, lines: List[str]) -> None:
-        recent = list(self._lines)[-_MERGE_WINDOW:]
-        for line in map(shorten, lines):
+        # Called by the read loop for every piece of output: only kept for the next draw.
+        self._skipped += max(0, len(self._pending) + len(lines) - PENDING_LINES)
+        self._pending.extend(zip(itertools.repeat(origin), lines))
+
+    def _merge_pending(self) -> bool:
+        """The lines that came since the last draw, as the combined tab's rows: a line that
+        another replica printed among the last :data:`_MERGE_WINDOW` rows joins that row.
+        Whether any came."""
+        if not self._pending:
+            return False
+        if self._skipped:
+            self._lines.append([f"... {self._skipped} lines not shown here (each replica's "
+                                "tab has its latest lines, its log all of them)", None])
+            self._skipped = 0
+        recent: Deque[list] = collections.deque(
+            itertools.islice(reversed(self._lines), _MERGE_WINDOW), maxlen=_MERGE_WINDOW)
+        recent.reverse()
+        for origin, line in self._pending:
+            line = shorten(line)
             for entry in reversed(recent):
-                if entry[0] == line and origin not in entry[1]:
+                if entry[0] == line and entry[1] is not None and origin not in entry[1]:
                     entry[1].add(origin)
                     break
             else:
                 entry = [line, {origin}]
                 self._lines.append(entry)
                 recent.append(entry)
-        self._combined_dirty = True
+        self._pending.clear()
+        return True
 
     def tick(self, outcome: RunOutcome) -> None:
         self._draw_header(outcome)
         self._ensure_tabs(outcome)
         for ordinal in sorted(outcome.replicas):
             self._draw_replica(outcome, ordinal)
-        if self._combined_dirty:
+        if self._merge_pending():
             self.combined.outputs = (_stream("\n".join(self._combined_rows(outcome)) + "\n"),)
-            self._combined_dirty = False
         self._draw_titles(outcome)
         if self._handle is None and outcome.elapsed is None:
             self._display({"text/plain": LIVE_TEXT})
@@ -283,9 +308,13 @@ class WidgetView(RunObserver):
             self.tabs._titles = {str(i): title for i, title in enumerate(titles)}
 
     def _combined_rows(self, outcome: RunOutcome) -> List[str]:
+        self._merge_pending()
         n = len(outcome.replicas)
         rows = []
         for text, sources in self._lines:
+            if sources is None:  # the note of a flood's skipped lines
+                rows.append(text)
+                continue
             ordinals = [s for s in sources if isinstance(s, int)]
             if len(sources) > 1 and len(ordinals) == len(sources):
                 label = (f"all {n}" if len(ordinals) == n and n > 1
