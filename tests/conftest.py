@@ -45,7 +45,23 @@ def pytest_configure(config):
         raise pytest.UsageError(f"--users-stack {name}: no stacks/{name}.txt (stacks: {known})")
 
 
+# --- running in parallel (pytest-xdist, as scripts/test runs every env) ----------------------
+# Each module's tests run in one worker (its module-scoped fixtures are made once), but the
+# modules that start a local Ray cluster share one worker: two clusters starting at once on
+# two cores time out (and Ray's dashboard port is one per machine).
+RAY_MODULES = {"test_cluster", "test_cluster_faults", "test_cluster_tpu", "test_cluster_tutorial",
+               "test_bench"}
+
+
+def _group_for_workers(items) -> None:
+    for item in items:
+        module = item.path.stem
+        item.add_marker(pytest.mark.xdist_group("ray" if module in RAY_MODULES else module))
+
+
 def pytest_collection_modifyitems(config, items):
+    if config.pluginmanager.hasplugin("xdist"):
+        _group_for_workers(items)
     name = config.getoption("--users-stack")
     if not name:
         return

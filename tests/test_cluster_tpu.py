@@ -134,9 +134,15 @@ def _connect(keeper: Keeper, **kw):
     return Cluster.connect(keeper.address, announce=None, **kw)
 
 
-def _assert_left_ray(ray, keeper: Keeper) -> None:
-    assert not ray.is_initialized()  # a refused connect leaves Ray as it found it
-    assert [p for p in psutil.Process().children() if p.pid != keeper.proc.pid] == []
+def _children() -> set:
+    return {(p.pid, p.create_time()) for p in psutil.Process().children()}
+
+
+def _assert_left_ray(ray, before: set) -> None:
+    """A refused connect leaves Ray as it found it, and no process of its own (``before``:
+    this process's children before it; earlier tests' may still be there)."""
+    assert not ray.is_initialized()
+    assert _children() - before == set()
 
 
 @pytest.mark.timeout(300)
@@ -145,6 +151,7 @@ def test_a_slice_is_refused_clearly_when_no_node_is_a_tpu_host(keeper):
 
     # First in this module: the cluster has its head only (no TPU hosts yet).
     assert keeper.workers is None, "run this test before the TPU hosts are added"
+    before = _children()
     with pytest.raises(ClusterError) as refused:
         _connect(keeper)
     assert str(refused.value) == (
@@ -153,7 +160,7 @@ def test_a_slice_is_refused_clearly_when_no_node_is_a_tpu_host(keeper):
         "ADDRESS --hosts H -n N.")
     with pytest.raises(ClusterError, match="^this Ray cluster has no TPU slice"):
         _connect(keeper, slice_name=SLICE)  # asked by name: the same answer
-    _assert_left_ray(ray, keeper)
+    _assert_left_ray(ray, before)
 
 
 @pytest.mark.timeout(300)
@@ -161,11 +168,12 @@ def test_a_slice_asked_by_a_name_the_cluster_lacks_is_refused_naming_those_it_ha
     import ray
 
     keeper.add_tpu_hosts(HOSTS)
+    before = _children()
     with pytest.raises(ClusterError) as refused:
         _connect(keeper, slice_name="my-v5e-16")
     assert str(refused.value) == ("no TPU slice named 'my-v5e-16' in this Ray cluster; it "
                                   f"has {SLICE}.")
-    _assert_left_ray(ray, keeper)
+    _assert_left_ray(ray, before)
     # Refused before anything was reserved: no placement group was made.
     ray.init(address=keeper.address, log_to_driver=False, logging_level="ERROR")
     try:

@@ -140,7 +140,8 @@ def test_who_starts_the_processes_is_the_runtimes_answer():
     cpu = Hardware(pjrt_device="CPU")
     assert TORCH_XLA.plan(4, cpu).own_processes  # the simulation's processes
     assert not TORCH_XLA.plan(4, cpu, simulate="threads").own_processes  # xmp.spawn's
-    assert not TORCH_XLA.plan(1, cpu).own_processes
+    assert TORCH_XLA.plan(1, cpu).own_processes  # one, in its main thread: interruptible
+    assert not TORCH_XLA.plan(1, cpu, simulate="threads").own_processes
     assert JAX.plan(1, cpu).own_processes  # never xmp.spawn's
 
 

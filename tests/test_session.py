@@ -366,6 +366,85 @@ def test_a_replica_that_dies_between_cells_refuses_the_next_cell_with_the_reason
 
 @pytest.mark.xla
 @pytest.mark.timeout(300)
+def test_a_replica_that_fails_outside_its_cell_says_why_though_its_stderr_is_a_closed_pipe(
+        session):
+    """Issue 31's Kaggle failure: a session replica died with exit code 1 and printed
+    nothing. Its failure outside a cell was written to stderr, which between two cells may
+    still be the last cell's pipe, closed: the write raised too. Here the replica's next
+    cell fails outside the cell, its stderr such a pipe."""
+    outcome = cell("""
+        import os
+        from colab_xla.replica import serve
+        if index == 1:
+            print("about to break", flush=True)
+            def broken(*args, **kwargs):
+                read, write = os.pipe()
+                os.close(read)
+                os.dup2(write, 2)  # stderr: a pipe nobody reads any more
+                raise RuntimeError("the serve loop broke")
+            serve.serve_run = broken
+        """, session)
+    assert outcome.ok, outcome
+    with pytest.raises(SessionError) as info:
+        for _ in range(100):  # the next cell breaks replica 1; then until the launcher saw it
+            cell("1", session)
+    text = str(info.value)
+    assert ("replica 1 died (exit code 70); it failed outside its cell: RuntimeError: the "
+            "serve loop broke") in text, text
+    assert _alive(session_pids(session)) == []
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_a_replica_sigkilled_while_memory_is_high_is_put_down_to_the_oom_killer(
+        session, monkeypatch, tmp_path):
+    """The kernel's log is not readable: a SIGKILL while memory was high (here, the
+    machine's memory as psutil tells it, made low) is said to be the OOM killer's."""
+    real = psutil.virtual_memory()
+    low = real._replace(available=real.total // 50)
+    monkeypatch.setattr(processes.psutil, "virtual_memory", lambda: low)
+    victim = session.replicas[1].pid
+    started = tmp_path / "started"
+    from threading import Thread
+
+    def kill_once_started():
+        session.processes._rss.pop(victim, None)
+        for _ in range(6000):  # the cell runs, and the memory was looked at since
+            if started.exists() and victim in session.processes._rss:
+                psutil.Process(victim).kill()
+                return
+            time.sleep(0.01)
+    killer = Thread(target=kill_once_started)
+    killer.start()
+    outcome = cell(f"""
+        import time
+        open({str(started)!r}, "w").close()
+        time.sleep(60)
+        """, session, timeout=120)
+    killer.join()
+    error = outcome.replicas[1].error
+    assert outcome.replicas[1].state == FAILED
+    assert "killed by SIGKILL while memory was high" in error.evalue, error.evalue
+    assert "out-of-memory killer" in error.evalue
+    assert outcome.session_ended.startswith("replica 1 died (killed by SIGKILL while memory "
+                                            "was high"), outcome.session_ended
+
+
+def test_memory_is_high_below_a_tenth_free_or_over_half_in_one_process(monkeypatch):
+    run = processes.RunProcesses("memory-test")
+    assert run.memory_note(123) is None  # never looked: nothing to say
+    run._machine, run._rss = (60 * 2**30, 100 * 2**30), {123: 10 * 2**30}
+    assert run.memory_note(123) is None
+    run._machine = (5 * 2**30, 100 * 2**30)
+    assert "5.0 of 100.0 GiB free" in run.memory_note(123)
+    assert "its process held 10.0 GiB" in run.memory_note(123)
+    run._machine, run._rss = (60 * 2**30, 100 * 2**30), {123: 51 * 2**30}
+    assert "out-of-memory killer" in run.memory_note(123)
+    assert run.memory_note(456) is None
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
 def test_a_replica_killed_while_a_child_it_started_holds_its_descriptors_ends_the_session(
         session):
     # The child inherits every descriptor of the replica, the write end of the pipe that

@@ -17,27 +17,34 @@ def session_pids(reply_text: str):
     return sorted(int(p) for p in re.findall(r"replica \d+: pid (\d+)", reply_text))
 
 
-def test_an_interrupt_stops_the_cell_and_keeps_the_session_and_its_state(tmp_path):
+@pytest.mark.parametrize("replicas, wait", [(2, "time.sleep(600)"), (1, "time.sleep(600)"),
+                                           (1, "while True:\n    pass")])
+def test_an_interrupt_stops_the_cell_and_keeps_the_session_and_its_state(tmp_path, replicas,
+                                                                          wait):
+    """At N=1 the replica ran in a thread of torch_xla's (xmp.spawn's one CPU process): a
+    sleep there cannot be interrupted, and every Interrupt ended the session (issue 31)."""
     with Kernel() as k:
         assert k.run("%load_ext colab_xla").status == "ok"
-        started = k.run("%xla_session start -n 2")
+        started = k.run(f"%xla_session start -n {replicas}")
         assert started.status == "ok", started.text
         pids = session_pids(started.stdout)
-        assert len(pids) == 2
+        assert len(pids) == replicas
         assert k.run("%%xla_spawn --no-widget\nstate = index * 7").status == "ok"
         msg_id = k.submit("%%xla_spawn --no-widget\nimport os, time\n"
                           f"open({str(tmp_path)!r} + f'/in{{index}}', 'w').write('x')\n"
-                          "time.sleep(600)")
-        wait_for_files([tmp_path / "in0", tmp_path / "in1"], kernel=k, msg_id=msg_id)
+                          f"{wait}")
+        wait_for_files([tmp_path / f"in{i}" for i in range(replicas)], kernel=k,
+                       msg_id=msg_id)
         k.interrupt()
         interrupted = k.wait(msg_id, timeout=60)
         assert interrupted.ename == "KeyboardInterrupt", interrupted.text
         assert "the session ended" not in interrupted.text
+        assert "did not stop" not in interrupted.text
         kept = k.run("%%xla_spawn --no-widget -o got\nstate")
         assert kept.status == "ok", kept.text
         status = k.run("%xla_session")
         assert session_pids(status.stdout) == pids, status.text
-        assert k.run("print(got)").stdout.strip() == "{0: 0, 1: 7}"
+        assert k.run("print(got)").stdout.strip() == str({i: 7 * i for i in range(replicas)})
 
 
 def test_a_killed_kernel_leaves_no_session_process():

@@ -42,18 +42,30 @@ def stopped(reason: str, rep: ReplicaOutcome, *, timeout: Optional[float] = None
 
 def died(rep: ReplicaOutcome, *, exits: Mapping[int, Tuple[int, int]], exit_codes: Sequence[int],
          process_logs: Iterable, one_process: bool,
-         driver_error: Optional[BaseException] = None) -> ReplicaError:
+         driver_error: Optional[BaseException] = None,
+         memory: Optional[str] = None) -> ReplicaError:
     """Replica ``rep``, whose process ended before it reported. ``exits``: pid ->
     (replica, code) of the ``os._exit`` calls replicas reported; ``exit_codes``: the
     non-zero exit codes of the run's processes; ``process_logs``: the output logs of the
     processes (not of one replica); ``one_process``: the run had a single replica
-    process; ``driver_error``: what the launcher raised, if anything."""
+    process; ``driver_error``: what the launcher raised, if anything; ``memory``: that
+    memory was high just before (said of a SIGKILL)."""
     return ReplicaError("died", "ReplicaDied",
                         _death_reason(rep, exits, exit_codes, process_logs, one_process,
-                                      driver_error))
+                                      driver_error, memory))
 
 
-def _death_reason(rep, exits, exit_codes, process_logs, one_process, driver_error) -> str:
+def killed_while(code: int, memory: Optional[str]) -> str:
+    """How a process ended (:func:`describe_exit`), and for a SIGKILL while memory was
+    high, that (``memory``: :meth:`colab_xla.notebook.processes.RunProcesses.memory_note`)."""
+    said = describe_exit(code)
+    if memory and code == -signal.SIGKILL:
+        said += f" while {memory}"
+    return said
+
+
+def _death_reason(rep, exits, exit_codes, process_logs, one_process, driver_error,
+                  memory=None) -> str:
     pid = rep.pid
     if pid is None and one_process and exits:
         pid = next(iter(exits))  # it never started: its process is the one
@@ -64,7 +76,7 @@ def _death_reason(rep, exits, exit_codes, process_logs, one_process, driver_erro
         return (f"replica {ordinal} called os._exit({code}), which ended its process "
                 f"(exit code {code}) before the cell finished{same}. Let the cell end "
                 "instead (or sys.exit(), which ends only that replica).")
-    how = ", ".join(describe_exit(c) for c in exit_codes)
+    how = ", ".join(killed_while(c, memory) for c in exit_codes)
     said = native_crash([rep.log, *process_logs])
     if said is not None:
         signal_name, message = said

@@ -180,8 +180,10 @@ class XlaMagics(Magics):
         kept = self._store(outcome, args.output, pull, args.pull_from)
         view.closed(outcome)
         if outcome.session_ended:
-            print(f"colab_xla: the session ended: {outcome.session_ended}; every process it "
-                  "started was killed. %xla_session start starts a new one.")
+            reason, _, printed = outcome.session_ended.partition("\n")
+            print(f"colab_xla: the session ended: {reason}; every process it started was "
+                  "killed. %xla_session restart starts it again (%xla_session start: a new "
+                  "one)." + (f"\n{printed}" if printed else ""))
         if kept:
             print(f"colab_xla: {', '.join(kept)} kept {'its' if len(kept) == 1 else 'their'} "
                   "earlier value: no replica sent a new one.")

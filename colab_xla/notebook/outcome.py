@@ -157,6 +157,11 @@ class RunObserver:
     def closed(self, outcome: RunOutcome) -> None: ...
 
 
+def counted(n: int, word: str) -> str:
+    """``"1 replica"``, ``"4 replicas"``."""
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
 def format_ordinals(ordinals: Iterable[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``"0-2, 5"``: compact replica lists for headings."""
     ordinals = sorted(set(ordinals))
@@ -190,7 +195,7 @@ class XlaSpawnError(Exception):
     def summary(self) -> str:
         """e.g. ``1 of 4 replicas failed (ValueError); 3 were stopped (Stopped)``."""
         out = self.outcome
-        total = f"{len(out.replicas)} replica{'s' if len(out.replicas) != 1 else ''}"
+        total = counted(len(out.replicas), "replica")
 
         def kinds(ordinals):
             return ", ".join(sorted({out.replicas[o].error.ename for o in ordinals}))

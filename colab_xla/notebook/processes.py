@@ -21,11 +21,20 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 import psutil
 
 from . import state
+
+
+# When a SIGKILL is put down to memory (RunProcesses.memory_note).
+LOW_MEMORY_FRACTION = 0.1
+LARGE_PROCESS_FRACTION = 0.5
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.1f}"
 
 
 def _identity(proc: psutil.Process) -> List[float]:
@@ -122,6 +131,8 @@ class RunProcesses:
         self._children_before: set = set()
         self._children: Dict[int, multiprocessing.process.BaseProcess] = {}
         self._adopting = True
+        self._rss: Dict[int, int] = {}  # pid -> resident memory at the last look
+        self._machine: Optional[Tuple[int, int]] = None  # (available, total) then
 
     def begin(self) -> None:
         """Call just before the run starts processes: every child of the notebook's
@@ -165,6 +176,32 @@ class RunProcesses:
         for pid in _descendants([pid for pid, process in self._tracked.items()
                                  if process.is_running()]):
             self.track(pid)
+        self._look_at_memory()
+
+    def _look_at_memory(self) -> None:
+        # What a SIGKILL is judged by (memory_note): the kernel's log, which names the
+        # out-of-memory killer's victims, is not readable here.
+        for pid, process in self._tracked.items():
+            with contextlib.suppress(psutil.Error):
+                self._rss[pid] = process.memory_info().rss
+        machine = psutil.virtual_memory()
+        self._machine = (machine.available, machine.total)
+
+    def memory_note(self, pid: Optional[int]) -> Optional[str]:
+        """If memory was high at the last look (a tick before): says so, and that the
+        kernel's out-of-memory killer is the likely cause of a SIGKILL; else None. High:
+        less than :data:`LOW_MEMORY_FRACTION` of the machine's memory available, or the
+        process ``pid`` holding more than :data:`LARGE_PROCESS_FRACTION` of it."""
+        if self._machine is None:
+            return None
+        available, total = self._machine
+        rss = self._rss.get(pid, 0) if pid is not None else 0
+        if available >= LOW_MEMORY_FRACTION * total and rss <= LARGE_PROCESS_FRACTION * total:
+            return None
+        held = f"its process held {_gib(rss)} GiB, " if rss else ""
+        return (f"memory was high ({held}{_gib(available)} of {_gib(total)} GiB free a "
+                "moment before): most likely the kernel's out-of-memory killer. Use less "
+                "memory per replica (a smaller batch or model, or fewer replicas)")
 
     def kill(self) -> None:
         """SIGKILL every process of the run (by pid, never by name) and reap them."""

@@ -8,7 +8,7 @@ process of it killed when it ends). A session's replicas, kept across cells, are
 from __future__ import annotations
 
 import threading
-from typing import List
+from typing import List, Optional
 
 from . import processes
 from .launch import Launch, environ, run_replica, start
@@ -50,6 +50,11 @@ class Replicas:
     def exit_codes(self) -> List[int]:
         return []
 
+    def memory_note(self, pid: Optional[int]) -> Optional[str]:
+        """Why process ``pid`` was likely SIGKILLed, if memory was high (see
+        :meth:`colab_xla.notebook.processes.RunProcesses.memory_note`); else None."""
+        return None
+
     def stop(self, driver: threading.Thread, read_until) -> None:
         """The run was cut: stop its replicas; ``read_until(t)`` reads what they send
         until the time ``t`` or the driver's end."""
@@ -86,6 +91,9 @@ class FreshReplicas(Replicas):
 
     def exit_codes(self) -> List[int]:
         return self.processes.exit_codes()
+
+    def memory_note(self, pid: Optional[int]) -> Optional[str]:
+        return self.processes.memory_note(pid)
 
     def release(self, driver: threading.Thread) -> None:
         """Kill the run's processes until the driver has seen them end: the launcher may

@@ -342,7 +342,8 @@ class Supervisor:
                 rep.state, rep.elapsed = FAILED, time.monotonic() - self._started
                 rep.error = endings.died(
                     rep, exits=self._exits, exit_codes=[self._died[ordinal]],
-                    process_logs=self.outcome.processes.values(), one_process=True)
+                    process_logs=self.outcome.processes.values(), one_process=True,
+                    memory=self._replicas.memory_note(rep.pid))
             elif self._deadlines.stop:
                 rep.state, rep.elapsed = STOPPED, time.monotonic() - self._started
                 rep.error = self._deadlines.stopped(rep, self.outcome.replicas)
@@ -351,4 +352,5 @@ class Supervisor:
                 rep.error = endings.died(
                     rep, exits=self._exits, exit_codes=self._replicas.exit_codes(),
                     process_logs=self.outcome.processes.values(),
-                    one_process=self.plan.processes == 1, driver_error=self._driver_error)
+                    one_process=self.plan.processes == 1, driver_error=self._driver_error,
+                    memory=self._replicas.memory_note(rep.pid))

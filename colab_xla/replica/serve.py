@@ -34,9 +34,13 @@ from ..wire import shared_tensors
 from ..wire.frames import NOTE
 from ..wire.names import REPLICA_NAMES
 from .execution import ReplicaGlobals, cell_globals, serve_run
-from ..wire.job import ReplicaJob, command_path
+from ..wire.job import ReplicaJob, command_path, failure_path
 from .process import ReplicaProcess
 from .thread import current
+
+
+# The exit code of a session replica that failed outside its cell (EX_SOFTWARE).
+FAILED_EXIT_CODE = 70
 
 
 def serve(index: int, job: ReplicaJob) -> None:
@@ -46,8 +50,14 @@ def serve(index: int, job: ReplicaJob) -> None:
         _serve(index, job)
     except BaseException:  # noqa: BLE001 - a bug here: the session must see this replica die
         text = "colab_xla: a session replica failed outside its cell:\n" + traceback.format_exc()
-        os.write(2, text.encode("utf-8", "replace"))
-        os._exit(70)
+        # To its file first (the notebook reads it when the process has ended), then to
+        # stderr: between two cells that may still be the last cell's pipe, closed, and a
+        # write there raised again, the process ended with exit code 1 and said nothing.
+        with contextlib.suppress(OSError), open(failure_path(job.run_dir, index), "w") as f:
+            f.write(text)
+        with contextlib.suppress(OSError):
+            os.write(2, text.encode("utf-8", "replace"))
+        os._exit(FAILED_EXIT_CODE)
 
 
 # The replicas this process serves (threads of it: several), by ordinal: the last cell each

@@ -224,7 +224,7 @@ class TorchXla(Runtime):
 
     def own_processes(self, plan: ReplicaPlan) -> bool:
         # xmp.spawn runs one CPU process whatever the count: the simulation's are ours.
-        return plan.simulation == "processes" and plan.processes > 1
+        return plan.simulation == "processes"
 
     def problems(self) -> List[Problem]:
         if runtime_initialized():

@@ -100,3 +100,9 @@ def capture_startup(path: str) -> None:
 def command_path(session_dir: str, index: int) -> str:
     """The named pipe of replica ``index``'s commands."""
     return os.path.join(session_dir, f"commands-{index}")
+
+
+def failure_path(session_dir: str, index: int) -> str:
+    """The file where session replica ``index`` writes why it failed outside a cell, just
+    before its process ends (its stderr may be a pipe nobody reads any more)."""
+    return os.path.join(session_dir, f"failed-{index}.txt")

@@ -32,11 +32,9 @@ The notebook's own session, the one ``%%xla_spawn`` cells run on, is kept by
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pickle
 import secrets
-import select
 import shutil
 import signal
 import threading
@@ -48,20 +46,21 @@ import psutil
 from .. import options, preflight, processes, state
 from ... import runtimes
 from ..defaults import Defaults
-from ..endings import describe_exit
+from ..endings import describe_exit, killed_while
 from ...errors import SetupError
 from ...wire.host_rank import HostRank
 from ..launch import Launch, environ, inherit, replica_environ, serve_replica, start
 from ...wire.cell import CellModule
-from ...wire.job import ReplicaJob
-from ..outcome import RunObserver, RunOutcome
+from ...wire.job import ReplicaJob, failure_path
+from ..outcome import RunObserver, RunOutcome, counted
 from ..request import CellRequest, SessionRequest
 from ..supervisor import RunRequest, Supervisor
-from ...wire import frames, names
+from ...wire import names
 from .known_names import KnownNames
 from .one_off import said_once, planned, say_notes
 from .session_commands import CommandPipes
 from .session_exit import stop_at_exit
+from .session_output import SessionChannel
 from .session_replicas import INTERRUPT_GRACE_SECONDS, KILL_SECONDS, SessionReplicas
 from .target import REPLICA_OPTIONS, Target
 from ...runtimes.plan import ReplicaPlan
@@ -135,11 +134,11 @@ class Session(Target):
         self._host_rank = HostRank.from_environ(opts.env)
         self._cell: Optional[_CellRun] = None  # the cell running now
         self._died: Dict[int, int] = {}  # replica -> exit code of its process
+        self._death_notes: Dict[int, str] = {}  # replica -> how its process ended
         self._launcher: Optional[threading.Thread] = None
         self._launch_error: Optional[BaseException] = None
         self._stopping = False  # processes that end from now on were ended on purpose
-        self._output: List[str] = []  # what the replicas printed outside any cell (last lines)
-        self._channel = self._startup = (-1, -1)  # the session's own pipes (read, write)
+        self._outside: Optional[SessionChannel] = None  # the session's own pipes, read
 
     # -- start and stop ---------------------------------------------------------------------
 
@@ -159,11 +158,8 @@ class Session(Target):
         return session
 
     def _start(self, parent_pid: int, cache_dir: Optional[str], user_ns: Dict[str, Any]) -> None:
-        channel = os.path.join(self.directory, "channel")
-        self._channel = frames.make_fifo(channel)
-        startup = os.path.join(self.directory, "startup")
-        self._startup = frames.make_fifo(startup)
-        self._decoder = frames.FrameDecoder()
+        self._outside = SessionChannel(self.directory)
+        channel, startup = self._outside.channel_path, self._outside.startup_path
         job = ReplicaJob(run_id=self.id, run_dir=self.directory, channel_path=channel,
                          parent_pid=parent_pid, fd_paths=((startup, startup),),
                          startup_path=startup, environ=replica_environ(self.plan.env),
@@ -205,7 +201,7 @@ class Session(Target):
                 raise SessionError(f"The session's replicas did not start within "
                                    f"{START_TIMEOUT_SECONDS:.0f} s. {_DID_NOT_START}"
                                    + self._printed())
-            for note in self._read_channel(0.2):
+            for note in self._outside.notes(0.2):
                 if "ready" in note:
                     index = note["ordinal"]
                     self.replicas[index] = SessionReplica(index, note["ready"], note["rank"])
@@ -215,35 +211,13 @@ class Session(Target):
         for index in self.replicas:
             self._commands.open(index)
 
-    def _read_channel(self, wait: float) -> List[dict]:
-        """Notes the replicas sent on the session's own pipe; what they printed outside a
-        cell is kept (the last lines)."""
-        notes = []
-        fds = [self._channel[0], self._startup[0]]
-        readable, _, _ = select.select(fds, [], [], wait)
-        for fd in readable:
-            data = os.read(fd, 1 << 16)
-            if fd == self._startup[0]:
-                self._keep(data)
-                continue
-            for frame in self._decoder.feed(data):
-                if frame.kind == frames.NOTE:
-                    notes.append({**json.loads(frame.payload), "ordinal": frame.ordinal})
-                elif frame.kind in frames.STREAMS:
-                    self._keep(frame.payload)
-        return notes
-
-    def _keep(self, data: bytes) -> None:
-        self._output = (self._output + data.decode("utf-8", "replace").splitlines())[-40:]
-
     def _printed(self) -> str:
         """What the replicas printed outside a cell (start-up), as the end of a message."""
-        fds = [self._channel[0], self._startup[0]]
-        while select.select(fds, [], [], 0)[0]:
-            self._read_channel(0)
-        if not self._output:
+        printed = self._outside.printed() if self._outside is not None else []
+        if not printed:
             return ""
-        return "\nWhat they printed:\n" + "\n".join("  " + line for line in self._output)
+        return ("\nWhat its replicas printed outside a cell (the last lines):\n"
+                + "\n".join("  " + line for line in printed))
 
     def stop(self) -> None:
         """End the session: tell the replicas, then kill whatever is left."""
@@ -266,10 +240,8 @@ class Session(Target):
         else:
             self.processes.kill()
         self._commands.close()
-        for fd in (*self._channel, *self._startup):
-            if fd >= 0:
-                os.close(fd)
-        self._channel = self._startup = (-1, -1)
+        if self._outside is not None:
+            self._outside.close()
         shutil.rmtree(self.directory, ignore_errors=True)
         self._launch_error = None  # (its traceback holds the launcher's frames)
 
@@ -288,7 +260,7 @@ class Session(Target):
     def _ended_error(self) -> SessionError:
         return SessionError(f"The session has ended: {self.ended}. %xla_session start "
                             "starts a new one (%xla_session restart: with the same "
-                            "options); --fresh runs one cell without it.")
+                            "options); --fresh runs one cell without it." + self._printed())
 
     def check_cell_options(self, *, replicas: Optional[int], launch: Optional[Launch],
                            env: Mapping[str, str], cache_dir: Optional[str],
@@ -356,7 +328,7 @@ class Session(Target):
                                  replicas=SessionReplicas(self)).run()
             self.known.sent(sent, user_ns)
             if not self.up:
-                outcome.session_ended = self.ended
+                outcome.session_ended = self.ended + self._printed()
             return outcome
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -367,8 +339,12 @@ class Session(Target):
         """In the launcher thread: replica ``index``'s own process ended."""
         if self._stopping:
             return
+        replica = self.replicas.get(index)
+        memory = self.processes.memory_note(replica.pid if replica else None)
         with self._lock:
-            self._died.setdefault(index, code)
+            if index not in self._died:
+                self._died[index] = code
+                self._death_notes[index] = killed_while(code, memory)
             cell = self._cell
             self._lock.notify_all()
         if cell is not None and index not in cell.finished:
@@ -380,7 +356,16 @@ class Session(Target):
         if not self._died:
             return None
         index, code = sorted(self._died.items())[0]
-        return f"replica {self.global_ordinal(index)} died ({describe_exit(code)})"
+        how = self._death_notes.get(index) or describe_exit(code)
+        reason = f"replica {self.global_ordinal(index)} died ({how})"
+        try:
+            with open(failure_path(self.directory, index)) as f:
+                failure = [line for line in f.read().splitlines() if line.strip()]
+        except OSError:
+            failure = []
+        if failure:
+            reason += f"; it failed outside its cell: {failure[-1].strip()[:300]}"
+        return reason
 
     def global_ordinal(self, index: int) -> int:
         """Replica ``index``'s ordinal as the notebook counts it: on a cluster's host
@@ -454,19 +439,20 @@ class Session(Target):
 
     def describe_start(self) -> str:
         """What ``%xla_session start`` says once the replicas are up."""
-        return (f"colab_xla session: {len(self.replicas)} replicas started in "
+        return (f"colab_xla session: {counted(len(self.replicas), 'replica')} started in "
                 f"{self.start_seconds or 0:.2f} s.")  # (forks of a warm process: ms)
 
     def describe(self) -> str:
         """``%xla_session``'s status text."""
         if self.ended is not None:
-            return f"colab_xla session: ended ({self.ended})."
+            return f"colab_xla session: ended ({self.ended})." + self._printed()
         uptime = time.time() - self.started_at
         device = self.plan.device_type
         if self.plan.simulation:
             device += f", simulated as {self.plan.simulation}"
-        lines = [f"colab_xla session: up {uptime:.0f} s, {len(self.replicas)} replicas on "
-                 f"{device}, {self.cells_run} cell{'s' if self.cells_run != 1 else ''} run, "
+        replicas = counted(len(self.replicas), "replica")
+        lines = [f"colab_xla session: up {uptime:.0f} s, {replicas} on "
+                 f"{device}, {counted(self.cells_run, 'cell')} run, "
                  f"started with {self.options.launch.start_method}."]
         for rep in sorted(self.replicas.values(), key=lambda r: r.index):
             try:

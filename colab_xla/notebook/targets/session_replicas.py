@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import List
+from typing import List, Optional
 
 from ...wire.job import ReplicaJob
 from ..replicas import Replicas
@@ -52,6 +52,9 @@ class SessionReplicas(Replicas):
 
     def exit_codes(self) -> List[int]:
         return self.session.exit_codes()
+
+    def memory_note(self, pid: Optional[int]) -> Optional[str]:
+        return self.session.processes.memory_note(pid)
 
     def stop(self, driver: threading.Thread, read_until) -> None:
         if self.session.ended is None and self.session.death_reason is None:

@@ -30,7 +30,7 @@ import ipywidgets as widgets
 from IPython.display import display
 
 from . import html as html_view, text as text_view
-from ..outcome import RunObserver, RunOutcome, format_ordinals
+from ..outcome import RunObserver, RunOutcome, counted, format_ordinals
 from ..output_log import shorten
 
 COMBINED_LINES = 400
@@ -268,7 +268,8 @@ class WidgetView(RunObserver):
         counts = text_view.headline(outcome).split(": ", 1)[-1].split(" in ")[0]
         logs = (f"<br><span style='font-size:smaller'>full logs: <code>"
                 f"{html.escape(outcome.log_dir)}</code></span>" if outcome.log_dir else "")
-        self.header.value = (f"<b>{outcome.device_type}</b> · {len(outcome.replicas)} replicas · "
+        replicas = counted(len(outcome.replicas), "replica")
+        self.header.value = (f"<b>{outcome.device_type}</b> · {replicas} · "
                              f"<b>{state}</b> · {elapsed:.1f} s · {html.escape(counts)}"
                              f"{failed}{logs}")
 
