@@ -1,6 +1,7 @@
 """Output throughput of ``%%xla_spawn`` against plain ``print`` from bare ``xmp.spawn``.
 
-Every replica prints ``r{index} line {i}`` for i in range(LINES). Three paths:
+Every replica prints ``r{index} line {i}`` for i in range(LINES). Three paths, then the
+views (below):
 
 * core:   ``colab_xla.notebook.targets.run_cell(loop, replicas=R, announce=None)`` in this process
           (no IPython), after a warm-up run;
@@ -11,6 +12,11 @@ Every replica prints ``r{index} line {i}`` for i in range(LINES). Three paths:
           same kernel: a forked child's ``print`` goes through ipykernel's OutStream,
           which sends each flush from the child over a fresh zmq connection, and the
           replicas (threads of one process on CPU) share its buffer.
+
+The views: the same loop timed by each replica itself, under the text view
+(``--no-widget``) and the widget view (the default), interleaved, one-off and on a session
+of the same kernel: the cell's wall time and the slowest replica's own printing time (a view
+that reads slowly blocks the replicas on full pipes: issue 31's 39x).
 
 Completeness is counted line by line, for the core and magic paths from each replica's
 log file, for the plain path from every IOPub ``stream`` message of the execution: a
@@ -44,6 +50,7 @@ import os
 import queue
 import re
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -344,6 +351,79 @@ def run_magic(k: Kernel, replicas: int, n: int, deadline: float,
             "live_mixed": live_counts["mixed"], "headline_ok": headline_ok, **_meta(r)}
 
 
+# The print loop, timed by each replica itself: its value is how long its own printing took.
+OWN_TIMED = "import time as _time\n_t = _time.perf_counter()\n{loop}\n_time.perf_counter() - _t"
+VIEWS = ("text", "widget")
+
+
+def run_view(k: Kernel, replicas: int, n: int, view: str, session: bool,
+             deadline: float) -> dict:
+    """The timed print loop under ``view`` ("text": --no-widget; "widget": the default),
+    a one-off run or a cell of the kernel's session: the cell's wall time, and the slowest
+    replica's own printing time (a view that reads slowly blocks replicas on full pipes)."""
+    flags = ("" if session else f"-n {replicas} ") + ("--no-widget " if view == "text" else "")
+    code = f"%%xla_spawn {flags}-o _own\n" + OWN_TIMED.format(loop=LOOP.format(n=n))
+    r = k.execute(code, deadline=deadline)
+    if r["timed_out"] or r["status"] != "ok":
+        if r["timed_out"]:
+            k.recover()
+        raise RuntimeError(f"{view} view: {r['status']} {r['error']} (timed out: "
+                           f"{r['timed_out']}); {r['stderr'][-1000:]}")
+    own = float(k.value("max(_own.values())"))
+    return {"wall_s": r["idle_s"], "own_s": own}
+
+
+def measure_views(k: Kernel, replicas: int, n: int, repeats: int, deadline: float) -> dict:
+    """Each view, one-off and on a session, interleaved ``repeats`` times: medians."""
+    found = {}
+    for target in ("one-off", "session"):
+        if target == "session":
+            started = k.execute(f"%xla_session start -n {replicas}", deadline=180)
+            if started["status"] != "ok":
+                raise RuntimeError(f"session start: {started['error']} {started['stdout']}")
+        try:
+            runs = {view: [] for view in VIEWS}
+            for _ in range(repeats):
+                for view in VIEWS:
+                    runs[view].append(run_view(k, replicas, n, view, target == "session",
+                                               deadline))
+        finally:
+            if target == "session":
+                k.execute("%xla_session stop", deadline=60)
+        for view, done in runs.items():
+            found[f"{target} {view}"] = {
+                "wall_s": statistics.median(r["wall_s"] for r in done),
+                "own_s": statistics.median(r["own_s"] for r in done),
+                "walls": [r["wall_s"] for r in done], "owns": [r["own_s"] for r in done]}
+    return {"replicas": replicas, "lines": n, "repeats": repeats, "runs": found}
+
+
+def render_views(views: dict) -> List[str]:
+    runs = views["runs"]
+    rows = []
+    for target in ("one-off", "session"):
+        text, widget = runs[f"{target} text"], runs[f"{target} widget"]
+        for view, r in (("text (`--no-widget`)", text), ("widget (the default)", widget)):
+            rows.append(f"| {target} | {view} | {r['wall_s']:.2f} | {r['own_s']:.2f} |")
+        rows.append(f"| {target} | **widget ÷ text** "
+                    f"| **{widget['wall_s'] / text['wall_s']:.2f}×** "
+                    f"| **{widget['own_s'] / text['own_s']:.2f}×** |")
+    return [
+        "### The views under heavy output",
+        "",
+        f"{views['replicas']} replicas × {views['lines']:,} lines, in the same kernel, text and "
+        f"widget views interleaved ({views['repeats']} runs each, medians): the cell's wall "
+        "time (`execute_request` to `idle`) and the slowest replica's own printing time (its "
+        "value: a view that reads slowly blocks replicas on full pipes). Goal (issue 31): "
+        "widget within 1.2× of text for the cell, 1.1× for the replicas.",
+        "",
+        "| target | view | cell s | replicas' own printing s |",
+        "|---|---|---:|---:|",
+        *rows,
+        "",
+    ]
+
+
 def _meta(r: dict) -> dict:
     keys = ("status", "error", "reply_s", "idle_s", "last_stream_s", "stream_messages",
             "stream_messages_after_idle", "timed_out")
@@ -351,7 +431,7 @@ def _meta(r: dict) -> dict:
 
 
 def measure_kernel(replicas: int, n: int, plain_n: int, warmup_lines: int,
-                   deadline: float) -> dict:
+                   deadline: float, view_repeats: int) -> dict:
     k = Kernel(replicas)
     try:
         setup = k.execute(SETUP, deadline=180)
@@ -362,8 +442,9 @@ def measure_kernel(replicas: int, n: int, plain_n: int, warmup_lines: int,
         plain = run_plain(k, replicas, plain_n, deadline)
         magic_same = run_magic(k, replicas, plain_n, deadline)
         magic_full = run_magic(k, replicas, n, deadline) if n != plain_n else magic_same
+        views = measure_views(k, replicas, n, view_repeats, deadline)
         return {"kernel_python": k.executable, "plain": plain, "magic_same": magic_same,
-                "magic_full": magic_full}
+                "magic_full": magic_full, "views": views}
     finally:
         k.shutdown()
 
@@ -433,6 +514,7 @@ def render(res: dict, info: dict, seconds: float) -> str:
         f"`{(plain['mixed_examples'] or [''])[0][:60]}`), leaving empty lines where their "
         "newlines land.",
         "",
+        *render_views(k["views"]),
         machine_line(info, NAME, seconds,
                      "noisy; one timed run per row after warm-ups, kernel with PJRT_DEVICE=CPU "
                      f"CPU_NUM_DEVICES={full['replicas']}",
@@ -451,6 +533,8 @@ def main(argv=None) -> int:
                         help="replicas (8; of a list such as bench/run passes, the largest)")
     parser.add_argument("--warmup-lines", type=int, default=1000,
                         help="lines per replica of the warm-up runs (1000)")
+    parser.add_argument("--view-repeats", type=int, default=2,
+                        help="runs of each view, one-off and session, interleaved (2)")
     parser.add_argument("--deadline", type=float, default=300.0,
                         help="seconds a kernel execution may take before it is "
                              "interrupted and counted as wedged (300)")
@@ -471,12 +555,15 @@ def main(argv=None) -> int:
           f"[{time.perf_counter() - t0:.0f} s]", file=sys.stderr)
     t0 = time.perf_counter()
     kernel = measure_kernel(replicas, args.lines, plain_lines, args.warmup_lines,
-                            args.deadline)
+                            args.deadline, args.view_repeats)
     for key in ("plain", "magic_same", "magic_full"):
         r = kernel[key]
         print(f"output_throughput: {key} {r['lines']} lines: {r['wall_s']:.1f} s, "
               f"{r['lines_per_s']:,.0f} lines/s, lost {r['lost']}, mixed {r['mixed']}, "
               f"out of order {r['out_of_order']}", file=sys.stderr)
+    for key, r in kernel["views"]["runs"].items():
+        print(f"output_throughput: {key} view: cell {r['wall_s']:.2f} s, replicas' own "
+              f"{r['own_s']:.2f} s", file=sys.stderr)
     print(f"output_throughput: kernel paths [{time.perf_counter() - t0:.0f} s]",
           file=sys.stderr)
     seconds = time.perf_counter() - started
