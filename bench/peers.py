@@ -51,6 +51,7 @@ import importlib.metadata
 import os
 import queue
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -488,6 +489,7 @@ def interrupt_cycle(s: Session, peer: str, cap: float, max_interrupts: int,
         c["busy_engines_at_end"] = s.engines_busy()
     c["alive_at_end"] = sum(alive(p) for p in run)
     c["run"] = run
+    shutil.rmtree(marker_dir, ignore_errors=True)
     return c
 
 
