@@ -396,6 +396,40 @@ def test_a_replica_that_fails_outside_its_cell_says_why_though_its_stderr_is_a_c
 
 @pytest.mark.xla
 @pytest.mark.timeout(300)
+def test_a_killed_process_of_thread_replicas_ends_the_session_saying_how(tmp_path):
+    """Where xmp.spawn's pool runs the replicas (threads of one process), the launcher is
+    told only that a process ended: the session says how (it said "its replica processes
+    ended")."""
+    session = new_session(SessionOptions(replicas=2, simulate="threads"), {}, announce=None)
+    try:
+        pid = session.replicas[0].pid
+        marker = tmp_path / "running"
+        from threading import Thread
+
+        def kill_once_running():
+            for _ in range(6000):
+                if marker.exists():
+                    psutil.Process(pid).kill()
+                    return
+                time.sleep(0.01)
+        killer = Thread(target=kill_once_running)
+        killer.start()
+        outcome = cell(f"""
+            import time
+            open({str(marker)!r}, "w").close()
+            time.sleep(60)
+            """, session, timeout=120)
+        killer.join()
+        assert outcome.session_ended.startswith(
+            "its replica processes ended (killed by SIGKILL)"), outcome.session_ended
+        assert all(r.state == FAILED and "killed by SIGKILL" in r.error.evalue
+                   for r in outcome.replicas.values())
+    finally:
+        session.stop()
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
 def test_a_replica_sigkilled_while_memory_is_high_is_put_down_to_the_oom_killer(
         session, monkeypatch, tmp_path):
     """The kernel's log is not readable: a SIGKILL while memory was high (here, the

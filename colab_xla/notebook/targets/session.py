@@ -184,8 +184,18 @@ class Session(Target):
         finally:
             with self._lock:
                 if self.ended is None:
-                    self.ended = self.death_reason or _PROCESSES_ENDED
+                    self.ended = self.death_reason or (
+                        _PROCESSES_ENDED if self._stopping else self._how_processes_ended())
                 self._lock.notify_all()
+
+    def _how_processes_ended(self) -> str:
+        """Why the session ended when its launcher (xmp.spawn's pool) saw its processes
+        end without telling which replica's: how they ended, as their exit codes say."""
+        codes = self.processes.exit_codes()
+        if not codes:
+            return _PROCESSES_ENDED
+        memory = self.processes.memory_note(None)
+        return f"{_PROCESSES_ENDED} ({', '.join(killed_while(c, memory) for c in codes)})"
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
