@@ -8,7 +8,8 @@ process SIGKILLed mid-cell (as the OOM killer picks). Every cell must answer wit
 ``ANSWER_SECONDS``; the next cell after each fault must work, after at most one
 ``%xla_session restart`` when the session said it ended; at the end, after ``%xla_session
 stop``, nothing of colab_xla's is left (processes, shared memory, work directories) and the
-kernel's fds are flat. The numbers (cells, faults, survived, worst answer) are printed.
+kernel's fds are flat. The same on a 2-host local cluster, where host 1's agent is killed.
+The numbers (cells, faults, survived, worst answer) are printed.
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ class Stream:
     """One kernel, and the cells of the stream run in it: each answer's time, and what
     went on after each fault."""
 
-    def __init__(self, k: Kernel, tmp_path: Path, session: bool):
-        self.k, self.tmp, self.session = k, tmp_path, session
-        self.line = "--no-widget" if session else f"-n {REPLICAS} --no-widget"
+    def __init__(self, k: Kernel, tmp_path: Path, target: str):
+        self.k, self.tmp, self.target = k, tmp_path, target
+        self.session = target == "session"
+        self.line = "--no-widget" if target != "one-off" else f"-n {REPLICAS} --no-widget"
         self.answers = []  # (kind, seconds from submit, or from the fault, to the reply)
         self.restarts = 0
         self.faults = 0
@@ -99,6 +101,16 @@ class Stream:
             reply = self.answer(kind, msg_id, fault)
             assert reply.ename == "KeyboardInterrupt", reply.text[-3000:]
             assert "the session ended" not in reply.text, reply.text[-3000:]
+        elif kind == "killed" and self.target == "cluster":  # host 1's agent, mid-cell
+            msg_id = self.long_cell(cell)
+            self.wait_running(cell, msg_id)
+            agent = self.k.run("from colab_xla.notebook import cluster as _c\n"
+                               "print(_c.current().described[1]['pid'])")
+            fault = time.monotonic()
+            psutil.Process(int(agent.stdout)).kill()
+            reply = self.answer(kind, msg_id, fault)
+            assert reply.ename == "XlaSpawnError", reply.text[-3000:]
+            assert "host 1 is gone" in reply.text, reply.text[-3000:]
         elif kind == "killed":
             msg_id = self.long_cell(cell)
             pids = self.wait_running(cell, msg_id)
@@ -112,6 +124,10 @@ class Stream:
             restarted = self.k.run("%xla_session restart", timeout=ANSWER_SECONDS)
             assert restarted.status == "ok", restarted.text
             self.restarts += 1
+        if self.target == "cluster" and "the cluster connection ended" in reply.text:
+            self.restarts += 1
+            connected = self.k.run(CLUSTER, timeout=300)
+            assert connected.status == "ok", connected.text
 
     def report(self) -> str:
         worst = max(self.answers, key=lambda a: a[1])
@@ -141,18 +157,32 @@ def fds(k: Kernel) -> int:
     return len(os.listdir(f"/proc/{k.process.pid}/fd"))
 
 
+CLUSTER = f"%xla_cluster local --hosts 2 -n {REPLICAS // 2}"
+CLUSTER_CELLS = int(os.environ.get("COLAB_XLA_CHAOS_CLUSTER_CELLS", "20"))
+
+
 @pytest.mark.parametrize("target", ["session", "one-off"])
 def test_a_seeded_stream_of_faults_leaves_every_next_cell_working_and_nothing_behind(
         tmp_path, target):
+    run_stream(tmp_path, target)
+
+
+def run_stream(tmp_path: Path, target: str) -> None:
+    """The stream on ``target``. On a cluster (2 local hosts of 2 replicas:
+    tests/test_cluster_faults.py, with the other Ray tests), the SIGKILL goes to host 1's
+    agent, and the stream is shorter (CLUSTER_CELLS: a new connection takes ~30 s here)."""
     kinds = random.Random(SEED).choices(list(WEIGHTS), weights=list(WEIGHTS.values()),
-                                        k=CELLS)
+                                        k=CLUSTER_CELLS if target == "cluster" else CELLS)
     with Kernel() as k:
         assert k.run("%load_ext colab_xla").status == "ok"
         session = target == "session"
         if session:
             started = k.run(f"%xla_session start -n {REPLICAS}", timeout=ANSWER_SECONDS)
             assert started.status == "ok", started.text
-        stream = Stream(k, tmp_path, session)
+        if target == "cluster":
+            connected = k.run(CLUSTER, timeout=300)
+            assert connected.status == "ok", connected.text
+        stream = Stream(k, tmp_path, target)
         stream.run(-1, "normal")  # warm: what is made once is made
         before = fds(k)
         for cell, kind in enumerate(kinds):
@@ -161,6 +191,8 @@ def test_a_seeded_stream_of_faults_leaves_every_next_cell_working_and_nothing_be
                 stream.run(cell + 1000, "normal")  # the next cell works
         if session:
             assert k.run("%xla_session stop").status == "ok"
+        if target == "cluster":
+            assert k.run("%xla_cluster stop", timeout=120).status == "ok"
         after = fds(k)
         left = ours_left(k)
         print(stream.report(), f"; fds {before} -> {after}; left: {left}")
@@ -187,7 +219,7 @@ def test_a_thousand_mixed_session_cells_leave_kernel_and_replicas_flat(tmp_path)
         assert k.run("%load_ext colab_xla").status == "ok"
         started = k.run(f"%xla_session start -n {REPLICAS}", timeout=ANSWER_SECONDS)
         assert started.status == "ok", started.text
-        stream = Stream(k, tmp_path, session=True)
+        stream = Stream(k, tmp_path, "session")
         inside = ("%%xla_spawn --no-widget -o inside\nimport os\n"
                   "(len(os.listdir('/proc/self/fd')), len(os.listdir('/proc/self/task')))")
 

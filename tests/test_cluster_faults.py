@@ -14,6 +14,7 @@ import pytest
 from colab_xla.notebook import cluster
 from colab_xla.notebook.outcome import FAILED, STOPPED, RunObserver
 from _kernel import wait_until_gone  # tests/ is on sys.path
+from test_chaos import run_stream
 from test_cluster import HOSTS, needs_ray, on_cluster
 
 pytestmark = [needs_ray, pytest.mark.cluster, pytest.mark.timeout(300)]
@@ -73,3 +74,11 @@ def test_nothing_of_a_local_cluster_outlives_a_killed_notebook_process():
     started = [psutil.Process(p) for p in said["pids"] if psutil.pid_exists(p)]
     assert len(said["pids"]) > HOSTS + 3  # keeper, Ray's head and nodes, agents, replicas
     assert wait_until_gone(started, timeout=30) == []
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(1200)
+def test_a_seeded_stream_of_faults_on_a_cluster_leaves_every_next_cell_working(tmp_path):
+    """tests/test_chaos.py's stream on a 2-host local cluster, host 1's agent killed as
+    its SIGKILL (here, with the other Ray tests: two clusters at once time out)."""
+    run_stream(tmp_path, "cluster")

@@ -17,7 +17,8 @@ import pytest
 from colab_xla import runtimes
 from colab_xla.errors import OptionError, Problem
 from colab_xla.notebook.launch import Launch
-from colab_xla.runtimes import jax as jax_runtime, torch_xla as torch_xla_runtime
+from colab_xla.runtimes import jax as jax_runtime, torch as torch_runtime
+from colab_xla.runtimes import torch_xla as torch_xla_runtime
 from colab_xla.runtimes.base import Runtime
 from colab_xla.runtimes.plan import Hardware
 
@@ -30,8 +31,8 @@ INTERFACE = sorted(Runtime.__abstractmethods__)
 # -- the registry -----------------------------------------------------------------------------
 
 def test_the_registry_has_every_runtime_by_name_the_default_first():
-    assert runtimes.RUNTIMES == ("torch_xla", "jax")  # the --runtime choices, in order
-    assert runtimes.registered() == (TORCH_XLA, JAX)
+    assert runtimes.RUNTIMES == ("torch_xla", "jax", "torch")  # --runtime's choices, in order
+    assert runtimes.registered() == (TORCH_XLA, JAX, torch_runtime.RUNTIME)
     assert [r.name for r in runtimes.registered()] == list(runtimes.RUNTIMES)
     assert runtimes.get() is TORCH_XLA and runtimes.get(None) is TORCH_XLA
     assert runtimes.get("torch_xla") is TORCH_XLA and runtimes.get("jax") is JAX
@@ -42,20 +43,24 @@ def test_the_registry_has_every_runtime_by_name_the_default_first():
 def test_an_unknown_name_is_refused_naming_the_choices(name):
     with pytest.raises(OptionError) as info:
         runtimes.get(name)
-    assert str(info.value) == f"--runtime {name}: use torch_xla (the default) or jax."
+    assert str(info.value) == f"--runtime {name}: use torch_xla (the default), jax or torch."
 
 
 def test_the_choices_read_well_for_any_number_of_runtimes(monkeypatch):
     class Other(type(JAX)):
-        name = "torch"
+        name = "tensorflow"
 
     monkeypatch.setattr(runtimes, "_REGISTERED",
-                        {**runtimes._REGISTERED, "torch": Other()})
-    monkeypatch.setattr(runtimes, "RUNTIMES", ("torch_xla", "jax", "torch"))
+                        {**runtimes._REGISTERED, "tensorflow": Other()})
+    monkeypatch.setattr(runtimes, "RUNTIMES", ("torch_xla", "jax", "torch", "tensorflow"))
     with pytest.raises(OptionError, match=re.escape(
-            "--runtime nope: use torch_xla (the default), jax or torch.")):
+            "--runtime nope: use torch_xla (the default), jax, torch or tensorflow.")):
         runtimes.get("nope")
-    assert runtimes.get("torch").name == "torch"
+    assert runtimes.get("tensorflow").name == "tensorflow"
+    monkeypatch.setattr(runtimes, "RUNTIMES", ("torch_xla",))
+    with pytest.raises(OptionError, match=re.escape("--runtime nope: use torch_xla (the "
+                                                    "default).")):
+        runtimes.get("nope")
 
 
 def test_a_replica_finds_its_runtime_in_its_environment():

@@ -88,9 +88,13 @@ class XlaMagics(Magics):
                    "cell, so jax.process_index(), the global jax.devices() and collectives "
                    "across processes work, and torchax on top; `index` is the process "
                    "index, `device` its first local device; -o and --pull give JAX arrays as "
-                   "NumPy arrays, torchax tensors as CPU tensors. On a cluster "
-                   "(%%xla_cluster): every host's replicas (one per TPU host) are the "
-                   "processes of one job.")
+                   "NumPy arrays, torchax tensors as CPU tensors. torch: N "
+                   "torch.distributed processes as torchrun starts them (RANK, WORLD_SIZE, "
+                   "MASTER_ADDR, ...), the default process group initialized before the "
+                   "cell (gloo on CPU, -n default 8; NCCL with one process per CUDA GPU); "
+                   "`index` is the RANK, `device` the process's device; a cell written as a "
+                   "torchrun script runs unchanged. On a cluster (%%xla_cluster): every "
+                   "host's replicas (one per TPU host) are the processes of one job.")
     @argument("--devices-per-process", type=int, metavar="K", default=None,
               help="with --runtime jax on CPU: K devices per process (XLA's host platform "
                    "device count; default 1).")
@@ -211,8 +215,10 @@ class XlaMagics(Magics):
     @argument("--cache", metavar="DIR", default=None,
               help="torch_xla's persistent compilation cache in DIR (start only).")
     @argument("--runtime", choices=RUNTIMES, default=None,
-              help="torch_xla (default) or jax: JAX processes with jax.distributed "
-                   "initialized once, as for %%%%xla_spawn --runtime jax (start only).")
+              help="torch_xla (default), jax (JAX processes with jax.distributed "
+                   "initialized once) or torch (torch.distributed processes with the default "
+                   "process group initialized once), as for %%%%xla_spawn --runtime "
+                   "(start only).")
     @argument("--devices-per-process", type=int, metavar="K", default=None,
               help="with --runtime jax on CPU: K devices per process (start only).")
     @line_magic

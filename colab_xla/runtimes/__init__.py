@@ -3,7 +3,9 @@
 
 * :mod:`.torch_xla` (the default): XLA replicas, through xmp.spawn, or on CPU the
   simulation of a TPU host;
-* :mod:`.jax`: N JAX processes with ``jax.distributed`` initialized before the cell.
+* :mod:`.jax`: N JAX processes with ``jax.distributed`` initialized before the cell;
+* :mod:`.torch`: N ``torch.distributed`` processes, as torchrun starts them, with the
+  default process group initialized before the cell.
 
 The notebook gets a runtime by name (:func:`get`); a replica process gets its own from its
 environment (:func:`current`), where the plan named it. Everything that depends on the
@@ -12,7 +14,7 @@ runtime asks it; no other module compares runtime names.
 Example::
 
     >>> RUNTIMES, get().name, get(RUNTIMES[1]) is registered()[1]
-    (('torch_xla', 'jax'), 'torch_xla', True)
+    (('torch_xla', 'jax', 'torch'), 'torch_xla', True)
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ import os
 from typing import Dict, Mapping, Optional, Union
 
 from ..errors import OptionError, Problem
-from . import jax, torch_xla
+from . import jax, torch, torch_xla
 from .base import VARIABLE, Runtime
 
 __all__ = ["RUNTIMES", "VARIABLE", "Runtime", "current", "get", "registered", "started_by"]
 
 # Every runtime, the default first (the magics' --runtime choices, in this order).
-_REGISTERED: Dict[str, Runtime] = {r.name: r for r in (torch_xla.RUNTIME, jax.RUNTIME)}
+_REGISTERED: Dict[str, Runtime] = {r.name: r for r in (torch_xla.RUNTIME, jax.RUNTIME,
+                                                        torch.RUNTIME)}
 RUNTIMES = tuple(_REGISTERED)
 
 

@@ -36,6 +36,9 @@ class Runtime(abc.ABC):
     # the calls that start it (the cell that likely did it is named in the refusal).
     started_code: str
     starting_calls: Pattern[str]
+    # Whether the notebook imports torch_xla before its replicas start (xmp.spawn is the
+    # launcher; forked replicas find it imported).
+    preloads_torch_xla: bool = True
 
     # -- the notebook's half ----------------------------------------------------------
 

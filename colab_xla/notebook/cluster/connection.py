@@ -242,7 +242,13 @@ def _describe(ray, agents) -> List[Dict]:
                            ) from None
     store = described[0]["store"]
     if store:  # CPU hosts: every host's replicas meet at host 0's store
-        ray.get([a.set_store.remote(store) for a in agents])
+        try:
+            ray.get([a.set_store.remote(store) for a in agents], timeout=AGENT_START_SECONDS)
+        except ray.exceptions.GetTimeoutError:
+            for agent in agents:
+                ray.kill(agent)
+            raise ClusterError(f"the host agents did not take host 0's store within "
+                               f"{AGENT_START_SECONDS:g} s") from None
     return described
 
 

@@ -1,0 +1,241 @@
+"""``--runtime torch``: PyTorch's own distributed processes (colab_xla.runtimes.torch).
+
+Units of its plan and of torchrun's variables, then real processes on gloo (this machine
+has no GPU and no TPU): ranks and variables, a cell written as a torchrun script, DDP
+training that leaves every rank the same weights, fail-fast while the others wait in a
+collective, and a session that keeps a model across cells and survives an Interrupt.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import time
+
+import pytest
+
+from colab_xla import runtimes
+from colab_xla.errors import OptionError
+from colab_xla.notebook.launch import Launch
+from colab_xla.notebook.outcome import DONE, FAILED, STOPPED
+from colab_xla.notebook.targets import run_cell
+from colab_xla.runtimes import torch as torch_runtime
+from colab_xla.runtimes.plan import Hardware, ReplicaCountError
+from colab_xla.wire.host_rank import HostRank
+
+CPU = Hardware(pjrt_device=None)
+TORCH = runtimes.get("torch")
+
+# -- units -------------------------------------------------------------------------------
+
+
+@pytest.mark.quick
+def test_on_cpu_it_plans_gloo_processes_eight_by_default():
+    plan = TORCH.plan(None, CPU, environ={})
+    assert (plan.device_type, plan.replicas, plan.processes) == ("CPU", 8, 8)
+    assert plan.own_processes and plan.runtime is TORCH
+    assert plan.env == {runtimes.VARIABLE: "torch", torch_runtime.DEVICE: "CPU"}
+    assert "8 processes on CPU (torch.distributed with gloo)" in plan.note
+    assert TORCH.plan(1, CPU, environ={}).note.startswith("colab_xla: torch runtime, 1 process ")
+
+
+@pytest.mark.quick
+def test_one_process_per_cuda_gpu_unless_cpu_is_forced():
+    plan = torch_runtime.plan(None, CPU, {}, cuda_devices=2)
+    assert (plan.device_type, plan.replicas, plan.env[torch_runtime.DEVICE]) == ("CUDA", 2, "CUDA")
+    assert "one per CUDA GPU (NCCL)" in plan.note
+    with pytest.raises(ReplicaCountError, match="-n 3: this machine has 2 CUDA GPUs"):
+        torch_runtime.plan(3, CPU, {}, cuda_devices=2)
+    forced = torch_runtime.plan(3, CPU, {"PJRT_DEVICE": "CPU"}, cuda_devices=2)
+    assert (forced.device_type, forced.replicas) == ("CPU", 3)
+
+
+@pytest.mark.quick
+def test_bad_counts_a_tpu_host_and_torch_xlas_options_are_refused():
+    with pytest.raises(ReplicaCountError, match="-n 0: the number of processes must be 1"):
+        TORCH.plan(0, CPU, environ={})
+    with pytest.raises(ReplicaCountError, match="at most 16 processes on CPU"):
+        TORCH.plan(17, CPU, environ={})
+    with pytest.raises(ReplicaCountError, match="needs TorchTPU"):
+        TORCH.plan(None, Hardware(pjrt_device=None, tpu_chips=4), environ={})
+    assert TORCH.plan(2, Hardware(pjrt_device=None, tpu_chips=4),
+                      environ={"PJRT_DEVICE": "CPU"}).device_type == "CPU"
+    for asked in ({"launcher": "launch"}, {"debug_single": True}, {"devices_per_process": 2}):
+        with pytest.raises(OptionError):
+            Launch(runtime=TORCH, **asked)
+    Launch(runtime=TORCH)
+
+
+@pytest.mark.quick
+def test_torchruns_variables_from_the_launchers_rank_and_a_clusters_host():
+    one = torch_runtime.torchrun_environ({"PJRT_LOCAL_PROCESS_RANK": "2",
+                                          "PJRT_LOCAL_PROCESS_COUNT": "4",
+                                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "4242"})
+    assert {k: one[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")} == {
+        "RANK": "2", "LOCAL_RANK": "2", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4",
+        "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "4242"}
+    host = HostRank(host=1, hosts=2, replicas=2, address="10.0.0.3")
+    on_host = torch_runtime.torchrun_environ({"PJRT_LOCAL_PROCESS_RANK": "1",
+                                              "PJRT_LOCAL_PROCESS_COUNT": "2",
+                                              torch_runtime.MASTER: "10.0.0.2:5555",
+                                              **host.environ()})
+    assert (on_host["RANK"], on_host["LOCAL_RANK"], on_host["WORLD_SIZE"],
+            on_host["NODE_RANK"], on_host["MASTER_ADDR"], on_host["MASTER_PORT"]) == (
+        "3", "1", "4", "1", "10.0.0.2", "5555")
+    assert TORCH.cluster_environ(lambda: "10.0.0.2:5555") == {torch_runtime.MASTER:
+                                                              "10.0.0.2:5555"}
+
+
+@pytest.mark.quick
+def test_values_come_back_on_the_cpu():
+    import torch
+
+    class Meta:  # a tensor that is not on the CPU, without a device here
+        pass
+    meta = torch.empty(2, device="meta")
+    assert torch_runtime.to_host({"a": [torch.ones(1)], "b": 3})["b"] == 3
+    with pytest.raises(NotImplementedError):  # (meta tensors have no data: .cpu() says so)
+        torch_runtime.to_host(meta)
+    assert torch_runtime.to_host(Meta) is Meta
+
+
+@pytest.mark.quick
+def test_cuda_initialized_in_the_notebook_is_refused_before_forking(monkeypatch):
+    import torch
+
+    assert torch_runtime.cuda_problem() is None
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    problem = torch_runtime.cuda_problem()
+    assert problem.code == torch_runtime.CUDA_INITIALIZED and "restart the kernel" in problem.fix
+    assert runtimes.started_by(problem) is TORCH
+    assert torch_runtime.STARTING_CALLS.search("x = torch.ones(3).cuda()")
+    assert not torch_runtime.STARTING_CALLS.search("x = torch.ones(3)")
+
+
+# -- real processes (gloo) ---------------------------------------------------------------
+
+
+def cell(source: str, **kw):
+    kw.setdefault("replicas", 2)
+    return run_cell(textwrap.dedent(source).lstrip("\n"), launch=Launch(runtime=TORCH),
+                    announce=None,
+                    label="Cell In[3]", **kw)
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_each_process_has_torchruns_variables_and_the_group_made():
+    outcome = cell("""
+        import os, torch.distributed as dist
+        names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                 "MASTER_ADDR", "MASTER_PORT")
+        ({n: os.environ[n] for n in names}, dist.is_initialized(), dist.get_backend(),
+         dist.get_rank(), str(device))
+        """, replicas=3)
+    assert outcome.ok, [r.error for r in outcome.replicas.values()]
+    values = outcome.results()
+    ports = {v[0]["MASTER_PORT"] for v in values.values()}
+    assert len(ports) == 1
+    for i, (env, made, backend, rank, dev) in values.items():
+        assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"],
+                env["GROUP_RANK"]) == (str(i), str(i), "3", "3", "0")
+        assert (made, backend, rank, dev) == (True, "gloo", i, "cpu")
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_a_cell_written_as_a_torchrun_script_runs_unchanged():
+    outcome = cell("""
+        import torch, torch.distributed as dist
+        dist.init_process_group(backend="gloo")
+        t = torch.tensor([float(dist.get_rank() + 1)])
+        dist.all_reduce(t)
+        dist.destroy_process_group()
+        t.item()
+        """)
+    assert outcome.ok, [r.error for r in outcome.replicas.values()]
+    assert outcome.results() == {0: 3.0, 1: 3.0}
+    refused = cell("import torch.distributed as dist\ndist.init_process_group('nccl')")
+    error = refused.replicas[0].error
+    assert error.ename == "ValueError" and "made this process's default group with 'gloo'" \
+        in error.evalue, error
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_ddp_training_leaves_every_rank_the_same_weights():
+    outcome = cell("""
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        torch.manual_seed(index)  # different starting weights: DDP broadcasts rank 0's
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                        torch.nn.Linear(16, 1)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(100 + index)  # each rank its own data
+        for step in range(20):
+            x = torch.randn(32, 8, generator=g)
+            loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+        torch.cat([p.detach().flatten() for p in model.parameters()])
+        """, replicas=4)
+    assert outcome.ok, [r.error for r in outcome.replicas.values()]
+    weights = outcome.results()
+    assert all(w.equal(weights[0]) for w in weights.values())
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_a_rank_that_raises_stops_the_others_waiting_in_all_reduce_within_seconds():
+    started = time.monotonic()
+    outcome = cell("""
+        import torch, torch.distributed as dist
+        if index == 1:
+            raise ValueError("rank 1 has no data")
+        t = torch.ones(1)
+        dist.all_reduce(t)   # waits for rank 1 for ever
+        """)
+    took = time.monotonic() - started
+    assert outcome.replicas[1].state == FAILED and "rank 1 has no data" in \
+        outcome.replicas[1].error.evalue
+    # Rank 1's process ends with its cell: gloo tells rank 0 at once (the connection
+    # closed); where it does not, the fail-fast rule stops rank 0 seconds later.
+    other = outcome.replicas[0]
+    assert (other.state == STOPPED and "after replica 1 failed (ValueError)" in
+            other.error.evalue) or (other.state == FAILED and "Connection closed by peer"
+                                    in other.error.evalue), other.error
+    assert took < 60, took  # (the collective's own timeout is minutes)
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_a_session_keeps_its_model_and_group_across_cells_and_an_interrupt():
+    from colab_xla.notebook.targets.session import SessionOptions, new_session
+
+    session = new_session(SessionOptions(replicas=2, launch=Launch(runtime=TORCH)), {},
+                          announce=None)
+    try:
+        first = run_cell("import torch, torch.distributed as dist\n"
+                         "dist.init_process_group('gloo')\n"
+                         "torch.manual_seed(0)\nmodel = torch.nn.Linear(4, 1)\n"
+                         "dist.destroy_process_group()", session=session, announce=None)
+        assert first.ok, [r.error for r in first.replicas.values()]
+        # An Interrupt (here: --timeout) of a sleep: the replicas' main threads stop it.
+        slept = run_cell("import time\ntime.sleep(60)", session=session, announce=None,
+                         timeout=1)
+        assert [r.state for r in slept.replicas.values()] == [STOPPED, STOPPED]
+        assert slept.session_ended is None and session.up
+        kept = run_cell("w = model.weight.detach().clone()\ndist.all_reduce(w)\n"
+                        "(dist.get_world_size(), w.sum().item() / 2, "
+                        "model.weight.sum().item())", session=session, announce=None)
+        assert kept.ok, [r.error for r in kept.replicas.values()]
+        (world, mean, mine), other = kept.results()[0], kept.results()[1]
+        assert world == 2 and abs(mean - mine) < 1e-6 and other == (world, mean, mine)
+        assert all(r.state == DONE for r in kept.replicas.values())
+    finally:
+        session.stop()
+
+
+def test_the_runtime_is_a_choice_of_every_magic():
+    assert "torch" in runtimes.RUNTIMES
+    assert runtimes.get("torch") is TORCH and TORCH.preloads_torch_xla is False
+
