@@ -239,3 +239,29 @@ def test_the_runtime_is_a_choice_of_every_magic():
     assert "torch" in runtimes.RUNTIMES
     assert runtimes.get("torch") is TORCH and TORCH.preloads_torch_xla is False
 
+
+
+NO_TORCH_XLA = """
+import importlib.util, sys
+sys.modules["torch_xla"] = None  # as if it were not installed
+_find = importlib.util.find_spec
+importlib.util.find_spec = (lambda name, *a, **k: None if name.split(".")[0] == "torch_xla"
+                            else _find(name, *a, **k))
+from colab_xla.notebook.launch import Launch
+from colab_xla.notebook.targets import run_cell
+outcome = run_cell("import torch.distributed as dist\\ndist.get_world_size()", replicas=2,
+                   launch=Launch(runtime="torch"), announce=None)
+print(outcome.ok, outcome.results() if outcome.ok else outcome)
+"""
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_a_machine_with_pytorch_alone_runs_it():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", NO_TORCH_XLA], capture_output=True,
+                          text=True, timeout=240)
+    assert done.stdout.strip().splitlines()[-1:] == ["True {0: 2, 1: 2}"], (done.stdout,
+                                                                            done.stderr[-3000:])

@@ -18,6 +18,7 @@ import re
 import threading
 from typing import Callable, List, NamedTuple, Optional, Tuple
 
+from ..runtimes.torch_xla import TorchXlaMissing
 from .torch_xla_import import import_torch_xla
 
 # Google's PCI vendor id and the device ids of its TPU chips, with the generation and the
@@ -61,21 +62,33 @@ def tpu_chips(accelerator_type: Optional[str] = None) -> TpuScan:
     the GCE metadata server with no timeout unless TPU_SKIP_MDS_QUERY is set, and in a
     container without one it can wait forever (pytorch/xla#6568, #8297).
     """
-    import_torch_xla()
-    from torch_xla._internal import tpu
+    tpu = _torch_xla_tpu()
     ids = _pci_tpu_devices()
-    theirs = tpu.num_available_chips()  # torch_xla's own PCI scan: safe before xmp.spawn
-    chips = max(len(ids), theirs)
+    # torch_xla's own PCI scan (safe before xmp.spawn), where it is installed.
+    theirs = tpu.num_available_chips() if tpu is not None else None
+    chips = max(len(ids), theirs or 0)
     if not chips:
         return TpuScan(0, None, None, theirs)
     generation, per_chip = TPU_PCI_DEVICES[ids[0]] if len(set(ids)) == 1 else (None, None)
-    if len(ids) < theirs:  # a chip only this torch_xla knows
+    if len(ids) < (theirs or 0):  # a chip only this torch_xla knows
         generation, per_chip = None, None
     if generation is None:
         generation, per_chip = from_accelerator_type(accelerator_type)
-    if generation is None:
+    if generation is None and tpu is not None:
         per_chip = _bounded(tpu.num_logical_cores_per_chip, METADATA_TIMEOUT)
     return TpuScan(chips, per_chip, generation, theirs)
+
+
+def _torch_xla_tpu():
+    """torch_xla's TPU module, or None where torch_xla is not installed (a machine with
+    PyTorch alone runs --runtime torch: the PCI scan here is enough)."""
+    try:
+        import_torch_xla()
+    except TorchXlaMissing:
+        return None
+    from torch_xla._internal import tpu
+
+    return tpu
 
 
 def _pci_tpu_devices() -> List[str]:
