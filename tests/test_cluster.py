@@ -695,3 +695,26 @@ def test_the_magic_runs_jax_cells_and_a_jax_session_on_the_cluster(local, capsys
         shell.run_line_magic("xla_session", "stop")
     assert wait_until_gone([psutil.Process(p) for p in pids.values() if psutil.pid_exists(p)],
                            timeout=10) == []
+
+
+# -- torch.distributed processes on every host (%%xla_spawn --runtime torch) ----------------
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_torch_processes_of_every_host_are_one_job_with_global_ranks(local):
+    outcome = on_cluster("""
+        import os, torch, torch.distributed as dist
+        t = torch.tensor([float(index + 1)])
+        dist.all_reduce(t)
+        (dist.get_rank(), dist.get_world_size(), os.environ["LOCAL_RANK"],
+         os.environ["NODE_RANK"], os.environ["MASTER_ADDR"], t.item())
+        """, local, runtime="torch")
+    assert outcome.ok, text_view.render(outcome)
+    results = outcome.results()
+    masters = {r[4] for r in results.values()}
+    assert len(masters) == 1  # host 0's
+    assert {o: r[:4] + r[5:] for o, r in results.items()} == {
+        h * PER_HOST + i: (h * PER_HOST + i, HOSTS * PER_HOST, str(i), str(h), 10.0)
+        for h in range(HOSTS) for i in range(PER_HOST)}
+    assert on_cluster("index", local).ok  # the cluster goes on

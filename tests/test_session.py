@@ -394,6 +394,28 @@ def test_a_replica_that_fails_outside_its_cell_says_why_though_its_stderr_is_a_c
     assert _alive(session_pids(session)) == []
 
 
+def killed_mid_cell(session, pid: int, tmp_path, ready=lambda: True):
+    """The outcome of a cell that sleeps, whose replica process ``pid`` is SIGKILLed once
+    the cell runs (and ``ready()``)."""
+    import threading
+
+    marker = tmp_path / "running"
+
+    def kill_once_running():
+        for _ in range(6000):
+            if marker.exists() and ready():
+                psutil.Process(pid).kill()
+                return
+            time.sleep(0.01)
+    killer = threading.Thread(target=kill_once_running)
+    killer.start()
+    try:
+        return cell(f"import time\nopen({str(marker)!r}, 'w').close()\ntime.sleep(60)",
+                    session, timeout=120)
+    finally:
+        killer.join()
+
+
 @pytest.mark.xla
 @pytest.mark.timeout(300)
 def test_a_killed_process_of_thread_replicas_ends_the_session_saying_how(tmp_path):
@@ -402,24 +424,7 @@ def test_a_killed_process_of_thread_replicas_ends_the_session_saying_how(tmp_pat
     ended")."""
     session = new_session(SessionOptions(replicas=2, simulate="threads"), {}, announce=None)
     try:
-        pid = session.replicas[0].pid
-        marker = tmp_path / "running"
-        from threading import Thread
-
-        def kill_once_running():
-            for _ in range(6000):
-                if marker.exists():
-                    psutil.Process(pid).kill()
-                    return
-                time.sleep(0.01)
-        killer = Thread(target=kill_once_running)
-        killer.start()
-        outcome = cell(f"""
-            import time
-            open({str(marker)!r}, "w").close()
-            time.sleep(60)
-            """, session, timeout=120)
-        killer.join()
+        outcome = killed_mid_cell(session, session.replicas[0].pid, tmp_path)
         assert outcome.session_ended.startswith(
             "its replica processes ended (killed by SIGKILL)"), outcome.session_ended
         assert all(r.state == FAILED and "killed by SIGKILL" in r.error.evalue
@@ -438,24 +443,10 @@ def test_a_replica_sigkilled_while_memory_is_high_is_put_down_to_the_oom_killer(
     low = real._replace(available=real.total // 50)
     monkeypatch.setattr(processes.psutil, "virtual_memory", lambda: low)
     victim = session.replicas[1].pid
-    started = tmp_path / "started"
-    from threading import Thread
-
-    def kill_once_started():
-        session.processes._rss.pop(victim, None)
-        for _ in range(6000):  # the cell runs, and the memory was looked at since
-            if started.exists() and victim in session.processes._rss:
-                psutil.Process(victim).kill()
-                return
-            time.sleep(0.01)
-    killer = Thread(target=kill_once_started)
-    killer.start()
-    outcome = cell(f"""
-        import time
-        open({str(started)!r}, "w").close()
-        time.sleep(60)
-        """, session, timeout=120)
-    killer.join()
+    session.processes._rss.pop(victim, None)
+    # Killed once the memory was looked at since the cell began.
+    outcome = killed_mid_cell(session, victim, tmp_path,
+                              ready=lambda: victim in session.processes._rss)
     error = outcome.replicas[1].error
     assert outcome.replicas[1].state == FAILED
     assert "killed by SIGKILL while memory was high" in error.evalue, error.evalue
