@@ -54,13 +54,22 @@ RAY_MODULES = {"test_cluster", "test_cluster_faults", "test_cluster_tpu", "test_
 
 
 def _group_for_workers(items) -> None:
+    """Each item's group, as xdist's loadgroup reads it: a ``@group`` suffix of its node id.
+    (xdist 3.8 writes that suffix to ``item._nodeid``, which pytest 9 no longer reads: its
+    node ids are ``item._id``. So the suffix is written here, where xdist would.)"""
+    from _pytest.nodeid import coerce_node_id
+
     for item in items:
-        module = item.path.stem
-        item.add_marker(pytest.mark.xdist_group("ray" if module in RAY_MODULES else module))
+        group = "ray" if item.path.stem in RAY_MODULES else item.path.stem
+        if hasattr(item, "_id"):
+            item._id = coerce_node_id(f"{item.nodeid}@{group}")
+        else:  # pytest 8 and older: xdist's own way (the marker)
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its own hook, in each worker)
 def pytest_collection_modifyitems(config, items):
-    if config.pluginmanager.hasplugin("xdist"):
+    if getattr(config.option, "loadgroup", False):  # a worker of --dist loadgroup
         _group_for_workers(items)
     name = config.getoption("--users-stack")
     if not name:
@@ -72,3 +81,4 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
