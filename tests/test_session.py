@@ -647,3 +647,24 @@ def test_session_options_are_refused_outside_start(ip):
     with pytest.raises(UsageError, match="no session was started"):
         ip.run_line_magic("xla_session", "restart")
 
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_a_session_whose_replicas_cannot_start_says_what_they_printed(monkeypatch):
+    from colab_xla.replica import serve
+
+    def cannot_start(index, job):  # (the replicas fork from this process: they run it)
+        from colab_xla.replica.process import ReplicaProcess
+
+        ReplicaProcess.get(job)  # its streams: the session's pipes, as _serve sets them
+        print(f"replica {index}: the disk is full", flush=True)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(serve, "_serve", cannot_start)
+    with pytest.raises(SessionError) as info:
+        new_session(SessionOptions(replicas=2), {}, announce=None)
+    text = str(info.value)
+    assert text.startswith("The session's replicas did not start"), text
+    assert "What its replicas printed outside a cell (the last lines):" in text, text
+    assert "the disk is full" in text and "No space left on device" in text, text

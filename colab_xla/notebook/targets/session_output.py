@@ -61,8 +61,17 @@ class SessionChannel:
             notes, self._notes = self._notes, []
         return notes
 
-    def printed(self) -> List[str]:
-        """The last lines the replicas printed outside any cell, an unended one last."""
+    def printed(self, settle: float = 0.5) -> List[str]:
+        """The last lines the replicas printed outside any cell, an unended one last; what
+        the pipes hold is read first (for up to ``settle`` seconds)."""
+        deadline = time.monotonic() + settle
+        while time.monotonic() < deadline and self._thread.is_alive():
+            try:
+                if not select.select([self._channel[0], self._startup[0]], [], [], 0)[0]:
+                    break  # drained
+            except (OSError, ValueError):  # closed
+                break
+            time.sleep(0.01)  # (the reader thread takes it)
         with self._changed:
             return list(self._lines) + [f"{_label(origin)}{text}"
                                         for origin, text in self._partial.items() if text]
