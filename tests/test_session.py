@@ -668,3 +668,27 @@ def test_a_session_whose_replicas_cannot_start_says_what_they_printed(monkeypatc
     assert text.startswith("The session's replicas did not start"), text
     assert "What its replicas printed outside a cell (the last lines):" in text, text
     assert "the disk is full" in text and "No space left on device" in text, text
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_a_replica_whose_cell_pipes_closed_before_its_end_was_written_serves_on(live):
+    """Issue 31 (the soak's and Kaggle's 'exit code 1'): a replica appends its cell's end to
+    its ring, then writes a wake-up to the cell's pipe; the notebook, polling the ring, may
+    have read the end and closed the cell's pipes by then. The write's BrokenPipeError ended
+    the replica. Here the wake-up comes late on purpose."""
+    pids = session_pids(live)
+    slow = cell("""
+        import time
+        from colab_xla.replica.process import ReplicaProcess
+        writer = ReplicaProcess._current.writer
+        wake = type(writer)._wake
+        def late_wake(self, wake=wake):
+            time.sleep(1.0)  # the notebook has read the end from the ring meanwhile
+            wake(self)
+        type(writer)._wake = late_wake
+        index
+        """, live)
+    assert slow.ok and slow.results() == {0: 0, 1: 1}, slow
+    assert cell("type(writer)._wake = wake\nindex", live).results() == {0: 0, 1: 1}
+    assert live.up and session_pids(live) == pids

@@ -93,6 +93,11 @@ def _serve(index: int, job: ReplicaJob) -> None:
             serve_run(index, cell_job, session_globals, end_started=False)
         except KeyboardInterrupt:  # an interrupt that came as the cell ended: it is over
             pass
+        except BrokenPipeError:
+            # The notebook closed the cell's pipes first: it read the cell's end from the
+            # ring before the wake-up written after it, or it cut the run. The cell is over
+            # there; this replica goes home to the session's pipes like any other.
+            pass
         shared_tensors.map_written()  # the cell's report is out: off its time
         # The process's last replica to finish the cell takes it home (to the session's
         # pipes) once every replica it serves is done with the cell: one that has not

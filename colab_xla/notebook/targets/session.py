@@ -135,6 +135,7 @@ class Session(Target):
         self._cell: Optional[_CellRun] = None  # the cell running now
         self._died: Dict[int, int] = {}  # replica -> exit code of its process
         self._death_notes: Dict[int, str] = {}  # replica -> how its process ended
+        self._failures: Dict[int, List[str]] = {}  # replica -> its failure outside a cell
         self._launcher: Optional[threading.Thread] = None
         self._launch_error: Optional[BaseException] = None
         self._stopping = False  # processes that end from now on were ended on purpose
@@ -224,10 +225,13 @@ class Session(Target):
     def _printed(self) -> str:
         """What the replicas printed outside a cell (start-up), as the end of a message."""
         printed = self._outside.printed() if self._outside is not None else []
-        if not printed:
-            return ""
-        return ("\nWhat its replicas printed outside a cell (the last lines):\n"
-                + "\n".join("  " + line for line in printed))
+        said = "".join(f"\nWhat replica {self.global_ordinal(index)} wrote as it failed:\n"
+                       + "\n".join("  " + line for line in lines)
+                       for index, lines in sorted(self._failures.items()) if lines)
+        if printed:
+            said += ("\nWhat its replicas printed outside a cell (the last lines):\n"
+                     + "\n".join("  " + line for line in printed))
+        return said
 
     def stop(self) -> None:
         """End the session: tell the replicas, then kill whatever is left."""
@@ -368,14 +372,22 @@ class Session(Target):
         index, code = sorted(self._died.items())[0]
         how = self._death_notes.get(index) or describe_exit(code)
         reason = f"replica {self.global_ordinal(index)} died ({how})"
-        try:
-            with open(failure_path(self.directory, index)) as f:
-                failure = [line for line in f.read().splitlines() if line.strip()]
-        except OSError:
-            failure = []
+        failure = self._failure(index)
         if failure:
             reason += f"; it failed outside its cell: {failure[-1].strip()[:300]}"
         return reason
+
+    def _failure(self, index: int) -> List[str]:
+        """What replica ``index`` wrote as it failed outside its cell (its traceback), read
+        once (the session's directory goes with it)."""
+        if index not in self._failures:
+            try:
+                with open(failure_path(self.directory, index)) as f:
+                    self._failures[index] = [line for line in f.read().splitlines()
+                                             if line.strip()]
+            except OSError:
+                return []
+        return self._failures[index]
 
     def global_ordinal(self, index: int) -> int:
         """Replica ``index``'s ordinal as the notebook counts it: on a cluster's host
