@@ -159,14 +159,18 @@ def torchrun_environ(environ: Mapping[str, str]) -> Dict[str, str]:
 
 _initialized = False
 _membership: Dict[str, str] = {}  # torchrun's variables of this process (join)
+_job: Dict[str, str] = {"run": "colab_xla"}  # the run (or session) the process serves
+_store: List[Any] = []  # the process group's store, kept as long as the group
 
 
-def join(environ: Mapping[str, str] = os.environ) -> None:
+def join(environ: Mapping[str, str] = os.environ, run: str = "colab_xla") -> None:
     """In a new replica process: keep torchrun's variables, as the launcher's rank gives
     them (a session's later cells bring an environment without them: each cell gets them
     again, :func:`initialize`), and make the process group's calls fit for a cell written
     as a torchrun script (:func:`_fit_script_calls`)."""
     _membership.update(torchrun_environ(environ))
+    host = HostRank.from_environ(environ)
+    _job["run"] = (host.run if host and host.run else run)  # (every host's: the same)
     _fit_script_calls()
 
 
@@ -186,7 +190,15 @@ def initialize() -> None:
 
     if os.environ.get(DEVICE) == "CUDA":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    _real["init"](backend(), init_method="env://", timeout=COLLECTIVE_TIMEOUT)
+    # The store of env:// (a TCPStore at MASTER_ADDR:MASTER_PORT, served by rank 0), its
+    # keys under this run's name: another run that happened to get the same free port
+    # (two notebooks, two test workers) cannot mix its ranks with these.
+    rank, world = int(_membership["RANK"]), int(_membership["WORLD_SIZE"])
+    store = dist.TCPStore(_membership["MASTER_ADDR"], int(_membership["MASTER_PORT"]), world,
+                          is_master=rank == 0, timeout=COLLECTIVE_TIMEOUT)
+    _store[:] = [store]
+    _real["init"](backend(), store=dist.PrefixStore(f"colab_xla/{_job['run']}", store),
+                  rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
     _initialized = dist.is_initialized()
 
 
@@ -196,6 +208,7 @@ def leave() -> None:
     if _initialized:
         _real["destroy"]()
         _initialized = False
+        _store.clear()
 
 
 def device():
@@ -309,7 +322,7 @@ class Torch(Runtime):
     # -- the replica's half -----------------------------------------------------------
 
     def start_process(self, process, job) -> None:
-        join()
+        join(run=job.run_id)
 
     def device(self) -> Any:
         return device()
