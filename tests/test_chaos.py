@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from _kernel import Kernel, shell_msg_ready  # tests/ is on sys.path
+from test_faults_soak import COLLECT
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
 
@@ -102,10 +103,10 @@ class Stream:
             assert reply.ename == "KeyboardInterrupt", reply.text[-3000:]
             assert "the session ended" not in reply.text, reply.text[-3000:]
         elif kind == "killed" and self.target == "cluster":  # host 1's agent, mid-cell
-            msg_id = self.long_cell(cell)
-            self.wait_running(cell, msg_id)
             agent = self.k.run("from colab_xla.notebook import cluster as _c\n"
-                               "print(_c.current().described[1]['pid'])")
+                               "print(_c.current().described[1]['pid'])")  # (before: the
+            msg_id = self.long_cell(cell)                                     # kernel is busy)
+            self.wait_running(cell, msg_id)
             fault = time.monotonic()
             psutil.Process(int(agent.stdout)).kill()
             reply = self.answer(kind, msg_id, fault)
@@ -153,7 +154,9 @@ def ours_left(k: Kernel, keep=()) -> dict:
 
 
 def fds(k: Kernel) -> int:
-    assert k.run("import gc; gc.collect()").status == "ok"
+    """The kernel's descriptors, after a collection and with ipykernel's event pipes of
+    ended threads closed (it closes them itself every 10 s: test_faults_soak.COLLECT)."""
+    assert k.run(COLLECT).status == "ok"
     return len(os.listdir(f"/proc/{k.process.pid}/fd"))
 
 
