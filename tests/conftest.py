@@ -49,8 +49,16 @@ def pytest_configure(config):
 # Each module's tests run in one worker (its module-scoped fixtures are made once), but the
 # modules that start a local Ray cluster share one worker: two clusters starting at once on
 # two cores time out (and Ray's dashboard port is one per machine).
-RAY_MODULES = {"test_cluster", "test_cluster_faults", "test_cluster_tpu", "test_cluster_tutorial",
-               "test_bench"}
+RAY_MODULES = {"test_cluster", "test_cluster_faults", "test_cluster_tpu", "test_cluster_tutorial"}
+
+
+def _group(item) -> str:
+    """The module, or "ray" for a test that starts a local Ray cluster (the cluster
+    modules', and the cluster benchmark's smoke test)."""
+    module = item.path.stem
+    if module in RAY_MODULES or (module == "test_bench" and "cluster.py" in item.nodeid):
+        return "ray"
+    return module
 
 
 def _group_for_workers(items) -> None:
@@ -60,7 +68,7 @@ def _group_for_workers(items) -> None:
     from _pytest.nodeid import coerce_node_id
 
     for item in items:
-        group = "ray" if item.path.stem in RAY_MODULES else item.path.stem
+        group = _group(item)
         if hasattr(item, "_id"):
             item._id = coerce_node_id(f"{item.nodeid}@{group}")
         else:  # pytest 8 and older: xdist's own way (the marker)

@@ -514,7 +514,10 @@ def test_many_session_cells_leave_descriptors_threads_and_memory_flat(session):
     for i in range(200):
         outcome = cell(f"x = [{i}] * 1000\nprint(index, len(x))\nindex", session)
         assert outcome.ok and outcome.results() == {0: 0, 1: 1}
-    assert counts() == before
+    after = counts()
+    # Not more (a test before this one in the process may still be letting go of some).
+    assert after[0] <= before[0] and after[1] <= before[1] and after[2] == before[2], (
+        before, after)
     grown = [r.memory_info().rss - b for r, b in zip(replicas, rss)]
     assert max(grown) < 64 * 2**20, grown
 

@@ -53,11 +53,15 @@ class LocalCluster:
         # What Ray's processes print goes to a log file: a pipe nobody reads would fill
         # and block them.
         self.log_path = os.path.join(state.new_log_dir(), "local-cluster.log")
+        # A session of its own: Jupyter's Interrupt is a SIGINT to the kernel's whole process
+        # group, and it ended the keeper and Ray's processes with every interrupted cell
+        # (the connection ended with them). It still dies with the notebook's process.
         with open(self.log_path, "ab") as log:
             self._keeper = subprocess.Popen(
                 [sys.executable, "-m", "colab_xla.notebook.cluster.local", str(hosts),
                  str(os.getpid())],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=environ)
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=environ,
+                start_new_session=True)
         self.record = processes.RunRecord(f"cluster-{self._keeper.pid}")
         self.record.add(psutil.Process(self._keeper.pid))
         line = _read_line(self._keeper, START_SECONDS)
