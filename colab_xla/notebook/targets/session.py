@@ -434,6 +434,14 @@ class Session(Target):
                 self._cell.finished.add(ordinal)
                 self._lock.notify_all()
 
+    def still_running(self) -> List[int]:
+        """The replicas (global ordinals) that have not ended the cell running now."""
+        with self._lock:
+            if self._cell is None:
+                return []
+            return [self.global_ordinal(i) for i in sorted(self.replicas)
+                    if i not in self._cell.finished]
+
     def interrupt(self, run_id: str) -> None:
         """KeyboardInterrupt in every replica still running the cell ``run_id``."""
         with self._lock:

@@ -11,6 +11,7 @@ import time
 from typing import List, Optional
 
 from ...wire.job import ReplicaJob
+from ..outcome import format_ordinals
 from ..replicas import Replicas
 
 # After an Interrupt (or --timeout, or fail-fast), how long every replica has to finish its
@@ -73,8 +74,11 @@ class SessionReplicas(Replicas):
         """End the session if the cell still runs (a replica did not stop) or a replica
         died: the replicas are no longer one group that can run the next cell."""
         if not self._returned.is_set():
+            running = self.session.still_running()
+            which = (f"replica{'s' if len(running) > 1 else ''} {format_ordinals(running)}"
+                     if running else "a replica")
             self.session.end(self.session.death_reason or (
-                f"a replica did not stop within {self.grace:g} s of the interrupt (native "
+                f"{which} did not stop within {self.grace:g} s of the interrupt (native "
                 "code, or a collective waiting for a peer)"))
         elif self.session.death_reason is not None and self.session.ended is None:
             self.session.end(self.session.death_reason)
