@@ -22,6 +22,16 @@ if TYPE_CHECKING:
 VARIABLE = "COLAB_XLA_RUNTIME"
 
 
+def refuse_xmp_launch(launch, runtime: str, starts: str) -> None:
+    """For a runtime that starts its processes itself (``starts``: what it calls them):
+    refuse torch_xla's launch options, ``--launcher`` and ``--debug-single``."""
+    if launch.launcher != "xmp" or launch.debug_single:
+        from ..errors import OptionError
+
+        raise OptionError(f"--runtime {runtime} starts {starts} itself: --launcher and "
+                          "--debug-single are torch_xla's.")
+
+
 class Runtime(abc.ABC):
     """One runtime: how its replicas are planned, launched and set up, and how their
     values come back. One instance per runtime (the registry's); runtimes compare equal

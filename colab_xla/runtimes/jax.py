@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import OptionError, Problem, SetupError
 from ..wire.host_rank import HostRank
-from .base import VARIABLE, Runtime
+from .base import VARIABLE, Runtime, refuse_xmp_launch
 from .plan import Hardware, ReplicaCountError, ReplicaPlan
 
 # Where a run's processes meet (set by the launcher per run, or by a cluster's notebook).
@@ -235,9 +235,7 @@ class Jax(Runtime):
         check_installed()
 
     def check_launch(self, launch) -> None:
-        if launch.launcher != "xmp" or launch.debug_single:
-            raise OptionError("--runtime jax starts JAX processes itself: --launcher and "
-                              "--debug-single are torch_xla's.")
+        refuse_xmp_launch(launch, self.name, "JAX processes")
 
     def plan(self, requested: Optional[int], hardware: Hardware, *,
              simulate: Optional[str] = None, devices_per_process: Optional[int] = None,

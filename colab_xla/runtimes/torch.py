@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ..errors import OptionError, Problem, SetupError
 from ..wire.host_rank import HostRank
-from .base import VARIABLE, Runtime
+from .base import VARIABLE, Runtime, refuse_xmp_launch
 from .plan import Hardware, ReplicaCountError, ReplicaPlan
 from .torch_xla import DEFAULT_CPU_REPLICAS
 
@@ -159,7 +159,7 @@ def torchrun_environ(environ: Mapping[str, str]) -> Dict[str, str]:
 
 _initialized = False
 _membership: Dict[str, str] = {}  # torchrun's variables of this process (join)
-_job: Dict[str, str] = {"run": "colab_xla"}  # the run (or session) the process serves
+_run_name = "colab_xla"  # the run (or session) the process serves: its store's key prefix
 _store: List[Any] = []  # the process group's store, kept as long as the group
 
 
@@ -168,9 +168,10 @@ def join(environ: Mapping[str, str] = os.environ, run: str = "colab_xla") -> Non
     them (a session's later cells bring an environment without them: each cell gets them
     again, :func:`initialize`), and make the process group's calls fit for a cell written
     as a torchrun script (:func:`_fit_script_calls`)."""
+    global _run_name
     _membership.update(torchrun_environ(environ))
     host = HostRank.from_environ(environ)
-    _job["run"] = (host.run if host and host.run else run)  # (every host's: the same)
+    _run_name = host.run if host and host.run else run  # (every host's: the same)
     _fit_script_calls()
 
 
@@ -197,7 +198,7 @@ def initialize() -> None:
     store = dist.TCPStore(_membership["MASTER_ADDR"], int(_membership["MASTER_PORT"]), world,
                           is_master=rank == 0, timeout=COLLECTIVE_TIMEOUT)
     _store[:] = [store]
-    _real["init"](backend(), store=dist.PrefixStore(f"colab_xla/{_job['run']}", store),
+    _real["init"](backend(), store=dist.PrefixStore(f"colab_xla/{_run_name}", store),
                   rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
     _initialized = dist.is_initialized()
 
@@ -286,9 +287,7 @@ class Torch(Runtime):
         check_installed()
 
     def check_launch(self, launch) -> None:
-        if launch.launcher != "xmp" or launch.debug_single:
-            raise OptionError("--runtime torch starts its processes itself: --launcher and "
-                              "--debug-single are torch_xla's.")
+        refuse_xmp_launch(launch, self.name, "its processes")
         if launch.devices_per_process is not None:
             raise OptionError("--devices-per-process is for --runtime jax (a torch process "
                               "has one device).")
