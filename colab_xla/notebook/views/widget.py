@@ -145,12 +145,11 @@ class WidgetView(RunObserver):
         self._skipped += max(0, len(self._pending) + len(lines) - PENDING_LINES)
         self._pending.extend(zip(itertools.repeat(origin), lines))
 
-    def _merge_pending(self) -> bool:
+    def _merge_pending(self) -> None:
         """The lines that came since the last draw, as the combined tab's rows: a line that
-        another replica printed among the last :data:`_MERGE_WINDOW` rows joins that row.
-        Whether any came."""
+        another replica printed among the last :data:`_MERGE_WINDOW` rows joins that row."""
         if not self._pending:
-            return False
+            return
         if self._skipped:
             self._lines.append([f"... {self._skipped} lines not shown here (each replica's "
                                 "tab has its latest lines, its log all of them)", None])
@@ -169,14 +168,13 @@ class WidgetView(RunObserver):
                 self._lines.append(entry)
                 recent.append(entry)
         self._pending.clear()
-        return True
 
     def tick(self, outcome: RunOutcome) -> None:
         self._draw_header(outcome)
         self._ensure_tabs(outcome)
         for ordinal in sorted(outcome.replicas):
             self._draw_replica(outcome, ordinal)
-        if self._merge_pending():
+        if self._pending:  # (_combined_rows merges them)
             self.combined.outputs = (_stream("\n".join(self._combined_rows(outcome)) + "\n"),)
         self._draw_titles(outcome)
         if self._handle is None and outcome.elapsed is None:
