@@ -167,8 +167,8 @@ def test_on_a_cluster_the_runtime_says_each_hosts_replicas_and_what_they_share()
     def host_0():
         return "10.0.0.2:1234"
 
-    assert JAX.cluster_environ(host_0) == {jax_runtime.COORDINATOR: "10.0.0.2:1234"}
-    assert TORCH_XLA.cluster_environ(lambda: pytest.fail("torch_xla asked for a port")) == {}
+    assert JAX.cluster_environ([cpu], host_0) == {jax_runtime.COORDINATOR: "10.0.0.2:1234"}
+    assert TORCH_XLA.cluster_environ([tpu], lambda: pytest.fail("torch_xla asked for a port")) == {}
     TORCH_XLA.check_cluster([tpu], Launch())
     with pytest.raises(OptionError, match="--devices-per-process 2: on a TPU host"):
         JAX.check_cluster([cpu, tpu], Launch(runtime="jax", devices_per_process=2))

@@ -157,7 +157,8 @@ def _start_processes(launch: Launch, entry: Callable, job, count: int,
                 rank_env[key] = value
         # What the replicas' runtime adds per run (JAX: where its processes meet), as
         # the replicas will know it: from their environment.
-        rank_env.update(runtimes.current(job.environ).run_environ(job.environ, free_port))
+        rank_env.update(runtimes.current(job.environ).run_environ({**job.environ, **rank_env},
+                                                                  free_port))
     replicas = [context.Process(target=replica_entry.replica_process,
                                 name=f"colab_xla-replica-{index}",
                                 args=(entry, index, job, rank_env, launch.start_method == "fork"))

@@ -11,7 +11,8 @@ agent), the replica's half in each replica process, where it imports its own pac
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Pattern, Sequence
+from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Pattern,
+                    Sequence, Tuple)
 
 if TYPE_CHECKING:
     from ..errors import Problem
@@ -85,8 +86,9 @@ class Runtime(abc.ABC):
     def run_environ(self, environ: Mapping[str, str],
                     free_port: Callable[[], int]) -> Dict[str, str]:
         """The variables the launcher adds for one run of processes it starts itself, the
-        replicas' environment being ``environ`` (``free_port()``: a port of this machine's
-        free now)."""
+        replicas' environment being ``environ`` (with what the launcher gives every
+        process: ``PJRT_LOCAL_PROCESS_COUNT``, ``MASTER_ADDR``, ``MASTER_PORT``;
+        ``free_port()``: a port of this machine's free now)."""
 
     @abc.abstractmethod
     def cluster_replicas(self, host: Mapping[str, Any]) -> Optional[int]:
@@ -99,9 +101,18 @@ class Runtime(abc.ABC):
         ``hosts`` (their agents' descriptions) cannot honour."""
 
     @abc.abstractmethod
-    def cluster_environ(self, coordinator: Callable[[], str]) -> Dict[str, str]:
-        """The variables every host's replicas get for one run (or session) on a cluster;
-        ``coordinator()`` asks host 0's agent for an address of its own and a free port."""
+    def cluster_environ(self, hosts: Sequence[Mapping[str, Any]],
+                        coordinator: Callable[[], str]) -> Dict[str, str]:
+        """The variables every host's replicas get for one run (or session) on a cluster
+        of ``hosts`` (their agents' descriptions, host 0 first); ``coordinator()`` asks
+        host 0's agent for an address of its own and a free port."""
+
+    def doctor_facts(self, hardware: "Hardware",
+                     environ: Mapping[str, str]) -> List[Tuple[str, str]]:
+        """What ``%xla_doctor`` lists of this runtime here (``(label, text)`` lines; none
+        by default): its packages, its processes and devices, whether this notebook's
+        process holds them. Never starts the runtime."""
+        return []
 
     # -- the replica's half (called in a replica process) ----------------------------
 

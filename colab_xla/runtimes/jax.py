@@ -266,7 +266,7 @@ class Jax(Runtime):
                               "host the JAX runtime runs one process driving every chip of "
                               "the host; leave it out (it is for CPU hosts).")
 
-    def cluster_environ(self, coordinator: Callable[[], str]) -> Dict[str, str]:
+    def cluster_environ(self, hosts, coordinator: Callable[[], str]) -> Dict[str, str]:
         return {COORDINATOR: coordinator()}  # every host's processes are one job
 
     # -- the replica's half -----------------------------------------------------------

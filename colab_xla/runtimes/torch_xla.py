@@ -241,7 +241,7 @@ class TorchXla(Runtime):
     def check_cluster(self, hosts, launch) -> None:
         return None
 
-    def cluster_environ(self, coordinator: Callable[[], str]) -> Dict[str, str]:
+    def cluster_environ(self, hosts, coordinator: Callable[[], str]) -> Dict[str, str]:
         return {}  # (the hosts' replicas meet through host 0's store: HostRank)
 
     # -- the replica's half -----------------------------------------------------------

@@ -170,7 +170,8 @@ def host_request(cluster: Cluster, launch: Launch) -> Dict[str, Any]:
     (:meth:`colab_xla.notebook.cluster.agent.HostAgent.start`): the runtime by name, its
     devices per process, and the variables every host's replicas get."""
     return {"runtime": launch.runtime.name, "devices_per_process": launch.devices_per_process,
-            "environ": launch.runtime.cluster_environ(lambda: coordinator(cluster))}
+            "environ": launch.runtime.cluster_environ(
+                cluster.described, lambda: coordinator(cluster))}
 
 
 def coordinator(cluster: Cluster) -> str:
