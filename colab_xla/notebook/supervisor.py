@@ -133,10 +133,13 @@ class Supervisor:
                 else:
                     driver.join()
                 self._drain()
-                self._settle_unreported()
                 if (self._driver_error is not None and not self.outcome.replicas
                         and not self._deadlines.stop):
+                    # The launcher failed before any replica said a word (xmp.spawn, or
+                    # the runtime's set-up of the run's processes): the run never started.
                     self.outcome.launch_error = endings.launch_error(self._driver_error)
+                else:
+                    self._settle_unreported()
                 # Replicas arrive in any order; the outcome a person reads is by ordinal.
                 self.outcome.replicas = dict(sorted(self.outcome.replicas.items()))
             finally:
