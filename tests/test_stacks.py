@@ -21,18 +21,19 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.stacks("colab", "kaggle")]
+pytestmark = [pytest.mark.stacks("colab", "kaggle", "torchtpu")]
 
 REPO = Path(__file__).resolve().parent.parent
 STACK = os.environ.get("COLAB_XLA_STACK", "")  # set by scripts/test for .venv-NAME
 
 # What a `pip install colab_xla` must never install (upgrade, downgrade or reinstall) into
-# Colab/Kaggle: the Jupyter stack google-colab pins, and the runtime's torch pair.
+# Colab/Kaggle: the Jupyter stack google-colab pins, and the runtime's torch pair (or
+# TorchTPU's torch, torch-tpu and libtpu).
 PROTECTED = ("ipython", "ipykernel", "ipywidgets", "widgetsnbextension", "traitlets",
-             "jupyter-client", "torch", "torch-xla")
+             "jupyter-client", "torch", "torch-xla", "torch-tpu", "libtpu")
 # Versions the kernel must report, so a kernel of another env shows up as a mismatch.
 REPORTED = ("ipython", "ipykernel", "ipywidgets", "traitlets", "jupyter-client", "torch",
-            "torch-xla")
+            "torch-xla", "torch-tpu")
 
 
 def canonical(name: str) -> str:
@@ -116,8 +117,11 @@ def test_kernels_the_tests_start_are_this_envs_python():
 
     probe = ("import json, sys\nfrom importlib import metadata\n"
              f"names = {list(REPORTED)!r}\n"
+             "def version(name):\n"
+             "    try:\n        return metadata.version(name)\n"
+             "    except metadata.PackageNotFoundError:\n        return None\n"
              "print(json.dumps({'prefix': sys.prefix, 'version': list(sys.version_info[:3]),\n"
-             "    'packages': {n: metadata.version(n) for n in names}}))")
+             "    'packages': {n: version(n) for n in names}}))")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(probe)])
     run_notebooks.execute(nb, timeout=120)  # nbclient, kernel "python3", env kernel_env()
     [out] = [o for o in nb.cells[0].outputs if o.output_type == "stream"]

@@ -8,6 +8,7 @@ collective, and a session that keeps a model across cells and survives an Interr
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import textwrap
 import time
@@ -22,6 +23,8 @@ from colab_xla.notebook.targets import run_cell
 from colab_xla.runtimes import torch as torch_runtime
 from colab_xla.runtimes.plan import Hardware, ReplicaCountError
 from colab_xla.wire.host_rank import HostRank
+
+pytestmark = pytest.mark.stacks("torchtpu")  # (the gloo stand-in, beside torch_tpu)
 
 CPU = Hardware(pjrt_device=None)
 TORCH = runtimes.get("torch")
@@ -56,8 +59,9 @@ def test_bad_counts_a_tpu_host_and_torch_xlas_options_are_refused():
         TORCH.plan(0, CPU, environ={})
     with pytest.raises(ReplicaCountError, match="at most 16 processes on CPU"):
         TORCH.plan(17, CPU, environ={})
-    with pytest.raises(ReplicaCountError, match="needs TorchTPU"):
-        TORCH.plan(None, Hardware(pjrt_device=None, tpu_chips=4), environ={})
+    if importlib.util.find_spec("torch_tpu") is None:
+        with pytest.raises(ReplicaCountError, match="needs TorchTPU .* pip install torch-tpu"):
+            TORCH.plan(None, Hardware(pjrt_device=None, tpu_chips=4), environ={})
     assert TORCH.plan(2, Hardware(pjrt_device=None, tpu_chips=4),
                       environ={"PJRT_DEVICE": "CPU"}).device_type == "CPU"
     for asked in ({"launcher": "launch"}, {"debug_single": True}, {"devices_per_process": 2}):
@@ -83,8 +87,13 @@ def test_torchruns_variables_from_the_launchers_rank_and_a_clusters_host():
     assert (on_host["RANK"], on_host["LOCAL_RANK"], on_host["WORLD_SIZE"],
             on_host["NODE_RANK"], on_host["MASTER_ADDR"], on_host["MASTER_PORT"]) == (
         "3", "1", "4", "1", "10.0.0.2", "5555")
-    assert TORCH.cluster_environ(lambda: "10.0.0.2:5555") == {torch_runtime.MASTER:
-                                                              "10.0.0.2:5555"}
+    cpu_hosts = [{"device": "CPU", "address": a} for a in ("10.0.0.2", "10.0.0.3")]
+    assert TORCH.cluster_environ(cpu_hosts, lambda: "10.0.0.2:5555") == {
+        torch_runtime.MASTER: "10.0.0.2:5555"}
+    # TPU hosts: TorchTPU's worker list, host 0 first (its NODE_RANK is the host's).
+    tpu_hosts = [{"device": "TPU", "address": a} for a in ("10.0.0.2", "10.0.0.3")]
+    assert TORCH.cluster_environ(tpu_hosts, lambda: "10.0.0.2:5555") == {
+        torch_runtime.MASTER: "10.0.0.2:5555", "TPU_WORKER_HOSTNAMES": "10.0.0.2,10.0.0.3"}
 
 
 @pytest.mark.quick
@@ -107,7 +116,7 @@ def test_cuda_initialized_in_the_notebook_is_refused_before_forking(monkeypatch)
     assert torch_runtime.cuda_problem() is None
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     problem = torch_runtime.cuda_problem()
-    assert problem.code == torch_runtime.CUDA_INITIALIZED and "restart the kernel" in problem.fix
+    assert problem.code == torch_runtime.DEVICE_OPENED and "restart the kernel" in problem.fix
     assert runtimes.started_by(problem) is TORCH
     assert torch_runtime.STARTING_CALLS.search("x = torch.ones(3).cuda()")
     assert not torch_runtime.STARTING_CALLS.search("x = torch.ones(3)")
@@ -267,3 +276,18 @@ def test_a_machine_with_pytorch_alone_runs_it():
                           text=True, timeout=240)
     assert done.stdout.strip().splitlines()[-1:] == ["True {0: 2, 1: 2}"], (done.stdout,
                                                                             done.stderr[-3000:])
+
+
+@pytest.mark.quick
+def test_the_doctor_says_what_the_torch_runtime_would_start_here(monkeypatch):
+    import torch
+
+    from colab_xla.notebook import doctor
+
+    facts = dict(doctor.diagnose(environ={}, history=[]).facts)
+    assert facts["--runtime torch"].startswith(f"torch {torch.__version__.split('+')[0]}")
+    assert facts["--runtime torch"].endswith("8 processes on CPU (torch.distributed with gloo).")
+    assert facts["  its device"] == "not opened by this notebook (good)"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert dict(torch_runtime.doctor_facts(CPU, {}))["  its device"].startswith(
+        "CUDA is initialized in this notebook's own process")

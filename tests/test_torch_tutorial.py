@@ -55,10 +55,12 @@ def test_the_ranks_weights_are_identical(ddp_nb):
     assert len(sums) == 1 and sums.pop().startswith("checksum "), sums
 
 
-def test_the_gpu_variant_is_one_line():
+def test_the_tpu_and_gpu_variant_is_one_line():
     import nbformat
 
     nb = nbformat.read(DDP, as_version=4)
     assert "".join(cell(nb, "start").source) == "%xla_session start --runtime torch -n {RANKS}"
-    assert "becomes `%xla_session start --runtime torch`" in "".join(nb.cells[0].source)
+    intro = "".join(nb.cells[0].source)
+    assert "becomes `%xla_session start --runtime torch`" in intro
+    assert "TorchTPU" in intro and "CUDA GPUs" in intro
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")  # saved clean

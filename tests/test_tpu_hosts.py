@@ -17,7 +17,6 @@ import threading
 from pathlib import Path
 
 import pytest
-import requests
 
 from colab_xla.notebook import hardware, preflight, tpu_scan
 from colab_xla.notebook.torch_xla_import import import_torch_xla
@@ -26,6 +25,8 @@ from colab_xla.runtimes.plan import ReplicaCountError
 from colab_xla.runtimes.torch_xla import UnsupportedTpuError, plan_replicas
 from colab_xla.notebook.launch import replica_environ
 from colab_xla.wire.cell import Cell
+
+requests = pytest.importorskip("requests")  # (torch_xla's dependency: not in every stack)
 
 pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
 

@@ -161,6 +161,9 @@ def diagnose(environ: Mapping[str, str] = os.environ, history: Sequence[str] = (
     if found:
         report.problems.append(preflight.leftovers_problem(found))
 
+    for runtime in runtimes.registered():
+        report.facts += runtime.doctor_facts(hw, environ)
+
     holders = tpu_holders.scan()
     report.facts.append(("TPU held by", tpu_holders.fact(holders)))
     if hw.device == "TPU":

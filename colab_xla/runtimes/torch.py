@@ -1,13 +1,16 @@
 """PyTorch's own distributed processes (``%%xla_spawn --runtime torch``): the cell runs in N
 processes with torchrun's variables and the default process group initialized before it,
 as a script that torchrun starts: on CPU with gloo (workshops, laptops), on CUDA GPUs with
-NCCL (one process per GPU), on a TPU host with TorchTPU (``torch_tpu``: not yet, see
-:func:`plan`).
+NCCL (one process per GPU), on a TPU host with TorchTPU (``torch_tpu``, torch_xla's
+successor: one process per chip, backend ``tpu_dist``).
 
 Both halves of the runtime live here (:class:`Torch`), IPython-free:
 
-* the notebook's: :func:`plan` (the processes and their device), and the guard that refuses
-  a notebook whose own process initialized CUDA (forked CUDA children fail);
+* the notebook's: :func:`plan` (the processes and their device), :func:`tpu_launch_environ`
+  (on a TPU host, the variables TorchTPU's own ``set_tpu_launch_env`` gives a run, computed
+  by it in a child process), and the guard that refuses a notebook whose own process opened
+  the device (CUDA initialized, or the TPU claimed through torch_tpu): forked children
+  cannot use it;
 * the replica's: :func:`join` (torchrun's variables, from the rank the launcher gave the
   process, and on a cluster from its host's), :func:`initialize` (the default process
   group, once per process, before its first cell) and :func:`to_host` (tensors to CPU).
@@ -26,7 +29,7 @@ import importlib.util
 import os
 import re
 import sys
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import OptionError, Problem, SetupError
 from ..wire.host_rank import HostRank
@@ -48,15 +51,26 @@ MAX_CPU_PROCESSES = 16
 # by colab_xla before this in any case; a session's replica gets its error instead of a hang.
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=5)
 
-# The code of the preflight problem CUDA initialized in the notebook's process is.
-CUDA_INITIALIZED = "cuda-initialized"
-# Calls that initialize CUDA in the process that makes them.
+# The code of the preflight problem "the notebook's process opened the device" (CUDA
+# initialized, or the TPU claimed through torch_tpu) is.
+DEVICE_OPENED = "torch-device-opened"
+# Calls that open a GPU or a TPU in the process that makes them: a tensor made on or moved
+# to it, torch.cuda's initializing calls, and a TPU process group (torch_tpu 0.2.0 claims
+# the chips at the first TPU tensor or init_process_group("tpu_dist"); importing it, or
+# torch.device("tpu"), does not).
 STARTING_CALLS = re.compile(
-    r"(\.cuda\(|\.to\(['\"]cuda|device\s*=\s*['\"]cuda|torch\.cuda\.(?:init|set_device|"
-    r"current_device|synchronize|mem_get_info|get_device_properties|manual_seed)\(|"
-    r"torch\.zeros\([^)]*cuda|torch\.(?:ones|randn|rand|empty|tensor)\([^)]*cuda)")
+    r"(\.(?:cuda|tpu)\(|\.to\(['\"](?:cuda|tpu)|device\s*=\s*['\"](?:cuda|tpu)|"
+    r"torch\.cuda\.(?:init|set_device|current_device|synchronize|mem_get_info|"
+    r"get_device_properties|manual_seed)\(|torch\.tpu\.(?:synchronize|manual_seed)\(|"
+    r"init_process_group\(\s*(?:backend\s*=\s*)?['\"]tpu|"
+    r"torch\.zeros\([^)]*(?:cuda|tpu)|torch\.(?:ones|randn|rand|empty|tensor)\([^)]*(?:cuda|tpu))")
 
 TORCH_INSTALL_HINT = "pip install torch, then restart the kernel."
+TORCH_TPU_INSTALL_HINT = ("pip install torch-tpu (TorchTPU: it brings the torch and libtpu it "
+                          "needs), then restart the kernel")
+# How long TorchTPU's launch code may take in its child process (an import of torch and
+# torch_tpu: seconds).
+LAUNCH_ENV_SECONDS = 120
 
 
 # -- the notebook's side ------------------------------------------------------------------
@@ -71,10 +85,7 @@ def plan(requested: Optional[int], hw: Hardware, environ: Mapping[str, str],
         raise ReplicaCountError(f"-n {requested}: the number of processes must be 1 or more.")
     forced_cpu = (environ.get("PJRT_DEVICE") or "").upper() == "CPU"
     if hw.device == "TPU" and not forced_cpu:
-        raise ReplicaCountError(
-            "--runtime torch on a TPU host needs TorchTPU (torch_tpu), which colab_xla does "
-            "not drive yet: use the default runtime (torch_xla), or PJRT_DEVICE=CPU (--env "
-            "PJRT_DEVICE=CPU) for gloo processes on the CPU.")
+        return _tpu_plan(requested, hw)
     gpus = 0 if forced_cpu else (cuda_devices if cuda_devices is not None
                                  else cuda_device_count())
     env: Dict[str, Optional[str]] = {VARIABLE: RUNTIME.name}
@@ -98,6 +109,89 @@ def plan(requested: Optional[int], hw: Hardware, environ: Mapping[str, str],
     return ReplicaPlan("CPU", n, env, note, processes=n, runtime=RUNTIME)
 
 
+def _tpu_plan(requested: Optional[int], hw: Hardware) -> ReplicaPlan:
+    """One process per chip, driven by TorchTPU (their launch variables:
+    :func:`tpu_launch_environ`, per run)."""
+    if importlib.util.find_spec("torch_tpu") is None:
+        raise ReplicaCountError(
+            f"--runtime torch on a TPU host needs TorchTPU (torch_tpu), which is not "
+            f"installed: {TORCH_TPU_INSTALL_HINT}; or use the default runtime (torch_xla), "
+            "or --env PJRT_DEVICE=CPU for gloo processes on the CPU.")
+    chips = hw.tpu_chips
+    n = requested or chips
+    if chips and n > chips:
+        raise ReplicaCountError(f"-n {n}: this host has {chips} TPU chip"
+                                f"{'s' if chips != 1 else ''}, one TorchTPU process each; use "
+                                f"-n {chips} or fewer.")
+    env: Dict[str, Optional[str]] = {VARIABLE: RUNTIME.name, DEVICE: "TPU"}
+    note = (f"colab_xla: torch runtime, {n} process{'es' if n != 1 else ''}, one per TPU "
+            "chip (TorchTPU, tpu_dist).")
+    return ReplicaPlan("TPU", n, env, note, processes=n, runtime=RUNTIME)
+
+
+def tpu_launch_environ(environ: Mapping[str, str], processes: int,
+                       python: str = sys.executable) -> Dict[str, str]:
+    """The variables TorchTPU's ``torch.tpu.distributed.set_tpu_launch_env`` adds for a run
+    of ``processes`` processes on this host (the replicas' environment being ``environ``):
+    what it computes (the slice builders' addresses, the topology, the profiling session),
+    computed by it, in a child process (it writes ``os.environ``, memoizes what it read, and
+    on a multi-host slice may query the chips' coordinates, which claims them).
+
+    What colab_xla knows is given to it first, and it never overwrites a variable: on a
+    cluster's host (:class:`~colab_xla.wire.host_rank.HostRank`) the hosts
+    (``TPU_WORKER_HOSTNAMES``, from :meth:`Torch.cluster_environ`), ``NODE_RANK`` (so that
+    it starts no child to read coordinates), ``NNODES``, the processes per host, and host
+    0's ``MASTER_ADDR``/``MASTER_PORT``; a slice's ``TPU_TOPOLOGY`` (GKE's) as its
+    ``TORCH_TPU_TOPOLOGY``. Raises :class:`colab_xla.errors.SetupError` with its error."""
+    import json
+    import subprocess
+
+    host = HostRank.from_environ(environ)
+    given: Dict[str, str] = {}
+    if host is not None and host.hosts > 1:
+        given.update(NNODES=str(host.hosts), NODE_RANK=str(host.host),
+                     TORCH_TPU_DEVICES_PER_HOST=str(processes))
+        master = environ.get(MASTER)
+        if master:
+            given["MASTER_ADDR"], given["MASTER_PORT"] = master.rsplit(":", 1)
+    if environ.get("TPU_TOPOLOGY") and not environ.get("TORCH_TPU_TOPOLOGY"):
+        given["TORCH_TPU_TOPOLOGY"] = slice_topology(environ["TPU_TOPOLOGY"])
+    child = {**environ, **given}
+    child.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    code = ("import json, os, sys\n"
+            "before = dict(os.environ)\n"
+            "from torch_tpu._internal.distributed.distributed import set_tpu_launch_env\n"
+            "sys.argv = sys.argv[:1]\n"  # (it parses absl flags from sys.argv)
+            f"set_tpu_launch_env(nnodes={host.hosts if host else 1}, "
+            f"nproc_per_node={processes})\n"
+            "print('COLAB_XLA_TPU_LAUNCH=' + json.dumps({k: v for k, v in os.environ.items()"
+            " if before.get(k) != v}))\n")
+    try:
+        done = subprocess.run([python, "-c", code], env=child, capture_output=True,
+                              text=True, timeout=LAUNCH_ENV_SECONDS)
+    except subprocess.TimeoutExpired:
+        raise SetupError(f"TorchTPU's set_tpu_launch_env did not answer within "
+                         f"{LAUNCH_ENV_SECONDS} s.") from None
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith("COLAB_XLA_TPU_LAUNCH="):
+            return {**given, **json.loads(line.partition("=")[2])}
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    raise SetupError("TorchTPU's set_tpu_launch_env failed"
+                     + (f": {lines[-1].strip()}" if lines else f" (exit code {done.returncode})."))
+
+
+def slice_topology(topology: str) -> str:
+    """GKE's ``TPU_TOPOLOGY`` (``"2x4"``, ``"4x4x4"``) as TorchTPU's native runtime reads
+    ``TORCH_TPU_TOPOLOGY``: three comma-separated bounds (``"2,4,1"``; it refuses ``"2x4"``:
+    "Incorrect number of elements specified for TPU dimensions").
+
+    >>> slice_topology("2x4"), slice_topology("4x4x4")
+    ('2,4,1', '4,4,4')
+    """
+    bounds = [b for b in re.split(r"[,xX]", topology.strip()) if b]
+    return ",".join(bounds + ["1"] * (3 - len(bounds)))
+
+
 def cuda_device_count() -> int:
     """The CUDA GPUs of this machine, without initializing CUDA in this process (NVML,
     as torch.cuda.device_count does before CUDA starts); 0 without torch's CUDA."""
@@ -119,12 +213,57 @@ def cuda_problem() -> Optional[Problem]:
     if torch is None or not torch.cuda.is_initialized():
         return None
     return Problem(
-        CUDA_INITIALIZED,
+        DEVICE_OPENED,
         "CUDA is initialized in this notebook's own process (a tensor moved to a GPU, or a "
         "torch.cuda call, ran outside %%xla_spawn), so the processes forked from it cannot "
         "use CUDA.",
         "restart the kernel, then use the GPUs only inside %%xla_spawn --runtime torch cells "
         "(where `device` is each process's GPU).")
+
+
+def tpu_problem() -> Optional[Problem]:
+    """A :class:`colab_xla.errors.Problem` if this process (the notebook's) claimed the TPU
+    through torch_tpu, else None: the chips are then held until the kernel restarts, and a
+    forked child may not touch them ("cannot access or re-initialize TPU in a forked
+    subprocess"). Asks torch_tpu's device backend (its native ``_is_initialized``, which
+    the first TPU tensor and a ``tpu_dist`` process group set); never imports it."""
+    backend = sys.modules.get("torch_tpu._internal.device._device_ops_backend")
+    if backend is None or not (backend._is_initialized() or backend._is_in_bad_fork()):
+        return None
+    return Problem(
+        DEVICE_OPENED,
+        "The TPU is claimed by this notebook's own process (a tensor made on or moved to "
+        "the TPU, or a tpu_dist process group, ran outside %%xla_spawn), so TorchTPU's "
+        "processes cannot open the chips (\"Device or resource busy\").",
+        "restart the kernel, then use the TPU only inside %%xla_spawn --runtime torch cells "
+        "(where `device` is each process's chip); importing torch_tpu in the notebook is "
+        "fine.")
+
+
+def doctor_facts(hw: Hardware, environ: Mapping[str, str]) -> List[Tuple[str, str]]:
+    """``%xla_doctor``'s line of this runtime: what ``--runtime torch`` would start here
+    (TorchTPU's version and the chips, or the GPUs, or gloo on CPU), and whether this
+    notebook's process holds the device. Reads package metadata and the PCI bus only."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(package: str) -> Optional[str]:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return None
+
+    if installed("torch") is None:
+        return [("--runtime torch", f"PyTorch not installed ({TORCH_INSTALL_HINT})")]
+    tpu = installed("torch-tpu")
+    packages = f"torch {installed('torch')}" + (
+        f", TorchTPU {tpu} (libtpu {installed('libtpu') or 'not installed'})" if tpu else "")
+    try:
+        start = plan(None, hw, environ).note.removeprefix("colab_xla: torch runtime, ")
+    except ReplicaCountError as exc:
+        start = str(exc)
+    held = [p.message for p in (cuda_problem(), tpu_problem()) if p is not None]
+    return [("--runtime torch", f"{packages}; {start}"),
+            ("  its device", held[0] if held else "not opened by this notebook (good)")]
 
 
 def check_installed() -> None:
@@ -213,11 +352,14 @@ def leave() -> None:
 
 
 def device():
-    """The cell's ``device``: this process's GPU, or the CPU."""
+    """The cell's ``device``: this process's GPU or TPU chip, or the CPU."""
     import torch
 
-    if os.environ.get(DEVICE) == "CUDA":
+    kind = os.environ.get(DEVICE)
+    if kind == "CUDA":
         return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    if kind == "TPU":
+        return torch.device("tpu")  # (each process sees its chip as tpu:0)
     return torch.device("cpu")
 
 
@@ -277,7 +419,7 @@ class Torch(Runtime):
     name = "torch"
     described_as = "torch.distributed processes"
     replicas_are = "processes"
-    started_code = CUDA_INITIALIZED
+    started_code = DEVICE_OPENED
     starting_calls = STARTING_CALLS
     preloads_torch_xla = False
 
@@ -300,23 +442,34 @@ class Torch(Runtime):
     def own_processes(self, plan: ReplicaPlan) -> bool:
         return True
 
+    def doctor_facts(self, hardware: Hardware,
+                     environ: Mapping[str, str]) -> List[Tuple[str, str]]:
+        return doctor_facts(hardware, environ)
+
     def problems(self) -> List[Problem]:
-        return [p for p in (cuda_problem(),) if p is not None]
+        return [p for p in (cuda_problem(), tpu_problem()) if p is not None]
 
     def run_environ(self, environ: Mapping[str, str],
                     free_port: Callable[[], int]) -> Dict[str, str]:
-        return {}  # (the launcher's MASTER_ADDR and MASTER_PORT of the run, or host 0's)
+        # (the launcher's MASTER_ADDR and MASTER_PORT of the run, or host 0's; on a TPU
+        # host, what TorchTPU's launch code adds for this run's processes)
+        if environ.get(DEVICE) != "TPU":
+            return {}
+        return tpu_launch_environ(environ, int(environ["PJRT_LOCAL_PROCESS_COUNT"]))
 
     def cluster_replicas(self, host: Mapping[str, Any]) -> Optional[int]:
         return host["replicas"]
 
     def check_cluster(self, hosts, launch) -> None:
-        if any(d["device"] == "TPU" for d in hosts):
-            raise OptionError("--runtime torch on TPU hosts needs TorchTPU, which colab_xla "
-                              "does not drive yet: use the default runtime (torch_xla).")
+        pass  # (each host plans its own: TorchTPU's absence is its host's error)
 
-    def cluster_environ(self, coordinator: Callable[[], str]) -> Dict[str, str]:
-        return {MASTER: coordinator()}  # every host's processes are one job
+    def cluster_environ(self, hosts, coordinator: Callable[[], str]) -> Dict[str, str]:
+        # Every host's processes are one job, host 0 its master; TPU hosts are TorchTPU's
+        # TPU_WORKER_HOSTNAMES, in host order (NODE_RANK: tpu_launch_environ).
+        environ = {MASTER: coordinator()}
+        if any(d["device"] == "TPU" for d in hosts):
+            environ["TPU_WORKER_HOSTNAMES"] = ",".join(d["address"] for d in hosts)
+        return environ
 
     # -- the replica's half -----------------------------------------------------------
 
