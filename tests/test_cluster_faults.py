@@ -47,6 +47,40 @@ def test_a_host_that_is_gone_mid_cell_fails_its_replicas_stops_the_others_and_en
         c.stop()
 
 
+def test_a_ray_node_lost_during_a_session_cell_ends_the_session_and_leaves_nothing_of_it():
+    """Host 1's whole Ray node goes (its raylet SIGKILLed, as when a host of a slice is
+    preempted) while a session cell runs: the cell answers in bounded time, host 1's
+    replicas failed and the others were stopped, the session and the connection end, and
+    no replica process of the session is left on either host."""
+    from colab_xla.notebook.targets.cluster_session import ClusterSession
+
+    c = cluster.start_local(HOSTS, 1, announce=None)
+    try:
+        c.session = ClusterSession.start(c, announce=None)
+        pids = [pid for replicas in c.session.replicas.values() for pid in replicas.values()]
+        raylet = psutil.Process(c.described[1]["pid"]).parent()  # host 1's node
+        assert "raylet" in raylet.name(), raylet.cmdline()
+
+        class LoseNode1(RunObserver):
+            def started(self, outcome, ordinal):
+                if ordinal == 1:
+                    raylet.kill()
+
+        outcome = on_cluster("import time\ntime.sleep(120)", c, observer=LoseNode1())
+        assert outcome.elapsed < 60, outcome.elapsed
+        assert outcome.replicas[1].state == FAILED
+        assert outcome.replicas[1].error.ename == "HostDied", outcome.replicas[1].error
+        assert outcome.replicas[0].state == STOPPED
+        assert not c.up and "host 1 is gone" in c.ended
+        with pytest.raises(cluster.ClusterError, match="connection ended"):
+            on_cluster("index", c)
+        assert wait_until_gone([psutil.Process(p) for p in pids if psutil.pid_exists(p)],
+                               timeout=15) == []
+    finally:
+        cluster.stop()
+        c.stop()
+
+
 DIES = """
 import json, sys
 from colab_xla.notebook import cluster
