@@ -150,6 +150,12 @@ def test_each_process_has_torchruns_variables_and_the_group_made():
         assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"],
                 env["GROUP_RANK"]) == (str(i), str(i), "3", "3", "0")
         assert (made, backend, rank, dev) == (True, "gloo", i, "cpu")
+    # Gloo's banner as it makes the group (C's stdout) is not the cell's output; a
+    # process's own prints from C still are.
+    assert all("[Gloo]" not in r.log.tail_text() for r in outcome.replicas.values())
+    from_c = cell("import ctypes\nlibc = ctypes.CDLL(None)\nlibc.printf(b'from C %d\\n', index)\n"
+                  "libc.fflush(None)")
+    assert [r.log.tail_text() for r in from_c.replicas.values()] == ["from C 0", "from C 1"]
 
 
 @pytest.mark.xla
@@ -248,7 +254,7 @@ def test_a_session_keeps_its_model_and_group_across_cells_and_an_interrupt():
 
 def test_the_runtime_is_a_choice_of_every_magic():
     assert "torch" in runtimes.RUNTIMES
-    assert runtimes.get("torch") is TORCH and TORCH.preloads_torch_xla is False
+    assert runtimes.get("torch") is TORCH and TORCH.preloads == ("torch.distributed",)
 
 
 

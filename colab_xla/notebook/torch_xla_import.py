@@ -1,15 +1,29 @@
 """torch_xla in the notebook's own process: imported for the launcher (xmp.spawn) and for
 the TPU scan (its PCI table), leaving the environment alone, and never initialized
-(:func:`colab_xla.runtimes.torch_xla.runtime_initialized` tells if a cell did).
+(:func:`colab_xla.runtimes.torch_xla.runtime_initialized` tells if a cell did); and what
+another runtime's replicas would each import (:func:`preload`).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
 from . import interrupts
 from ..runtimes.torch_xla import TORCH_XLA_MISSING, TorchXlaMissing
+
+
+def preload(modules) -> None:
+    """Import ``modules`` (a runtime's :attr:`~colab_xla.runtimes.Runtime.preloads`) in
+    the notebook's process, each whole or not at all (an Interrupt waits for it)."""
+    for name in modules:
+        if name == "torch_xla":
+            import_torch_xla()
+        elif name not in sys.modules:
+            with interrupts.held() as interrupted:
+                importlib.import_module(name)
+            interrupted.raise_if_requested()
 
 
 def import_torch_xla():

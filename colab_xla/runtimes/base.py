@@ -47,10 +47,11 @@ class Runtime(abc.ABC):
     # the calls that start it (the cell that likely did it is named in the refusal).
     started_code: str
     starting_calls: Pattern[str]
-    # Whether the notebook imports torch_xla before its replicas start (xmp.spawn is the
-    # launcher; forked replicas find it imported).
-    preloads_torch_xla: bool = True
-
+    # What the notebook's process imports before the replicas start, so that forked
+    # replicas find it imported rather than each importing it (seconds for torch): module
+    # names; "torch_xla" as colab_xla.notebook.torch_xla_import imports it (its launcher,
+    # the environment left alone). Importing them never starts the runtime.
+    preloads: Tuple[str, ...] = ("torch_xla",)
     # -- the notebook's half ----------------------------------------------------------
 
     @abc.abstractmethod

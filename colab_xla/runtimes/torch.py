@@ -23,6 +23,7 @@ group is put off to the process's end, so a session's next cell still has it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import importlib.util
@@ -337,9 +338,34 @@ def initialize() -> None:
     store = dist.TCPStore(_membership["MASTER_ADDR"], int(_membership["MASTER_PORT"]), world,
                           is_master=rank == 0, timeout=COLLECTIVE_TIMEOUT)
     _store[:] = [store]
-    _real["init"](backend(), store=dist.PrefixStore(f"colab_xla/{_run_name}", store),
-                  rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
+    with _gloo_banner_hidden():
+        _real["init"](backend(), store=dist.PrefixStore(f"colab_xla/{_run_name}", store),
+                      rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
     _initialized = dist.is_initialized()
+
+
+@contextlib.contextmanager
+def _gloo_banner_hidden():
+    """Gloo writes "[Gloo] Rank R is connected to N peer ranks. Expected number of connected
+    peer ranks is : N" to C's stdout as it makes a group (torch 2.9-2.11): plumbing, not
+    the cell's output, and it would end every process's output (stdout to a pipe is
+    flushed at exit). While the group is made, C's stdout goes nowhere and is flushed
+    there; Python's own stdout is untouched."""
+    if backend() != "gloo":
+        yield
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 1)
+        yield
+    finally:
+        libc.fflush(None)
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def leave() -> None:
@@ -421,7 +447,7 @@ class Torch(Runtime):
     replicas_are = "processes"
     started_code = DEVICE_OPENED
     starting_calls = STARTING_CALLS
-    preloads_torch_xla = False
+    preloads = ("torch.distributed",)  # (not torch_xla)
 
     # -- the notebook's half ----------------------------------------------------------
 

@@ -147,8 +147,7 @@ def planned(cell: Optional[Cell], *, replicas, launch: Launch, env, simulate,
             plan = runtime.plan(1, hw, simulate=simulate, environ=replica_env)
         plan = dataclasses.replace(plan, replicas=1, processes=1)
     options.check_pull_from(pull_from, plan.replicas)
-    if runtime.preloads_torch_xla:
-        torch_xla_import.import_torch_xla()
+    torch_xla_import.preload(runtime.preloads)
     problems = preflight.check(cell, replica_env, launch, plan.device_type,
                                defaults.refuses_tpu_holders(env))
     for problem in problems["fatal"]:
