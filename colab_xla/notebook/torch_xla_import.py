@@ -11,43 +11,53 @@ import os
 import sys
 
 from . import interrupts
+from ..errors import SetupError
 from ..runtimes.torch_xla import TORCH_XLA_MISSING, TorchXlaMissing
+
+
+XMP = "torch_xla.distributed.xla_multiprocessing"  # torch_xla's launcher
 
 
 def preload(modules) -> None:
     """Import ``modules`` (a runtime's :attr:`~colab_xla.runtimes.Runtime.preloads`) in
-    the notebook's process, each whole or not at all (an Interrupt waits for it)."""
+    the notebook's process, as :func:`import_torch_xla` imports torch_xla's launcher."""
     for name in modules:
-        if name == "torch_xla":
-            import_torch_xla()
-        elif name not in sys.modules:
-            with interrupts.held() as interrupted:
-                importlib.import_module(name)
-            interrupted.raise_if_requested()
+        try:
+            _import(name)
+        except ImportError as exc:
+            raise SetupError(f"{name} is installed but cannot be imported here: "
+                             f"{type(exc).__name__}: {exc}") from exc
 
 
 def import_torch_xla():
-    """Import torch_xla's multiprocessing module, leaving PJRT_DEVICE alone.
+    """Import torch_xla's multiprocessing module, leaving PJRT_DEVICE alone, or
+    :class:`~colab_xla.runtimes.torch_xla.TorchXlaMissing`."""
+    try:
+        return _import(XMP)
+    except ImportError as exc:
+        raise TorchXlaMissing(TORCH_XLA_MISSING) from exc
+
+
+def _import(name: str):
+    """Import module ``name`` whole, leaving the environment alone.
 
     A plain ``import torch_xla`` picks a default device and writes it into this process's
     environment (with a logged warning); the notebook's process only launches replicas,
     so it keeps its environment as the user left it.
     """
-    if "torch_xla.distributed.xla_multiprocessing" in sys.modules:
-        return sys.modules["torch_xla.distributed.xla_multiprocessing"]
+    if name in sys.modules:
+        return sys.modules[name]
     saved = os.environ.get("PJRT_SELECT_DEFAULT_DEVICE")
     os.environ["PJRT_SELECT_DEFAULT_DEVICE"] = "0"
     try:
         # An Interrupt waits for the import to end (seconds): one cut half-way would leave
         # torch's modules half-initialized, and every later run broken, until a restart.
         with interrupts.held() as interrupted:
-            import torch_xla.distributed.xla_multiprocessing as xmp
+            module = importlib.import_module(name)
         interrupted.raise_if_requested()
-    except ImportError as exc:
-        raise TorchXlaMissing(TORCH_XLA_MISSING) from exc
     finally:
         if saved is None:
             os.environ.pop("PJRT_SELECT_DEFAULT_DEVICE", None)
         else:
             os.environ["PJRT_SELECT_DEFAULT_DEVICE"] = saved
-    return xmp
+    return module

@@ -49,9 +49,9 @@ class Runtime(abc.ABC):
     starting_calls: Pattern[str]
     # What the notebook's process imports before the replicas start, so that forked
     # replicas find it imported rather than each importing it (seconds for torch): module
-    # names; "torch_xla" as colab_xla.notebook.torch_xla_import imports it (its launcher,
-    # the environment left alone). Importing them never starts the runtime.
-    preloads: Tuple[str, ...] = ("torch_xla",)
+    # names (colab_xla.notebook.torch_xla_import.preload: the environment left alone).
+    # Importing them never starts the runtime. By default, torch_xla's launcher.
+    preloads: Tuple[str, ...] = ("torch_xla.distributed.xla_multiprocessing",)
     # -- the notebook's half ----------------------------------------------------------
 
     @abc.abstractmethod
