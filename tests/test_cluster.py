@@ -26,7 +26,8 @@ from colab_xla.notebook.cluster import hosts
 from colab_xla.notebook.cluster.agent import STALE_VARIABLES, _HostedRun, host_environment
 from colab_xla.errors import SetupError
 from colab_xla.wire.host_rank import HostRank
-from colab_xla.notebook.outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome
+from colab_xla.notebook.outcome import (DONE, FAILED, STOPPED, RunObserver, RunOutcome,
+                                       XlaSpawnError)
 from colab_xla.notebook.views import text as text_view
 from _kernel import replicas_left, wait_until_gone  # tests/ is on sys.path
 from test_jax_runtime import needs_jax
@@ -466,6 +467,27 @@ def test_timeout_and_interrupt_stop_every_host_and_leave_no_replica(local, runti
     assert wait_until_gone([psutil.Process(p) for p in pids if psutil.pid_exists(p)],
                            timeout=0) == []
     assert on_cluster("index", local).ok  # the cluster goes on
+
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_an_interrupt_on_a_cluster_says_where_each_hosts_replicas_were(local):
+    stopped = on_cluster("""
+        import time
+        import torch_xla.core.xla_model as xm
+        def slow_load():
+            time.sleep(1000)
+        print('kept', flush=True)
+        if index == 3:
+            slow_load()
+        xm.rendezvous('ready')
+        """, local, observer=InterruptWhenAllPrinted("kept"))
+    assert [r.state for r in stopped.replicas.values()] == [STOPPED] * 4
+    said = str(XlaSpawnError(stopped))
+    assert ("  host 0 · replica 0, host 0 · replica 1, host 1 · replica 2 at line 9: "
+            "`xm.rendezvous('ready')` (in rendezvous, torch_xla/core/xla_model.py:") in said, said
+    assert "  host 1 · replica 3 at line 5 in slow_load: `time.sleep(1000)`" in said, said
 
 
 # -- warm replicas on every host (%xla_session while connected) --------------------------------

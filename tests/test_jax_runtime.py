@@ -325,3 +325,21 @@ def test_torchax_works_on_the_processes_and_its_tensors_arrive_as_cpu_tensors():
     assert [(r[0], r[1]) for r in results.values()] == [("Tensor", 2)] * 2
     assert all(type(r[2]) is torch.Tensor for r in results.values())
     assert [r[2].tolist() for r in results.values()] == [[1.0, 1.0], [2.0, 2.0]]
+
+
+@needs_jax
+@pytest.mark.jax
+@pytest.mark.timeout(300)
+def test_a_timeout_says_where_each_jax_process_was():
+    # Process 1 took another branch; process 0 waits for it in a collective, in native code.
+    outcome = run_jax("""
+        import time
+        from jax.experimental import multihost_utils
+        if index == 1:
+            time.sleep(1000)
+        multihost_utils.sync_global_devices('ready')
+        """, replicas=2, timeout=10)  # (every process at its place, on a loaded machine)
+    assert [r.state for r in outcome.replicas.values()] == [STOPPED, STOPPED]
+    assert outcome.replicas[1].error.place == "line 5: `time.sleep(1000)`"
+    place = outcome.replicas[0].error.place
+    assert place.startswith("line 6: `multihost_utils.sync_global_devices('ready')` (in "), place

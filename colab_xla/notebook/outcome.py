@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
+from ..wire import stacks
 from ..wire.reports import RETURN_PLAIN_DATA, ReplicaError
 from ..wire.values import load_value
 from .output_log import OutputLog
@@ -124,10 +125,22 @@ class RunOutcome:
         groups: Dict[Tuple[str, str], Tuple[ReplicaError, List[int]]] = {}
         for ordinal in self.failed + self.stopped:
             error = self.replicas[ordinal].error
-            shared = dataclasses.replace(error, where="")  # whereabouts differ per replica
+            shared = dataclasses.replace(error, where="", place="")  # (each replica's own)
             key = (shared.kind, shared.render())
             groups.setdefault(key, (shared, []))[1].append(ordinal)
         return list(groups.values())
+
+    def places(self, ordinals) -> List[str]:
+        """Where replicas ``ordinals`` were when the run was cut, those at the same place
+        together: ``["replicas 0, 1, 3 at line 7: `xm.rendezvous('ready')` (in ...)"]``."""
+        found = {o: self.replicas[o].error.place for o in ordinals
+                 if self.replicas[o].error is not None and self.replicas[o].error.place}
+        def who(at: List[int]) -> str:
+            if any(o in self.hosts for o in at):
+                return ", ".join(self.label(o) for o in at)
+            return f"{'replica' if len(at) == 1 else 'replicas'} {format_ordinals(at)}"
+
+        return [f"{who(at)} at {place}" for place, at in stacks.grouped(found)]
 
 
 class RunObserver:
@@ -228,6 +241,7 @@ class XlaSpawnError(Exception):
             lines.append("")
             lines.append(f"[{noun} {format_ordinals(ordinals)}]")
             lines.append(error.render())
+            lines += [f"  {line}" for line in self.outcome.places(ordinals)]
             for o in ordinals:
                 where = self.outcome.replicas[o].error.where
                 if where:

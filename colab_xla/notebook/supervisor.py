@@ -37,7 +37,7 @@ from .partial_lines import PartialLines
 from .pipes import STARTUP, STARTUP_LABEL, RunPipes
 from .replicas import FreshReplicas, Replicas
 from ..wire.job import ReplicaJob
-from ..wire import frames, shared_tensors, values
+from ..wire import frames, shared_tensors, stacks, values
 from ..runtimes.plan import ReplicaPlan
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +82,9 @@ class Supervisor:
         self._output_since_draw = False
         self._exits: Dict[int, Tuple[int, int]] = {}  # pid -> (replica, code) of os._exit
         self._died: Dict[int, int] = {}  # replica -> exit code of its own process
+        # replica -> (pid, thread ident, its process's stacks file), from its start
+        self._threads: Dict[int, Tuple[int, int, str]] = {}
+        self._places: Dict[int, str] = {}  # replica -> where it was when the run was cut
         self._interrupts = interrupts.Interrupts(None)  # held while the run goes on
         self._pipes: Optional[RunPipes] = None  # made by run
 
@@ -226,6 +229,20 @@ class Supervisor:
         comes too late to stop it (a --timeout shorter than the start-up)."""
         self._pipes.read_written()
         self._deadlines.stop = reason
+        self._places = self._where_running()
+
+    def _where_running(self) -> Dict[int, str]:
+        """Where in the cell each replica still running is, from its stack (taken within
+        about a second, also from one blocked in native code: colab_xla.wire.stacks)."""
+        running = {o: t for o, t in self._threads.items()
+                   if self.outcome.replica(o).state not in (DONE, FAILED)}
+        if not running:
+            return {}
+        dumps = stacks.take({pid: path for pid, _, path in running.values()})
+        found = stacks.of_threads(dumps, {o: (pid, ident) for o, (pid, ident, _)
+                                          in running.items()})
+        lines = ("\n" + self.cell.source).splitlines()  # (line 1: the magic's)
+        return {o: stacks.place(frames, self.cell.path, lines) for o, frames in found.items()}
 
     def _c_output(self, fd: int, rank: int, kind: int, data: bytes) -> None:
         """C-level output read from pipe ``fd`` of process ``rank``: its ended lines now, the
@@ -262,6 +279,8 @@ class Supervisor:
             rep = self.outcome.replica(frame.ordinal)
             rep.pid = frame.pid
             self._pid_rank[frame.pid] = info["rank"]
+            if info.get("stacks"):
+                self._threads[frame.ordinal] = (frame.pid, info["thread"], info["stacks"])
             self._ranks.setdefault(info["rank"], set()).add(frame.ordinal)
             self._replicas.started(frame.pid)
             self.observer.started(self.outcome, frame.ordinal)
@@ -349,7 +368,8 @@ class Supervisor:
                     memory=self._replicas.memory_note(rep.pid))
             elif self._deadlines.stop:
                 rep.state, rep.elapsed = STOPPED, time.monotonic() - self._started
-                rep.error = self._deadlines.stopped(rep, self.outcome.replicas)
+                rep.error = dataclasses.replace(self._deadlines.stopped(
+                    rep, self.outcome.replicas), place=self._places.get(ordinal, ""))
             else:
                 rep.state = FAILED
                 rep.error = endings.died(

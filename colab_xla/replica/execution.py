@@ -21,6 +21,7 @@ import types
 import cloudpickle
 
 from .. import runtimes
+from ..wire import stacks
 from ..wire.cell import CellModule
 from ..wire.reports import RETURN_PLAIN_DATA, ReplicaError, ReplicaReport
 from ..wire.lifetime import end_descendants
@@ -48,8 +49,9 @@ def serve_run(index: int, job: ReplicaJob, make_globals, end_started: bool = Tru
     current.ordinal = index
     process.enter(index)
     try:
-        process.writer.send(START, index,
-                            json.dumps({"pid": os.getpid(), "rank": process.rank}).encode())
+        process.writer.send(START, index, json.dumps({
+            "pid": os.getpid(), "rank": process.rank, "thread": threading.get_ident(),
+            "stacks": stacks.registered()}).encode())
         report = _run_cell(index, job, process, make_globals)
         report.elapsed = time.perf_counter() - started
         write_report(job.run_dir, report)
@@ -216,12 +218,19 @@ def replica_shell():
         return shell
 
 
+# colab_xla's own source files (a frame of them is plumbing in a cell's traceback).
+_OWN_FILES = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
 def error_from_exception(exc: BaseException, cell: CellModule) -> ReplicaError:
-    """The exception as data; the traceback starts at the cell and names its lines."""
+    """The exception as data; the traceback starts at the cell and names its lines, and
+    leaves colab_xla's own frames out (``input()`` in a replica raises from colab_xla's
+    stand-in: the cell's line is what matters)."""
     te = traceback.TracebackException.from_exception(exc)
     frames = list(te.stack)
     first = next((i for i, f in enumerate(frames) if f.filename == cell.path), 0)
-    te.stack = traceback.StackSummary.from_list(frames[first:])
+    te.stack = traceback.StackSummary.from_list(
+        [f for f in frames[first:] if not f.filename.startswith(_OWN_FILES)] or frames[first:])
     text = "".join(te.format())
     text = text.replace(f'File "{cell.path}", line ', f"{cell.label}, line ")
     # A class of the cell lives in each replica's own module (``<cell>_r3.B``): shown as the

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
+from . import stacks
 from .cell import CellModule
 
 # The notebook's pid, in the forkserver's environment only (colab_xla.replica.forkserver_init).
@@ -76,6 +77,7 @@ def arrived(job: ReplicaJob) -> ReplicaJob:
     job.apply_environ()
     if job.startup_path:
         capture_startup(job.startup_path)
+    stacks.register(job.run_dir)  # (where it is, when the notebook asks: colab_xla.wire.stacks)
     return job
 
 

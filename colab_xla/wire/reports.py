@@ -30,14 +30,17 @@ class ReplicaError:
     ename: str
     evalue: str
     traceback: str = ""
-    where: str = ""  # where this replica was when the run was cut (its last line...)
+    where: str = ""  # what this replica last did when the run was cut (its last line...)
+    # Where in the cell it was when the run was cut (colab_xla.wire.stacks.place): the
+    # line, its source, the call it was in.
+    place: str = ""
 
     def render(self) -> str:
         """The text a person reads: the traceback, or ``ename: evalue`` without one."""
         if self.traceback:
             return self.traceback.rstrip("\n")
         text = f"{self.ename}: {self.evalue}" if self.evalue else self.ename
-        return f"{text}; {self.where}" if self.where else text
+        return "; ".join(filter(None, (text, self.place and f"at {self.place}", self.where)))
 
 
 @dataclasses.dataclass

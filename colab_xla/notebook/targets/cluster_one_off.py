@@ -24,6 +24,7 @@ and a host that does not answer within :data:`HOST_GRACE_SECONDS` is taken as go
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import secrets
 import time
@@ -365,8 +366,11 @@ class _ClusterRun:
         for rep in self.outcome.replicas.values():
             if rep.state not in (DONE, FAILED):
                 rep.state = STOPPED
-                rep.error = endings.stopped(reason, rep, timeout=self.timeout,
-                                            grace=FAIL_FAST_SECONDS, first_failed=first)
+                # (where it was: its host took its stack as it stopped it)
+                place = rep.error.place if rep.error is not None else ""
+                rep.error = dataclasses.replace(endings.stopped(
+                    reason, rep, timeout=self.timeout, grace=FAIL_FAST_SECONDS,
+                    first_failed=first), place=place)
         self.outcome.replicas = dict(sorted(self.outcome.replicas.items()))
 
     def _pull_for(self, host: int, pull, pull_from):

@@ -42,7 +42,8 @@ def render(outcome: RunOutcome, tail: int = text_view.SUMMARY_TAIL) -> str:
                     f"<td style='{_TD}'>{result}</td><td style='{_TD}'>{output}</td></tr>")
     details = "".join(
         f"<details open><summary>{esc(error.ename)} on replica{'s' if len(o) > 1 else ''} "
-        f"{format_ordinals(o)}</summary><pre style='{_PRE}'>{esc(error.render())}</pre></details>"
+        f"{format_ordinals(o)}</summary><pre style='{_PRE}'>"
+        f"{esc(chr(10).join([error.render(), *outcome.places(o)]))}</pre></details>"
         for error, o in outcome.error_groups())
     for label, log in sorted(outcome.processes.items()):
         lines = text_view.tail_lines(log, tail)

@@ -1,0 +1,178 @@
+"""A run that is cut says where each replica was (issue 33): its line in the cell, the
+cell's function it was in, the line's source and the call it was in, replicas at the same
+place together, in the error's text and the HTML view; taken from each process's stacks
+(colab_xla.wire.stacks), also from a replica blocked in native code.
+
+Units of the dump's reading first, then real runs: replica 2 sleeping in a function while
+the others wait in a rendezvous, cut by ``--timeout`` and by an Interrupt, in both
+simulations and in a session; and a torch runtime rank waiting in gloo's all_reduce (native
+code) while another rank failed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import textwrap
+
+import pytest
+
+from colab_xla import runtimes
+from colab_xla.notebook.launch import Launch
+from colab_xla.notebook.outcome import STOPPED, RunObserver, XlaSpawnError
+from colab_xla.notebook.targets import run_cell
+from colab_xla.notebook.targets.session import SessionOptions, new_session
+from colab_xla.notebook.views import html as html_view
+from colab_xla.wire import stacks
+
+# -- units -------------------------------------------------------------------------------
+
+CELL = "/tmp/run-1/xla_cell_3_ab.py"
+SITE = "/venv/lib/python3.11/site-packages"
+DUMP = f"""Thread 0x00007f0000000002 (most recent call first):
+  File "{SITE}/colab_xla/replica/gloo_collectives.py", line 130 in exchange
+  File "{SITE}/torch_xla/core/xla_model.py", line 1386 in rendezvous
+  File "{SITE}/colab_xla/replica/execution.py", line 300 in noted_rendezvous
+  File "{CELL}", line 9 in <module>
+  File "{SITE}/colab_xla/replica/execution.py", line 120 in _run_cell
+
+Current thread 0x00007f0000000001 (most recent call first):
+  File "{CELL}", line 6 in slow_load
+  File "{CELL}", line 8 in <module>
+  File "{SITE}/colab_xla/replica/execution.py", line 120 in _run_cell
+
+Thread 0x00007f0000000003 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 327 in wait
+  File "{SITE}/colab_xla/replica/serve.py", line 80 in serve
+"""
+LINES = ["# %%xla_spawn", "import time", "import torch_xla.core.xla_model as xm",
+         "def slow_load():", "    x = 1", "    time.sleep(1000)", "",
+         "slow_load() if index == 2 else None", "xm.rendezvous('ready')"]
+
+
+@pytest.mark.quick
+@pytest.mark.stacks("colab", "kaggle")
+def test_a_dump_says_each_replica_threads_line_function_source_and_call():
+    threads = stacks.parse(DUMP)
+    assert sorted(threads) == [0x7f0000000001, 0x7f0000000002, 0x7f0000000003]
+    waiting = stacks.place(threads[0x7f0000000002], CELL, LINES)
+    # colab_xla's wrapper of xm.rendezvous and its collectives are not the place: the
+    # torch_xla call the cell made is.
+    assert waiting == ("line 9: `xm.rendezvous('ready')` "
+                       "(in rendezvous, torch_xla/core/xla_model.py:1386)")
+    assert stacks.place(threads[0x7f0000000001], CELL, LINES) == (
+        "line 6 in slow_load: `time.sleep(1000)`")
+    assert stacks.place(threads[0x7f0000000003], CELL, LINES) == (
+        "not in the cell (in wait, threading.py:327)")
+    assert stacks.grouped({3: "a", 0: "a", 2: "b", 1: "a"}) == [("a", [0, 1, 3]), ("b", [2])]
+    found = stacks.of_threads({10: DUMP}, {0: (10, 0x7f0000000002), 2: (10, 0x7f0000000001),
+                                           5: (11, 0x7f0000000002), 6: (10, 0xdead)})
+    assert sorted(found) == [0, 2]  # (process 11 did not answer; no thread 0xdead)
+
+
+@pytest.mark.quick
+@pytest.mark.stacks("colab", "kaggle")
+def test_a_process_that_does_not_answer_is_not_waited_for_long(tmp_path):
+    never = tmp_path / "stacks-1.txt"
+    never.write_text("")
+    gone = os.getpid() + 10_000_000  # (no such process)
+    assert stacks.take({gone: str(never)}, timeout=0.2) == {}
+
+
+# -- real runs -----------------------------------------------------------------------------
+
+HUNG = textwrap.dedent("""
+    import time
+    import torch_xla.core.xla_model as xm
+    def slow_load():
+        time.sleep(1000)
+    print('ready', flush=True)
+    if index == 2:
+        slow_load()
+    xm.rendezvous('ready')
+    """).lstrip("\n")
+AT_RENDEZVOUS = ("at line 9: `xm.rendezvous('ready')` "
+                 "(in rendezvous, torch_xla/core/xla_model.py:")
+IN_SLOW_LOAD = "replica 2 at line 5 in slow_load: `time.sleep(1000)`"
+
+
+class InterruptWhenAllPrinted(RunObserver):
+    """The notebook's Interrupt once every replica printed ``ready``."""
+
+    def __init__(self, replicas: int):
+        self.replicas, self.printed = replicas, set()
+
+    def output(self, outcome, origin, lines):
+        if "ready" in lines and isinstance(origin, int):
+            self.printed.add(origin)
+            if len(self.printed) == self.replicas:
+                os.kill(os.getpid(), signal.SIGINT)
+
+
+def assert_places(outcome):
+    said = str(XlaSpawnError(outcome))
+    assert f"  replicas 0-1, 3 {AT_RENDEZVOUS}" in said, said
+    assert f"  {IN_SLOW_LOAD}" in said, said
+    assert [r.state for r in outcome.replicas.values()] == [STOPPED] * 4
+    assert outcome.replicas[2].error.place == "line 5 in slow_load: `time.sleep(1000)`"
+    assert IN_SLOW_LOAD in html_view.render(outcome)  # (the widget's summary, and its tab:)
+    assert "at line 5 in slow_load" in outcome.replicas[2].error.render()
+
+
+# (A --timeout long enough for every replica to reach its place on a loaded machine; an
+# Interrupt once every replica printed the line before it.)
+SLOW_MACHINE_SECONDS = 10
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_a_timeout_says_where_each_replica_was():
+    outcome = run_cell(HUNG, announce=None, label="Cell In[5]", replicas=4,
+                       timeout=SLOW_MACHINE_SECONDS)
+    assert_places(outcome)
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("simulate", ["processes", "threads"])
+def test_an_interrupt_says_where_each_replica_was(simulate):
+    outcome = run_cell(HUNG, announce=None, label="Cell In[5]", replicas=4, simulate=simulate,
+                       observer=InterruptWhenAllPrinted(4))
+    assert outcome.interrupted
+    assert_places(outcome)
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_an_interrupted_session_cell_says_where_each_replica_was():
+    session = new_session(SessionOptions(replicas=4), {}, announce=None)
+    try:
+        outcome = run_cell(HUNG, announce=None, label="Cell In[5]", session=session,
+                           observer=InterruptWhenAllPrinted(4))
+        assert outcome.interrupted
+        assert_places(outcome)
+    finally:
+        session.stop()
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_a_rank_blocked_in_gloos_native_all_reduce_still_says_where_it_was():
+    # Rank 1 took another branch while rank 0 waits in all_reduce, inside gloo (C++, the
+    # GIL released, no Python code running): --timeout cuts the run, and rank 0's place is
+    # read from its stack all the same.
+    outcome = run_cell(textwrap.dedent("""
+        import time, torch, torch.distributed as dist
+        def step():
+            t = torch.ones(1)
+            dist.all_reduce(t)
+        if index == 1:
+            time.sleep(1000)
+        step()
+        """).lstrip("\n"), launch=Launch(runtime=runtimes.get("torch")), announce=None,
+        label="Cell In[5]", replicas=2, timeout=SLOW_MACHINE_SECONDS)
+    assert [r.state for r in outcome.replicas.values()] == [STOPPED, STOPPED]
+    place = outcome.replicas[0].error.place
+    assert place.startswith("line 5 in step: `dist.all_reduce(t)` (in all_reduce, "
+                            "torch/distributed/distributed_c10d.py:"), place
+    assert outcome.replicas[1].error.place == "line 7: `time.sleep(1000)`"
