@@ -82,7 +82,8 @@ def no_replicas(monkeypatch, module, outcome=None):
     given = []
 
     class Supervisor:
-        def __init__(self, run, plan, run_dir, user_ns, observer, timeout, replicas=None):
+        def __init__(self, run, plan, run_dir, user_ns, observer, timeout, replicas=None,
+                     stall=None):
             given.append(run)
 
         def run(self):

@@ -12,6 +12,7 @@ code) while another rank failed.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import textwrap
 
@@ -176,3 +177,79 @@ def test_a_rank_blocked_in_gloos_native_all_reduce_still_says_where_it_was():
     assert place.startswith("line 5 in step: `dist.all_reduce(t)` (in all_reduce, "
                             "torch/distributed/distributed_c10d.py:"), place
     assert outcome.replicas[1].error.place == "line 7: `time.sleep(1000)`"
+
+
+# -- the stall notice while a run goes on ----------------------------------------------------
+
+STALLS = textwrap.dedent("""
+    import time
+    import torch_xla.core.xla_model as xm
+    def slow_load():
+        time.sleep(6)
+    print('ready', flush=True)
+    if index == 1:
+        slow_load()
+    xm.rendezvous('ready')
+    print('after', flush=True)
+    """).lstrip("\n")
+
+
+class Notices(RunObserver):
+    """Every stall notice, and the output lines around them, in order."""
+
+    def __init__(self):
+        self.seen = []
+
+    def stalled(self, outcome, notice):
+        self.seen.append(("notice", notice))
+
+    def output(self, outcome, origin, lines):
+        self.seen += [("line", line) for line in lines]
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_a_stall_says_where_each_replica_is_stops_nothing_and_goes_when_output_resumes():
+    notices = Notices()
+    outcome = run_cell(STALLS, announce=None, label="Cell In[5]", replicas=2, stall=1,
+                       observer=notices)
+    assert outcome.ok  # nothing was stopped
+    said = [n for kind, n in notices.seen if kind == "notice"]
+    assert said and re.match(r"No output for \d+ s; where each replica is now:\n", said[0]), said
+    assert ("replica 0 at line 9: `xm.rendezvous('ready')` (in rendezvous, "
+            "torch_xla/core/xla_model.py:") in said[0]
+    assert "replica 1 at line 5 in slow_load: `time.sleep(6)`" in said[0]
+    assert len([n for n in said if n]) >= 2  # refreshed while it lasted
+    # It went when output came again: the first line after it clears it.
+    after = notices.seen.index(("line", "after"))
+    assert ("notice", None) in notices.seen[:after + 1]
+    assert said[-1] is None
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_no_stall_notice_with_stall_0_and_a_bad_stall_is_refused():
+    from colab_xla.errors import OptionError
+
+    notices = Notices()
+    assert run_cell(STALLS, announce=None, replicas=2, stall=0, observer=notices).ok
+    assert [kind for kind, _ in notices.seen if kind == "notice"] == []
+    for bad in (-1, float("nan")):
+        with pytest.raises(OptionError, match="--stall"):
+            run_cell("1", announce=None, replicas=1, stall=bad)
+
+
+@pytest.mark.notebook
+@pytest.mark.timeout(300)
+def test_the_text_view_in_a_kernel_prints_the_stall_notice_and_a_cut_runs_places():
+    from _kernel import Kernel  # tests/ is on sys.path
+
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        reply = k.run("%%xla_spawn -n 2 --no-widget --stall 1\n" + STALLS, timeout=200)
+        assert reply.status == "ok", reply.text
+        assert re.search(r"\[colab_xla\] No output for \d+ s; where each replica is now:\n"
+                         r"\[colab_xla\] replica 0 at line 9: `xm.rendezvous\('ready'\)`",
+                         reply.stdout), reply.stdout
+        cut = k.run("%%xla_spawn -n 4 --no-widget --timeout 10\n" + HUNG, timeout=200)
+        assert cut.status == "error" and "replica 2 at line 5 in slow_load" in cut.text, cut.text

@@ -20,7 +20,7 @@ from .defaults import Defaults
 from .launch import LAUNCHERS, START_METHODS
 from .options import SIMULATIONS, check_output, parse_env, pull_names, split_line
 from .outcome import XlaSpawnError
-from .request import CellRequest, LaunchAsked, SessionRequest
+from .request import DEFAULT_STALL_SECONDS, CellRequest, LaunchAsked, SessionRequest
 
 
 @magics_class
@@ -43,6 +43,11 @@ class XlaMagics(Magics):
               help="stop the run after SECONDS (default: none, training can take hours); "
                    "replicas still running are stopped (their processes killed) and reported "
                    "with their last output line.")
+    @argument("--stall", type=float, metavar="SECONDS", default=DEFAULT_STALL_SECONDS,
+              help="when no replica has printed anything for SECONDS (default 60; 0: never), "
+                   "the live view shows where each replica is (its line in the cell and the "
+                   "call it waits in), refreshed while it lasts, gone when output resumes; "
+                   "nothing is stopped.")
     @argument("--no-widget", action="store_true",
               help="show live output as text lines ([replica 3] ...) instead of the widget "
                    "(also: COLAB_XLA_VIEW=text in the environment).")
@@ -135,9 +140,13 @@ class XlaMagics(Magics):
         If a replica raises or dies, the others get 3 s to finish, then the run is stopped
         (also when they wait in a collective for the failed one), and the cell raises one
         XlaSpawnError showing each distinct traceback once with the replicas that hit it,
-        and where the stopped ones were. Interrupt or --timeout kill every process the run
-        started. With no TPU, N replicas are simulated on CPU, one process each by default
-        (``--simulate threads``: threads of one process), and their collectives work.
+        and where the stopped ones were: their line in the cell and the call they were in
+        (``replicas 0-1, 3 at line 7: `xm.rendezvous('ready')` (in rendezvous, ...)``),
+        replicas at one place together. Interrupt or --timeout kill every process the run
+        started, saying the same. When no replica has printed for ``--stall`` seconds (60),
+        the live view says where each one is, without stopping anything. With no TPU, N
+        replicas are simulated on CPU, one process each by default (``--simulate threads``:
+        threads of one process), and their collectives work.
 
         Example::
 
@@ -164,7 +173,7 @@ class XlaMagics(Magics):
             Cell(self.shell.transform_cell(cell), label=f"Cell In[{self._cell_number()}]",
                  header=f"# %%xla_spawn {line}".rstrip()),
             user_ns=self.shell.user_ns, replicas=args.replicas, launch=launch, env=env,
-            cache_dir=args.cache, simulate=args.simulate, timeout=args.timeout,
+            cache_dir=args.cache, simulate=args.simulate, timeout=args.timeout, stall=args.stall,
             pull=tuple(pull), pull_from=args.pull_from, defaults=defaults)
         target = targets.current(fresh=args.fresh)
         try:

@@ -133,14 +133,18 @@ class RunOutcome:
     def places(self, ordinals) -> List[str]:
         """Where replicas ``ordinals`` were when the run was cut, those at the same place
         together: ``["replicas 0, 1, 3 at line 7: `xm.rendezvous('ready')` (in ...)"]``."""
-        found = {o: self.replicas[o].error.place for o in ordinals
-                 if self.replicas[o].error is not None and self.replicas[o].error.place}
+        return self.place_lines({o: self.replicas[o].error.place for o in ordinals
+                                 if self.replicas[o].error is not None
+                                 and self.replicas[o].error.place})
+
+    def place_lines(self, places: Mapping[int, str]) -> List[str]:
+        """``{ordinal: place}`` said with the replicas at one place together."""
         def who(at: List[int]) -> str:
             if any(o in self.hosts for o in at):
                 return ", ".join(self.label(o) for o in at)
             return f"{'replica' if len(at) == 1 else 'replicas'} {format_ordinals(at)}"
 
-        return [f"{who(at)} at {place}" for place, at in stacks.grouped(found)]
+        return [f"{who(at)} at {place}" for place, at in stacks.grouped(places)]
 
 
 class RunObserver:
@@ -166,6 +170,10 @@ class RunObserver:
     def finished(self, outcome: RunOutcome, ordinal: int) -> None: ...
 
     def tick(self, outcome: RunOutcome) -> None: ...
+
+    def stalled(self, outcome: RunOutcome, notice: Optional[str]) -> None:
+        """No replica has printed for ``--stall`` seconds: ``notice`` says where each is
+        (said again while it lasts); None once output comes again (the notice goes)."""
 
     def closed(self, outcome: RunOutcome) -> None: ...
 

@@ -20,13 +20,18 @@ Example::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Mapping, Optional, Tuple
 
+from ..errors import OptionError
 from ..wire.cell import Cell
 from .defaults import Defaults
 from .interrupts import Remote
 from .launch import Launch
+
+# Seconds without output after which the live view says where each replica is (--stall).
+DEFAULT_STALL_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -77,10 +82,10 @@ class CellRequest:
 
     ``cell`` is its one parse; ``user_ns`` the notebook's names (read, never changed);
     ``replicas``, ``launch``, ``env`` (for the replicas only), ``cache_dir`` and
-    ``simulate`` say what replicas to run it on; ``timeout``, ``pull`` and ``pull_from``
-    what the run does; ``announce`` says what a person should know before it starts (None:
-    nothing is said); ``hosted`` makes it a run a cluster host's agent runs for the
-    notebook (:mod:`colab_xla.notebook.cluster.agent`); ``defaults`` are the environment's
+    ``simulate`` say what replicas to run it on; ``timeout``, ``stall``, ``pull`` and
+    ``pull_from`` what the run does; ``announce`` says what a person should know before it
+    starts (None: nothing is said); ``hosted`` makes it a run a cluster host's agent runs
+    for the notebook (:mod:`colab_xla.notebook.cluster.agent`); ``defaults`` are the environment's
     (:mod:`colab_xla.notebook.defaults`), read once, when the request is made.
     """
 
@@ -92,11 +97,17 @@ class CellRequest:
     cache_dir: Optional[str] = None
     simulate: Optional[str] = None
     timeout: Optional[float] = None
+    stall: Optional[float] = DEFAULT_STALL_SECONDS
     pull: Tuple[str, ...] = ()
     pull_from: Optional[int] = None
     announce: Optional[Callable[[str], Any]] = print
     hosted: Optional[Remote] = None
     defaults: Defaults = field(default_factory=Defaults.read)
+
+    def __post_init__(self):
+        if self.stall is not None and not (self.stall >= 0 and math.isfinite(self.stall)):
+            raise OptionError(f"--stall {self.stall:g}: the seconds without output must be 0 "
+                              "(never) or more.")
 
     def asked(self) -> List[str]:
         """The options that choose the replicas which this request asks, as a line names

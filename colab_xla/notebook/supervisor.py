@@ -65,7 +65,7 @@ class Supervisor:
 
     def __init__(self, options: RunRequest, plan: ReplicaPlan, run_dir: str,
                  user_ns: Dict[str, Any], observer: RunObserver, timeout: Optional[float],
-                 replicas: Optional[Replicas] = None):
+                 replicas: Optional[Replicas] = None, stall: Optional[float] = None):
         self.options, self.cell = options, options.cell
         self.plan, self.run_dir, self.observer = plan, run_dir, observer
         self.timeout = timeout
@@ -85,6 +85,11 @@ class Supervisor:
         # replica -> (pid, thread ident, its process's stacks file), from its start
         self._threads: Dict[int, Tuple[int, int, str]] = {}
         self._places: Dict[int, str] = {}  # replica -> where it was when the run was cut
+        # After this many seconds without output, the live view is told where each replica
+        # is (again every as many seconds while it lasts; None or 0: never).
+        self._stall = stall or None
+        self._quiet_since = time.monotonic()
+        self._stall_said: Optional[float] = None  # when the view was last told
         self._interrupts = interrupts.Interrupts(None)  # held while the run goes on
         self._pipes: Optional[RunPipes] = None  # made by run
 
@@ -218,6 +223,8 @@ class Supervisor:
                 if now >= next_track:  # a pass over /proc: once a tick, not per draw
                     self._replicas.tick()
                     next_track = now + draw_pacing.TICK_SECONDS
+                    if until is None and self._stalled(now):
+                        self._say_where(now)
             if readable == [done_r]:
                 return  # the driver ended and the pipes hold nothing more right now
 
@@ -325,8 +332,28 @@ class Supervisor:
         return (self.outcome.replica(origin).log if isinstance(origin, int)
                 else self.outcome.process(origin))
 
+    def _stalled(self, now: float) -> bool:
+        """Whether the replicas have been quiet for --stall seconds, and the view was not
+        told so within as many seconds."""
+        return (self._stall is not None and now - self._quiet_since >= self._stall
+                and (self._stall_said is None or now - self._stall_said >= self._stall))
+
+    def _say_where(self, now: float) -> None:
+        """Tell the view where each replica still running is (a stall: the run goes on)."""
+        places = self._where_running()
+        if not places:
+            return
+        self._stall_said = time.monotonic()
+        lines = self.outcome.place_lines(places)
+        self.observer.stalled(self.outcome, f"No output for {now - self._quiet_since:.0f} s; "
+                                            "where each replica is now:\n" + "\n".join(lines))
+
     def _emit(self, origin, kind: int, text: str) -> None:
         if text:
+            self._quiet_since = time.monotonic()
+            if self._stall_said is not None:  # output again: the notice goes
+                self._stall_said = None
+                self.observer.stalled(self.outcome, None)
             self._output_since_draw = True
             lines = self._log(origin).write(frames.STREAMS[kind], text)
             self.observer.output(self.outcome, origin, lines)

@@ -34,7 +34,7 @@ from ...wire.cell import Cell, CellModule
 from ..defaults import Defaults
 from ..launch import Launch, replica_environ, warm_forkserver
 from ..outcome import RunObserver, RunOutcome
-from ..request import CellRequest, LaunchAsked
+from ..request import DEFAULT_STALL_SECONDS, CellRequest, LaunchAsked
 from ..supervisor import RunRequest, Supervisor
 from ...wire import names
 from .target import Target
@@ -48,7 +48,8 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
              env: Optional[Mapping[str, str]] = None, cache_dir: Optional[str] = None,
              pull: Sequence[str] = (), pull_from: Optional[int] = None,
              simulate: Optional[str] = None, session: Optional[Target] = None,
-             hosted: Optional[interrupts.Remote] = None) -> RunOutcome:
+             hosted: Optional[interrupts.Remote] = None,
+             stall: Optional[float] = DEFAULT_STALL_SECONDS) -> RunOutcome:
     """Run ``source`` on every replica and return the :class:`RunOutcome`.
 
     ``launch`` says how replicas start (start method, launcher, one-replica debugging;
@@ -64,6 +65,9 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
     the session's replicas, in the globals each keeps from cell to cell; ``replicas``,
     ``env``, ``cache_dir``, ``simulate`` and ``launch`` are the session's and cannot be
     given. A session that ends during the cell says why in ``outcome.session_ended``.
+
+    ``stall``: when no replica has printed for that many seconds, ``observer.stalled``
+    is told where each replica is (again while it lasts; None or 0: never).
 
     ``hosted`` makes this a run a cluster's host agent runs for the notebook
     (:mod:`colab_xla.notebook.cluster`): values stay packed for the notebook to load, and the
@@ -87,7 +91,7 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
         Cell(source, label=label, header=header), user_ns=user_ns or {}, replicas=replicas,
         launch=LaunchAsked.of(launch), env=dict(env or {}), cache_dir=cache_dir,
         simulate=simulate, timeout=timeout, pull=tuple(pull), pull_from=pull_from,
-        announce=announce, hosted=hosted,
+        announce=announce, hosted=hosted, stall=stall,
         # Fork unless ``launch`` says otherwise: $COLAB_XLA_START_METHOD is the magics'.
         defaults=dataclasses.replace(Defaults.read(), start_method="fork"))
     target = session if session is not None else OneOff()
@@ -123,7 +127,7 @@ class OneOff(Target):
             run = RunRequest(launch, parent_pid, module, sent_names, cache_dir, request.pull,
                              request.pull_from, request.hosted)
             return Supervisor(run, plan, run_dir, user_ns, observer or RunObserver(),
-                              request.timeout).run()
+                              request.timeout, stall=request.stall).run()
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
 

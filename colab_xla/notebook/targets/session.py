@@ -339,7 +339,7 @@ class Session(Target):
                              request.pull, request.pull_from, request.hosted)
             outcome = Supervisor(run, self.plan, run_dir, dict(user_ns),
                                  observer or RunObserver(), request.timeout,
-                                 replicas=SessionReplicas(self)).run()
+                                 replicas=SessionReplicas(self), stall=request.stall).run()
             self.known.sent(sent, user_ns)
             if not self.up:
                 outcome.session_ended = self.ended + self._printed()

@@ -81,6 +81,9 @@ class FallbackView(RunObserver):
     def tick(self, outcome: RunOutcome) -> None:
         self._forward("tick", outcome)
 
+    def stalled(self, outcome: RunOutcome, notice: Optional[str]) -> None:
+        self._forward("stalled", outcome, notice)
+
     def closed(self, outcome: RunOutcome) -> None:
         self._forward("closed", outcome)
 

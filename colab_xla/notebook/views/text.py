@@ -106,6 +106,7 @@ class TextView(RunObserver):
         self._summary_tail = summary_tail
         self._batch: List[str] = []
         self._printed: Dict[object, int] = {}
+        self._stalled_at: Optional[List[str]] = None  # the places of the last notice printed
 
     def output(self, outcome: RunOutcome, origin, lines: List[str]) -> None:
         label = f"[{outcome.label(origin)}]" if isinstance(origin, int) else f"[{origin}]"
@@ -122,6 +123,15 @@ class TextView(RunObserver):
         if self._batch:
             print("\n".join(self._batch), file=self._out, flush=True)
             self._batch = []
+
+    def stalled(self, outcome: RunOutcome, notice: Optional[str]) -> None:
+        # Printed text cannot go away: a notice is printed when it says something new.
+        if notice is not None and notice.split("\n", 1)[1:] != self._stalled_at:
+            self._stalled_at = notice.split("\n", 1)[1:]
+            print("\n".join(f"[colab_xla] {line}" for line in notice.splitlines()),
+                  file=self._out, flush=True)
+        elif notice is None:
+            self._stalled_at = None
 
     def closed(self, outcome: RunOutcome) -> None:
         self.tick(outcome)

@@ -123,6 +123,7 @@ class WidgetView(RunObserver):
         self._skipped = 0  # lines that left _pending undrawn (a flood between two draws)
         self._started = time.monotonic()
         self._handle = None
+        self._stall: Optional[str] = None  # where the replicas are, while none prints
 
     # -- RunObserver ------------------------------------------------------------------------
 
@@ -180,9 +181,13 @@ class WidgetView(RunObserver):
         if self._handle is None and outcome.elapsed is None:
             self._display({"text/plain": LIVE_TEXT})
 
+    def stalled(self, outcome: RunOutcome, notice: Optional[str]) -> None:
+        self._stall = notice  # (drawn in the header at the next tick)
+
     def closed(self, outcome: RunOutcome) -> None:
         if self.box is None:
             return
+        self._stall = None  # (the run is over: the summary says where stopped ones were)
         self.tick(outcome)
         # Every widget made in this thread since the run opened is this view's, also one
         # an Interrupt cut off halfway through making (registered, never in the tree).
@@ -267,9 +272,11 @@ class WidgetView(RunObserver):
         logs = (f"<br><span style='font-size:smaller'>full logs: <code>"
                 f"{html.escape(outcome.log_dir)}</code></span>" if outcome.log_dir else "")
         replicas = counted(len(outcome.replicas), "replica")
+        stall = (f"<pre style='color:#9a6700;white-space:pre-wrap;margin:4px 0'>"
+                 f"{html.escape(self._stall)}</pre>" if self._stall else "")
         self.header.value = (f"<b>{outcome.device_type}</b> · {replicas} · "
                              f"<b>{state}</b> · {elapsed:.1f} s · {html.escape(counts)}"
-                             f"{failed}{logs}")
+                             f"{failed}{logs}{stall}")
 
     def _draw_replica(self, outcome: RunOutcome, ordinal: int) -> None:
         rep = outcome.replicas[ordinal]
