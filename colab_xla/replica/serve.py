@@ -10,7 +10,9 @@ the notebook names the cell brings on top.
 
 The notebook speaks to each replica through a named pipe of the session's directory,
 one line per command, read by a thread of the replica: ``run PATH`` (a pickled
-:class:`~colab_xla.replica.execution.ReplicaJob`), ``interrupt RUN_ID`` and ``stop``. An
+:class:`~colab_xla.replica.execution.ReplicaJob`), ``interrupt RUN_ID``, ``debug IN OUT``
+(a post-mortem debugger on the last cell's exception, its prompt and answers through the
+named pipes OUT and IN: :func:`debug`, for ``%xla_debug``) and ``stop``. An
 interrupt raises KeyboardInterrupt in the replica's cell, as IPython does in a notebook:
 through SIGINT when the replica runs in its process's main thread (even ``time.sleep``
 stops), else as an asynchronous exception of its thread, which takes effect at the
@@ -28,7 +30,7 @@ import queue
 import signal
 import threading
 import traceback
-from typing import Dict, Optional
+from typing import Dict, NamedTuple, Optional, Union
 
 from ..wire import shared_tensors
 from ..wire.frames import NOTE
@@ -89,6 +91,9 @@ def _serve(index: int, job: ReplicaJob) -> None:
         cell_job = commands.next()
         if cell_job is None:
             return
+        if isinstance(cell_job, DebugRequest):  # between cells, in the replica's thread
+            debug(cell_job, current.failure)
+            continue
         try:
             serve_run(index, cell_job, session_globals, end_started=False)
         except KeyboardInterrupt:  # an interrupt that came as the cell ended: it is over
@@ -121,6 +126,10 @@ class Interruptible:
         self._lock = threading.RLock()
         self._thread = threading.get_ident()
         self._run_id: Optional[str] = None
+        self._ran: Optional[str] = None  # the last cell that ended here
+        # An interrupt of a cell that has not started here yet (its run command still
+        # queued when the interrupt came): the cell is interrupted as it starts.
+        self._early: Optional[str] = None
         self._raised = threading.Event()  # SIGINT's handler raised in the running cell
         self._sent = False  # an asynchronous KeyboardInterrupt was sent to the running cell
         self._main = self._thread == threading.main_thread().ident
@@ -133,11 +142,14 @@ class Interruptible:
             self._run_id = run_id
             self._raised.clear()
             self._sent = False
+            early, self._early = self._early == run_id, None
         try:
+            if early:
+                raise KeyboardInterrupt
             yield
         finally:
             with self._lock:
-                self._run_id = None
+                self._run_id, self._ran = None, run_id
                 if self._sent:  # one that came too late is dropped
                     _drop_async_exception(self._thread)
 
@@ -152,7 +164,9 @@ class Interruptible:
         """
         with self._lock:
             if self._run_id != run_id:
-                return  # that cell is over here
+                if self._ran != run_id:  # not started here yet: interrupted as it starts
+                    self._early = run_id
+                return  # (or over here)
             if not self._main:
                 self._send()
                 return
@@ -204,12 +218,43 @@ def _drop_async_exception(thread_id: int) -> None:
     _async_raise(thread_id, None)  # not taken (not seen): it must not come later
 
 
+class DebugRequest(NamedTuple):
+    """``%xla_debug``: the named pipes of the debugger's answers (``input``) and of what
+    it writes (``output``), both made by the notebook."""
+
+    input: str
+    output: str
+
+
+def debug(request: DebugRequest, failure) -> None:
+    """pdb's post-mortem on ``failure`` (the last cell's exception and the cell's file, or
+    None), from the cell's innermost frame, talking through ``request``'s pipes; it ends
+    with ``q`` (or ``c``), or when the notebook closes them. The replica then serves
+    cells again, its globals as they were."""
+    import pdb
+
+    with contextlib.suppress(OSError), open(request.output, "w", buffering=1) as out, \
+            open(request.input) as answers:
+        if failure is None:
+            out.write("This replica's last cell raised nothing: no exception to debug.\n")
+            return
+        exc, cell_path = failure
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != cell_path:
+            tb = tb.tb_next  # (from the cell's frame: colab_xla's are not the cell's)
+        out.write(f"{type(exc).__name__}: {exc}\n")
+        debugger = pdb.Pdb(stdin=answers, stdout=out, nosigint=True)
+        debugger.use_rawinput = False
+        debugger.reset()
+        debugger.interaction(None, tb or exc.__traceback__)
+
+
 class _Commands:
     """The replica's commands, read by a thread of their own (so that an interrupt
     reaches a replica busy in its cell)."""
 
     def __init__(self, path: str, interruptible: Interruptible):
-        self._queue: "queue.Queue[Optional[ReplicaJob]]" = queue.Queue()
+        self._queue: "queue.Queue[Union[ReplicaJob, DebugRequest, None]]" = queue.Queue()
         self._interruptible = interruptible
         if os.path.exists(path):  # the notebook made it, and holds the other end
             self._fd = os.open(path, os.O_RDONLY)
@@ -219,9 +264,9 @@ class _Commands:
         threading.Thread(target=self._read, name="colab_xla-session-commands",
                          daemon=True).start()
 
-    def next(self) -> Optional[ReplicaJob]:
-        """The next cell's job; None when the session ends. While it waits, the pages of
-        results the notebook has removed are let go of."""
+    def next(self) -> Union[ReplicaJob, DebugRequest, None]:
+        """The next cell's job (or a debugger to run); None when the session ends. While
+        it waits, the pages of results the notebook has removed are let go of."""
         while True:
             try:
                 return self._queue.get(timeout=shared_tensors.KEPT_CHECK_SECONDS)
@@ -248,6 +293,8 @@ class _Commands:
                     self._queue.put(job)  # (its file closed: the cell starts with none open)
                 elif verb == "interrupt":
                     self._interruptible.interrupt(arg)
+                elif verb == "debug":
+                    self._queue.put(DebugRequest(*arg.split(" ", 1)))
                 elif verb == "stop":
                     self._queue.put(None)
                     return
