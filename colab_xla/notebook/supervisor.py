@@ -28,6 +28,7 @@ import time
 from typing import Any, Dict, Optional, Tuple
 
 from . import draw_pacing, endings, interrupts, shared_lock, state
+from ..errors import SetupError
 from ..wire.cell import CellModule
 from .deadlines import Deadlines
 from .draw_pacing import DrawPacer
@@ -141,13 +142,15 @@ class Supervisor:
                 else:
                     driver.join()
                 self._drain()
+                refused = (isinstance(self._driver_error, SetupError)
+                           and not self.outcome.replicas)
+                if not refused:  # (a refusal before any process: no replica to settle)
+                    self._settle_unreported()
                 if (self._driver_error is not None and not self.outcome.replicas
                         and not self._deadlines.stop):
                     # The launcher failed before any replica said a word (xmp.spawn, or
                     # the runtime's set-up of the run's processes): the run never started.
                     self.outcome.launch_error = endings.launch_error(self._driver_error)
-                else:
-                    self._settle_unreported()
                 # Replicas arrive in any order; the outcome a person reads is by ordinal.
                 self.outcome.replicas = dict(sorted(self.outcome.replicas.items()))
             finally:
