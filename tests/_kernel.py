@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import queue
 import signal
 import time
 from dataclasses import dataclass, field
@@ -131,6 +132,32 @@ class Kernel:
 
     def run(self, code: str, timeout: float = 180, *, first: bool = False) -> Reply:
         return self.wait(self.submit(code), timeout, first=first)
+
+    def run_answering(self, code: str, answers, timeout: float = 180):
+        """Run ``code`` with the notebook's input box on (``allow_stdin``), answering each
+        input request the kernel sends with the next of ``answers``, as a person typing;
+        the reply, and the prompts asked."""
+        msg_id = self.kc.execute(code, allow_stdin=True, stop_on_error=False)
+        answers, prompts = list(answers), []
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                request = self.kc.get_stdin_msg(timeout=0.2)
+            except queue.Empty:
+                request = None
+            if request is not None and request["msg_type"] == "input_request":
+                prompts.append(request["content"]["prompt"])
+                assert answers, f"asked {request['content']['prompt']!r} with no answer left"
+                self.kc.input(answers.pop(0))
+                continue
+            with contextlib.suppress(queue.Empty):
+                msg = self.kc.get_shell_msg(timeout=0.05)
+                if msg["parent_header"].get("msg_id") == msg_id:
+                    content = msg["content"]
+                    reply = Reply(content["status"], content.get("ename"),
+                                  content.get("evalue"), content.get("traceback", []))
+                    return self.outputs(msg_id, reply), prompts
+            assert time.monotonic() < deadline, f"no reply within {timeout} s; asked {prompts}"
 
     def interrupt(self) -> None:
         self.km.interrupt_kernel()

@@ -11,7 +11,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from . import doctor, processes, targets, views
+from . import cluster, doctor, processes, targets, views
 from .. import runtimes
 from ..errors import RuntimeInitializedError, SetupError
 from ..runtimes import RUNTIMES
@@ -409,6 +409,45 @@ class XlaMagics(Magics):
             elif name in user_ns and not outcome.ok:
                 kept.append(f"--pull {name}")
         return kept
+
+    @magic_arguments()
+    @argument("replica", nargs="?", type=int, default=None,
+              help="the replica whose last exception to debug (default: the lowest replica "
+                   "that failed in the session's last cell).")
+    @line_magic
+    def xla_debug(self, line):
+        """A post-mortem debugger (pdb) on a session replica's last exception.
+
+        After a session cell failed, ``%xla_debug`` opens pdb in the lowest replica that
+        failed (``%xla_debug R``: replica R), at the line of the cell that raised, with the
+        replica's frames and locals: ``p``, ``pp``, ``up``, ``down``, ``l``, ``w`` work, and
+        each prompt is the notebook's input box. ``q`` (or ``c``) ends it; the session goes
+        on with its globals. A one-off run's replicas are gone when it ends: run the cell in
+        a session (``%xla_session start``) to debug it.
+
+        Example::
+
+            %xla_session start -n 4
+            %%xla_spawn
+            x = 1 / (index - 2)     # replica 2 fails
+            %xla_debug              # (Pdb) p index  ->  2
+        """
+        args = _parse(self.xla_debug, line, "%xla_debug")
+        session = targets.current_session()
+        if cluster.current() is not None:
+            raise UsageError("%xla_debug: not on a cluster's session yet (a replica of this "
+                             "machine's session only).")
+        if session is None or not session.up:
+            raise UsageError("%xla_debug needs the replicas alive: a one-off run's are gone "
+                             "when it ends. Start a session (%xla_session start), run the "
+                             "cell again there, then %xla_debug.")
+        try:
+            ended = session.debug(args.replica, ask=input,
+                                  show=lambda text: print(text, end="", flush=True))
+        except SetupError as exc:
+            raise UsageError(str(exc)) from None
+        if ended != "ended":
+            print(f"colab_xla: the debugger was left: {ended}; the session goes on.")
 
     @magic_arguments()
     @argument("--kill-leftovers", action="store_true",

@@ -145,6 +145,7 @@ def _run_cell(index: int, job: ReplicaJob, process: "ReplicaProcess",
     value = None
     # In a session, the notebook's Interrupt reaches the cell (colab_xla.replica.serve).
     interruptible = getattr(current, "interruptible", None)
+    current.failure = None  # (a session's %xla_debug debugs the last cell's exception)
     try:
         with (interruptible.running(job.run_id) if interruptible is not None
               else contextlib.nullcontext()):
@@ -160,6 +161,8 @@ def _run_cell(index: int, job: ReplicaJob, process: "ReplicaProcess",
         # KeyboardInterrupt included: raised by the cell's code, or in a session by the
         # notebook's Interrupt (the notebook knows which: it stopped the run).
         report.error = error_from_exception(exc, cell)
+        if interruptible is not None:  # a session's replica: kept for %xla_debug
+            current.failure = (exc, cell.path)
         return report
     finally:
         flush_all()

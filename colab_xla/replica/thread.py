@@ -10,6 +10,8 @@ import threading
 
 class _Current(threading.local):
     ordinal = None  # (a class default: reading it in a thread that set none is fast)
+    # A session replica's last cell's exception, and the cell's file (for %xla_debug).
+    failure = None
 
 
 current = _Current()

@@ -31,6 +31,7 @@ The notebook's own session, the one ``%%xla_spawn`` cells run on, is kept by
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pickle
@@ -43,7 +44,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import psutil
 
-from .. import options, preflight, processes, state
+from .. import debugger, options, preflight, processes, state
 from ... import runtimes
 from ..defaults import Defaults
 from ..endings import describe_exit, killed_while
@@ -125,6 +126,8 @@ class Session(Target):
         self.replicas: Dict[int, SessionReplica] = {}
         self.started_at = time.time()
         self.cells_run = 0
+        self.last_failed: List[int] = []  # the replicas that failed in the last cell
+        self._last_cell: Optional[CellModule] = None  # (its file is named as its label)
         self.start_seconds: Optional[float] = None  # how long its start took (new_session)
         self.ended: Optional[str] = None  # why the session ended, once it has
         self._lock = threading.Condition()
@@ -341,6 +344,7 @@ class Session(Target):
                                  observer or RunObserver(), request.timeout,
                                  replicas=SessionReplicas(self), stall=request.stall).run()
             self.known.sent(sent, user_ns)
+            self.last_failed, self._last_cell = list(outcome.failed), module
             if not self.up:
                 outcome.session_ended = self.ended + self._printed()
             return outcome
@@ -441,6 +445,33 @@ class Session(Target):
                 return []
             return [self.global_ordinal(i) for i in sorted(self.replicas)
                     if i not in self._cell.finished]
+
+    def debug(self, asked: Optional[int], ask: Callable[[str], str],
+              show: Callable[[str], None]) -> str:
+        """``%xla_debug``: pdb's post-mortem on replica ``asked``'s last exception (None:
+        the lowest replica that failed in the last cell), its prompts asked with ``ask``,
+        what it writes shown with ``show`` (:mod:`colab_xla.notebook.debugger`); how it
+        ended. The session goes on."""
+        self.check_up()
+        with self._lock:
+            if self._cell is not None:
+                raise debugger.DebugError("a cell is running on this session's replicas: "
+                                          "%xla_debug runs between cells.")
+        ordinal = debugger.chosen(asked, self.last_failed, sorted(self.replicas))
+        pipes = [os.path.join(self.directory, f"debug-{name}-{ordinal}")
+                 for name in ("answers", "output")]
+        for path in pipes:
+            os.mkfifo(path, 0o600)
+        try:
+            self._commands.send("debug " + " ".join(pipes), [ordinal])
+            cell = self._last_cell
+            named = show if cell is None else (  # "> Cell In[3](4)f()", as tracebacks name it
+                lambda text: show(text.replace(cell.path, cell.label)))
+            return debugger.converse(*pipes, ask=ask, show=named)
+        finally:
+            for path in pipes:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
 
     def interrupt(self, run_id: str) -> None:
         """KeyboardInterrupt in every replica still running the cell ``run_id``."""
