@@ -8,8 +8,8 @@ __version__ = "0.1.0"
 
 
 def load_ipython_extension(ipython):
-    """Register ``%%xla_spawn``, ``%xla_session``, ``%xla_cluster`` and ``%xla_doctor``
-    (called by ``%load_ext colab_xla``)."""
+    """Register ``%%xla_spawn``, ``%xla_session``, ``%xla_cluster``, ``%xla_debug`` and
+    ``%xla_doctor`` (called by ``%load_ext colab_xla``)."""
     from .notebook.defaults import Defaults
     from .notebook.magics import XlaMagics
 
@@ -31,5 +31,6 @@ def unload_ipython_extension(ipython):
     ipython.magics_manager.magics["line"].pop("xla_doctor", None)
     ipython.magics_manager.magics["line"].pop("xla_session", None)
     ipython.magics_manager.magics["line"].pop("xla_cluster", None)
+    ipython.magics_manager.magics["line"].pop("xla_debug", None)
     ipython.magics_manager.registry.pop("XlaMagics", None)
     shared_lock.shutdown()

@@ -25,8 +25,8 @@ from .request import DEFAULT_STALL_SECONDS, CellRequest, LaunchAsked, SessionReq
 
 @magics_class
 class XlaMagics(Magics):
-    """The ``%%xla_spawn`` cell magic and the ``%xla_session``, ``%xla_cluster`` and
-    ``%xla_doctor`` line magics."""
+    """The ``%%xla_spawn`` cell magic and the ``%xla_session``, ``%xla_cluster``,
+    ``%xla_debug`` and ``%xla_doctor`` line magics."""
 
     _told_terminal = False
 

@@ -2,7 +2,7 @@
 (:func:`colab_xla.wire.job.command_path`), through which the notebook tells the replica
 what to do, a line per command, read by a thread of the replica
 (:mod:`colab_xla.replica.serve`): ``run PATH`` (a pickled job), ``interrupt RUN_ID``,
-``stop``.
+``debug ANSWERS OUTPUT`` (``%xla_debug``), ``stop``.
 """
 
 from __future__ import annotations
