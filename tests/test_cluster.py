@@ -473,16 +473,9 @@ def test_timeout_and_interrupt_stop_every_host_and_leave_no_replica(local, runti
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_an_interrupt_on_a_cluster_says_where_each_hosts_replicas_were(local):
-    stopped = on_cluster("""
-        import time
-        import torch_xla.core.xla_model as xm
-        def slow_load():
-            time.sleep(1000)
-        print('kept', flush=True)
-        if index == 3:
-            slow_load()
-        xm.rendezvous('ready')
-        """, local, observer=InterruptWhenAllPrinted("kept"))
+    from test_where_stopped import waiting
+
+    stopped = on_cluster(waiting(3, 1000), local, observer=InterruptWhenAllPrinted("ready"))
     assert [r.state for r in stopped.replicas.values()] == [STOPPED] * 4
     said = str(XlaSpawnError(stopped))
     assert ("  host 0 · replica 0, host 0 · replica 1, host 1 · replica 2 at line 9: "

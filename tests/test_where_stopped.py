@@ -82,16 +82,22 @@ def test_a_process_that_does_not_answer_is_not_waited_for_long(tmp_path):
 
 # -- real runs -----------------------------------------------------------------------------
 
-HUNG = textwrap.dedent("""
-    import time
-    import torch_xla.core.xla_model as xm
-    def slow_load():
-        time.sleep(1000)
-    print('ready', flush=True)
-    if index == 2:
-        slow_load()
-    xm.rendezvous('ready')
-    """).lstrip("\n")
+def waiting(sleeper: int, seconds: int, then: str = "") -> str:
+    """A cell whose replica ``sleeper`` sleeps ``seconds`` in a function (line 5) while the
+    others wait for it in a rendezvous (line 9); each prints ``ready`` first."""
+    return textwrap.dedent(f"""
+        import time
+        import torch_xla.core.xla_model as xm
+        def slow_load():
+            time.sleep({seconds})
+        print('ready', flush=True)
+        if index == {sleeper}:
+            slow_load()
+        xm.rendezvous('ready')
+        """).lstrip("\n") + then
+
+
+HUNG = waiting(2, 1000)
 AT_RENDEZVOUS = ("at line 9: `xm.rendezvous('ready')` "
                  "(in rendezvous, torch_xla/core/xla_model.py:")
 IN_SLOW_LOAD = "replica 2 at line 5 in slow_load: `time.sleep(1000)`"
@@ -181,17 +187,7 @@ def test_a_rank_blocked_in_gloos_native_all_reduce_still_says_where_it_was():
 
 # -- the stall notice while a run goes on ----------------------------------------------------
 
-STALLS = textwrap.dedent("""
-    import time
-    import torch_xla.core.xla_model as xm
-    def slow_load():
-        time.sleep(6)
-    print('ready', flush=True)
-    if index == 1:
-        slow_load()
-    xm.rendezvous('ready')
-    print('after', flush=True)
-    """).lstrip("\n")
+STALLS = waiting(1, 6, then="print('after', flush=True)\n")
 
 
 class Notices(RunObserver):
