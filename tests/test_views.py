@@ -446,3 +446,39 @@ def test_the_widget_view_merges_a_line_printed_by_every_replica_across_draws(wid
     view.tick(outcome)
     rows = "".join(o["text"] for o in view.combined.outputs).splitlines()
     assert rows[-2:] == ["[all 3] step 1", "[replica 2] mine"]
+
+
+def test_the_header_says_where_replicas_are_while_none_prints_and_where_stopped_ones_were(
+        widget_view):
+    from colab_xla.notebook.outcome import Stall
+    from colab_xla.notebook.views import text as text_view
+    from colab_xla.wire.reports import ReplicaError
+
+    widget_view, _ = widget_view
+    view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
+    view.opened(outcome)
+    _start(view, outcome, 3)
+    stall = Stall(61.4, {0: "line 9: `xm.rendezvous('r')`", 1: "line 5 in f: `sleep(9)`",
+                         2: "line 9: `xm.rendezvous('r')`"})
+    view.stalled(outcome, stall)
+    view.tick(outcome)
+    assert ("No output for 61 s; where each replica is now:\nreplicas 0, 2 at line 9: "
+            "`xm.rendezvous(&#x27;r&#x27;)`\nreplica 1 at line 5 in f: `sleep(9)`"
+            ) in view.header.value, view.header.value
+    view.stalled(outcome, None)  # output again: it goes
+    view.tick(outcome)
+    assert "No output for" not in view.header.value
+    for o in range(3):  # then the run is cut
+        rep = outcome.replicas[o]
+        rep.state, rep.elapsed = "stopped", 0.5
+        rep.error = ReplicaError("interrupted", "KeyboardInterrupt", "interrupted while running",
+                                 place=stall.places[o])
+    outcome.elapsed, outcome.interrupted = 0.6, True
+    view.tick(outcome)
+    assert "replica 1 at line 5 in f: `sleep(9)`" in view.header.value
+    printed = io.StringIO()
+    text = text_view.TextView(out=printed)
+    for told in (stall, stall, None, stall):  # printed once per new set of places
+        text.stalled(outcome, told)
+    assert printed.getvalue().count("[colab_xla] No output for 61 s") == 2
+    assert "[colab_xla] replica 1 at line 5 in f: `sleep(9)`\n" in printed.getvalue()

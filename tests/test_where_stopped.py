@@ -196,8 +196,8 @@ class Notices(RunObserver):
     def __init__(self):
         self.seen = []
 
-    def stalled(self, outcome, notice):
-        self.seen.append(("notice", notice))
+    def stalled(self, outcome, stall):
+        self.seen.append(("notice", stall.notice(outcome) if stall else None))
 
     def output(self, outcome, origin, lines):
         self.seen += [("line", line) for line in lines]

@@ -147,6 +147,20 @@ class RunOutcome:
         return [f"{who(at)} at {place}" for place, at in stacks.grouped(places)]
 
 
+@dataclasses.dataclass(frozen=True)
+class Stall:
+    """No replica has printed for ``quiet`` seconds; where each one still running is
+    (``places``: ordinal -> place, :func:`colab_xla.wire.stacks.place`)."""
+
+    quiet: float
+    places: Mapping[int, str]
+
+    def notice(self, outcome: RunOutcome) -> str:
+        """What a view shows: a line, then the replicas at each place."""
+        return "\n".join([f"No output for {self.quiet:.0f} s; where each replica is now:",
+                          *outcome.place_lines(self.places)])
+
+
 class RunObserver:
     """Hooks a live view implements, all called in the thread that called run_cell.
 
@@ -171,9 +185,9 @@ class RunObserver:
 
     def tick(self, outcome: RunOutcome) -> None: ...
 
-    def stalled(self, outcome: RunOutcome, notice: Optional[str]) -> None:
-        """No replica has printed for ``--stall`` seconds: ``notice`` says where each is
-        (said again while it lasts); None once output comes again (the notice goes)."""
+    def stalled(self, outcome: RunOutcome, stall: Optional["Stall"]) -> None:
+        """No replica has printed for ``--stall`` seconds: ``stall`` says where each is
+        (told again while it lasts); None once output comes again (the notice goes)."""
 
     def closed(self, outcome: RunOutcome) -> None: ...
 

@@ -33,7 +33,7 @@ from ..wire.cell import CellModule
 from .deadlines import Deadlines
 from .draw_pacing import DrawPacer
 from .launch import Launch, inherit, replica_environ
-from .outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome, load_results
+from .outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome, Stall, load_results
 from .partial_lines import PartialLines
 from .pipes import STARTUP, STARTUP_LABEL, RunPipes
 from .replicas import FreshReplicas, Replicas
@@ -347,9 +347,7 @@ class Supervisor:
         if not places:
             return
         self._stall_said = time.monotonic()
-        lines = self.outcome.place_lines(places)
-        self.observer.stalled(self.outcome, f"No output for {now - self._quiet_since:.0f} s; "
-                                            "where each replica is now:\n" + "\n".join(lines))
+        self.observer.stalled(self.outcome, Stall(now - self._quiet_since, places))
 
     def _emit(self, origin, kind: int, text: str) -> None:
         if text:

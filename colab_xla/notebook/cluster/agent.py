@@ -94,6 +94,7 @@ class HostAgent:
         self._runs: Dict[str, _HostedRun] = {}
         self._lock = threading.Lock()
         self._session = None  # this host's warm replicas (targets.session.Session), if up
+        self._debugger = None  # %xla_debug's, relayed to the notebook (debugger.Relayed)
 
     def describe(self) -> Dict[str, Any]:
         """What the notebook shows of this host."""
@@ -131,6 +132,20 @@ class HostAgent:
         return {"replicas": {i: r.pid for i, r in self._session.replicas.items()},
                 "notes": notes}
 
+    def debug(self, local: int, answer: Optional[str]) -> Dict[str, Any]:
+        """``%xla_debug`` of this host's session replica ``local`` (``answer`` None: start
+        it; else the answer to its last prompt): what pdb wrote since, and its next prompt
+        or how it ended (:class:`colab_xla.notebook.debugger.Relayed`)."""
+        from .. import debugger
+
+        if answer is None:
+            session = self._session
+            if session is None or not session.up:
+                return {"output": "", "prompt": None, "ended": "no session is up on this host"}
+            self._debugger = debugger.Relayed(
+                lambda ask, show: session.debug(local, ask=ask, show=show))
+        return self._debugger.step(answer)
+
     def stop_session(self) -> None:
         """End this host's warm replicas, if any (every process they started)."""
         session, self._session = self._session, None
@@ -155,9 +170,9 @@ class HostAgent:
         from ..targets.one_off import OneOff
 
         run = self._run(run_id)
-        target, asked = self._session, {}
+        target, asked = self._session, {"stall": (request or {}).get("stall")}
         if target is None:
-            target, asked = OneOff(), dict(env=self._environ(run_id, request),
+            target, asked = OneOff(), dict(asked, env=self._environ(run_id, request),
                                            replicas=self._replicas(),
                                            launch=LaunchAsked.of(self._launch(request)),
                                            simulate="processes")
@@ -298,6 +313,9 @@ class _HostedRun(RunObserver):
 
     def finished(self, outcome: RunOutcome, ordinal: int) -> None:
         self._add("finished", ordinal, _packed_replica(outcome.replicas[ordinal]))
+
+    def stalled(self, outcome: RunOutcome, stall) -> None:
+        self._add("stalled", None, stall)
 
 
 def _packed_replica(rep) -> Dict[str, Any]:

@@ -35,14 +35,14 @@ from ... import runtimes
 from ...wire.cell import Cell
 from ...errors import OptionError
 from ..launch import Launch
-from ..outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome, load_results
+from ..outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome, Stall, load_results
 from ...wire.reports import ReplicaError
 from ..deadlines import FAIL_FAST_SECONDS
 from ..draw_pacing import TICK_SECONDS
 from ...wire import names
 from ..cluster.connection import Cluster, exception_line, host_note, import_ray
 from ..cluster.hosts import ClusterError
-from ..request import CellRequest, LaunchAsked
+from ..request import DEFAULT_STALL_SECONDS, CellRequest, LaunchAsked
 from .target import Target
 
 # How long a poll waits in the agent for news: the notebook's Interrupt is seen between polls.
@@ -100,7 +100,8 @@ def run_on_cluster(cluster: Cluster, source: str, *, user_ns: Optional[Mapping] 
                    timeout: Optional[float] = None, pull: Sequence[str] = (),
                    pull_from: Optional[int] = None,
                    runtime: Union[runtimes.Runtime, str, None] = None,
-                   devices_per_process: Optional[int] = None) -> RunOutcome:
+                   devices_per_process: Optional[int] = None,
+                   stall: Optional[float] = DEFAULT_STALL_SECONDS) -> RunOutcome:
     """Run ``source`` on every replica of every host of ``cluster`` (the warm ones of its
     session, if one is up); the outcome has every replica by global ordinal,
     ``outcome.hosts`` their host.
@@ -108,13 +109,14 @@ def run_on_cluster(cluster: Cluster, source: str, *, user_ns: Optional[Mapping] 
     ``runtime`` is a runtime or its name, ``--runtime``'s (with the JAX runtime,
     ``devices_per_process`` devices per process on CPU hosts); None: the session's, if
     one is up, else the default. A session's cells run in its runtime: asking another is
-    refused."""
+    refused. ``stall``: as for :func:`colab_xla.notebook.targets.run_cell`, each host's
+    quiet replicas said."""
     request = CellRequest(Cell(source, label=label, header=header),
                           user_ns=user_ns if user_ns is not None else {},
                           launch=LaunchAsked(runtime=runtime,
                                              devices_per_process=devices_per_process),
                           timeout=timeout, pull=tuple(pull), pull_from=pull_from,
-                          announce=announce)
+                          announce=announce, stall=stall)
     warm = cluster.session
     target = warm if warm is not None and warm.up else ClusterOneOff(cluster)
     return target.run(request, observer)
@@ -140,15 +142,16 @@ def run_on_hosts(cluster: Cluster, request: CellRequest, observer: Optional[RunO
         sent, sent_names = session.known.pack(cell, user_ns)
     else:  # without fork between them, the notebook's names travel by value (as for spawn)
         sent = names.pack(names.used_names(cell, user_ns), user_ns, "spawn")
-    host_launch = None  # (a session's replicas are its own: they met when it started)
-    if session is None:
-        host_launch = host_request(cluster, launch)
+    # (a session's replicas are its own: they met when it started)
+    host_launch = {} if session is not None else host_request(cluster, launch)
+    host_launch["stall"] = request.stall  # (each host's replicas said where they are)
     run = _ClusterRun(cluster, per_host, user_ns, observer or RunObserver(), request.timeout,
                       request.announce)
     cluster.cells_run += 1
     outcome = run.run(cell, sent, request.pull, request.pull_from, host_launch)
     if session is not None:
         session.cells_run += 1
+        session.last_failed = outcome.failed
         session.known.sent(sent_names, user_ns)
         if run.session_ended:  # one host's session ended: the hosts are one program
             host, why = sorted(run.session_ended.items())[0]
@@ -201,6 +204,7 @@ class _ClusterRun:
         self._fail_at: Optional[float] = None
         self._gone: Dict[int, str] = {}  # host -> how it went
         self.session_ended: Dict[int, str] = {}  # host -> why its session ended in the cell
+        self._stalls: Dict[int, Stall] = {}  # host -> where its quiet replicas are
 
     def run(self, cell: Cell, sent: Optional[bytes], pull, pull_from,
             host_launch: Optional[Dict[str, Any]]) -> RunOutcome:
@@ -277,6 +281,8 @@ class _ClusterRun:
                 self._log(host, origin)[1].show_partial(event[2])
             elif kind == "finished":
                 self._finished(self._global(host, origin), event[2])
+            elif kind == "stalled":
+                self._stalled(host, event[2])
         if not reply["done"]:
             return True
         for note in reply.get("notes", ()):
@@ -331,6 +337,19 @@ class _ClusterRun:
         if rep.state == FAILED:
             self._failed(ordinal)
         self.observer.finished(self.outcome, ordinal)
+
+    def _stalled(self, host: int, stall: Optional[Stall]) -> None:
+        """Host ``host``'s replicas have been quiet (``stall``, by local ordinal; None:
+        output again): the view is told where every quiet host's replicas are."""
+        if stall is None:
+            self._stalls.pop(host, None)
+        else:
+            self._stalls[host] = Stall(stall.quiet, {self._global(host, o): place
+                                                     for o, place in stall.places.items()})
+        quiet = list(self._stalls.values())
+        self.observer.stalled(self.outcome, Stall(
+            min(s.quiet for s in quiet), {o: p for s in quiet for o, p in s.places.items()})
+            if quiet else None)
 
     def _failed(self, ordinal: int) -> None:
         if self._fail_at is None:

@@ -28,7 +28,7 @@ import sys
 from typing import List, Optional
 
 from . import text as text_view
-from ..outcome import RunObserver, RunOutcome
+from ..outcome import RunObserver, RunOutcome, Stall
 
 # How much of an exception's message the one line quotes.
 _REASON_CHARS = 200
@@ -81,8 +81,8 @@ class FallbackView(RunObserver):
     def tick(self, outcome: RunOutcome) -> None:
         self._forward("tick", outcome)
 
-    def stalled(self, outcome: RunOutcome, notice: Optional[str]) -> None:
-        self._forward("stalled", outcome, notice)
+    def stalled(self, outcome: RunOutcome, stall: Optional[Stall]) -> None:
+        self._forward("stalled", outcome, stall)
 
     def closed(self, outcome: RunOutcome) -> None:
         self._forward("closed", outcome)

@@ -20,7 +20,7 @@ import sys
 from typing import Dict, List, Optional
 
 from ...wire.reports import ReplicaError
-from ..outcome import ReplicaOutcome, RunObserver, RunOutcome
+from ..outcome import ReplicaOutcome, RunObserver, RunOutcome, Stall
 from ..output_log import OutputLog, shorten
 
 # Output lines per replica in a summary (the full log is on disk).
@@ -106,7 +106,7 @@ class TextView(RunObserver):
         self._summary_tail = summary_tail
         self._batch: List[str] = []
         self._printed: Dict[object, int] = {}
-        self._stalled_at: Optional[List[str]] = None  # the places of the last notice printed
+        self._stalled_at: Optional[dict] = None  # the places of the last notice printed
 
     def output(self, outcome: RunOutcome, origin, lines: List[str]) -> None:
         label = f"[{outcome.label(origin)}]" if isinstance(origin, int) else f"[{origin}]"
@@ -124,14 +124,14 @@ class TextView(RunObserver):
             print("\n".join(self._batch), file=self._out, flush=True)
             self._batch = []
 
-    def stalled(self, outcome: RunOutcome, notice: Optional[str]) -> None:
+    def stalled(self, outcome: RunOutcome, stall: Optional[Stall]) -> None:
         # Printed text cannot go away: a notice is printed when it says something new.
-        if notice is not None and notice.split("\n", 1)[1:] != self._stalled_at:
-            self._stalled_at = notice.split("\n", 1)[1:]
-            print("\n".join(f"[colab_xla] {line}" for line in notice.splitlines()),
-                  file=self._out, flush=True)
-        elif notice is None:
+        if stall is None:
             self._stalled_at = None
+        elif dict(stall.places) != self._stalled_at:
+            self._stalled_at = dict(stall.places)
+            print("\n".join(f"[colab_xla] {line}" for line in stall.notice(outcome).splitlines()),
+                  file=self._out, flush=True)
 
     def closed(self, outcome: RunOutcome) -> None:
         self.tick(outcome)

@@ -30,7 +30,7 @@ import ipywidgets as widgets
 from IPython.display import display
 
 from . import html as html_view, text as text_view
-from ..outcome import RunObserver, RunOutcome, counted, format_ordinals
+from ..outcome import RunObserver, RunOutcome, Stall, counted, format_ordinals
 from ..output_log import shorten
 
 COMBINED_LINES = 400
@@ -181,8 +181,8 @@ class WidgetView(RunObserver):
         if self._handle is None and outcome.elapsed is None:
             self._display({"text/plain": LIVE_TEXT})
 
-    def stalled(self, outcome: RunOutcome, notice: Optional[str]) -> None:
-        self._stall = notice  # (drawn in the header at the next tick)
+    def stalled(self, outcome: RunOutcome, stall: Optional[Stall]) -> None:
+        self._stall = stall.notice(outcome) if stall else None  # (drawn at the next tick)
 
     def closed(self, outcome: RunOutcome) -> None:
         if self.box is None:
@@ -272,8 +272,10 @@ class WidgetView(RunObserver):
         logs = (f"<br><span style='font-size:smaller'>full logs: <code>"
                 f"{html.escape(outcome.log_dir)}</code></span>" if outcome.log_dir else "")
         replicas = counted(len(outcome.replicas), "replica")
+        # Where they are while none prints; once the run is cut, where the stopped were.
+        where = self._stall or "\n".join(outcome.places(outcome.stopped))
         stall = (f"<pre style='color:#9a6700;white-space:pre-wrap;margin:4px 0'>"
-                 f"{html.escape(self._stall)}</pre>" if self._stall else "")
+                 f"{html.escape(where)}</pre>" if where else "")
         self.header.value = (f"<b>{outcome.device_type}</b> · {replicas} · "
                              f"<b>{state}</b> · {elapsed:.1f} s · {html.escape(counts)}"
                              f"{failed}{logs}{stall}")
