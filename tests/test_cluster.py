@@ -733,3 +733,38 @@ def test_torch_processes_of_every_host_are_one_job_with_global_ranks(local):
         h * PER_HOST + i: (h * PER_HOST + i, HOSTS * PER_HOST, str(i), str(h), 10.0)
         for h in range(HOSTS) for i in range(PER_HOST)}
     assert on_cluster("index", local).ok  # the cluster goes on
+
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_a_stall_on_a_cluster_says_where_every_hosts_replicas_are(local):
+    from test_where_stopped import Notices, waiting
+
+    notices = Notices()
+    outcome = on_cluster(waiting(3, 6, then="print('after', flush=True)\n"), local,
+                         observer=notices, stall=1)
+    assert outcome.ok, text_view.render(outcome)
+    said = [n for kind, n in notices.seen if kind == "notice" and n]
+    assert any("host 1 · replica 3 at line 5 in slow_load: `time.sleep(6)`" in n
+               for n in said), said
+    assert any("host 0 · replica 0" in n and "at line 9: `xm.rendezvous('ready')`" in n
+               for n in said), said
+    assert notices.seen[-1] != ("notice", said[-1])  # it went when output came again
+
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_xla_debug_on_a_cluster_session_runs_pdb_on_the_replicas_host(warm):
+    from test_debug import FAILS, Person
+
+    failed = on_cluster(FAILS, warm)
+    assert failed.failed == [1, 2], text_view.render(failed)
+    person = Person("p secret", "p index", "q")
+    assert warm.session.debug(None, ask=person.ask, show=person.show) == "ended"
+    assert "(Pdb) p secret\n42\n(Pdb) p index\n1\n" in person.text, person.text
+    other = Person("p secret", "q")  # host 1's first replica (global 2), by host:replica
+    assert warm.session.debug((1, 0), ask=other.ask, show=other.show) == "ended"
+    assert "(Pdb) p secret\n43\n" in other.text, other.text
+    assert on_cluster("kept", warm).results() == {0: 0, 1: 10, 2: 20, 3: 30}

@@ -3,7 +3,8 @@ driven from the notebook, IPython-free.
 
 The replica runs pdb itself, between cells, on the exception its last cell raised (its
 frames and locals are alive there: :func:`colab_xla.replica.serve.debug`); this module is
-the notebook's end of the conversation, through two named pipes of the session's directory:
+the notebook's end of the conversation, through two named pipes of the session's directory
+(on a cluster's host, its agent's end, relayed to the notebook: :class:`Relayed`):
 what pdb writes is shown as it comes, and at each prompt the person's answer is asked for
 (``ask``: the notebook's input box, ipykernel's ``input``) and sent. It ends when pdb ends
 (``q``, ``c``), or when the replica does not answer within :data:`ANSWER_SECONDS`; the
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import select
+import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import SetupError
 
@@ -99,3 +102,50 @@ def _open(path: str, flags: int, deadline: float) -> int:
             if time.monotonic() >= deadline:
                 raise DebugError("the replica did not open its debugger's pipes") from None
             time.sleep(0.01)
+
+
+class Relayed:
+    """A debugger run on a cluster's host for the notebook: its session's
+    :meth:`~colab_xla.notebook.targets.session.Session.debug` in a thread of the host's
+    agent, each prompt handed to the notebook (:meth:`step` returns at the next prompt or
+    at the end) and each answer back from it."""
+
+    def __init__(self, run: Callable[[Callable[[str], str], Callable[[str], None]], str]):
+        self._lock = threading.Condition()
+        self._output: List[str] = []
+        self._prompt: Optional[str] = None
+        self._answers: "queue.Queue[str]" = queue.Queue()
+        self._ended: Optional[str] = None
+        threading.Thread(target=self._run, args=(run,), name="colab_xla-debug",
+                         daemon=True).start()
+
+    def _run(self, run) -> None:
+        try:
+            ended = run(self._ask, self._show)
+        except Exception as exc:  # noqa: BLE001 - said to the notebook
+            ended = f"{type(exc).__name__}: {exc}"
+        with self._lock:
+            self._ended = ended
+            self._lock.notify_all()
+
+    def _ask(self, prompt: str) -> str:
+        with self._lock:
+            self._prompt = prompt
+            self._lock.notify_all()
+        return self._answers.get()
+
+    def _show(self, text: str) -> None:
+        with self._lock:
+            self._output.append(text)
+
+    def step(self, answer: Optional[str], wait: float = ANSWER_SECONDS + 5) -> Dict[str, Any]:
+        """Send ``answer`` (None: none, the first step); what pdb wrote since, and its next
+        prompt (None once it ended: then ``ended`` says how)."""
+        with self._lock:
+            if answer is not None:
+                self._prompt = None
+                self._answers.put(answer)
+            self._lock.wait_for(lambda: self._prompt is not None or self._ended is not None,
+                                timeout=wait)
+            output, self._output = "".join(self._output), []
+            return {"output": output, "prompt": self._prompt, "ended": self._ended}

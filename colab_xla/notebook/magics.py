@@ -11,7 +11,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from . import cluster, doctor, processes, targets, views
+from . import doctor, processes, targets, views
 from .. import runtimes
 from ..errors import RuntimeInitializedError, SetupError
 from ..runtimes import RUNTIMES
@@ -411,9 +411,10 @@ class XlaMagics(Magics):
         return kept
 
     @magic_arguments()
-    @argument("replica", nargs="?", type=int, default=None,
+    @argument("replica", nargs="?", default=None,
               help="the replica whose last exception to debug (default: the lowest replica "
-                   "that failed in the session's last cell).")
+                   "that failed in the session's last cell); on a cluster's session also "
+                   "HOST:R (replica R of host HOST).")
     @line_magic
     def xla_debug(self, line):
         """A post-mortem debugger (pdb) on a session replica's last exception.
@@ -422,8 +423,9 @@ class XlaMagics(Magics):
         failed (``%xla_debug R``: replica R), at the line of the cell that raised, with the
         replica's frames and locals: ``p``, ``pp``, ``up``, ``down``, ``l``, ``w`` work, and
         each prompt is the notebook's input box. ``q`` (or ``c``) ends it; the session goes
-        on with its globals. A one-off run's replicas are gone when it ends: run the cell in
-        a session (``%xla_session start``) to debug it.
+        on with its globals. On a cluster's session, pdb runs on the replica's host and
+        ``%xla_debug H:R`` (or the global ordinal) picks it. A one-off run's replicas are
+        gone when it ends: run the cell in a session (``%xla_session start``) to debug it.
 
         Example::
 
@@ -433,16 +435,20 @@ class XlaMagics(Magics):
             %xla_debug              # (Pdb) p index  ->  2
         """
         args = _parse(self.xla_debug, line, "%xla_debug")
+        try:
+            asked = (None if args.replica is None else
+                     tuple(int(p) for p in args.replica.split(":")) if ":" in args.replica
+                     else int(args.replica))
+        except ValueError:
+            raise UsageError(f"%xla_debug {args.replica}: a replica's ordinal (3), or on a "
+                             "cluster HOST:R (1:0).") from None
         session = targets.current_session()
-        if cluster.current() is not None:
-            raise UsageError("%xla_debug: not on a cluster's session yet (a replica of this "
-                             "machine's session only).")
         if session is None or not session.up:
             raise UsageError("%xla_debug needs the replicas alive: a one-off run's are gone "
                              "when it ends. Start a session (%xla_session start), run the "
                              "cell again there, then %xla_debug.")
         try:
-            ended = session.debug(args.replica, ask=input,
+            ended = session.debug(asked, ask=input,
                                   show=lambda text: print(text, end="", flush=True))
         except SetupError as exc:
             raise UsageError(str(exc)) from None

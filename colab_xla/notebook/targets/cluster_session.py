@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Dict, List, Optional, Union
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from ... import runtimes
 from ..cluster.connection import exception_line, host_note, import_ray
@@ -54,6 +54,7 @@ class ClusterSession(Target):
         self.cells_run = 0
         self.start_seconds: Optional[float] = None  # how long its start took
         self.ended: Optional[str] = None  # why it ended, once it has
+        self.last_failed: List[int] = []  # global ordinals that failed in the last cell
 
     @classmethod
     def start(cls, cluster, announce=print, runtime: Union[runtimes.Runtime, str, None] = None,
@@ -125,6 +126,36 @@ class ClusterSession(Target):
         self.cluster.check_up()
         self.refuse(request)
         return run_on_hosts(self.cluster, request, observer, session=self)
+
+    def debug(self, asked: Union[int, Tuple[int, int], None], ask: Callable[[str], str],
+              show: Callable[[str], None]) -> str:
+        """``%xla_debug`` on a host's replica: ``asked`` a global ordinal, ``(host, local
+        ordinal)``, or None (the lowest that failed in the last cell); pdb runs there, its
+        prompts relayed here (``ask``, ``show``); how it ended."""
+        from .. import debugger
+
+        self.cluster.check_up()
+        if not self.up:
+            raise debugger.DebugError(f"this cluster's session ended ({self.ended}).")
+        hosts = sorted(self.replicas)
+        offsets = {h: sum(len(self.replicas[g]) for g in hosts[:i]) for i, h in enumerate(hosts)}
+        if isinstance(asked, tuple):
+            host, local = asked
+            if host not in self.replicas or local not in self.replicas[host]:
+                raise debugger.DebugError(f"%xla_debug {host}:{local}: no such replica "
+                                          "(host:replica, the replica's ordinal on its host).")
+        else:
+            ordinal = debugger.chosen(asked, self.last_failed, range(self.replica_count))
+            host = max(h for h in hosts if offsets[h] <= ordinal)
+            local = ordinal - offsets[host]
+        ray = import_ray()
+        agent = self.cluster.agents[host]
+        reply = ray.get(agent.debug.remote(local, None))
+        while True:
+            show(reply["output"])
+            if reply["prompt"] is None:
+                return reply["ended"] or f"host {host} did not answer"
+            reply = ray.get(agent.debug.remote(local, ask(reply["prompt"])))
 
     # -- what a person sees -------------------------------------------------------------
 

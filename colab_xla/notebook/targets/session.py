@@ -452,6 +452,9 @@ class Session(Target):
         the lowest replica that failed in the last cell), its prompts asked with ``ask``,
         what it writes shown with ``show`` (:mod:`colab_xla.notebook.debugger`); how it
         ended. The session goes on."""
+        if isinstance(asked, tuple):
+            raise debugger.DebugError("HOST:R is for a cluster's session: on this machine's, "
+                                      "%xla_debug R.")
         self.check_up()
         with self._lock:
             if self._cell is not None:
