@@ -1,6 +1,7 @@
 """``%%xla_spawn`` in a real ipykernel driven by nbclient: what a saved notebook holds."""
 
 import os
+import re
 
 import nbformat
 import pytest
@@ -135,7 +136,8 @@ def test_twenty_interrupts_leave_no_process_and_the_kernel_stays_usable(tmp_path
                 text = k.outputs(msg_id, reply, 30).stdout
                 for o in range(2):
                     assert f"── replica {o} · stopped" in text
-                    assert f"interrupted while running; last output: 'started {o}'" in text
+                    assert re.search(r"interrupted while running; at line \d+: `[^`]+`; "
+                                     rf"last output: 'started {o}'", text), text
             for f in files:
                 f.unlink()
         # No replica, no pool process (these cells use no `lock`: no Manager either).

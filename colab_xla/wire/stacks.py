@@ -28,10 +28,12 @@ Example::
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
 import time
+import tokenize
 from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 # The signal a replica process answers with the stacks of its threads (faulthandler's).
@@ -141,14 +143,23 @@ def place(frames: Sequence[Frame], cell_file: str, cell_lines: Sequence[str]) ->
             called = frame
         elif called is not None:
             break
-    source = (cell_lines[here.line - 1].strip()
-              if 0 < here.line <= len(cell_lines) else "")
+    source = _code(cell_lines[here.line - 1]) if 0 < here.line <= len(cell_lines) else ""
     said = f"line {here.line}"
     if here.function != "<module>":
         said += f" in {here.function}"
     if source:
         said += f": `{source}`"
     return f"{said} (in {_call(called)})" if called else said
+
+
+def _code(line: str) -> str:
+    """A line of the cell without its comment (``x = f()  # why`` -> ``x = f()``)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return line.strip()  # (a line of a longer statement: as it is)
+    comment = next((t for t in tokens if t.type == tokenize.COMMENT), None)
+    return (line.strip()[:comment.start[1]] if comment else line.strip()).rstrip()
 
 
 def _call(frame: Frame) -> str:
