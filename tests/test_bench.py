@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.xla, pytest.mark.timeout(300)]
                   "--interrupt-cap", "1"]),
     ("cluster.py", ["--repeats", "2", "--latency-repeats", "1", "--interrupts", "1",
                     "--no-one-host"]),
+    ("where_stopped.py", ["--replicas", "2", "--repeats", "1"]),
     ("torch_runtime.py", ["--replicas", "2", "--repeats", "2", "--warmups", "0",
                           "--warm-repeats", "2", "--slow-repeats", "1", "--cold-replicas", "2"]),
     pytest.param("jax_runtime.py", ["--processes", "2", "--repeats", "2",
