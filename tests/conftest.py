@@ -50,14 +50,20 @@ def pytest_configure(config):
 # modules that start a local Ray cluster share one worker: two clusters starting at once on
 # two cores time out (and Ray's dashboard port is one per machine).
 RAY_MODULES = {"test_cluster", "test_cluster_faults", "test_cluster_tpu", "test_cluster_tutorial"}
+# Modules without module-scoped fixtures whose tests are long and independent: each test a
+# group of its own, so both workers share them (TorchTPU's: a child process or two each).
+SPREAD_MODULES = {"test_torch_tpu"}
 
 
 def _group(item) -> str:
     """The module, or "ray" for a test that starts a local Ray cluster (the cluster
-    modules', and the cluster benchmark's smoke test)."""
+    modules', and the cluster benchmark's smoke test), or the test itself for a module of
+    :data:`SPREAD_MODULES`."""
     module = item.path.stem
     if module in RAY_MODULES or (module == "test_bench" and "cluster.py" in item.nodeid):
         return "ray"
+    if module in SPREAD_MODULES:
+        return f"{module}.{item.name}"
     return module
 
 

@@ -82,7 +82,7 @@ def test_dataloader_workers_work_over_any_dataset_under_every_start_method(start
         cell = (f"%%xla_spawn -n 2 --no-widget --start-method {start_method} -o r\n"
                 "import torch\n" + DATASET.format(name="Squares", power=2)
                 + "def batches(ds):\n"
-                "    loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=2)\n"
+                "    loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=1)\n"
                 "    return [b.flatten().tolist() for b in loader]\n"
                 "(batches(Squares()), batches(Cubes()), index)")
         reply = k.run(cell)
