@@ -369,6 +369,27 @@ def test_a_replica_that_dies_between_cells_refuses_the_next_cell_with_the_reason
 
 
 @pytest.mark.xla
+@pytest.mark.timeout(120)
+def test_a_replica_whose_death_comes_between_the_check_and_the_cell_does_not_hang_it(
+        session, monkeypatch):
+    """The README command's run 3: a replica SIGKILLed between cells, the launcher seeing
+    it end after the cell's check_up but before the cell was there to be told: the cell
+    waited 600 s for a replica that could never end it."""
+    victim = session.replicas[1].pid
+    psutil.Process(victim).kill()
+    deadline = time.monotonic() + 30
+    while 1 not in session._died:  # the launcher has seen it end...
+        assert time.monotonic() < deadline, "the launcher never saw the replica end"
+        time.sleep(0.05)
+    monkeypatch.setattr(type(session), "check_up", lambda self: None)  # ...after the check
+    started = time.monotonic()
+    outcome = cell("1", session)
+    assert time.monotonic() - started < 60
+    assert outcome.replicas[1].state == FAILED and not session.up
+    assert "replica 1 died (killed by SIGKILL)" in outcome.session_ended, outcome.session_ended
+
+
+@pytest.mark.xla
 @pytest.mark.timeout(300)
 def test_a_replica_that_fails_outside_its_cell_says_why_though_its_stderr_is_a_closed_pipe(
         session):

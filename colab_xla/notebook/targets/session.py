@@ -418,7 +418,13 @@ class Session(Target):
                 raise self._ended_error()
             self._cell = cell
             self.cells_run += 1
+            # A replica whose death the launcher saw after check_up let the cell through,
+            # but before the cell was here to be told: told now, as a death in the cell
+            # (it would be waited for forever: it never ends the cell).
+            dead = dict(self._died)
         try:
+            for index, code in dead.items():
+                ended(index, code)
             self._commands.send(f"run {path}", list(self.replicas))
             with self._lock:
                 while len(cell.finished) < len(self.replicas) and self.ended is None:
