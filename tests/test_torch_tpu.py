@@ -241,13 +241,16 @@ def test_the_doctor_names_torchtpu_the_chips_and_whether_this_notebook_holds_the
 
     from torch_tpu._internal.device import _device_ops_backend as backend
 
-    facts = dict(torch_runtime.doctor_facts(Hardware(pjrt_device=None, tpu_chips=4), {}))
+    from colab_xla.notebook.doctor import installed_version
+
+    tpu_host = Hardware(pjrt_device=None, tpu_chips=4)
+    facts = dict(torch_runtime.doctor_facts(tpu_host, {}, installed_version))
     assert facts["--runtime torch"] == (
         f"torch {version('torch')}, TorchTPU {version('torch-tpu')} (libtpu "
         f"{version('libtpu')}); 4 processes, one per TPU chip (TorchTPU, tpu_dist).")
     assert facts["  its device"] == "not opened by this notebook (good)"
     monkeypatch.setattr(backend, "_is_initialized", lambda: True)
-    claimed = dict(torch_runtime.doctor_facts(Hardware(pjrt_device=None, tpu_chips=4), {}))
+    claimed = dict(torch_runtime.doctor_facts(tpu_host, {}, installed_version))
     assert claimed["  its device"].startswith("The TPU is claimed by this notebook's own process")
 
 

@@ -51,7 +51,8 @@ def where(environ: Mapping[str, str]) -> str:
     return f"a local machine ({platform.system()} {platform.machine()}, {os.cpu_count()} CPUs)"
 
 
-def _version(package: str) -> Optional[str]:
+def installed_version(package: str) -> Optional[str]:
+    """The installed version of ``package`` (a distribution's name), or None."""
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
@@ -100,7 +101,7 @@ def likely_cause(history: Sequence[str],
 def diagnose(environ: Mapping[str, str] = os.environ, history: Sequence[str] = ()) -> Report:
     report = Report()
     report.facts.append(("running on", where(environ)))
-    versions = {p: _version(p) for p in ("torch", "torch_xla", "ipykernel", "ipywidgets")}
+    versions = {p: installed_version(p) for p in ("torch", "torch_xla", "ipykernel", "ipywidgets")}
     report.facts.append(("python", platform.python_version()))
     report.facts.append(("packages", ", ".join(f"{p} {v or 'not installed'}"
                                                for p, v in versions.items())))
@@ -155,14 +156,14 @@ def diagnose(environ: Mapping[str, str] = os.environ, history: Sequence[str] = (
                                        "Set it to fork, spawn or forkserver.", fatal=False))
 
     report.facts.append(("session", _session_fact(targets.local_session())))
-    report.facts.append(("cluster", _cluster_fact(cluster.current(), _version("ray"))))
+    report.facts.append(("cluster", _cluster_fact(cluster.current(), installed_version("ray"))))
     found = processes.leftovers()
     report.facts.append(("leftover processes", str(len(found))))
     if found:
         report.problems.append(preflight.leftovers_problem(found))
 
     for runtime in runtimes.registered():
-        report.facts += runtime.doctor_facts(hw, environ)
+        report.facts += runtime.doctor_facts(hw, environ, installed_version)
 
     holders = tpu_holders.scan()
     report.facts.append(("TPU held by", tpu_holders.fact(holders)))

@@ -108,11 +108,12 @@ class Runtime(abc.ABC):
         of ``hosts`` (their agents' descriptions, host 0 first); ``coordinator()`` asks
         host 0's agent for an address of its own and a free port."""
 
-    def doctor_facts(self, hardware: "Hardware",
-                     environ: Mapping[str, str]) -> List[Tuple[str, str]]:
+    def doctor_facts(self, hardware: "Hardware", environ: Mapping[str, str],
+                     version: Callable[[str], Optional[str]]) -> List[Tuple[str, str]]:
         """What ``%xla_doctor`` lists of this runtime here (``(label, text)`` lines; none
-        by default): its packages, its processes and devices, whether this notebook's
-        process holds them. Never starts the runtime."""
+        by default): its packages (``version(name)``: the doctor's, None if not
+        installed), its processes and devices, whether this notebook's process holds
+        them. Never starts the runtime."""
         return []
 
     # -- the replica's half (called in a replica process) ----------------------------

@@ -241,18 +241,12 @@ def tpu_problem() -> Optional[Problem]:
         "fine.")
 
 
-def doctor_facts(hw: Hardware, environ: Mapping[str, str]) -> List[Tuple[str, str]]:
+def doctor_facts(hw: Hardware, environ: Mapping[str, str],
+                 installed: Callable[[str], Optional[str]]) -> List[Tuple[str, str]]:
     """``%xla_doctor``'s line of this runtime: what ``--runtime torch`` would start here
     (TorchTPU's version and the chips, or the GPUs, or gloo on CPU), and whether this
-    notebook's process holds the device. Reads package metadata and the PCI bus only."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    def installed(package: str) -> Optional[str]:
-        try:
-            return version(package)
-        except PackageNotFoundError:
-            return None
-
+    notebook's process holds the device (``installed(package)``: its version, or None).
+    Reads package metadata and the PCI bus only."""
     if installed("torch") is None:
         return [("--runtime torch", f"PyTorch not installed ({TORCH_INSTALL_HINT})")]
     tpu = installed("torch-tpu")
@@ -468,9 +462,9 @@ class Torch(Runtime):
     def own_processes(self, plan: ReplicaPlan) -> bool:
         return True
 
-    def doctor_facts(self, hardware: Hardware,
-                     environ: Mapping[str, str]) -> List[Tuple[str, str]]:
-        return doctor_facts(hardware, environ)
+    def doctor_facts(self, hardware: Hardware, environ: Mapping[str, str],
+                     version: Callable[[str], Optional[str]]) -> List[Tuple[str, str]]:
+        return doctor_facts(hardware, environ, version)
 
     def problems(self) -> List[Problem]:
         return [p for p in (cuda_problem(), tpu_problem()) if p is not None]
