@@ -334,7 +334,7 @@ def test_the_magic_says_who_holds_the_tpu(monkeypatch, private_state, capsys):
 def test_doctor_says_who_holds_the_tpu_and_the_problem_on_a_tpu(monkeypatch, private_state):
     monkeypatch.setattr(hardware, "detect", lambda environ=None: hardware.Hardware(
         pjrt_device=None, tpu_chips=4, tpu_cores_per_chip=1))
-    monkeypatch.setattr(doctor, "_version", lambda p: "2.9.0")
+    monkeypatch.setattr(doctor, "installed_version", lambda p: "2.9.0")
     monkeypatch.setattr(tpu_holders, "scan", lambda: HELD)
     report = doctor.diagnose(environ={}, history=[])
     assert ("TPU held by", "pid 4242 (has /dev/vfio/0 open and locks the libtpu lock file)") \
