@@ -137,17 +137,17 @@ class ClusterSession(Target):
         self.cluster.check_up()
         if not self.up:
             raise debugger.DebugError(f"this cluster's session ended ({self.ended}).")
-        hosts = sorted(self.replicas)
-        offsets = {h: sum(len(self.replicas[g]) for g in hosts[:i]) for i, h in enumerate(hosts)}
+        # (host, local ordinal) of each replica, by global ordinal
+        ordinals = [(h, i) for h in sorted(self.replicas) for i in sorted(self.replicas[h])]
         if isinstance(asked, tuple):
+            if asked not in ordinals:
+                raise debugger.DebugError(f"%xla_debug {asked[0]}:{asked[1]}: no such replica "
+                                          "(HOST:R, R the replica's ordinal on its host; "
+                                          "%xla_session shows them).")
             host, local = asked
-            if host not in self.replicas or local not in self.replicas[host]:
-                raise debugger.DebugError(f"%xla_debug {host}:{local}: no such replica "
-                                          "(host:replica, the replica's ordinal on its host).")
         else:
-            ordinal = debugger.chosen(asked, self.last_failed, range(self.replica_count))
-            host = max(h for h in hosts if offsets[h] <= ordinal)
-            local = ordinal - offsets[host]
+            host, local = ordinals[debugger.chosen(asked, self.last_failed,
+                                                   range(len(ordinals)))]
         ray = import_ray()
         agent = self.cluster.agents[host]
         reply = ray.get(agent.debug.remote(local, None))
