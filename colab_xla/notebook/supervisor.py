@@ -251,8 +251,8 @@ class Supervisor:
         dumps = stacks.take({pid: path for pid, _, path in running.values()})
         found = stacks.of_threads(dumps, {o: (pid, ident) for o, (pid, ident, _)
                                           in running.items()})
-        lines = ("\n" + self.cell.source).splitlines()  # (line 1: the magic's)
-        return {o: stacks.place(frames, self.cell.path, lines) for o, frames in found.items()}
+        return {o: stacks.place(frames, self.cell.path, self.cell.lines)
+                for o, frames in found.items()}
 
     def _c_output(self, fd: int, rank: int, kind: int, data: bytes) -> None:
         """C-level output read from pipe ``fd`` of process ``rank``: its ended lines now, the

@@ -36,7 +36,7 @@ import os
 import secrets
 from dataclasses import dataclass
 from types import CodeType
-from typing import FrozenSet, Optional
+from typing import FrozenSet, List, Optional
 
 from ..errors import SetupError
 
@@ -138,6 +138,12 @@ class CellModule:
         name = os.path.splitext(os.path.basename(path))[0]
         return cls(name=name, path=path, label=label, body=body, last_expr=last_expr,
                    source=text.split("\n", 1)[1])
+
+    @property
+    def lines(self) -> List[str]:
+        """The module file's lines as its frames number them (line 1: the magic's line,
+        left blank here)."""
+        return ["", *self.source.splitlines()]
 
     def __reduce__(self):
         # Code objects do not pickle: a replica started by spawn or a forkserver gets the
