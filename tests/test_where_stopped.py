@@ -73,7 +73,7 @@ def test_a_dump_says_each_replica_threads_line_function_source_and_call():
 
 @pytest.mark.quick
 @pytest.mark.stacks("colab", "kaggle")
-def test_a_process_that_does_not_answer_is_not_waited_for_long(tmp_path):
+def test_a_process_that_is_gone_is_not_asked_and_says_nothing(tmp_path):
     never = tmp_path / "stacks-1.txt"
     never.write_text("")
     gone = os.getpid() + 10_000_000  # (no such process)

@@ -100,7 +100,9 @@ def _open(path: str, flags: int, deadline: float) -> int:
             return os.open(path, flags | os.O_NONBLOCK)
         except OSError:  # ENXIO: no reader yet
             if time.monotonic() >= deadline:
-                raise DebugError("the replica did not open its debugger's pipes") from None
+                raise DebugError("the replica did not open its debugger in time (is its "
+                                 "process alive? %xla_session shows it); the session goes "
+                                 "on.") from None
             time.sleep(0.01)
 
 

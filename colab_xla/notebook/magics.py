@@ -453,7 +453,8 @@ class XlaMagics(Magics):
         except SetupError as exc:
             raise UsageError(str(exc)) from None
         if ended != "ended":
-            print(f"colab_xla: the debugger was left: {ended}; the session goes on.")
+            print(f"colab_xla: the debugger was left: {ended}; the session goes on "
+                  "(%xla_debug again opens it anew).")
 
     @magic_arguments()
     @argument("--kill-leftovers", action="store_true",
