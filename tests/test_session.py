@@ -390,6 +390,36 @@ def test_a_replica_whose_death_comes_between_the_check_and_the_cell_does_not_han
 
 
 @pytest.mark.xla
+@pytest.mark.timeout(120)
+def test_a_replica_that_does_not_take_the_cell_ends_it_in_its_bound_and_says_which(
+        session, monkeypatch):
+    """The Kaggle hang: a session cell waited 600 s for a replica that never took it. A
+    replica stuck between cells (here: its command queue never read again) is named
+    within the bound, and the session ends with nothing left."""
+    from colab_xla.notebook.targets import session_replicas
+    monkeypatch.setattr(session_replicas.SessionReplicas, "start_seconds", 3.0)
+    procs = [psutil.Process(p) for p in session_pids(session)]
+    cell("""
+        import time
+        from colab_xla.replica import serve
+        if index == 1:
+            serve._Commands.next = lambda self: time.sleep(3600)
+        """, session)
+    started = time.monotonic()
+    outcome = cell("index", session)
+    assert time.monotonic() - started < 30
+    rep0, rep1 = outcome.replicas[0], outcome.replicas[1]
+    assert rep1.state == STOPPED and rep1.error.kind == "unstarted", rep1.error
+    assert "did not start the cell within 3 s" in rep1.error.evalue
+    # Replica 0 took the cell and ended it before the cut: its value stands.
+    assert rep0.state == DONE and outcome.results() == {0: 0}
+    assert outcome.session_ended == ("replica 1 did not take the cell within 3 s (stuck "
+                                     "between cells)"), outcome.session_ended
+    assert not session.up
+    assert wait_until_gone(procs, timeout=10) == []
+
+
+@pytest.mark.xla
 @pytest.mark.timeout(300)
 def test_a_replica_that_fails_outside_its_cell_says_why_though_its_stderr_is_a_closed_pipe(
         session):

@@ -54,6 +54,37 @@ def test_the_timeout_is_the_reason_when_both_deadlines_passed():
     assert d.passed(100.0) == "timeout"
 
 
+def test_every_replica_must_start_within_the_start_bound_the_last_start_lifts_it():
+    d = Deadlines(timeout=None, now=0.0, start=30.0, replicas=3)
+    assert d.start_at == 30.0 and d.unstarted == [0, 1, 2]
+    d.started(2)
+    d.started(0)
+    assert d.passed(29.999) is None
+    assert d.passed(30.0) == "unstarted" and d.unstarted == [1]
+    d.started(1)
+    assert d.start_at is None and d.passed(1e9) is None
+
+
+def test_no_start_bound_without_seconds_or_a_known_count():
+    assert Deadlines(timeout=None, now=0.0, start=None, replicas=4).start_at is None
+    assert Deadlines(timeout=None, now=0.0, start=30.0, replicas=None).start_at is None
+
+
+def test_a_start_after_the_cut_leaves_the_unstarted_named_and_told_apart():
+    d = Deadlines(timeout=None, now=0.0, start=5.0, replicas=3)
+    d.started(0)
+    d.stop = d.passed(6.0)
+    d.started(2)  # late: the run was cut for it
+    assert d.unstarted == [1, 2]
+    outcome = {o: ReplicaOutcome(o) for o in range(3)}
+    late = d.stopped(outcome[1], outcome)
+    assert (late.ename, late.kind) == ("NotStarted", "unstarted")
+    assert "did not start the cell within 5 s" in late.evalue
+    other = d.stopped(outcome[0], outcome)
+    assert other.ename == "Stopped"
+    assert "replicas 1-2 did not start the cell within 5 s" in other.evalue
+
+
 def test_fail_fast_seconds_is_read_when_a_replica_fails(monkeypatch):
     monkeypatch.setattr(deadlines, "FAIL_FAST_SECONDS", 0.25)
     d = Deadlines(timeout=None, now=0.0)

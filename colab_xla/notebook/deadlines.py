@@ -2,8 +2,10 @@
 
 A run is cut (its replicas stopped, see :class:`colab_xla.notebook.replicas.Replicas`) on
 ``--timeout``'s deadline, :data:`FAIL_FAST_SECONDS` after the first replica failed or its
-process died, or on an Interrupt (the read loop hears of that from
-:mod:`colab_xla.notebook.interrupts` and cuts for ``"interrupted"``). Once the run is cut,
+process died, when a replica has not started the cell within its target's bound (a
+session's replica that does not take the cell: ``"unstarted"``), or on an Interrupt (the
+read loop hears of that from :mod:`colab_xla.notebook.interrupts` and cuts for
+``"interrupted"``). Once the run is cut,
 a replica's end is late and does not count: it is settled as stopped, with an error saying
 why (:meth:`Deadlines.stopped`). Everything here is a function of the times and states it
 is given; the :class:`colab_xla.notebook.supervisor.Supervisor` reads the clock.
@@ -11,11 +13,14 @@ is given; the :class:`colab_xla.notebook.supervisor.Supervisor` reads the clock.
 >>> d = Deadlines(timeout=None, now=100.0)
 >>> d.failed(2, now=101.0); d.passed(103.5), d.passed(104.0), d.first_failed
 (None, 'failed', 2)
+>>> d = Deadlines(timeout=None, now=100.0, start=30.0, replicas=2)
+>>> d.started(0); d.passed(129.0), d.passed(130.0), d.unstarted
+(None, 'unstarted', [1])
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import List, Mapping, Optional
 
 from . import endings
 from .outcome import ReplicaOutcome
@@ -32,12 +37,32 @@ class Deadlines:
     """One run's deadlines (monotonic seconds) and why it was cut (``stop``: ``"timeout"``,
     ``"failed"``, ``"interrupted"``, or None while it goes on)."""
 
-    def __init__(self, timeout: Optional[float], now: float):
+    def __init__(self, timeout: Optional[float], now: float, start: Optional[float] = None,
+                 replicas: Optional[int] = None):
         self.timeout = timeout
         self.timeout_at: Optional[float] = now + timeout if timeout else None
         self.fail_at: Optional[float] = None  # set by the first failure
         self.first_failed: Optional[int] = None
         self.stop: Optional[str] = None  # why the run was cut
+        # Every one of ``replicas`` replicas must have started the cell within ``start``
+        # seconds (None: no bound, or the count is not known here).
+        self.start = start
+        self._unstarted = set(range(replicas)) if start and replicas else set()
+        self.start_at: Optional[float] = now + start if self._unstarted else None
+
+    @property
+    def unstarted(self) -> List[int]:
+        """The replicas that have not started the cell (while the bound holds)."""
+        return sorted(self._unstarted)
+
+    def started(self, ordinal: int) -> None:
+        """Replica ``ordinal`` started the cell: the last one lifts the start bound. (Once
+        the run is cut, a start is late: the replicas that had not started stay named.)"""
+        if self.stop:
+            return
+        self._unstarted.discard(ordinal)
+        if not self._unstarted:
+            self.start_at = None
 
     def failed(self, ordinal: int, now: float) -> None:
         """Replica ``ordinal`` failed (or its process died before its report) at ``now``:
@@ -48,8 +73,9 @@ class Deadlines:
 
     def passed(self, now: float) -> Optional[str]:
         """The deadline that has passed at ``now``, as the reason to cut the run
-        (``"timeout"`` before ``"failed"``), or None."""
-        for reason, at in (("timeout", self.timeout_at), ("failed", self.fail_at)):
+        (``"timeout"`` before ``"failed"`` before ``"unstarted"``), or None."""
+        for reason, at in (("timeout", self.timeout_at), ("failed", self.fail_at),
+                           ("unstarted", self.start_at)):
             if at is not None and now >= at:
                 return reason
         return None
@@ -72,4 +98,5 @@ class Deadlines:
         """The error of replica ``rep``, stopped when the run was cut (``replicas``: the
         outcome's, to name the first that failed)."""
         return endings.stopped(self.stop, rep, timeout=self.timeout, grace=FAIL_FAST_SECONDS,
-                               first_failed=replicas.get(self.first_failed))
+                               first_failed=replicas.get(self.first_failed),
+                               unstarted=self.unstarted, start=self.start)

@@ -1,9 +1,10 @@
 """Why a replica ended without its report, told as data: a :class:`ReplicaError` whose
 message says what happened and what to do.
 
-A run stopped by an Interrupt, its ``--timeout`` or the fail-fast rule settles the replicas
-still running as *stopped* (:func:`stopped`), with where each one was (its last output
-line, its last ``xm.rendezvous``). A replica whose process ended under it *died*
+A run stopped by an Interrupt, its ``--timeout``, the fail-fast rule or a replica that did
+not start the cell in time settles the replicas still running as *stopped*
+(:func:`stopped`), with where each one was (its last output line, its last
+``xm.rendezvous``). A replica whose process ended under it *died*
 (:func:`died`): the message names the cause it can find (``os._exit`` from a replica, the
 exit code or signal, XLA's own fatal line from the process output). A launch that started
 no replica at all is :func:`launch_error`.
@@ -18,15 +19,26 @@ import traceback
 from typing import Iterable, Mapping, Optional, Sequence, Tuple
 
 from ..wire.reports import ReplicaError
-from .outcome import ReplicaOutcome
+from .outcome import ReplicaOutcome, format_ordinals
 
 
 def stopped(reason: str, rep: ReplicaOutcome, *, timeout: Optional[float] = None,
-            first_failed: Optional[ReplicaOutcome] = None, grace: float = 0.0) -> ReplicaError:
+            first_failed: Optional[ReplicaOutcome] = None, grace: float = 0.0,
+            unstarted: Sequence[int] = (), start: Optional[float] = None) -> ReplicaError:
     """Replica ``rep``, still running when the run was stopped for ``reason``:
-    "interrupted", "timeout" (after ``timeout`` s) or "failed" (``grace`` s after
-    ``first_failed`` failed)."""
+    "interrupted", "timeout" (after ``timeout`` s), "failed" (``grace`` s after
+    ``first_failed`` failed) or "unstarted" (the replicas ``unstarted`` had not started the
+    cell ``start`` s after it was sent)."""
     where = whereabouts(rep)
+    if reason == "unstarted":
+        if rep.ordinal in unstarted:
+            return ReplicaError("unstarted", "NotStarted",
+                                f"did not start the cell within {start:g} s of it being sent "
+                                "(its process was alive), so the run was stopped", where=where)
+        which = format_ordinals(unstarted)
+        return ReplicaError("stopped", "Stopped",
+                            f"stopped: replica{'s' if len(unstarted) > 1 else ''} {which} "
+                            f"did not start the cell within {start:g} s", where=where)
     if reason == "interrupted":
         return ReplicaError("interrupted", "KeyboardInterrupt", "interrupted while running",
                             where=where)

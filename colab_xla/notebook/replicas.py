@@ -17,6 +17,9 @@ from ..runtimes.plan import ReplicaPlan
 
 # After a kill, how long to wait for the driver thread to see its pool broken.
 _DRIVER_JOIN_SECONDS = 5.0
+# How long a one-off run's replicas have to start: the processes' start-up and the
+# runtime's launch (TorchTPU's may wait up to 300 s for the chips) come first.
+START_SECONDS = 600.0
 
 
 class Replicas:
@@ -29,6 +32,9 @@ class Replicas:
     """
 
     inherit = False  # whether the replicas fork from this process for the run
+    # How long every replica has to start the cell, from the run's start, before the run
+    # is cut as "unstarted" (colab_xla.notebook.deadlines); None: no bound.
+    start_seconds: Optional[float] = None
 
     def begin(self) -> None:
         """Just before the replicas are started."""
@@ -55,9 +61,10 @@ class Replicas:
         :meth:`colab_xla.notebook.processes.RunProcesses.memory_note`); else None."""
         return None
 
-    def stop(self, driver: threading.Thread, read_until) -> None:
-        """The run was cut: stop its replicas; ``read_until(t)`` reads what they send
-        until the time ``t`` or the driver's end."""
+    def stop(self, driver: threading.Thread, read_until, why: str) -> None:
+        """The run was cut for ``why`` (a reason of :class:`colab_xla.notebook.deadlines.
+        Deadlines`): stop its replicas; ``read_until(t)`` reads what they send until the
+        time ``t`` or the driver's end."""
         self.release(driver)
 
     def release(self, driver: threading.Thread) -> None:
@@ -67,6 +74,8 @@ class Replicas:
 class FreshReplicas(Replicas):
     """A one-off run's replicas: started by :func:`colab_xla.notebook.launch.start` for the run,
     every process of it killed when it ends."""
+
+    start_seconds = START_SECONDS
 
     def __init__(self, run_id: str, launch: Launch, plan: ReplicaPlan):
         self.launch, self.plan = launch, plan

@@ -70,7 +70,6 @@ class Supervisor:
         self.options, self.cell = options, options.cell
         self.plan, self.run_dir, self.observer = plan, run_dir, observer
         self.timeout = timeout
-        self._deadlines = Deadlines(timeout, time.monotonic())  # and why the run was cut
         self.user_ns = user_ns
         self.run_id = secrets.token_hex(8)
         self.outcome = RunOutcome(device_type=plan.device_type, log_dir=state.new_log_dir())
@@ -79,6 +78,10 @@ class Supervisor:
         self._ranks: Dict[int, set] = {}  # local process rank -> ordinals it runs
         self._pid_rank: Dict[int, int] = {}
         self._replicas = replicas or FreshReplicas(self.run_id, options.launch, plan)
+        # The run's deadlines and why it was cut: also when a replica has not started the
+        # cell within its replicas' bound (Replicas.start_seconds).
+        self._deadlines = Deadlines(timeout, time.monotonic(),
+                                    start=self._replicas.start_seconds, replicas=plan.replicas)
         self._driver_error: Optional[BaseException] = None
         self._output_since_draw = False
         self._exits: Dict[int, Tuple[int, int]] = {}  # pid -> (replica, code) of os._exit
@@ -138,7 +141,7 @@ class Supervisor:
                     self._cut("interrupted")
                 if self._deadlines.stop:
                     self._replicas.stop(driver, lambda until: self._read_until_done(
-                        until=until))
+                        until=until), self._deadlines.stop)
                 else:
                     driver.join()
                 self._drain()
@@ -206,7 +209,7 @@ class Supervisor:
                 if reason:
                     self._cut(reason)
                     return
-                times = (draws.due, cut.timeout_at, cut.fail_at)
+                times = (draws.due, cut.timeout_at, cut.fail_at, cut.start_at)
             wake = pipes.look(now, min(t for t in times if t is not None))
             if held.pieces:
                 wake = min(wake, held.due())
@@ -293,6 +296,7 @@ class Supervisor:
                 self._threads[frame.ordinal] = (frame.pid, info["thread"], info["stacks"])
             self._ranks.setdefault(info["rank"], set()).add(frame.ordinal)
             self._replicas.started(frame.pid)
+            self._deadlines.started(frame.ordinal)
             self.observer.started(self.outcome, frame.ordinal)
         elif frame.kind == frames.END:
             self._replicas.finished(frame.ordinal)

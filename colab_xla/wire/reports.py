@@ -22,7 +22,9 @@ class ReplicaError:
     replica that does not fork could not be loaded there), ``"died"`` (the replica's process
     ended without a report), ``"launch"`` (no replica started: see ``RunOutcome.launch_error``),
     ``"interrupted"``, ``"timeout"`` or ``"stopped"`` (the run was cut while it ran: by
-    Interrupt, ``--timeout``, or because another replica failed). ``traceback`` is the
+    Interrupt, ``--timeout``, or because another replica failed or did not start), or
+    ``"unstarted"`` (the replica had not started the cell within its bound: a session's
+    replica stuck between cells). ``traceback`` is the
     text to show, with frames of the cell shown as ``Cell In[N], line L``.
     """
 

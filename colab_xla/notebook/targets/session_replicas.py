@@ -19,6 +19,9 @@ from ..replicas import Replicas
 INTERRUPT_GRACE_SECONDS = 2.0
 # How long the processes of an ending session may take to go (killed until then).
 KILL_SECONDS = 5.0
+# How long every replica has to take a cell sent to it (they wait for it, warm: a replica
+# that does not is stuck between cells, and the cell would wait for it forever).
+TAKE_SECONDS = 60.0
 
 
 class SessionReplicas(Replicas):
@@ -26,6 +29,8 @@ class SessionReplicas(Replicas):
     them: the cell is sent to them, and a cut run interrupts them instead of killing
     them, unless they do not come back in time. ``session``: a
     :class:`colab_xla.notebook.targets.session.Session`."""
+
+    start_seconds = TAKE_SECONDS
 
     def __init__(self, session):
         self.session, self.run_id = session, None
@@ -57,11 +62,11 @@ class SessionReplicas(Replicas):
     def memory_note(self, pid: Optional[int]) -> Optional[str]:
         return self.session.processes.memory_note(pid)
 
-    def stop(self, driver: threading.Thread, read_until) -> None:
+    def stop(self, driver: threading.Thread, read_until, why: str) -> None:
         if self.session.ended is None and self.session.death_reason is None:
             self.session.interrupt(self.run_id)
             read_until(time.monotonic() + self.grace)
-        self._end_if_running(driver)
+        self._end_if_running(driver, untaken=why == "unstarted")
 
     def release(self, driver: threading.Thread) -> None:
         if (not self._returned.is_set() and self.session.ended is None
@@ -70,14 +75,17 @@ class SessionReplicas(Replicas):
             self._returned.wait(self.grace)
         self._end_if_running(driver)
 
-    def _end_if_running(self, driver: threading.Thread) -> None:
-        """End the session if the cell still runs (a replica did not stop) or a replica
-        died: the replicas are no longer one group that can run the next cell."""
+    def _end_if_running(self, driver: threading.Thread, untaken: bool = False) -> None:
+        """End the session if the cell still runs (a replica did not stop, or with
+        ``untaken``, did not even take the cell) or a replica died: the replicas are no
+        longer one group that can run the next cell."""
         if not self._returned.is_set():
             running = self.session.still_running()
             which = (f"replica{'s' if len(running) > 1 else ''} {format_ordinals(running)}"
                      if running else "a replica")
             self.session.end(self.session.death_reason or (
+                f"{which} did not take the cell within {self.start_seconds:g} s (stuck "
+                "between cells)" if untaken else
                 f"{which} did not stop within {self.grace:g} s of the interrupt (native "
                 "code, or a collective waiting for a peer)"))
         elif self.session.death_reason is not None and self.session.ended is None:
