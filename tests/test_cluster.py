@@ -530,6 +530,22 @@ def test_a_session_keeps_every_hosts_replicas_and_their_globals_from_cell_to_cel
 @needs_ray
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
+def test_targets_on_a_cluster_session_run_the_chosen_replicas_of_each_host_only(warm):
+    assert on_cluster("mark = index", warm).ok
+    # Host 0 sits this one out; on host 1 only its replica 0 (global 2) runs it.
+    chosen = on_cluster("mark = -1; (host, local_index)", warm, targets="1:0")
+    assert chosen.ok and chosen.results() == {2: (1, 0)}, text_view.render(chosen)
+    both = on_cluster("mark", warm, targets="0,3")  # by global ordinal
+    assert both.results() == {0: 0, 3: 3}
+    assert on_cluster("mark", warm).results() == {0: 0, 1: 1, 2: -1, 3: 3}
+    from colab_xla.errors import OptionError
+    with pytest.raises(OptionError, match=r"there is no replica 2:0 \(HOST:R"):
+        on_cluster("1", warm, targets="2:0")
+
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
 def test_a_session_gets_a_notebook_name_once_and_again_when_the_notebook_changes_it(warm):
     user_ns = {**NOTEBOOK, "seen": [1]}
     grown = on_cluster("seen.append(index)\n(len(seen), Point(scaled(index)))", warm,

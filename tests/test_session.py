@@ -643,6 +643,12 @@ def test_the_magic_starts_runs_shows_and_stops_a_session(ip, capsys):
     assert run_magic(ip, "%%xla_spawn --no-widget\nmodel = index + 40\nsession_only = 1").success
     assert run_magic(ip, "%%xla_spawn --no-widget -o got\nmodel").success
     assert ip.user_ns["got"] == {0: 40, 1: 41}
+    assert run_magic(ip, "%%xla_spawn --no-widget --targets 1 -o got\nmodel").success
+    assert ip.user_ns["got"] == {1: 41}
+    with pytest.raises(UsageError, match="--targets 0: a one-off run starts its replicas"):
+        ip.run_cell_magic("xla_spawn", "--fresh --targets 0", "1")
+    with pytest.raises(UsageError, match="--targets 0-: '0-' is not a replica"):
+        ip.run_cell_magic("xla_spawn", "--targets 0-", "1")
     ip.user_ns["offset"] = 1000
     assert run_magic(ip, "%%xla_spawn --no-widget --pull model\nmodel += offset").success
     assert ip.user_ns["model"] == {0: 1040, 1: 1041}
@@ -652,11 +658,11 @@ def test_the_magic_starts_runs_shows_and_stops_a_session(ip, capsys):
     capsys.readouterr()
     ip.run_line_magic("xla_session", "")
     status = capsys.readouterr().out
-    assert "up" in status and "2 replicas" in status and "3 cells run" in status
+    assert "up" in status and "2 replicas" in status and "4 cells run" in status
     assert all(f"pid {pid}" in status for pid in pids)
     ip.run_line_magic("xla_doctor", "")
     doctor = capsys.readouterr().out
-    assert re.search(rf"session +up, 2 replicas \(pids {pids[0]}, {pids[1]}\), 3 cells run",
+    assert re.search(rf"session +up, 2 replicas \(pids {pids[0]}, {pids[1]}\), 4 cells run",
                      doctor), doctor
     ip.run_line_magic("xla_session", "restart")
     assert session_pids(targets.local_session()) != pids and _alive(pids) == []
@@ -781,3 +787,29 @@ def test_an_interrupt_that_comes_before_its_cell_started_interrupts_it_as_it_sta
     thread.start()
     thread.join(10)
     assert seen == ["cell-2 interrupted", "cell-3 ran", "cell-4 ran"]
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(600)
+def test_targets_run_a_cell_on_the_chosen_replicas_and_the_others_keep_their_state(live):
+    cell("seen = [index]", live)
+    outcome = cell("seen.append('again'); index * 10", live, targets="1")
+    assert outcome.ok and outcome.results() == {1: 10}
+    assert sorted(outcome.replicas) == [1]  # the idle one is not in the cell's outcome
+    # Replica 0 did not run it: its state is as it was; the next cell runs on both.
+    assert cell("seen", live).results() == {0: [0], 1: [1, "again"]}
+    assert cell("index", live, targets="0-1").results() == {0: 0, 1: 1}
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(600)
+def test_targets_a_replica_the_session_lacks_or_a_one_off_run_are_refused(live):
+    from colab_xla.errors import OptionError
+    with pytest.raises(OptionError, match=r"--targets 5: there is no replica 5 \(this "
+                                          r"session's are 0-1\)"):
+        cell("1", live, targets="5")
+    with pytest.raises(OptionError, match="'x' is not a replica"):
+        cell("1", live, targets="0,x")
+    with pytest.raises(OptionError, match="a one-off run starts its replicas for the cell"):
+        run_cell("1", replicas=1, targets="0", announce=None)
+    assert cell("index", live).results() == {0: 0, 1: 1}  # the session goes on

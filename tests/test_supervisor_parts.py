@@ -55,7 +55,7 @@ def test_the_timeout_is_the_reason_when_both_deadlines_passed():
 
 
 def test_every_replica_must_start_within_the_start_bound_the_last_start_lifts_it():
-    d = Deadlines(timeout=None, now=0.0, start=30.0, replicas=3)
+    d = Deadlines(timeout=None, now=0.0, start=30.0, replicas=range(3))
     assert d.start_at == 30.0 and d.unstarted == [0, 1, 2]
     d.started(2)
     d.started(0)
@@ -66,12 +66,12 @@ def test_every_replica_must_start_within_the_start_bound_the_last_start_lifts_it
 
 
 def test_no_start_bound_without_seconds_or_a_known_count():
-    assert Deadlines(timeout=None, now=0.0, start=None, replicas=4).start_at is None
-    assert Deadlines(timeout=None, now=0.0, start=30.0, replicas=None).start_at is None
+    assert Deadlines(timeout=None, now=0.0, start=None, replicas=range(4)).start_at is None
+    assert Deadlines(timeout=None, now=0.0, start=30.0).start_at is None
 
 
 def test_a_start_after_the_cut_leaves_the_unstarted_named_and_told_apart():
-    d = Deadlines(timeout=None, now=0.0, start=5.0, replicas=3)
+    d = Deadlines(timeout=None, now=0.0, start=5.0, replicas=range(3))
     d.started(0)
     d.stop = d.passed(6.0)
     d.started(2)  # late: the run was cut for it

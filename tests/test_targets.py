@@ -328,11 +328,14 @@ def test_stopping_the_notebooks_session_forgets_it(no_targets, monkeypatch, tmp_
 
 @pytest.fixture
 def parses(monkeypatch):
-    """Every ``ast.parse`` of this process from now on, by its text."""
+    """Every ``ast.parse`` of a cell (its text begins with its magic's line) in this process
+    from now on, by its text. (Only cells': a module imported for the first time on the
+    way, torch's say, parses its own sources.)"""
     seen, real = [], ast.parse
 
     def counted(source, *args, **kwargs):
-        seen.append(source)
+        if isinstance(source, str) and source.startswith("# %%xla_spawn"):
+            seen.append(source)
         return real(source, *args, **kwargs)
 
     monkeypatch.setattr(ast, "parse", counted)
@@ -476,3 +479,37 @@ def test_the_magics_refusal_by_the_target_comes_before_anything_is_shown(ip, mon
     result = ip.run_cell("%%xla_spawn -n 2 --no-widget\nindex")
     assert str(result.error_in_exec) == CLUSTER_REFUSAL.format("-n")
     assert capsys.readouterr().out == ""
+
+
+# --- --targets: which of a session's replicas run a cell -----------------------------------
+
+
+def test_targets_name_ordinals_ranges_and_host_replicas_by_global_ordinal():
+    from colab_xla.notebook.chosen import parse
+
+    layout = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert parse("3, 0-1").ordinals(layout) == [0, 1, 3]
+    assert parse("1:0-1,0").ordinals(layout) == [0, 2, 3]
+    assert parse("0,0,0-0").ordinals(layout) == [0]  # (named twice: runs once)
+
+
+@pytest.mark.parametrize("text, said", [
+    ("", "name at least one replica"), (" , ", "name at least one replica"),
+    ("x", "'x' is not a replica"), ("3-1", "'3-1' is not a replica"),
+    ("-1", "'-1' is not a replica"), ("1:", "'1:' is not a replica"),
+])
+def test_targets_that_are_not_replicas_are_refused_with_an_example(text, said):
+    from colab_xla.notebook.chosen import parse
+
+    with pytest.raises(OptionError, match=said) as info:
+        parse(text)
+    assert "--targets" in str(info.value)
+
+
+def test_targets_beyond_the_session_say_which_replicas_it_has():
+    from colab_xla.notebook.chosen import parse
+
+    with pytest.raises(OptionError, match=r"no replica 2 \(this session's are 0-1\)"):
+        parse("2").ordinals([(0, 0), (0, 1)])
+    with pytest.raises(OptionError, match=r"no replica 1:2 .*hosts are 0, 1"):
+        parse("1:2").ordinals([(0, 0), (1, 0)])

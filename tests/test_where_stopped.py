@@ -224,6 +224,27 @@ def test_a_stall_says_where_each_replica_is_stops_nothing_and_goes_when_output_r
 
 @pytest.mark.xla
 @pytest.mark.timeout(300)
+def test_a_targeted_cell_in_a_collective_stalls_and_the_notice_names_the_idle_replicas():
+    session = new_session(SessionOptions(replicas=3), {}, announce=None)
+    try:
+        notices = Notices()
+        outcome = run_cell(textwrap.dedent("""
+            import torch_xla.core.xla_model as xm
+            xm.rendezvous("all of us")
+            """).lstrip("\n"), announce=None, label="Cell In[5]", session=session,
+            targets="0-1", stall=1, timeout=SLOW_MACHINE_SECONDS, observer=notices)
+        assert sorted(outcome.replicas) == [0, 1] and outcome.idle == [2]
+        said = [n for kind, n in notices.seen if kind == "notice" and n]
+        assert said, notices.seen
+        assert "replicas 0-1 at line 3: `xm.rendezvous(\"all of us\")`" in said[0], said[0]
+        assert said[0].endswith("replica 2 does not run this cell (--targets): a collective "
+                                "in it waits for it forever"), said[0]
+    finally:
+        session.stop()
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
 def test_no_stall_notice_with_stall_0_and_a_bad_stall_is_refused():
     from colab_xla.errors import OptionError
 

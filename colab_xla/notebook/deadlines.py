@@ -13,14 +13,14 @@ is given; the :class:`colab_xla.notebook.supervisor.Supervisor` reads the clock.
 >>> d = Deadlines(timeout=None, now=100.0)
 >>> d.failed(2, now=101.0); d.passed(103.5), d.passed(104.0), d.first_failed
 (None, 'failed', 2)
->>> d = Deadlines(timeout=None, now=100.0, start=30.0, replicas=2)
+>>> d = Deadlines(timeout=None, now=100.0, start=30.0, replicas=range(2))
 >>> d.started(0); d.passed(129.0), d.passed(130.0), d.unstarted
 (None, 'unstarted', [1])
 """
 
 from __future__ import annotations
 
-from typing import List, Mapping, Optional
+from typing import Iterable, List, Mapping, Optional
 
 from . import endings
 from .outcome import ReplicaOutcome
@@ -38,16 +38,16 @@ class Deadlines:
     ``"failed"``, ``"interrupted"``, or None while it goes on)."""
 
     def __init__(self, timeout: Optional[float], now: float, start: Optional[float] = None,
-                 replicas: Optional[int] = None):
+                 replicas: Iterable[int] = ()):
         self.timeout = timeout
         self.timeout_at: Optional[float] = now + timeout if timeout else None
         self.fail_at: Optional[float] = None  # set by the first failure
         self.first_failed: Optional[int] = None
         self.stop: Optional[str] = None  # why the run was cut
-        # Every one of ``replicas`` replicas must have started the cell within ``start``
-        # seconds (None: no bound, or the count is not known here).
+        # Every one of the ``replicas`` (ordinals) must have started the cell within
+        # ``start`` seconds (None: no bound; none given: not known here).
         self.start = start
-        self._unstarted = set(range(replicas)) if start and replicas else set()
+        self._unstarted = set(replicas) if start else set()
         self.start_at: Optional[float] = now + start if self._unstarted else None
 
     @property

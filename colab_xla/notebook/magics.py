@@ -16,6 +16,7 @@ from .. import runtimes
 from ..errors import RuntimeInitializedError, SetupError
 from ..runtimes import RUNTIMES
 from ..wire.cell import Cell, EmptyCellError
+from .chosen import parse as parse_targets
 from .defaults import Defaults
 from .launch import LAUNCHERS, START_METHODS
 from .options import SIMULATIONS, check_output, parse_env, pull_names, split_line
@@ -103,6 +104,11 @@ class XlaMagics(Magics):
     @argument("--devices-per-process", type=int, metavar="K", default=None,
               help="with --runtime jax on CPU: K devices per process (XLA's host platform "
                    "device count; default 1).")
+    @argument("--targets", metavar="R[,R...]", default=None,
+              help="in a session, run the cell on these replicas only (0,2; ranges 0-3; on a "
+                   "cluster's session HOST:R too); the others stay idle and keep their state. "
+                   "A cell that enters a collective waits for the others: the stall notice "
+                   "says so.")
     @argument("--fresh", action="store_true",
               help="while a session is up (%%xla_session) or a cluster is connected "
                    "(%%xla_cluster), run this cell as a one-off run on this machine instead, "
@@ -131,8 +137,9 @@ class XlaMagics(Magics):
 
         While a session is up (``%xla_session start``), the cell runs on the session's
         replicas instead, which keep their globals from cell to cell (``--fresh``: a one-off
-        run beside it). While a cluster is connected (``%xla_cluster``), it runs on every
-        replica of every host: ``index`` is the global ordinal, ``host`` the host's rank,
+        run beside it; ``--targets 0,2``: on those replicas only, the others idle). While a
+        cluster is connected (``%xla_cluster``), it runs on every replica of every host:
+        ``index`` is the global ordinal, ``host`` the host's rank,
         ``local_index`` the ordinal on the host; with ``--runtime jax``, as JAX processes
         of one jax.distributed job across the hosts (the coordinator on host 0; the
         process index is ``index``).
@@ -167,6 +174,7 @@ class XlaMagics(Magics):
                                  default_start_method=defaults.start_method)
             launch.one_off()  # (what a one-off run would refuse is refused on any target)
             env = parse_env(args.env)
+            chosen = None if args.targets is None else parse_targets(args.targets)
         except SetupError as exc:
             raise UsageError(str(exc)) from None
         request = CellRequest(
@@ -174,7 +182,7 @@ class XlaMagics(Magics):
                  header=f"# %%xla_spawn {line}".rstrip()),
             user_ns=self.shell.user_ns, replicas=args.replicas, launch=launch, env=env,
             cache_dir=args.cache, simulate=args.simulate, timeout=args.timeout, stall=args.stall,
-            pull=tuple(pull), pull_from=args.pull_from, defaults=defaults)
+            pull=tuple(pull), pull_from=args.pull_from, targets=chosen, defaults=defaults)
         target = targets.current(fresh=args.fresh)
         try:
             target.refuse(request)

@@ -77,6 +77,8 @@ class RunOutcome:
     hosts: Dict[int, int] = dataclasses.field(default_factory=dict)
     # Run on a cluster whose connection ended during the cell (a host gone): why; else None.
     cluster_ended: Optional[str] = None
+    # Run on some of a session's replicas (--targets): the others, idle; else empty.
+    idle: List[int] = dataclasses.field(default_factory=list)
 
     def label(self, ordinal: int) -> str:
         """``"replica 3"``, or on a cluster ``"host 1 · replica 3"``."""
@@ -157,8 +159,14 @@ class Stall:
 
     def notice(self, outcome: RunOutcome) -> str:
         """What a view shows: a line, then the replicas at each place."""
+        idle = []
+        if outcome.idle:  # (a collective waits for every replica: these never come)
+            one = len(outcome.idle) == 1
+            idle = [f"{'replica' if one else 'replicas'} {format_ordinals(outcome.idle)} "
+                    f"{'does' if one else 'do'} not run this cell (--targets): a collective "
+                    f"in it waits for {'it' if one else 'them'} forever"]
         return "\n".join([f"No output for {self.quiet:.0f} s; where each replica is now:",
-                          *outcome.place_lines(self.places)])
+                          *outcome.place_lines(self.places), *idle])
 
 
 class RunObserver:

@@ -27,6 +27,7 @@ from typing import Any, Callable, List, Mapping, Optional, Tuple
 from ..errors import OptionError
 from ..wire.cell import Cell
 from .defaults import Defaults
+from .chosen import Chosen
 from .interrupts import Remote
 from .launch import Launch
 
@@ -83,7 +84,8 @@ class CellRequest:
     ``cell`` is its one parse; ``user_ns`` the notebook's names (read, never changed);
     ``replicas``, ``launch``, ``env`` (for the replicas only), ``cache_dir`` and
     ``simulate`` say what replicas to run it on; ``timeout``, ``stall``, ``pull`` and
-    ``pull_from`` what the run does; ``announce`` says what a person should know before it
+    ``pull_from`` what the run does; ``targets`` the replicas of a session that run it
+    (None: all of them; ``--targets``); ``announce`` says what a person should know before it
     starts (None: nothing is said); ``hosted`` makes it a run a cluster host's agent runs
     for the notebook (:mod:`colab_xla.notebook.cluster.agent`); ``defaults`` are the environment's
     (:mod:`colab_xla.notebook.defaults`), read once, when the request is made.
@@ -100,6 +102,7 @@ class CellRequest:
     stall: Optional[float] = DEFAULT_STALL_SECONDS
     pull: Tuple[str, ...] = ()
     pull_from: Optional[int] = None
+    targets: Optional[Chosen] = None
     announce: Optional[Callable[[str], Any]] = print
     hosted: Optional[Remote] = None
     defaults: Defaults = field(default_factory=Defaults.read)

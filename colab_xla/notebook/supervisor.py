@@ -25,7 +25,7 @@ import secrets
 import select
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from . import draw_pacing, endings, interrupts, shared_lock, state
 from ..errors import SetupError
@@ -57,6 +57,8 @@ class RunRequest:
     # and --pull names stay packed (the notebook loads them: its classes are there), large
     # tensors do not go through this host's shared memory, and the agent interrupts it.
     hosted: Optional[interrupts.Remote] = None
+    # The replicas that run the cell (a session's, by ordinal: --targets); None: all.
+    chosen: Optional[Tuple[int, ...]] = None
 
 
 class Supervisor:
@@ -73,6 +75,8 @@ class Supervisor:
         self.user_ns = user_ns
         self.run_id = secrets.token_hex(8)
         self.outcome = RunOutcome(device_type=plan.device_type, log_dir=state.new_log_dir())
+        if options.chosen is not None and plan.replicas:
+            self.outcome.idle = sorted(set(range(plan.replicas)) - set(options.chosen))
         self._decoders: Dict[tuple, Any] = {}
         self._held = PartialLines()  # unended C-level lines, by the pipe they came from
         self._ranks: Dict[int, set] = {}  # local process rank -> ordinals it runs
@@ -81,7 +85,8 @@ class Supervisor:
         # The run's deadlines and why it was cut: also when a replica has not started the
         # cell within its replicas' bound (Replicas.start_seconds).
         self._deadlines = Deadlines(timeout, time.monotonic(),
-                                    start=self._replicas.start_seconds, replicas=plan.replicas)
+                                    start=self._replicas.start_seconds,
+                                    replicas=self._expected())
         self._driver_error: Optional[BaseException] = None
         self._output_since_draw = False
         self._exits: Dict[int, Tuple[int, int]] = {}  # pid -> (replica, code) of os._exit
@@ -120,7 +125,7 @@ class Supervisor:
             environ=replica_environ(self.plan.env),
             cell=None if forked else self.cell, names=None if forked else opts.names,
             cache_dir=opts.cache_dir, pull=opts.pull, pull_from=opts.pull_from,
-            shm_dir=self._shm_dir, rings=True)
+            shm_dir=self._shm_dir, rings=True, chosen=opts.chosen)
         driver = threading.Thread(target=self._drive, args=(job, pipes.done_w, pipes.write_fd),
                                   name="colab_xla-driver", daemon=True)
         # From here on an Interrupt is a flag the read loop checks (see
@@ -383,10 +388,15 @@ class Supervisor:
             load_results(rep, report.value, report.pulled, self.user_ns)
         rep.state = FAILED if rep.error else DONE
 
+    def _expected(self) -> Sequence[int]:
+        """The replicas that run the cell, as far as is known before they start."""
+        if self.options.chosen is not None:
+            return self.options.chosen
+        return range(self.plan.replicas) if self.plan.replicas else ()
+
     def _settle_unreported(self) -> None:
         """Replicas that never sent a report: stopped with the run, or their process died."""
-        expected = range(self.plan.replicas) if self.plan.replicas else ()
-        ordinals = sorted(set(expected) | set(self.outcome.replicas))
+        ordinals = sorted(set(self._expected()) | set(self.outcome.replicas))
         # Those whose process died first: a replica stopped after it names its error.
         for ordinal in sorted(ordinals, key=lambda o: o not in self._died):
             rep = self.outcome.replica(ordinal)

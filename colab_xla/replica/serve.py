@@ -105,12 +105,14 @@ def _serve(index: int, job: ReplicaJob) -> None:
             pass
         shared_tensors.map_written()  # the cell's report is out: off its time
         # The process's last replica to finish the cell takes it home (to the session's
-        # pipes) once every replica it serves is done with the cell: one that has not
-        # started the cell yet still needs the cell's pipes.
+        # pipes) once every replica it serves that runs the cell (--targets: not all) is
+        # done with it: one that has not started the cell yet still needs the cell's pipes.
         with ReplicaProcess._lock:
             _served[index] = cell_job.run_id
+            chosen = cell_job.chosen
             if process.run_id == cell_job.run_id and all(
-                    done == cell_job.run_id for done in _served.values()):
+                    done == cell_job.run_id for i, done in _served.items()
+                    if chosen is None or i in chosen):
                 process.open_pipes(job)
 
 

@@ -48,6 +48,8 @@ class ReplicaJob:
     # Output through a ring per replica process in run_dir (colab_xla.wire.ring), for a
     # reader that reads rings; without, every frame is a write to the pipe.
     rings: bool = False
+    # The replicas that run the cell (a session's, by index: --targets); None: all.
+    chosen: Optional[Tuple[int, ...]] = None
 
     def __reduce__(self):
         return _arrive, (dict(self.__dict__),)

@@ -165,12 +165,17 @@ class HostAgent:
         names it uses, packed: on the warm ones, if a session is up, else on replicas of
         the run's own, in ``request``'s runtime (``{"runtime": name, "devices_per_process":
         K or None, "environ": {...}}``, what every host's replicas get; None: the default
-        runtime's), one job with every host's."""
+        runtime's), one job with every host's; its ``"targets"`` (``"0,2"``, by index on
+        this host: ``--targets``) runs it on those of the session's replicas only."""
         from ..request import LaunchAsked
         from ..targets.one_off import OneOff
 
+        from ..chosen import parse
+
         run = self._run(run_id)
         target, asked = self._session, {"stall": (request or {}).get("stall")}
+        if (request or {}).get("targets"):  # (the notebook chose them, by index here)
+            asked["targets"] = parse(request["targets"])
         if target is None:
             target, asked = OneOff(), dict(asked, env=self._environ(run_id, request),
                                            replicas=self._replicas(),

@@ -28,7 +28,7 @@ import dataclasses
 import itertools
 import secrets
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .. import endings, interrupts, options, preflight, state
 from ... import runtimes
@@ -37,6 +37,7 @@ from ...errors import OptionError
 from ..launch import Launch
 from ..outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome, Stall, load_results
 from ...wire.reports import ReplicaError
+from ..chosen import parse as chosen_replicas
 from ..deadlines import FAIL_FAST_SECONDS
 from ..draw_pacing import TICK_SECONDS
 from ...wire import names
@@ -69,6 +70,7 @@ class ClusterOneOff(Target):
         self.cluster = cluster
 
     def refuse(self, request: CellRequest) -> None:
+        super().refuse(request)
         refuse_host_options(request)
 
     def run(self, request: CellRequest,
@@ -101,7 +103,8 @@ def run_on_cluster(cluster: Cluster, source: str, *, user_ns: Optional[Mapping] 
                    pull_from: Optional[int] = None,
                    runtime: Union[runtimes.Runtime, str, None] = None,
                    devices_per_process: Optional[int] = None,
-                   stall: Optional[float] = DEFAULT_STALL_SECONDS) -> RunOutcome:
+                   stall: Optional[float] = DEFAULT_STALL_SECONDS,
+                   targets: Optional[str] = None) -> RunOutcome:
     """Run ``source`` on every replica of every host of ``cluster`` (the warm ones of its
     session, if one is up); the outcome has every replica by global ordinal,
     ``outcome.hosts`` their host.
@@ -110,13 +113,15 @@ def run_on_cluster(cluster: Cluster, source: str, *, user_ns: Optional[Mapping] 
     ``devices_per_process`` devices per process on CPU hosts); None: the session's, if
     one is up, else the default. A session's cells run in its runtime: asking another is
     refused. ``stall``: as for :func:`colab_xla.notebook.targets.run_cell`, each host's
-    quiet replicas said."""
+    quiet replicas said. ``targets`` (``"0,3"``, ``"1:0-1"``: ``--targets``, by global
+    ordinal or HOST:R) runs it on those of the session's replicas only."""
     request = CellRequest(Cell(source, label=label, header=header),
                           user_ns=user_ns if user_ns is not None else {},
                           launch=LaunchAsked(runtime=runtime,
                                              devices_per_process=devices_per_process),
                           timeout=timeout, pull=tuple(pull), pull_from=pull_from,
-                          announce=announce, stall=stall)
+                          announce=announce, stall=stall,
+                          targets=None if targets is None else chosen_replicas(targets))
     warm = cluster.session
     target = warm if warm is not None and warm.up else ClusterOneOff(cluster)
     return target.run(request, observer)
@@ -145,8 +150,11 @@ def run_on_hosts(cluster: Cluster, request: CellRequest, observer: Optional[RunO
     # (a session's replicas are its own: they met when it started)
     host_launch = {} if session is not None else host_request(cluster, launch)
     host_launch["stall"] = request.stall  # (each host's replicas said where they are)
+    layout = [(h, i) for h, count in enumerate(per_host) for i in range(count)]
+    chosen = (None if request.targets is None  # (a one-off run refused it: only a session)
+              else [layout[o] for o in request.targets.ordinals(layout)])
     run = _ClusterRun(cluster, per_host, user_ns, observer or RunObserver(), request.timeout,
-                      request.announce)
+                      request.announce, chosen)
     cluster.cells_run += 1
     outcome = run.run(cell, sent, request.pull, request.pull_from, host_launch)
     if session is not None:
@@ -191,14 +199,22 @@ def coordinator(cluster: Cluster) -> str:
 
 class _ClusterRun:
     def __init__(self, cluster: Cluster, per_host: List[int], user_ns, observer: RunObserver,
-                 timeout: Optional[float], announce):
+                 timeout: Optional[float], announce,
+                 chosen: Optional[List[Tuple[int, int]]] = None):
         self.cluster, self.user_ns, self.observer = cluster, user_ns, observer
         self.timeout, self.announce = timeout, announce
         self.run_id = secrets.token_hex(8)
         self.per_host = per_host
         self.offsets = [sum(self.per_host[:h]) for h in range(len(self.per_host))]
+        # The replicas that run the cell, by host (--targets); a host with none sits it out.
+        self.chosen: Dict[int, List[int]] = {
+            h: [i for host, i in chosen if host == h] if chosen is not None else list(range(n))
+            for h, n in enumerate(self.per_host)}
         self.outcome = RunOutcome(device_type=cluster.described[0]["device"],
                                   log_dir=state.new_log_dir())
+        if chosen is not None:
+            self.outcome.idle = sorted(set(range(sum(per_host))) - {
+                self.offsets[h] + i for h, i in chosen})
         self._stop: Optional[str] = None
         self._first_failed: Optional[int] = None
         self._fail_at: Optional[float] = None
@@ -211,16 +227,21 @@ class _ClusterRun:
         ray = import_ray()
         started = time.monotonic()
         timeout_at = started + self.timeout if self.timeout else None
-        for host, count in enumerate(self.per_host):
-            for local in range(count):
+        for host, locals_ in self.chosen.items():
+            for local in locals_:
                 self.outcome.hosts[self.offsets[host] + local] = host
                 self.outcome.replica(self.offsets[host] + local)
         with interrupts.held() as held:
             self.observer.opened(self.outcome)
             pending: Dict[Any, int] = {}
             for host, agent in enumerate(self.cluster.agents):
+                if not self.chosen[host]:
+                    continue
                 host_pull, host_from = self._pull_for(host, pull, pull_from)
-                agent.start.remote(self.run_id, cell, sent, host_pull, host_from, host_launch)
+                asked = host_launch
+                if len(self.chosen[host]) < self.per_host[host]:  # by index on the host
+                    asked = dict(host_launch, targets=",".join(map(str, self.chosen[host])))
+                agent.start.remote(self.run_id, cell, sent, host_pull, host_from, asked)
                 pending[agent.poll.remote(self.run_id, POLL_SECONDS)] = host
             next_tick, cut_at = time.monotonic() + TICK_SECONDS, None
             while pending:
@@ -365,7 +386,7 @@ class _ClusterRun:
 
     def _fail_host(self, host: int, error: ReplicaError) -> None:
         """The replicas of ``host`` that have not ended failed with ``error``."""
-        for local in range(self.per_host[host]):
+        for local in self.chosen[host]:
             rep = self.outcome.replica(self._global(host, local))
             if rep.state in (DONE, FAILED, STOPPED):
                 continue

@@ -29,7 +29,7 @@ import os
 import shutil
 from typing import Mapping, Optional, Sequence, Tuple
 
-from .. import hardware, interrupts, options, preflight, processes, state, torch_xla_import
+from .. import chosen, hardware, interrupts, options, preflight, processes, state, torch_xla_import
 from ...wire.cell import Cell, CellModule
 from ..defaults import Defaults
 from ..launch import Launch, replica_environ, warm_forkserver
@@ -49,7 +49,8 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
              pull: Sequence[str] = (), pull_from: Optional[int] = None,
              simulate: Optional[str] = None, session: Optional[Target] = None,
              hosted: Optional[interrupts.Remote] = None,
-             stall: Optional[float] = DEFAULT_STALL_SECONDS) -> RunOutcome:
+             stall: Optional[float] = DEFAULT_STALL_SECONDS,
+             targets: Optional[str] = None) -> RunOutcome:
     """Run ``source`` on every replica and return the :class:`RunOutcome`.
 
     ``launch`` says how replicas start (start method, launcher, one-replica debugging;
@@ -65,6 +66,8 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
     the session's replicas, in the globals each keeps from cell to cell; ``replicas``,
     ``env``, ``cache_dir``, ``simulate`` and ``launch`` are the session's and cannot be
     given. A session that ends during the cell says why in ``outcome.session_ended``.
+    ``targets`` (``"0,2"``, ``"0-3"``: ``--targets``) runs it on those of the session's
+    replicas only; a one-off run refuses it.
 
     ``stall``: when no replica has printed for that many seconds, ``observer.stalled``
     is told where each replica is (again while it lasts; None or 0: never).
@@ -92,6 +95,7 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
         launch=LaunchAsked.of(launch), env=dict(env or {}), cache_dir=cache_dir,
         simulate=simulate, timeout=timeout, pull=tuple(pull), pull_from=pull_from,
         announce=announce, hosted=hosted, stall=stall,
+        targets=None if targets is None else chosen.parse(targets),
         # Fork unless ``launch`` says otherwise: $COLAB_XLA_START_METHOD is the magics'.
         defaults=dataclasses.replace(Defaults.read(), start_method="fork"))
     target = session if session is not None else OneOff()
@@ -105,6 +109,7 @@ class OneOff(Target):
             observer: Optional[RunObserver] = None) -> RunOutcome:
         """Run the cell on replicas of its own (see
         :func:`colab_xla.notebook.targets.run_cell`, which says what each option does)."""
+        self.refuse(request)
         cell, defaults = request.cell, request.defaults
         env, launch = dict(request.env), request.launch.one_off()
         simulate = request.simulate or defaults.simulate

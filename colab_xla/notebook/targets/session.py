@@ -40,7 +40,7 @@ import shutil
 import signal
 import threading
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import psutil
 
@@ -118,6 +118,7 @@ class Session(Target):
     replicas is the session's: a cell may repeat it, not change it (:meth:`refuse`)."""
 
     own_options = REPLICA_OPTIONS
+    keeps_replicas = True
 
     def __init__(self, opts: SessionOptions, plan: ReplicaPlan, directory: str):
         self.options, self.plan, self.directory = opts, plan, directory
@@ -321,6 +322,7 @@ class Session(Target):
         options.check_run(replicas=None, timeout=request.timeout, env={}, pull=request.pull,
                           pull_from=request.pull_from, cache_dir=None, launch=Launch())
         options.check_pull_from(request.pull_from, self.plan.replicas)
+        chosen = self.chosen(request)
         cell, user_ns = request.cell, request.user_ns
         run_dir = state.new_work_dir("run-")
         try:
@@ -339,7 +341,7 @@ class Session(Target):
                 sent_names, sent = (names.pack(user_ns, user_ns, names.SESSION) if user_ns
                                     else None), []
             run = RunRequest(self.options.launch, os.getpid(), module, sent_names, None,
-                             request.pull, request.pull_from, request.hosted)
+                             request.pull, request.pull_from, request.hosted, chosen)
             outcome = Supervisor(run, self.plan, run_dir, dict(user_ns),
                                  observer or RunObserver(), request.timeout,
                                  replicas=SessionReplicas(self), stall=request.stall).run()
@@ -350,6 +352,13 @@ class Session(Target):
             return outcome
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
+
+    def chosen(self, request: CellRequest) -> Optional[Tuple[int, ...]]:
+        """The replicas ``--targets`` chooses (None: every one), by index; refused
+        (:class:`~colab_xla.errors.OptionError`) if one is not the session's."""
+        if request.targets is None:
+            return None
+        return tuple(request.targets.ordinals([(0, i) for i in sorted(self.replicas)]))
 
     # -- what dies ------------------------------------------------------------------------
 
@@ -412,7 +421,8 @@ class Session(Target):
         path = os.path.join(job.run_dir, "job.pickle")
         with open(path, "wb") as f:
             pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
-        cell = _CellRun(job.run_id, ended)
+        chosen = sorted(self.replicas) if job.chosen is None else list(job.chosen)
+        cell = _CellRun(job.run_id, ended, chosen)
         with self._lock:
             if self.ended is not None:
                 raise self._ended_error()
@@ -425,13 +435,13 @@ class Session(Target):
         try:
             for index, code in dead.items():
                 ended(index, code)
-            self._commands.send(f"run {path}", list(self.replicas))
+            self._commands.send(f"run {path}", chosen)
             with self._lock:
-                while len(cell.finished) < len(self.replicas) and self.ended is None:
+                while len(cell.finished) < len(chosen) and self.ended is None:
                     self._lock.wait(0.5)
                 if self.ended is not None:  # the replicas that never ended died with it
                     codes = self.processes.exit_codes() or [-signal.SIGKILL]  # (killed here)
-                    for index in self.replicas:
+                    for index in chosen:
                         if index not in cell.finished:
                             ended(index, self._died.get(index, codes[0]))
         finally:
@@ -449,7 +459,7 @@ class Session(Target):
         with self._lock:
             if self._cell is None:
                 return []
-            return [self.global_ordinal(i) for i in sorted(self.replicas)
+            return [self.global_ordinal(i) for i in self._cell.chosen
                     if i not in self._cell.finished]
 
     def debug(self, asked: Optional[int], ask: Callable[[str], str],
@@ -485,8 +495,8 @@ class Session(Target):
     def interrupt(self, run_id: str) -> None:
         """KeyboardInterrupt in every replica still running the cell ``run_id``."""
         with self._lock:
-            running = [i for i in self.replicas
-                       if self._cell is None or i not in self._cell.finished]
+            running = (list(self.replicas) if self._cell is None else
+                       [i for i in self._cell.chosen if i not in self._cell.finished])
         self._commands.send(f"interrupt {run_id}", running)
 
     # -- what a person sees -----------------------------------------------------------------
@@ -539,6 +549,7 @@ class Session(Target):
 class _CellRun:
     run_id: str
     ended: Callable[[int, int], None]
+    chosen: List[int]  # the replicas that run it (--targets), by index
     finished: set = dataclasses.field(default_factory=set)
 
 

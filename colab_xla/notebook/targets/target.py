@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+from ...errors import OptionError
 from ..outcome import RunObserver, RunOutcome
 from ..request import CellRequest
 
@@ -34,12 +35,19 @@ class Target:
     (a cell may repeat them, not change them); the others a request gives apply."""
 
     own_options: Tuple[str, ...] = ()
+    keeps_replicas = False  # a session's: some of them may run a cell (--targets)
 
     def refuse(self, request: CellRequest) -> None:
         """Raise a :class:`~colab_xla.errors.SetupError` if ``request`` asks what this target
         cannot give (another value of one of its own options); its message says the way
         out. :meth:`run` refuses the same, so a caller may ask first (before it shows
         anything) or not."""
+        if request.targets is not None and not self.keeps_replicas:
+            raise OptionError(
+                f"--targets {request.targets.text}: a one-off run starts its replicas for "
+                "the cell, so every one runs it. --targets chooses among a session's "
+                "replicas, which keep their state: %xla_session start first, or drop "
+                "--targets.")
 
     def run(self, request: CellRequest,
             observer: Optional[RunObserver] = None) -> RunOutcome:
