@@ -8,8 +8,8 @@ __version__ = "0.1.0"
 
 
 def load_ipython_extension(ipython):
-    """Register ``%%xla_spawn``, ``%xla_session``, ``%xla_cluster``, ``%xla_debug`` and
-    ``%xla_doctor`` (called by ``%load_ext colab_xla``)."""
+    """Register ``%%xla_spawn``, ``%xla_session``, ``%xla_cluster``, ``%xla_debug``,
+    ``%xla_doctor`` and ``%%xla_local`` (called by ``%load_ext colab_xla``)."""
     from .notebook.defaults import Defaults
     from .notebook.magics import XlaMagics
 
@@ -23,11 +23,15 @@ def load_ipython_extension(ipython):
 def unload_ipython_extension(ipython):
     """Remove the magics, end the session and the cluster connection, and stop the lock
     manager (``%unload_ext colab_xla``)."""
-    from .notebook import shared_lock, targets
+    from .notebook import auto_cells, shared_lock, targets
 
+    auto_cells.state.on = False
+    if auto_cells.installed(ipython.input_transformers_cleanup):
+        ipython.input_transformers_cleanup.remove(auto_cells.transform)
     targets.stop_session()
     targets.stop_cluster()
     ipython.magics_manager.magics["cell"].pop("xla_spawn", None)
+    ipython.magics_manager.magics["cell"].pop("xla_local", None)
     ipython.magics_manager.magics["line"].pop("xla_doctor", None)
     ipython.magics_manager.magics["line"].pop("xla_session", None)
     ipython.magics_manager.magics["line"].pop("xla_cluster", None)

@@ -605,6 +605,12 @@ def test_the_session_magic_on_a_cluster_starts_shows_and_stops_every_hosts_repli
             shell.run_line_magic("xla_session", "start")
         shell.run_cell_magic("xla_spawn", "--no-widget -o got", "import os\nos.getpid()")
         assert shell.user_ns["got"] == pids
+        # Auto mode on the cluster's session: a plain cell runs on every host's replicas.
+        shell.run_line_magic("xla_session", "auto")
+        assert shell.run_cell("where = (host, index)").success
+        shell.run_line_magic("xla_session", "auto off")
+        shell.run_cell_magic("xla_spawn", "--no-widget -o got", "where")
+        assert shell.user_ns["got"] == {o: (o // 2, o) for o in range(4)}
         shell.run_line_magic("xla_doctor", "")
         assert (f"connected to {local.address}: 2 hosts, 4 replicas, CPU hosts; a session is "
                 "up on every host") in capsys.readouterr().out

@@ -813,3 +813,57 @@ def test_targets_a_replica_the_session_lacks_or_a_one_off_run_are_refused(live):
     with pytest.raises(OptionError, match="a one-off run starts its replicas for the cell"):
         run_cell("1", replicas=1, targets="0", announce=None)
     assert cell("index", live).results() == {0: 0, 1: 1}  # the session goes on
+
+
+# -- auto mode: every cell on the replicas ----------------------------------------------------
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(600)
+def test_auto_mode_runs_plain_cells_on_the_replicas_until_it_is_turned_off(ip, capsys):
+    from colab_xla.notebook import auto_cells
+
+    ip.run_line_magic("xla_session", "start -n 2 --auto")
+    assert "auto: on" in capsys.readouterr().out
+    try:
+        assert run_magic(ip, "counter = index * 10").success
+        assert run_magic(ip, "# a comment first\ncounter += 1").success
+        capsys.readouterr()
+        assert "counter" not in ip.user_ns  # the replicas have it, not the notebook
+        # A cell that begins with another magic keeps its meaning: %%time's body is the
+        # replicas' (it times their run); %%xla_local runs in the notebook.
+        assert run_magic(ip, "%%time\nvalues = counter").success
+        assert "Wall time" in capsys.readouterr().out
+        assert run_magic(ip, "%%xla_local\nhere = 'notebook'").success
+        assert ip.user_ns["here"] == "notebook"
+        # A %%xla_spawn cell's own options still apply (and it is not wrapped again).
+        assert run_magic(ip, "%%xla_spawn --no-widget -o got\nvalues").success
+        assert ip.user_ns["got"] == {0: 1, 1: 11}
+        ip.run_line_magic("xla_session", "")
+        assert "auto: on" in capsys.readouterr().out
+        ip.run_line_magic("xla_session", "auto off")
+        assert run_magic(ip, "in_notebook = True").success
+        assert ip.user_ns["in_notebook"] is True
+        ip.run_line_magic("xla_session", "auto")  # on again
+        assert run_magic(ip, "%%xla_spawn --no-widget -o got\ncounter").success
+        assert ip.user_ns["got"] == {0: 1, 1: 11}
+        # It ends with the session: the next cell runs in the notebook.
+        ip.run_line_magic("xla_session", "stop")
+        assert "stopped (auto mode ended with it)" in capsys.readouterr().out
+        assert run_magic(ip, "after = 1").success and ip.user_ns["after"] == 1
+        assert not auto_cells.state.on
+    finally:
+        auto_cells.state.on = False
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(600)
+def test_auto_mode_is_refused_without_a_session_and_its_words_are_checked(ip):
+    with pytest.raises(UsageError, match="no session is up.*start --auto"):
+        ip.run_line_magic("xla_session", "auto")
+    with pytest.raises(UsageError, match="on and off are for %xla_session auto"):
+        ip.run_line_magic("xla_session", "stop off")
+    with pytest.raises(UsageError, match="--auto is for %xla_session start"):
+        ip.run_line_magic("xla_session", "stop --auto")
+    with pytest.raises(UsageError, match="%%xla_local takes no options"):
+        ip.run_cell_magic("xla_local", "-n 2", "1")

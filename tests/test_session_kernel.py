@@ -58,3 +58,20 @@ def test_a_killed_kernel_leaves_no_session_process():
         k.kill()
         alive = wait_until_gone(procs, timeout=20)
         assert alive == [], [(p.pid, " ".join(p.cmdline())[:120]) for p in alive]
+
+
+def test_auto_mode_in_a_kernel_keeps_state_on_the_replicas_and_off_runs_in_the_notebook():
+    with Kernel(env={"COLAB_XLA_VIEW": "text"}) as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        started = k.run("%xla_session start -n 2 --auto")
+        assert started.status == "ok" and "auto: on" in started.stdout, started.text
+        # Three cells without a magic, on the replicas, one building on the other.
+        assert k.run("total = index").status == "ok"
+        assert k.run("total += 10").status == "ok"
+        shown = k.run("print('total', total)")
+        assert shown.status == "ok", shown.text
+        assert "[replica 0] total 10" in shown.text and "[replica 1] total 11" in shown.text
+        off = k.run("%xla_session auto off")
+        assert "auto: off" in off.stdout, off.text
+        here = k.run("print('total' in dir())")
+        assert here.stdout.strip() == "False", here.text  # the notebook never had it

@@ -699,3 +699,46 @@ def test_output_that_comes_after_the_wait_is_drawn_at_once_and_resets_it():
     pacer.drew(last + 0.05)
     pacer.output(last + 0.0501)  # right after: waits the first interval again
     assert pacer.due == pytest.approx(last + 0.05 + NEXT_DRAW_SECONDS)
+
+
+# --- auto mode's cell transformer -------------------------------------------------------------
+
+
+@pytest.fixture
+def auto(monkeypatch):
+    from colab_xla.notebook import auto_cells
+
+    monkeypatch.setattr(auto_cells.state, "on", True)
+    monkeypatch.setattr(auto_cells.state, "session_kept", lambda: True)
+    return auto_cells
+
+
+@pytest.mark.parametrize("cell, replicas", [
+    ("x = 1\n", True), ("\n# note\n  \nx\n", True), ("!ls\n", True), ("%time f()\n", True),
+    ("x?\n", True),
+    ("%xla_session auto off\n", False), ("%%xla_spawn -n 2\nx\n", False),
+    ("%%time\nx = 1\n", False), ("%%bash\nls\n", False), ("%%xla_local\nx\n", False),
+    ("# only a comment\n", False), ("\n  \n", False),
+])
+def test_auto_mode_sends_plain_cells_to_the_replicas_and_leaves_magics_alone(auto, cell,
+                                                                              replicas):
+    lines = cell.splitlines(keepends=True)
+    done = auto.transform(lines)
+    assert done == (["%%xla_spawn\n", *lines] if replicas else lines)
+
+
+def test_auto_mode_transforms_nothing_while_suspended_or_off(auto, monkeypatch):
+    with auto.suspended():
+        with auto.suspended():
+            assert auto.transform(["x\n"]) == ["x\n"]
+        assert auto.transform(["x\n"]) == ["x\n"]
+    assert auto.transform(["x\n"]) == ["%%xla_spawn\n", "x\n"]
+    monkeypatch.setattr(auto.state, "on", False)
+    assert auto.transform(["x\n"]) == ["x\n"]
+
+
+def test_auto_mode_ends_when_its_session_is_gone_and_says_so(auto, monkeypatch, capsys):
+    monkeypatch.setattr(auto.state, "session_kept", lambda: False)
+    assert auto.transform(["x\n"]) == ["x\n"]
+    assert not auto.state.on
+    assert "auto mode ended with the session" in capsys.readouterr().out

@@ -11,7 +11,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from . import doctor, processes, targets, views
+from . import auto_cells, doctor, processes, targets, views
 from .. import runtimes
 from ..errors import RuntimeInitializedError, SetupError
 from ..runtimes import RUNTIMES
@@ -177,8 +177,10 @@ class XlaMagics(Magics):
             chosen = None if args.targets is None else parse_targets(args.targets)
         except SetupError as exc:
             raise UsageError(str(exc)) from None
+        with auto_cells.suspended():  # (its body is the replicas': never transformed again)
+            body = self.shell.transform_cell(cell)
         request = CellRequest(
-            Cell(self.shell.transform_cell(cell), label=f"Cell In[{self._cell_number()}]",
+            Cell(body, label=f"Cell In[{self._cell_number()}]",
                  header=f"# %%xla_spawn {line}".rstrip()),
             user_ns=self.shell.user_ns, replicas=args.replicas, launch=launch, env=env,
             cache_dir=args.cache, simulate=args.simulate, timeout=args.timeout, stall=args.stall,
@@ -215,10 +217,17 @@ class XlaMagics(Magics):
 
     @magic_arguments()
     @argument("action", nargs="?", default="status",
-              choices=("start", "status", "stop", "restart"),
+              choices=("start", "status", "stop", "restart", "auto"),
               help="start: start the replicas and keep them. status (default): the replicas, "
-                   "their pids, memory, cells run. stop: end them (every process the session "
-                   "started). restart: stop, then start with the same options.")
+                   "their pids, memory, cells run, auto mode. stop: end them (every process "
+                   "the session started; auto mode ends too). restart: stop, then start with "
+                   "the same options. auto [on|off]: every following cell runs on the "
+                   "replicas as if it began with %%%%xla_spawn (on), or in the notebook again "
+                   "(off).")
+    @argument("switch", nargs="?", choices=("on", "off"), default=None,
+              help="for auto: on (default) or off.")
+    @argument("--auto", action="store_true",
+              help="start (or restart) in auto mode: see auto.")
     @argument("-n", "--replicas", type=int, metavar="N", default=None,
               help="number of replicas, as for %%%%xla_spawn (start only).")
     @argument("--start-method", choices=START_METHODS, default=None,
@@ -257,6 +266,13 @@ class XlaMagics(Magics):
         that raises fails the cell and the session stays; a replica that dies ends it.
         The session's processes die with the notebook's process.
 
+        ``%xla_session auto`` (or ``start --auto``): every following cell runs on the
+        replicas as if it began with ``%%xla_spawn``, until ``%xla_session auto off`` or the
+        session's stop. Cells that begin with an ``%xla_`` magic stay in the notebook, and
+        so does a ``%%xla_local`` cell; ``%%time`` and the other magics that run their body
+        as Python run it on the replicas (``%%time`` times their run); ``%%bash`` and the
+        like run in the notebook as written.
+
         While a cluster is connected (``%xla_cluster``), ``%xla_session start`` (no
         options but ``--runtime`` and ``--devices-per-process``: the replicas are the
         cluster's) keeps warm replicas on every host, each started by its host's agent;
@@ -266,6 +282,7 @@ class XlaMagics(Magics):
 
             %xla_session start -n 4
             %xla_session            # status
+            %xla_session auto       # every cell on the replicas (auto off: not)
             %xla_session restart    # same options
             %xla_session stop
         """
@@ -278,16 +295,29 @@ class XlaMagics(Magics):
         if given and args.action != "start":
             raise UsageError(f"%xla_session {args.action} takes no {', '.join(given)}: "
                              "options are given to %xla_session start.")
+        if args.switch is not None and args.action != "auto":
+            raise UsageError(f"%xla_session {args.action} {args.switch}: on and off are for "
+                             "%xla_session auto.")
+        if args.auto and args.action not in ("start", "restart"):
+            raise UsageError(f"%xla_session {args.action} --auto: --auto is for %xla_session "
+                             "start (or restart); %xla_session auto turns it on.")
         session = targets.current_session()
+        if args.action == "auto":
+            self._auto(session, args.switch != "off")
+            return
         if args.action == "status":
             on_hosts = " on every host" if targets.connected_cluster() else ""
             print(session.describe() if session is not None else "colab_xla session: none "
                   f"(%xla_session start starts one{on_hosts}).")
+            if session is not None:
+                print(self._auto_status())
             return
         if args.action == "stop":
             was_up = session is not None and session.up
+            auto = " (auto mode ended with it)" if auto_cells.state.on else ""
+            auto_cells.state.on = False
             targets.stop_session()
-            print("colab_xla session: stopped." if was_up else
+            print(f"colab_xla session: stopped{auto}." if was_up else
                   "colab_xla session: none was up." if session is None else
                   f"colab_xla session: it had ended already ({session.ended}).")
             return
@@ -298,6 +328,44 @@ class XlaMagics(Magics):
             raise UsageError(self._refusal(exc)) from None
         print(started.describe_start())
         print(started.describe())
+        if args.auto:
+            self._auto(started, True)
+
+    def _auto(self, session, on: bool) -> None:
+        """``%xla_session auto [on|off]``."""
+        if on and (session is None or not session.up):
+            raise UsageError("%xla_session auto: no session is up"
+                             + (f" (it ended: {session.ended})" if session is not None else "")
+                             + ". %xla_session start --auto starts one in auto mode.")
+        transformers = self.shell.input_transformers_cleanup
+        if not auto_cells.installed(transformers):
+            transformers.append(auto_cells.transform)
+        auto_cells.state.on = on
+        auto_cells.state.session_kept = lambda: targets.current_session() is not None
+        print(self._auto_status())
+
+    @staticmethod
+    def _auto_status() -> str:
+        if auto_cells.state.on:
+            return ("auto: on (every cell runs on the session's replicas as if it began with "
+                    "%%xla_spawn; %xla_ magics and %%xla_local cells run in the notebook; "
+                    "%xla_session auto off ends it).")
+        return "auto: off (%xla_session auto: every cell on the replicas)."
+
+    @cell_magic
+    def xla_local(self, line, cell):
+        """Run the cell in the notebook, not on the replicas: for one cell while
+        ``%xla_session auto`` sends every cell to the session's replicas.
+
+        Example::
+
+            %%xla_local
+            losses = {}      # a notebook name, as without auto mode
+        """
+        if line.strip():
+            raise UsageError(f"%%xla_local takes no options (got {line.strip()!r}).")
+        with auto_cells.suspended():
+            self.shell.run_cell(cell)
 
     @magic_arguments()
     @argument("action", nargs="?", default="status",
