@@ -10,10 +10,12 @@ __version__ = "0.1.0"
 def load_ipython_extension(ipython):
     """Register ``%%xla_spawn``, ``%xla_session``, ``%xla_cluster``, ``%xla_debug``,
     ``%xla_doctor`` and ``%%xla_local`` (called by ``%load_ext colab_xla``)."""
+    from .notebook import completer, targets
     from .notebook.defaults import Defaults
     from .notebook.magics import XlaMagics
 
     ipython.register_magics(XlaMagics)
+    completer.install(ipython, targets.current_session)  # Tab: the replicas' names too
     if Defaults.read().start_method == "forkserver":
         from .notebook.launch import warm_forkserver
 
@@ -23,8 +25,9 @@ def load_ipython_extension(ipython):
 def unload_ipython_extension(ipython):
     """Remove the magics, end the session and the cluster connection, and stop the lock
     manager (``%unload_ext colab_xla``)."""
-    from .notebook import auto_cells, shared_lock, targets
+    from .notebook import auto_cells, completer, shared_lock, targets
 
+    completer.uninstall(ipython)
     auto_cells.state.on = False
     if auto_cells.installed(ipython.input_transformers_cleanup):
         ipython.input_transformers_cleanup.remove(auto_cells.transform)

@@ -133,6 +133,17 @@ class Kernel:
     def run(self, code: str, timeout: float = 180, *, first: bool = False) -> Reply:
         return self.wait(self.submit(code), timeout, first=first)
 
+    def complete(self, code: str, timeout: float = 30) -> List[str]:
+        """What a ``complete_request`` at the end of ``code`` offers, as the code each
+        match would make."""
+        msg_id = self.kc.complete(code, len(code))
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.kc.get_shell_msg(timeout=max(1.0, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") == msg_id:
+                content = msg["content"]
+                return [code[:content["cursor_start"]] + m for m in content["matches"]]
+
     def run_answering(self, code: str, answers, timeout: float = 180):
         """Run ``code`` with the notebook's input box on (``allow_stdin``), answering each
         input request the kernel sends with the next of ``answers``, as a person typing;

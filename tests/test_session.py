@@ -867,3 +867,50 @@ def test_auto_mode_is_refused_without_a_session_and_its_words_are_checked(ip):
         ip.run_line_magic("xla_session", "stop --auto")
     with pytest.raises(UsageError, match="%%xla_local takes no options"):
         ip.run_cell_magic("xla_local", "-n 2", "1")
+
+
+# -- Tab completion of the replicas' names -----------------------------------------------------
+
+
+def tab(ip, line):
+    """What Tab offers at the end of ``line``, as the line it would make (through the
+    completions API ipykernel uses: jedi's and every matcher's)."""
+    from IPython.core.completer import provisionalcompleter
+
+    with provisionalcompleter():
+        return [line[:c.start] + c.text for c in ip.Completer.completions(line, len(line))]
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(600)
+def test_tab_offers_replica_names_and_attributes_beside_the_notebooks(ip, monkeypatch):
+    from colab_xla.notebook import completer
+
+    ip.run_line_magic("xla_session", "start -n 2")
+    live = targets.local_session()
+    assert run_magic(ip, "%%xla_spawn --no-widget\nimport types\n"
+                         "model_of_replicas = types.SimpleNamespace(fc=types.SimpleNamespace("
+                         "weight_decay=index))").success
+    ip.user_ns["model_of_notebook"] = 1
+    matches = tab(ip, "model_of_")
+    assert {"model_of_replicas", "model_of_notebook"} <= set(matches), matches
+    matches = tab(ip, "model_of_replicas.fc.we")
+    assert "model_of_replicas.fc.weight_decay" in matches, matches
+    # Kept for the cell: asked again only after the next one.
+    asked = []
+    real = type(live).names
+    monkeypatch.setattr(type(live), "names",
+                        lambda self, expr, timeout: asked.append(expr) or real(self, expr,
+                                                                               timeout))
+    tab(ip, "model_of_replicas.fc.w")
+    assert asked == []
+    assert run_magic(ip, "%%xla_spawn --no-widget\nlater_name = 1").success
+    matches = tab(ip, "later_")
+    assert "later_name" in matches and asked == [""]
+    # Nothing that is not a chain of names is sent; a session that does not answer in
+    # time gives the notebook's own completions only.
+    assert live.names("x()", 1.0) is None and live.names("a\nstop", 1.0) is None
+    monkeypatch.setattr(completer, "WAIT_SECONDS", 0.0)
+    matches = tab(ip, "model_of_replicas.f")
+    assert matches == [], matches
+    assert live.up

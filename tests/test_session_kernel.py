@@ -75,3 +75,14 @@ def test_auto_mode_in_a_kernel_keeps_state_on_the_replicas_and_off_runs_in_the_n
         assert "auto: off" in off.stdout, off.text
         here = k.run("print('total' in dir())")
         assert here.stdout.strip() == "False", here.text  # the notebook never had it
+
+
+def test_a_kernels_complete_request_offers_a_replica_name_and_its_objects_attribute():
+    with Kernel(env={"COLAB_XLA_VIEW": "text"}) as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        assert k.run("%xla_session start -n 2").status == "ok"
+        defined = k.run("%%xla_spawn\nimport types\n"
+                        "net = types.SimpleNamespace(fc=types.SimpleNamespace(weight_decay=1))")
+        assert defined.status == "ok", defined.text
+        assert "net" in k.complete("ne"), k.complete("ne")
+        assert "net.fc.weight_decay" in k.complete("net.fc.we")

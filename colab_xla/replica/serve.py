@@ -32,7 +32,7 @@ import threading
 import traceback
 from typing import Dict, NamedTuple, Optional, Union
 
-from ..wire import shared_tensors
+from ..wire import completions, shared_tensors
 from ..wire.frames import NOTE
 from ..wire.names import REPLICA_NAMES
 from .execution import ReplicaGlobals, cell_globals, serve_run
@@ -85,6 +85,7 @@ def _serve(index: int, job: ReplicaJob) -> None:
             kept = ReplicaGlobals({k: v for k, v in process.user_ns.items()
                                    if k not in REPLICA_NAMES})
         kept.update((k, v) for k, v in process.received.items() if k not in REPLICA_NAMES)
+        commands.namespace = kept  # (what the notebook's Tab completes from)
         return cell_globals(kept, index, cell_job, process)
 
     while True:
@@ -137,6 +138,11 @@ class Interruptible:
         self._main = self._thread == threading.main_thread().ident
         if self._main:
             signal.signal(signal.SIGINT, self._on_sigint)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a cell runs here now."""
+        return self._run_id is not None
 
     @contextlib.contextmanager
     def running(self, run_id: str):
@@ -258,6 +264,7 @@ class _Commands:
     def __init__(self, path: str, interruptible: Interruptible):
         self._queue: "queue.Queue[Union[ReplicaJob, DebugRequest, None]]" = queue.Queue()
         self._interruptible = interruptible
+        self.namespace: Optional[Dict] = None  # the session's globals, once a cell ran
         if os.path.exists(path):  # the notebook made it, and holds the other end
             self._fd = os.open(path, os.O_RDONLY)
         else:  # a replica the notebook could not count before the start (see Session)
@@ -297,6 +304,9 @@ class _Commands:
                     self._interruptible.interrupt(arg)
                 elif verb == "debug":
                     self._queue.put(DebugRequest(*arg.split(" ", 1)))
+                elif verb == "complete":  # answered here: never queued behind a cell
+                    path, _, expr = arg.partition(" ")
+                    completions.answer(path, expr, self.namespace, self._interruptible.busy)
                 elif verb == "stop":
                     self._queue.put(None)
                     return

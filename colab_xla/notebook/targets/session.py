@@ -56,7 +56,7 @@ from ...wire.job import ReplicaJob, failure_path
 from ..outcome import RunObserver, RunOutcome, counted
 from ..request import CellRequest, SessionRequest
 from ..supervisor import RunRequest, Supervisor
-from ...wire import names
+from ...wire import completions, names
 from .known_names import KnownNames
 from .one_off import said_once, planned, say_notes
 from .session_commands import CommandPipes
@@ -144,6 +144,7 @@ class Session(Target):
         self._launch_error: Optional[BaseException] = None
         self._stopping = False  # processes that end from now on were ended on purpose
         self._outside: Optional[SessionChannel] = None  # the session's own pipes, read
+        self._asked = 0  # questions for Tab completion (each its own pipe)
 
     # -- start and stop ---------------------------------------------------------------------
 
@@ -491,6 +492,25 @@ class Session(Target):
             for path in pipes:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
+
+    def names(self, expr: str, timeout: float) -> Optional[List[str]]:
+        """The names replica 0 has under ``expr`` (``""``: its globals; ``"model.fc"``: that
+        object's attributes; :mod:`colab_xla.wire.completions`), or None: the session is
+        not up, a cell runs, or no answer came within ``timeout`` seconds."""
+        with self._lock:
+            if (self.ended is not None or self._cell is not None or not self.replicas
+                    or (expr and not completions.is_chain(expr))):
+                return None
+            self._asked += 1
+            path = os.path.join(self.directory, f"complete-{self._asked}")
+        os.mkfifo(path, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)  # (see completions.read)
+        try:
+            self._commands.send(f"complete {path} {expr}", [min(self.replicas)])
+            return completions.read(fd, time.monotonic() + timeout)
+        finally:
+            os.close(fd)
+            os.unlink(path)
 
     def interrupt(self, run_id: str) -> None:
         """KeyboardInterrupt in every replica still running the cell ``run_id``."""
