@@ -13,7 +13,7 @@ PNG = (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08
        b"5\x81\x84\x00\x00\x00\x00IEND\xaeB`\x82")
 
 
-def test_display_in_a_replica_shows_text_and_names_what_it_cannot_draw():
+def test_display_in_a_replica_shows_text_forms_in_the_text_view_and_says_where_it_is_drawn():
     with Kernel() as k:
         assert k.run("%load_ext colab_xla").status == "ok"
         reply = k.run(
@@ -28,7 +28,8 @@ def test_display_in_a_replica_shows_text_and_names_what_it_cannot_draw():
         for o in range(2):
             assert f"[replica {o}] {{'replica': {o}}}" in text, text
             assert f"[replica {o}] after {o}" in text, text
-            image = f"replica {o} displayed image/png (not shown: replicas cannot draw"
-            assert text.count(image) == 1, text  # once per run, not per image
-            assert f"replica {o} displayed text/html" in text, text
+            assert text.count(f"[replica {o}] [an image: image/png]") == 3, text
+            assert text.count(f"[replica {o}] (displayed image/png: the widget view") == 3
+            assert f"[replica {o}] [a display: text/html]" in text, text
         assert "IPython.core.display" not in text  # no useless default reprs
+        assert "not shown" not in text  # (only a widget is not)

@@ -914,3 +914,4 @@ def test_tab_offers_replica_names_and_attributes_beside_the_notebooks(ip, monkey
     matches = tab(ip, "model_of_replicas.f")
     assert matches == [], matches
     assert live.up
+

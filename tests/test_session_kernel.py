@@ -86,3 +86,15 @@ def test_a_kernels_complete_request_offers_a_replica_name_and_its_objects_attrib
         assert defined.status == "ok", defined.text
         assert "net" in k.complete("ne"), k.complete("ne")
         assert "net.fc.weight_decay" in k.complete("net.fc.we")
+
+
+def test_what_a_session_replica_displays_reaches_the_cells_view():
+    # (In a kernel: a terminal shell's display formatter makes text/plain only.)
+    with Kernel(env={"COLAB_XLA_VIEW": "text"}) as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        assert k.run("%xla_session start -n 2").status == "ok"
+        shown = k.run("%%xla_spawn --targets 1\nfrom IPython.display import HTML, display\n"
+                      "display(HTML('<i>shown</i>'))")
+        assert shown.status == "ok", shown.text
+        assert "[replica 1] [a display: text/html]" in shown.stdout, shown.text
+        assert "[replica 1] (displayed text/html: the widget view" in shown.stdout

@@ -74,6 +74,19 @@ class OutputLog:
         self.lines_total += len(done)
         return done
 
+    def display(self, shown: str) -> str:
+        """Add a displayed object (a :class:`colab_xla.wire.displays.Display`: a line whose
+        text is its text form) as a line of stdout, after the lines before it."""
+        self.version += 1
+        self._append_file(f"{shown}\n")
+        self.tail.append(("stdout", shown))
+        self.lines_total += 1
+        return shown
+
+    def items(self) -> List[str]:
+        """The kept lines, then those not yet ended, as shown now (displays among them)."""
+        return [t for _, t in self.tail] + [t for _, t in self.partial()]
+
     def partial(self) -> List[Tuple[str, str]]:
         """Lines not yet ended by a newline (a progress bar, say), as shown now."""
         shown = []
@@ -125,8 +138,7 @@ class OutputLog:
         return f"... {self.truncated if skipped is None else skipped} earlier lines in {self.path}"
 
     def tail_text(self) -> str:
-        lines = [t for _, t in self.tail] + [t for _, t in self.partial()]
-        return "\n".join(lines)
+        return "\n".join(self.items())
 
     def _append_file(self, text: str) -> None:
         if self.path is None:

@@ -38,7 +38,7 @@ from .partial_lines import PartialLines
 from .pipes import STARTUP, STARTUP_LABEL, RunPipes
 from .replicas import FreshReplicas, Replicas
 from ..wire.job import ReplicaJob
-from ..wire import frames, shared_tensors, stacks, values
+from ..wire import displays, frames, shared_tensors, stacks, values
 from ..runtimes.plan import ReplicaPlan
 
 @dataclasses.dataclass(frozen=True)
@@ -311,6 +311,12 @@ class Supervisor:
             if self.outcome.replicas[frame.ordinal].error:
                 self._deadlines.failed(frame.ordinal, time.monotonic())
             self.observer.finished(self.outcome, frame.ordinal)
+        elif frame.kind == frames.DISPLAY:
+            origin = frame.ordinal
+            if origin < 0:
+                origin = f"process {self._pid_rank.get(frame.pid, '?')}"
+            shown = displays.load(self.run_dir, frame.payload.decode("utf-8", "replace"))
+            self._emit_display(origin, shown)
         elif frame.kind == frames.NOTE:
             note = json.loads(frame.payload)
             if "rendezvous" in note:
@@ -360,13 +366,22 @@ class Supervisor:
 
     def _emit(self, origin, kind: int, text: str) -> None:
         if text:
-            self._quiet_since = time.monotonic()
-            if self._stall_said is not None:  # output again: the notice goes
-                self._stall_said = None
-                self.observer.stalled(self.outcome, None)
-            self._output_since_draw = True
+            self._heard()
             lines = self._log(origin).write(frames.STREAMS[kind], text)
             self.observer.output(self.outcome, origin, lines)
+
+    def _emit_display(self, origin, shown) -> None:
+        """A displayed object of ``origin``'s, as a line of its output (the views draw it)."""
+        self._heard()
+        self.observer.output(self.outcome, origin, [self._log(origin).display(shown)])
+
+    def _heard(self) -> None:
+        """Output came: the replicas are not quiet (a stall notice goes)."""
+        self._quiet_since = time.monotonic()
+        if self._stall_said is not None:
+            self._stall_said = None
+            self.observer.stalled(self.outcome, None)
+        self._output_since_draw = True
 
     def _finish_logs(self) -> None:
         for origin in [*self.outcome.replicas, *self.outcome.processes]:

@@ -4,8 +4,9 @@ what it would read fails at once.
 Python-level output goes as frames (:class:`ReplicaStream`, one line per frame, through
 the process's output ring during a run), per thread, so replicas that are threads of one
 process keep their own ``sys.stdout``; C-level output (XLA, absl, libtpu, printf) goes
-through fd 1 and 2 to named pipes the notebook reads. ``display()`` in a replica prints
-what it shows; ``input()`` raises :class:`StdinUnavailable` instead of waiting forever.
+through fd 1 and 2 to named pipes the notebook reads. ``display()`` in a replica sends
+what it shows to the notebook, in order with its lines; ``input()`` raises
+:class:`StdinUnavailable` instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import threading
 import types
 from typing import Any, Optional, Protocol, Tuple
 
-from ..wire.frames import MAX_PAYLOAD
+from ..wire import displays
+from ..wire.frames import DISPLAY, MAX_PAYLOAD
 from .thread import current
 
 
@@ -227,14 +229,16 @@ _MIME_NAMES = {"application/vnd.jupyter.widget-view+json": "a widget"}
 
 
 def replica_display(stdout: ReplicaStream, stderr: ReplicaStream) -> None:
-    """Make ``display()`` (and ``plt.show()``, which displays the figure) in a replica say
-    what it shows instead of vanishing.
+    """Send what ``display()`` (and ``plt.show()``, which displays the figure) shows in a
+    replica to the notebook, in order with the replica's output.
 
     A forked replica inherits the notebook's IPython shell, whose display publisher sends
     on the kernel's sockets: from a replica that never reaches the browser. Here it is
-    replaced: an object's text form (``text/plain``) becomes output lines of the replica;
-    what only a notebook can draw (images, HTML, widgets) is named once per replica and
-    kind. Without a shell (spawn, forkserver), IPython's display() prints already.
+    replaced: a bundle with something to draw (an image, HTML, Markdown: see
+    :mod:`colab_xla.wire.displays`) goes to the notebook, which draws it in the replica's
+    output; an object with a text form only becomes output lines; a widget, which a replica
+    cannot draw, is named once per replica. Without a shell (spawn, forkserver), IPython's
+    display() prints already.
     """
     shell_module = sys.modules.get("IPython.core.interactiveshell")
     if shell_module is None or not shell_module.InteractiveShell.initialized():
@@ -246,6 +250,19 @@ def replica_display(stdout: ReplicaStream, stderr: ReplicaStream) -> None:
     class ReplicaDisplayPublisher(DisplayPublisher):
         def publish(self, data, metadata=None, source=None, *, transient=None,
                     update=False, **kwargs) -> None:
+            bundle = displays.kept(data)
+            process = stdout._process
+            if any(m != "text/plain" for m in bundle) and process.run_dir:
+                ordinal = current.ordinal
+                # What it printed before comes first: the streams' frames go ahead.
+                stdout.flush()
+                stderr.flush()
+                name = displays.save(process.run_dir, bundle)
+                process.writer.send(DISPLAY, process.default_ordinal() if ordinal is None
+                                    else ordinal, name.encode())
+                data = {m: v for m, v in data.items() if m not in bundle}
+                if not data:
+                    return
             text = data.get("text/plain")
             shown = isinstance(text, str) and not _DEFAULT_REPR.fullmatch(text.strip())
             if shown:

@@ -36,6 +36,9 @@ from . import ring as _ring
 STDOUT, STDERR, START, END, NOTE = 1, 2, 3, 4, 5
 STREAMS = {STDOUT: "stdout", STDERR: "stderr"}
 # RING, WAKE = 6, 7: a replica process's output ring and its wake-ups (see ring.py).
+# A replica displayed a rich object: the payload names its bundle's file in the run's
+# directory (colab_xla.wire.displays).
+DISPLAY = 8
 # An output kind | RUN opens a run of that stream's lines in a ring (see ring.py).
 RUN = 0x80
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 
 from . import text as text_view
+from ...wire.displays import Display
 from ..outcome import DONE, FAILED, STOPPED, RunOutcome, format_ordinals
 
 MARKS = {DONE: "✓", FAILED: "✗", STOPPED: "■"}
@@ -34,8 +35,7 @@ def render(outcome: RunOutcome, tail: int = text_view.SUMMARY_TAIL) -> str:
             result = f"<code>{esc(rep.value_repr)}</code>" if rep.value_repr is not None else ""
             if rep.pulled:
                 result += f" Pulled: <code>{esc(rep.pulled_summary())}</code>"
-        lines = text_view.tail_lines(rep.log, tail)
-        output = f"<pre style='{_PRE}'>{esc(chr(10).join(lines))}</pre>" if lines else ""
+        output = _output(text_view.tail_lines(rep.log, tail))
         rows.append(f"<tr><td style='{_TD}'>{esc(_ordinal(outcome, ordinal))}</td>"
                     f"<td style='{_TD};color:{color}'>"
                     f"{state_mark(rep.state)} {esc(rep.state)}</td><td style='{_TD}'>{took}</td>"
@@ -56,6 +56,37 @@ def render(outcome: RunOutcome, tail: int = text_view.SUMMARY_TAIL) -> str:
             "<table><tr>" + "".join(f"<th style='{_TD}'>{h}</th>" for h in (
                 "replica", "state", "time", "result", "output (last lines)")) + "</tr>"
             f"{''.join(rows)}</table>{details}{logs}</div>")
+
+
+def _output(lines) -> str:
+    """A replica's last lines as HTML: text in ``<pre>`` blocks, what it displayed drawn
+    in their order (an image, HTML, SVG; else its text form)."""
+    parts, text = [], []
+    for line in lines:
+        drawn = _drawn(line) if isinstance(line, Display) else None
+        if drawn is None:
+            text.append(line)
+            continue
+        if text:
+            parts.append(f"<pre style='{_PRE}'>{html.escape(chr(10).join(text))}</pre>")
+            text = []
+        parts.append(drawn)
+    if text:
+        parts.append(f"<pre style='{_PRE}'>{html.escape(chr(10).join(text))}</pre>")
+    return "".join(parts)
+
+
+def _drawn(shown: Display):
+    """The HTML that draws ``shown``, or None to show its text form."""
+    bundle = shown.bundle
+    for mime in ("image/png", "image/jpeg", "image/gif"):
+        if isinstance(bundle.get(mime), str):
+            return (f"<img src='data:{mime};base64,{bundle[mime].strip()}' "
+                    "style='max-width:100%'/>")
+    for mime in ("image/svg+xml", "text/html"):  # (the replica's own, as a notebook shows it)
+        if isinstance(bundle.get(mime), str):
+            return f"<div>{bundle[mime]}</div>"
+    return None
 
 
 def _ordinal(outcome: RunOutcome, ordinal: int) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 from typing import Dict, List, Optional
 
+from ...wire.displays import Display
 from ...wire.reports import ReplicaError
 from ..outcome import ReplicaOutcome, RunObserver, RunOutcome, Stall
 from ..output_log import OutputLog, shorten
@@ -67,9 +68,16 @@ def error_line(error: ReplicaError) -> str:
     return error.render()
 
 
+def drawn_note(shown: Display) -> str:
+    """What the text view says of a display it cannot draw."""
+    mimes = ", ".join(m for m in shown.bundle if m != "text/plain")
+    return f"displayed {mimes}: the widget view and the saved notebook draw it"
+
+
 def tail_lines(log: OutputLog, tail: Optional[int]) -> List[str]:
-    text = log.tail_text()
-    lines = [shorten(line) for line in text.split("\n")] if text else []
+    """The log's last ``tail`` lines (None: all kept), after a note of the earlier ones; a
+    display among them stays one (a :class:`~colab_xla.wire.displays.Display`)."""
+    lines = [line if isinstance(line, Display) else shorten(line) for line in log.items()]
     if tail is not None and len(lines) > tail:
         skipped = log.truncated + len(lines) - tail
         lines = [log.earlier_note(skipped)] + lines[-tail:] if tail else []
@@ -115,6 +123,8 @@ class TextView(RunObserver):
             count += 1
             if count <= LIVE_LINES:
                 self._batch.append(f"{label} {shorten(line)}")
+                if isinstance(line, Display) and line.drawn:
+                    self._batch.append(f"{label} ({drawn_note(line)})")
             elif count == LIVE_LINES + 1:
                 self._batch.append(f"{label} ... (more output: only in the full log)")
         self._printed[origin] = count

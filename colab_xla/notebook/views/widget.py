@@ -31,6 +31,7 @@ from IPython.display import display
 
 from . import html as html_view, text as text_view
 from ..outcome import RunObserver, RunOutcome, Stall, counted, format_ordinals
+from ...wire.displays import Display
 from ..output_log import shorten
 
 COMBINED_LINES = 400
@@ -364,11 +365,15 @@ def _stream(text: str, name: str = "stdout") -> dict:
 
 
 def _log_outputs(log) -> tuple:
-    """The log's tail as stream outputs, stderr apart so the frontend shows it as such."""
+    """The log's tail as stream outputs, stderr apart so the frontend shows it as such,
+    and what the replica displayed as display data, in their order."""
     runs: List[dict] = []
     for stream, line in list(log.tail) + log.partial():
+        if isinstance(line, Display) and line.drawn:
+            runs.append({"output_type": "display_data", "data": line.bundle, "metadata": {}})
+            continue
         line = shorten(line)
-        if runs and runs[-1]["name"] == stream:
+        if runs and runs[-1].get("name") == stream:
             runs[-1]["text"] += line + "\n"
         else:
             runs.append(_stream(line + "\n", stream))

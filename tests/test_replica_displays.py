@@ -1,0 +1,80 @@
+"""What replicas display (``display(...)``, matplotlib's ``plt.show()``) reaches the notebook:
+in a real kernel, in each view and in the saved notebook, under the replica that showed it,
+in order with its lines."""
+
+from __future__ import annotations
+
+import pytest
+
+from colab_xla.notebook.output_log import OutputLog
+from colab_xla.notebook.views import html as html_view, text as text_view
+from colab_xla.wire.displays import Display
+from test_kernel import WIDGET_VIEW, execute, stream_text, widget_models
+
+pytestmark = [pytest.mark.notebook, pytest.mark.timeout(300), pytest.mark.stacks("colab")]
+
+PLOTS = """%%xla_spawn -n 2{flags}
+import matplotlib.pyplot as plt
+from IPython.display import HTML, display
+print("before", index)
+if index == 1:
+    plt.plot([0, 1], [1, 2])
+    plt.show()
+    display(HTML("<b id='from-replica'>replica one's table</b>"))
+print("after", index)
+"""
+
+
+def _rows(summary_html: str):
+    """The summary table's row of each replica, by ordinal."""
+    rows = summary_html.split("<tr>")[2:]  # (the first holds the headings)
+    return {int(row.split("</td>")[0].rsplit(">", 1)[-1].split()[-1]): row for row in rows}
+
+
+@pytest.mark.xla
+def test_a_replicas_figure_and_html_are_drawn_under_it_in_order_in_widget_and_saved_notebook():
+    nb = execute(PLOTS.format(flags=""))
+    cell = nb.cells[1]
+    assert not [o for o in cell.outputs if o.output_type == "error"], cell.outputs
+    [shown] = [o for o in cell.outputs if o.output_type == "display_data"]
+    rows = _rows(shown["data"]["text/html"])
+    one = rows[1]
+    assert "data:image/png;base64," in one and "id='from-replica'" in one
+    # In order with the replica's lines: before, the figure, the HTML, after.
+    marks = [one.index(m) for m in ("before 1", "data:image/png", "from-replica", "after 1")]
+    assert marks == sorted(marks), one
+    assert "data:image" not in rows[0] and "from-replica" not in rows[0]
+    assert "[an image: image/png]" in shown["data"]["text/plain"]
+    # The live widget: replica 1's tab draws them as display data, between its lines.
+    tab = [m["state"]["outputs"] for m in widget_models(nb).values()
+           if m["model_name"] == "OutputModel"
+           and any("image/png" in o.get("data", {}) for o in m["state"]["outputs"])]
+    assert len(tab) == 1, "one tab (replica 1's) has the figure"
+    kinds = [o["output_type"] if o["output_type"] != "display_data" else
+             next(m for m in o["data"] if m != "text/plain") for o in tab[0]]
+    assert kinds == ["stream", "image/png", "text/html", "stream"], kinds
+    assert WIDGET_VIEW in shown["data"]
+
+
+@pytest.mark.xla
+def test_the_text_view_shows_a_displays_text_form_and_says_where_it_is_drawn():
+    nb = execute(PLOTS.format(flags=" --no-widget"))
+    text = stream_text(nb.cells[1])
+    assert "[replica 1] [an image: image/png]" in text, text
+    assert ("[replica 1] (displayed image/png: the widget view and the saved notebook draw "
+            "it)") in text
+    assert "[replica 1] [a display: text/html]" in text
+    assert "[replica 0] after 0" in text and "image" not in text.split("[replica 0]")[1][:40]
+
+
+def test_a_display_among_lines_is_one_line_of_the_log_and_the_summary_draws_it():
+    log = OutputLog(path=None)
+    log.write("stdout", "before\n")
+    log.display(Display.of({"text/plain": "<Figure size 1x1>", "image/png": "AAAA"}))
+    log.display(Display.of({"text/plain": "plain only"}))
+    log.write("stdout", "after\n")
+    lines = text_view.tail_lines(log, tail=None)
+    assert lines == ["before", "[an image: image/png]", "plain only", "after"]
+    drawn = html_view._output(lines)
+    assert drawn.index("before") < drawn.index("data:image/png;base64,AAAA") < drawn.index(
+        "plain only") < drawn.index("after")
