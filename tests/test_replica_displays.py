@@ -78,3 +78,47 @@ def test_a_display_among_lines_is_one_line_of_the_log_and_the_summary_draws_it()
     drawn = html_view._output(lines)
     assert drawn.index("before") < drawn.index("data:image/png;base64,AAAA") < drawn.index(
         "plain only") < drawn.index("after")
+
+
+BARS = """%%xla_spawn -n 2{flags}
+import time
+from tqdm.auto import tqdm
+for step in tqdm(range(40), desc=f"train {{index}}", mininterval=0.05):
+    time.sleep(0.01)
+print("trained", index)
+"""
+
+
+def _html_values(nb):
+    return [m["state"].get("value", "") for m in widget_models(nb).values()
+            if m["model_name"] == "HTMLModel"]
+
+
+@pytest.mark.xla
+def test_a_tqdm_loop_is_a_bar_per_replica_that_reaches_its_total_never_a_flood():
+    nb = execute(BARS.format(flags=""))
+    cell = nb.cells[1]
+    assert not [o for o in cell.outputs if o.output_type == "error"], cell.outputs
+    values = _html_values(nb)
+    for o in range(2):  # each replica's tab: its bar, left as it ended, at its total
+        [state] = [v for v in values if v.startswith(f"replica {o} · ")]
+        assert "<progress value='1.000' max='1'" in state, state
+        assert f"train {o}: 100%" in state and "40/40" in state, state
+    # Its output has the bar's last line once, not a line per update.
+    [shown] = [o for o in cell.outputs if o.output_type == "display_data"]
+    summary = shown["data"]["text/plain"]
+    for o in range(2):
+        assert summary.count(f"train {o}: 100%") == 1, summary
+        assert summary.count(f"train {o}:") == 1, summary
+        assert f"trained {o}" in summary
+
+
+@pytest.mark.xla
+def test_the_text_view_prints_a_bar_line_at_each_tenth_not_each_update():
+    nb = execute(BARS.format(flags=" --no-widget"))
+    text = stream_text(nb.cells[1])
+    for o in range(2):
+        lines = [line for line in text.splitlines() if line.startswith(f"[replica {o}] train {o}:")]
+        assert 1 <= len(lines) <= 12, lines  # tenths, then the last line
+        assert lines[-1].startswith(f"[replica {o}] train {o}: 100%"), lines
+        assert "40/40" in lines[-1]

@@ -42,6 +42,10 @@ class ReplicaOutcome:
     error: Optional[ReplicaError] = None
     last_rendezvous: Optional[str] = None  # tag of the last xm.rendezvous it entered
     pulled: Dict[str, Any] = dataclasses.field(default_factory=dict)  # --pull: name -> value
+    # Its tqdm bars still open, by bar (colab_xla.replica.progress): count, total,
+    # description, the text line; and a count of their changes, for the views.
+    progress: Dict[str, Dict[str, Any]] = dataclasses.field(default_factory=dict)
+    progress_changes: int = 0
 
     @property
     def text(self) -> str:
@@ -147,6 +151,12 @@ class RunOutcome:
             return f"{'replica' if len(at) == 1 else 'replicas'} {format_ordinals(at)}"
 
         return [f"{who(at)} at {place}" for place, at in stacks.grouped(places)]
+
+
+def fraction(bar: Mapping[str, Any]) -> Optional[float]:
+    """How far a progress bar is, 0 to 1 (None: it has no total)."""
+    total, n = bar.get("total"), bar.get("n") or 0
+    return min(1.0, max(0.0, n / total)) if total else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -325,6 +325,8 @@ class Supervisor:
                 self._exits[note["pid"]] = (frame.ordinal, note["exit"])
             if "ended" in note:  # the process of this replica alone ended (see _drive)
                 self._process_ended(frame.ordinal, note["ended"])
+            if "progress" in note and frame.ordinal >= 0:  # a tqdm bar (replica/progress.py)
+                self._progress(frame.ordinal, note["progress"])
 
     def _process_ended(self, ordinal: int, code: int) -> None:
         """A replica's own process ended with ``code``. Before its report, the replica
@@ -375,6 +377,20 @@ class Supervisor:
         self._heard()
         self.observer.output(self.outcome, origin, [self._log(origin).display(shown)])
 
+    def _progress(self, ordinal: int, bar: dict) -> None:
+        """A tqdm bar of replica ``ordinal`` moved (the views draw it), or closed: a bar to
+        be left stays drawn as it ended, and its last line joins the replica's output; any
+        other goes."""
+        self._heard()
+        rep = self.outcome.replica(ordinal)
+        rep.progress_changes += 1
+        if bar.get("closed") and not bar.get("leave"):
+            rep.progress.pop(bar["bar"], None)
+            return
+        rep.progress[bar["bar"]] = bar
+        if bar.get("closed"):
+            self._emit(ordinal, frames.STDERR, bar["text"] + "\n")
+
     def _heard(self) -> None:
         """Output came: the replicas are not quiet (a stall notice goes)."""
         self._quiet_since = time.monotonic()
@@ -384,6 +400,10 @@ class Supervisor:
         self._output_since_draw = True
 
     def _finish_logs(self) -> None:
+        for rep in self.outcome.replicas.values():  # bars a stop left open: their last line
+            for bar in list(rep.progress.values()):
+                if not bar.get("closed"):
+                    self._progress(rep.ordinal, dict(bar, closed=True, leave=True))
         for origin in [*self.outcome.replicas, *self.outcome.processes]:
             lines = self._log(origin).finish()
             if lines:

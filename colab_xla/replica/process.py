@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import json
 import os
 import pickle
@@ -33,6 +32,7 @@ from ..wire.lifetime import adopt_orphans, die_with_parent
 from ..wire import names
 from ..wire.frames import NOTE, STDERR, STDOUT, ChannelWriter
 from ..wire.values import lookup
+from . import progress
 from .capture import (ReplicaStream, capture_fds, flush_all, no_stdin, replica_display,
                       streams_per_thread)
 from . import runtime_clients
@@ -99,7 +99,7 @@ class ReplicaProcess:
         self.open_run(job)
         self._capture_streams()
         no_stdin()
-        _text_progress_bars()
+        progress.install(self)  # tqdm bars drawn by the notebook
         _send_cell_definitions_by_value()
         _serialize_forks()
         _report_exits(self)
@@ -189,25 +189,6 @@ class ReplicaProcess:
             if type(old).__module__.startswith("ipykernel"):
                 old.write, old.flush = new.write, new.flush
         replica_display(*streams)
-
-
-def _text_progress_bars() -> None:
-    """Make ``tqdm.auto`` and ``tqdm.notebook`` the text bar in replicas: the notebook bar
-    is a widget, and a forked replica cannot draw widgets (it has no connection to the
-    browser)."""
-    if importlib.util.find_spec("tqdm") is None:
-        return
-    import tqdm.std
-
-    for name in ("tqdm.auto", "tqdm.autonotebook", "tqdm.notebook"):
-        module = types.ModuleType(name)
-        module.tqdm, module.trange = tqdm.std.tqdm, tqdm.std.trange
-        module.tqdm_notebook, module.tnrange = tqdm.std.tqdm, tqdm.std.trange
-        sys.modules[name] = module
-    tqdm_pkg = sys.modules.get("tqdm")
-    for attr in ("auto", "autonotebook", "notebook"):
-        if tqdm_pkg is not None:
-            setattr(tqdm_pkg, attr, sys.modules[f"tqdm.{attr}"])
 
 
 def _report_exits(process: ReplicaProcess) -> None:

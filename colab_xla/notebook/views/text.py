@@ -21,7 +21,7 @@ from typing import Dict, List, Optional
 
 from ...wire.displays import Display
 from ...wire.reports import ReplicaError
-from ..outcome import ReplicaOutcome, RunObserver, RunOutcome, Stall
+from ..outcome import ReplicaOutcome, RunObserver, RunOutcome, Stall, fraction
 from ..output_log import OutputLog, shorten
 
 # Output lines per replica in a summary (the full log is on disk).
@@ -115,6 +115,7 @@ class TextView(RunObserver):
         self._batch: List[str] = []
         self._printed: Dict[object, int] = {}
         self._stalled_at: Optional[dict] = None  # the places of the last notice printed
+        self._bar_steps: Dict[tuple, int] = {}  # (replica, bar) -> the tenth last printed
 
     def output(self, outcome: RunOutcome, origin, lines: List[str]) -> None:
         label = f"[{outcome.label(origin)}]" if isinstance(origin, int) else f"[{origin}]"
@@ -130,6 +131,15 @@ class TextView(RunObserver):
         self._printed[origin] = count
 
     def tick(self, outcome: RunOutcome) -> None:
+        for ordinal, rep in outcome.replicas.items():  # a bar's line at each tenth it passes
+            for key, bar in rep.progress.items():
+                if bar.get("closed"):  # (its last line is among the replica's lines)
+                    continue
+                done = fraction(bar)
+                step = int(done * 10) if done is not None else (bar.get("n") or 0).bit_length()
+                if self._bar_steps.get((ordinal, key)) != step:
+                    self._bar_steps[(ordinal, key)] = step
+                    self._batch.append(f"[{outcome.label(ordinal)}] {bar.get('text', '')}")
         if self._batch:
             print("\n".join(self._batch), file=self._out, flush=True)
             self._batch = []

@@ -30,7 +30,7 @@ import ipywidgets as widgets
 from IPython.display import display
 
 from . import html as html_view, text as text_view
-from ..outcome import RunObserver, RunOutcome, Stall, counted, format_ordinals
+from ..outcome import RunObserver, RunOutcome, Stall, counted, format_ordinals, fraction
 from ...wire.displays import Display
 from ..output_log import shorten
 
@@ -275,16 +275,22 @@ class WidgetView(RunObserver):
         replicas = counted(len(outcome.replicas), "replica")
         # Where they are while none prints; once the run is cut, where the stopped were.
         where = self._stall or "\n".join(outcome.places(outcome.stopped))
+        # While bars run: one line per replica, its first bar (each tab has all of them).
+        bars = "".join(
+            f"<div style='font-size:smaller'>{html.escape(outcome.label(o))}: "
+            f"{_bar(bar, compact=True)}</div>"
+            for o, rep in outcome.replicas.items()
+            for bar in [b for b in rep.progress.values() if not b.get("closed")][:1])
         stall = (f"<pre style='color:#9a6700;white-space:pre-wrap;margin:4px 0'>"
                  f"{html.escape(where)}</pre>" if where else "")
         self.header.value = (f"<b>{outcome.device_type}</b> · {replicas} · "
                              f"<b>{state}</b> · {elapsed:.1f} s · {html.escape(counts)}"
-                             f"{failed}{logs}{stall}")
+                             f"{failed}{logs}{bars}{stall}")
 
     def _draw_replica(self, outcome: RunOutcome, ordinal: int) -> None:
         rep = outcome.replicas[ordinal]
         status, out, _ = self._widgets.replicas[ordinal]
-        key = (rep.state, rep.log.version, rep.elapsed is not None)
+        key = (rep.state, rep.log.version, rep.elapsed is not None, rep.progress_changes)
         if self._drawn.get(ordinal) == key and rep.elapsed is not None:
             return
         status.value = self._status(outcome, ordinal)
@@ -303,7 +309,8 @@ class WidgetView(RunObserver):
             result = f" · Out: <code>{html.escape(rep.value_repr)}</code>"
         if rep.pulled:
             result += f" · Pulled: <code>{html.escape(rep.pulled_summary())}</code>"
-        return f"{html.escape(outcome.label(ordinal))} · <b>{rep.state}</b> · {took:.1f} s{result}"
+        return (f"{html.escape(outcome.label(ordinal))} · <b>{rep.state}</b> · {took:.1f} s"
+                f"{result}{''.join(_bar(bar) for bar in rep.progress.values())}")
 
     def _draw_titles(self, outcome: RunOutcome) -> None:
         titles = ["all"] + [f"{o} {html_view.state_mark(outcome.replicas[o].state)}"
@@ -358,6 +365,20 @@ def widget_bundle(widget: widgets.Widget) -> dict:
     """
     return {"application/vnd.jupyter.widget-view+json":
             {"version_major": 2, "version_minor": 0, "model_id": widget.model_id}}
+
+
+def _bar(bar: dict, compact: bool = False) -> str:
+    """A tqdm bar of a replica as HTML: a progress bar (none without a total), then tqdm's
+    own line (compact: its description and count only)."""
+    done = fraction(bar)
+    meter = (f"<progress value='{done:.3f}' max='1' style='width:{8 if compact else 16}em;"
+             "vertical-align:middle'></progress> " if done is not None else "")
+    if compact:
+        total = f"/{bar['total']}" if bar.get("total") else ""
+        text = f"{bar.get('desc') or ''} {bar.get('n') or 0}{total}".strip()
+    else:
+        text = bar.get("text", "")
+    return f"<div style='margin:2px 0'>{meter}<code>{html.escape(text)}</code></div>"
 
 
 def _stream(text: str, name: str = "stdout") -> dict:
