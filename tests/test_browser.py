@@ -38,11 +38,36 @@ WARM_UP_CELL = f"""for _run in range({WARM_UP_RUNS}):
 WARM_UP_LIVE = LIVE_RUNS - 1  # the spawn cell's run is the last of the live ones
 SPAWN_AT = 2  # the spawn cell's index
 
+# Every replica runs a tqdm bar; replica 1 plots (drawn in its tab: issue 34).
+PLOTTING = 1
 SPAWN_CELL = f"""%%xla_spawn -n {REPLICAS}
+import matplotlib.pyplot as plt
+from tqdm.auto import tqdm
 print("hello from", index)
+for _ in tqdm(range(20), desc=f"steps {{index}}"):
+    pass
+if index == {PLOTTING}:
+    plt.figure(figsize=(3, 2))
+    plt.plot([0, 1, 2], [0, 1, 4])
+    plt.title("replica {PLOTTING}'s plot")
+    plt.show()
 if index == {FAILING}:
     raise ValueError("replica two fails")
 index * 10"""
+
+
+def check_plots_and_bars(widget, name: str) -> None:
+    """Replica 1's tab draws its figure between its lines and each replica's tab its bar,
+    finished: the page shown is the one ``show_tab`` opened last. The widget's picture is
+    left in ``test-artifacts/widget-plots-NAME.png`` (docs/ shows it)."""
+    page = widget.locator(".widget-tab-contents > :not(.lm-mod-hidden):not(.p-mod-hidden)")
+    assert page.locator("img[src^='data:image/png']").count() == 1, page.first.inner_html()
+    bars = page.locator("progress")
+    assert bars.count() == 1 and bars.first.get_attribute("value") == "1.000"
+    assert f"steps {PLOTTING}: 100%" in page.first.inner_text()
+    ARTIFACTS.mkdir(exist_ok=True)
+    # (the widget: its header and tabs, for docs/)
+    widget.locator("xpath=..").screenshot(path=str(ARTIFACTS / f"widget-plots-{name}.png"))
 
 
 def write_notebook(path: Path) -> None:
@@ -159,6 +184,7 @@ def test_widget_in_jupyterlab(tmp_path):
             assert "hello from 1" in ok and "warm-up" not in ok, ok
             assert "Out: 10" in ok, ok
             assert "hello from 2" not in ok, ok
+            check_plots_and_bars(widget, "jupyterlab-ipywidgets8")
 
             failed = show_tab(widget, "2 ✗")
             assert "hello from 2" in failed, failed

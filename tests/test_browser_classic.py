@@ -29,8 +29,8 @@ from typing import Optional
 import pytest
 
 import _jupyterlab as lab  # tests/ is on sys.path (rootdir-relative import mode)
-from test_browser import (FAILING, REPLICAS, SPAWN_AT, check_warm_up, require_browser_stack,
-                          show_tab, tab_labels, write_notebook)
+from test_browser import (FAILING, REPLICAS, SPAWN_AT, check_plots_and_bars, check_warm_up,
+                          require_browser_stack, show_tab, tab_labels, write_notebook)
 
 pytestmark = [pytest.mark.stacks("colab")]
 
@@ -138,6 +138,7 @@ def test_widget_in_the_classic_notebook_under_ipywidgets_7(tmp_path):
             ok = show_tab(widget, "1 ✓")
             assert "hello from 1" in ok and "Out: 10" in ok and "hello from 2" not in ok, ok
             assert "warm-up" not in ok, ok
+            check_plots_and_bars(widget, "classic-ipywidgets7")
             failed = show_tab(widget, "2 ✗")
             assert "ValueError: replica two fails" in failed and "Cell In[" in failed, failed
             assert re.search(rf"replica {FAILING} · failed", failed), failed

@@ -310,7 +310,7 @@ class WidgetView(RunObserver):
         if rep.pulled:
             result += f" · Pulled: <code>{html.escape(rep.pulled_summary())}</code>"
         return (f"{html.escape(outcome.label(ordinal))} · <b>{rep.state}</b> · {took:.1f} s"
-                f"{result}{''.join(_bar(bar) for bar in rep.progress.values())}")
+                f"{result}{''.join(_bar(bar, bar.get('closed')) for bar in rep.progress.values())}")
 
     def _draw_titles(self, outcome: RunOutcome) -> None:
         titles = ["all"] + [f"{o} {html_view.state_mark(outcome.replicas[o].state)}"
@@ -369,7 +369,8 @@ def widget_bundle(widget: widgets.Widget) -> dict:
 
 def _bar(bar: dict, compact: bool = False) -> str:
     """A tqdm bar of a replica as HTML: a progress bar (none without a total), then tqdm's
-    own line (compact: its description and count only)."""
+    own line (compact: its description and count only; so is a closed bar, whose line is
+    among the replica's output)."""
     done = fraction(bar)
     meter = (f"<progress value='{done:.3f}' max='1' style='width:{8 if compact else 16}em;"
              "vertical-align:middle'></progress> " if done is not None else "")
