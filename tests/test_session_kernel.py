@@ -71,6 +71,13 @@ def test_auto_mode_in_a_kernel_keeps_state_on_the_replicas_and_off_runs_in_the_n
         shown = k.run("print('total', total)")
         assert shown.status == "ok", shown.text
         assert "[replica 0] total 10" in shown.text and "[replica 1] total 11" in shown.text
+        # name? shows the replica's object (the notebook has no `total`).
+        asked = k.run("total?")
+        assert asked.status == "ok", asked.text
+        plain = re.sub(r"\x1b\[[0-9;]*m", "", asked.text)  # (the inspector's colours)
+        assert re.search(r"\[replica 1\] Type: +int", plain), plain
+        assert re.search(r"\[replica 1\] String form: +11", plain), plain
+        assert "not found" not in plain
         off = k.run("%xla_session auto off")
         assert "auto: off" in off.stdout, off.text
         here = k.run("print('total' in dir())")

@@ -122,7 +122,8 @@ def cell_globals(ns: ReplicaGlobals, index: int, job: ReplicaJob,
     cell = process.cell
     ns.update(__name__=module_name(cell, index), __file__=cell.path,
               __builtins__=__builtins__, __doc__=None, __package__=None, __spec__=None,
-              __loader__=None, index=index, get_ipython=replica_shell)
+              __loader__=None, index=index,
+              get_ipython=lambda: _ReplicaIPython(replica_shell(), ns))
     if process.host_rank is not None:  # on a cluster: index counts the replicas of every host
         ns.update(index=process.host_rank.index(index), host=process.host_rank.host,
                   local_index=index)
@@ -219,6 +220,38 @@ def replica_shell():
             locked_find._colab_xla_locked = True
             shell._find_with_lazy_load = locked_find
         return shell
+
+
+class _ReplicaIPython:
+    """``get_ipython()`` in a replica's cell: the process's shell (:func:`replica_shell`),
+    but ``name?`` (``%pinfo``, ``%pinfo2``) looks ``name`` up in the replica's globals, not
+    in the shell's namespace (the notebook's, as it forked), and prints what it finds (a
+    kernel's pager would send it where no browser reads)."""
+
+    def __init__(self, shell, ns):
+        self._shell, self._ns = shell, ns
+
+    def __getattr__(self, name):
+        return getattr(self._shell, name)
+
+    def run_line_magic(self, magic_name, line, _stack_depth=1):
+        if magic_name not in ("pinfo", "pinfo2"):
+            return self._shell.run_line_magic(magic_name, line, _stack_depth + 1)
+        shown = []
+
+        def keep(data, start=0, screen_lines=0):
+            shown.append(data.get("text/plain", "") if isinstance(data, dict) else str(data))
+
+        hooks = self._shell.hooks.show_in_pager
+        hooks.add(keep, -1)  # (before the kernel's: the chain runs by priority)
+        try:
+            self._shell._inspect("pinfo", line.strip(), namespaces=[("Replica", self._ns)],
+                                 detail_level=1 if magic_name == "pinfo2" else 0)
+        finally:
+            hooks.chain = [(p, f) for p, f in hooks.chain if f is not keep]
+        for text in shown:
+            print(text)
+        return None
 
 
 # colab_xla's own source files (a frame of them is plumbing in a cell's traceback).
