@@ -153,6 +153,7 @@ def _run_cell(index: int, job: ReplicaJob, process: "ReplicaProcess",
             runtime.before_cell()  # (JAX: jax.distributed, once per process)
             exec(cell.body, ns)
             value = eval(cell.last_expr, ns) if cell.last_expr is not None else None
+            show_pictures(value)
     except SystemExit as exc:
         if exc.code not in (None, 0):
             report.error = ReplicaError("exit", "SystemExit", str(exc.code),
@@ -220,6 +221,32 @@ def replica_shell():
             locked_find._colab_xla_locked = True
             shell._find_with_lazy_load = locked_find
         return shell
+
+
+def show_pictures(value) -> None:
+    """What a notebook draws when a cell ends, drawn by the replica (its display goes to
+    the notebook: :func:`colab_xla.replica.capture.replica_display`): the pyplot figures
+    the cell changed, under the inline backend (as Jupyter, Colab and Kaggle set it: a
+    figure shows without ``plt.show()``), and the cell's value if it has a picture (an
+    image's ``_repr_png_``, a figure the first step did not just show)."""
+    shell_module = sys.modules.get("IPython.core.interactiveshell")
+    if shell_module is None or not shell_module.InteractiveShell.initialized():
+        return
+    shell = shell_module.InteractiveShell.instance()
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    inline = sys.modules.get("matplotlib_inline.backend_inline")
+    shown = set()
+    if pyplot is not None and inline is not None and "inline" in pyplot.get_backend():
+        before = set(pyplot.get_fignums())
+        inline.flush_figures()  # (shows and closes each figure the cell drew on)
+        shown = before - set(pyplot.get_fignums())
+    figures = sys.modules.get("matplotlib.figure")
+    if value is None or (figures is not None and isinstance(value, figures.Figure)
+                         and getattr(value, "number", None) in shown):
+        return
+    data, metadata = shell.display_formatter.format(value)
+    if any(m.startswith("image/") for m in data):
+        shell.display_pub.publish(data, metadata)
 
 
 class _ReplicaIPython:

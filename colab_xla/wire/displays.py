@@ -19,6 +19,7 @@ that can draw (the widget, the saved HTML) draws its bundle in its place.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import os
@@ -58,8 +59,14 @@ class Display(str):
 
 
 def kept(data: Mapping[str, object]) -> Dict[str, object]:
-    """The part of display data ``data`` a replica sends."""
-    return {m: v for m, v in data.items() if m in KEPT}
+    """The part of display data ``data`` a replica sends, as JSON holds it (an image's raw
+    bytes in base64, as a kernel sends them).
+
+    >>> kept({"image/png": b"\\x89PNG", "text/plain": "x", "application/x-other": 1})
+    {'image/png': 'iVBORw==', 'text/plain': 'x'}
+    """
+    return {m: (base64.b64encode(v).decode("ascii") if isinstance(v, bytes) else v)
+            for m, v in data.items() if m in KEPT}
 
 
 def save(directory: str, bundle: Mapping[str, object]) -> str:
