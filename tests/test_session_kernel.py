@@ -105,3 +105,17 @@ def test_what_a_session_replica_displays_reaches_the_cells_view():
         assert shown.status == "ok", shown.text
         assert "[replica 1] [a display: text/html]" in shown.stdout, shown.text
         assert "[replica 1] (displayed text/html: the widget view" in shown.stdout
+
+
+def test_targets_in_a_kernel_run_the_chosen_replicas_only():
+    with Kernel(env={"COLAB_XLA_VIEW": "text"}) as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        assert k.run("%xla_session start -n 3").status == "ok"
+        assert k.run("%%xla_spawn\nseen = 0").status == "ok"
+        chosen = k.run("%%xla_spawn --targets 0,2\nseen += 1\nprint('ran on', index)")
+        assert chosen.status == "ok", chosen.text
+        assert "[replica 0] ran on 0" in chosen.text and "[replica 2] ran on 2" in chosen.text
+        assert "replica 1" not in chosen.text, chosen.text
+        after = k.run("%%xla_spawn -o got\nseen")
+        assert after.status == "ok", after.text
+        assert k.run("print(got)").stdout.strip() == "{0: 1, 1: 0, 2: 1}"
