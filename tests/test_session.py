@@ -856,17 +856,19 @@ def test_auto_mode_runs_plain_cells_on_the_replicas_until_it_is_turned_off(ip, c
         auto_cells.state.on = False
 
 
-@pytest.mark.xla
-@pytest.mark.timeout(600)
-def test_auto_mode_is_refused_without_a_session_and_its_words_are_checked(ip):
-    with pytest.raises(UsageError, match="no session is up.*start --auto"):
-        ip.run_line_magic("xla_session", "auto")
-    with pytest.raises(UsageError, match="on and off are for %xla_session auto"):
-        ip.run_line_magic("xla_session", "stop off")
-    with pytest.raises(UsageError, match="--auto is for %xla_session start"):
-        ip.run_line_magic("xla_session", "stop --auto")
-    with pytest.raises(UsageError, match="%%xla_local takes no options"):
-        ip.run_cell_magic("xla_local", "-n 2", "1")
+@pytest.mark.parametrize("kind, magic, line, said", [
+    ("line", "xla_session", "auto", "no session is up.*start --auto"),
+    ("line", "xla_session", "stop off", "on and off are for %xla_session auto"),
+    ("line", "xla_session", "stop --auto", "--auto is for %xla_session start"),
+    ("cell", "xla_local", "-n 2", "%%xla_local takes no options"),
+])
+def test_auto_mode_is_refused_without_a_session_and_its_words_are_checked(ip, kind, magic,
+                                                                           line, said):
+    with pytest.raises(UsageError, match=said):
+        if kind == "line":
+            ip.run_line_magic(magic, line)
+        else:
+            ip.run_cell_magic(magic, line, "1")
 
 
 # -- Tab completion of the replicas' names -----------------------------------------------------

@@ -3,6 +3,7 @@ state, and a killed kernel leaves none of its processes."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
@@ -60,11 +61,20 @@ def test_a_killed_kernel_leaves_no_session_process():
         assert alive == [], [(p.pid, " ".join(p.cmdline())[:120]) for p in alive]
 
 
-def test_auto_mode_in_a_kernel_keeps_state_on_the_replicas_and_off_runs_in_the_notebook():
+@contextlib.contextmanager
+def session_kernel(replicas: int, start: str = ""):
+    """A kernel (text view) with colab_xla loaded and a session of ``replicas`` started."""
     with Kernel(env={"COLAB_XLA_VIEW": "text"}) as k:
         assert k.run("%load_ext colab_xla").status == "ok"
-        started = k.run("%xla_session start -n 2 --auto")
-        assert started.status == "ok" and "auto: on" in started.stdout, started.text
+        started = k.run(f"%xla_session start -n {replicas} {start}".rstrip())
+        assert started.status == "ok", started.text
+        k.started = started
+        yield k
+
+
+def test_auto_mode_in_a_kernel_keeps_state_on_the_replicas_and_off_runs_in_the_notebook():
+    with session_kernel(2, "--auto") as k:
+        assert "auto: on" in k.started.stdout, k.started.text
         # Three cells without a magic, on the replicas, one building on the other.
         assert k.run("total = index").status == "ok"
         assert k.run("total += 10").status == "ok"
@@ -85,9 +95,7 @@ def test_auto_mode_in_a_kernel_keeps_state_on_the_replicas_and_off_runs_in_the_n
 
 
 def test_a_kernels_complete_request_offers_a_replica_name_and_its_objects_attribute():
-    with Kernel(env={"COLAB_XLA_VIEW": "text"}) as k:
-        assert k.run("%load_ext colab_xla").status == "ok"
-        assert k.run("%xla_session start -n 2").status == "ok"
+    with session_kernel(2) as k:
         defined = k.run("%%xla_spawn\nimport types\n"
                         "net = types.SimpleNamespace(fc=types.SimpleNamespace(weight_decay=1))")
         assert defined.status == "ok", defined.text
@@ -97,9 +105,7 @@ def test_a_kernels_complete_request_offers_a_replica_name_and_its_objects_attrib
 
 def test_what_a_session_replica_displays_reaches_the_cells_view():
     # (In a kernel: a terminal shell's display formatter makes text/plain only.)
-    with Kernel(env={"COLAB_XLA_VIEW": "text"}) as k:
-        assert k.run("%load_ext colab_xla").status == "ok"
-        assert k.run("%xla_session start -n 2").status == "ok"
+    with session_kernel(2) as k:
         shown = k.run("%%xla_spawn --targets 1\nfrom IPython.display import HTML, display\n"
                       "display(HTML('<i>shown</i>'))")
         assert shown.status == "ok", shown.text
@@ -108,9 +114,7 @@ def test_what_a_session_replica_displays_reaches_the_cells_view():
 
 
 def test_targets_in_a_kernel_run_the_chosen_replicas_only():
-    with Kernel(env={"COLAB_XLA_VIEW": "text"}) as k:
-        assert k.run("%load_ext colab_xla").status == "ok"
-        assert k.run("%xla_session start -n 3").status == "ok"
+    with session_kernel(3) as k:
         assert k.run("%%xla_spawn\nseen = 0").status == "ok"
         chosen = k.run("%%xla_spawn --targets 0,2\nseen += 1\nprint('ran on', index)")
         assert chosen.status == "ok", chosen.text
