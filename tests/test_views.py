@@ -482,3 +482,41 @@ def test_the_header_says_where_replicas_are_while_none_prints_and_where_stopped_
         text.stalled(outcome, told)
     assert printed.getvalue().count("[colab_xla] No output for 61 s") == 2
     assert "[colab_xla] replica 1 at line 5 in f: `sleep(9)`\n" in printed.getvalue()
+
+
+def test_a_hidden_tabs_output_is_sent_every_few_seconds_the_shown_tabs_at_every_draw(
+        widget_view, monkeypatch):
+    """Under heavy output each send is a tab's last lines, whole: the tabs no one looks at
+    are sent again every HIDDEN_OUTPUT_SECONDS, the shown one at every draw, all at the end."""
+    widget_view, _ = widget_view
+    clock = [100.0]
+    monkeypatch.setattr(widget_view.time, "monotonic", lambda: clock[0])
+    view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
+    view.opened(outcome)
+    _start(view, outcome, 3)
+    view.tick(outcome)  # the first draw: every tab
+    outputs = {o: view._widgets.replicas[o][1] for o in range(3)}
+    view.tabs.selected_index = 2  # replica 1's tab is shown ("all" is 0)
+
+    def texts():
+        return {o: "".join(x.get("text", "") for x in out.outputs)
+                for o, out in outputs.items()}
+
+    for step in range(3):
+        clock[0] += 0.25
+        for o in range(3):
+            view.output(outcome, o, [f"more {o}.{step}"])
+            outcome.replica(o).log.write("stdout", f"more {o}.{step}\n")
+        view.tick(outcome)
+    now = texts()
+    assert "more 1.2" in now[1]  # the shown tab: at every draw
+    assert "more 0." not in now[0] and "more 2." not in now[2]  # hidden: not yet
+    clock[0] += widget_view.HIDDEN_OUTPUT_SECONDS
+    view.tick(outcome)
+    assert all(f"more {o}.2" in texts()[o] for o in range(3))  # their turn came
+    outcome.replica(0).log.write("stdout", "last 0\n")
+    for rep in outcome.replicas.values():
+        rep.state, rep.elapsed = "done", 1.0
+    outcome.elapsed = 1.0
+    view.closed(outcome)
+    assert "last 0" in texts()[0]  # the end sends every tab's

@@ -56,6 +56,11 @@ LIVE_RUNS = 5
 SPARE_RUNS = 1
 # What the live display says where widgets cannot show (its summary replaces it at the end).
 LIVE_TEXT = "colab_xla: the run's live view (a widget); its summary replaces this at the end."
+# How often the output of a replica whose tab is not the one shown is sent again while the
+# run goes on (the shown tab's: at every draw). Each send is the tab's last lines, whole:
+# under heavy output, the sends of every hidden tab at each draw took the kernel's CPU
+# from the replicas. Its state and mark are drawn at every draw; the last draw sends all.
+HIDDEN_OUTPUT_SECONDS = 2.0
 _live: Deque["WidgetView"] = collections.deque()
 _spare: Deque["_RunWidgets"] = collections.deque()
 
@@ -125,6 +130,7 @@ class WidgetView(RunObserver):
         self._started = time.monotonic()
         self._handle = None
         self._stall: Optional[str] = None  # where the replicas are, while none prints
+        self._output_sent: Dict[int, float] = {}  # replica -> when its output was last sent
 
     # -- RunObserver ------------------------------------------------------------------------
 
@@ -174,8 +180,13 @@ class WidgetView(RunObserver):
     def tick(self, outcome: RunOutcome) -> None:
         self._draw_header(outcome)
         self._ensure_tabs(outcome)
+        shown = self._shown_replica()
+        now = time.monotonic()
         for ordinal in sorted(outcome.replicas):
-            self._draw_replica(outcome, ordinal)
+            self._draw_replica(outcome, ordinal, outcome.elapsed is not None
+                               or ordinal == shown
+                               or now - self._output_sent.get(ordinal, 0.0)
+                               >= HIDDEN_OUTPUT_SECONDS)
         if self._pending:  # (_combined_rows merges them)
             self.combined.outputs = (_stream("\n".join(self._combined_rows(outcome)) + "\n"),)
         self._draw_titles(outcome)
@@ -287,18 +298,27 @@ class WidgetView(RunObserver):
                              f"<b>{state}</b> · {elapsed:.1f} s · {html.escape(counts)}"
                              f"{failed}{logs}{bars}{stall}")
 
-    def _draw_replica(self, outcome: RunOutcome, ordinal: int) -> None:
+    def _shown_replica(self) -> Optional[int]:
+        """The replica whose tab the person looks at (None: the combined tab)."""
+        index = self.tabs.selected_index
+        return self._shown[index - 1] if index and 0 < index <= len(self._shown) else None
+
+    def _draw_replica(self, outcome: RunOutcome, ordinal: int, output: bool = True) -> None:
+        """Replica ``ordinal``'s tab: its state always, its output if ``output``."""
         rep = outcome.replicas[ordinal]
         status, out, _ = self._widgets.replicas[ordinal]
-        key = (rep.state, rep.log.version, rep.elapsed is not None, rep.progress_changes)
-        if self._drawn.get(ordinal) == key and rep.elapsed is not None:
+        drawn = self._drawn.get(ordinal, (None, None, None, None))
+        version = rep.log.version if output else drawn[1]
+        key = (rep.state, version, rep.elapsed is not None, rep.progress_changes)
+        if drawn == key and rep.elapsed is not None:
             return
         status.value = self._status(outcome, ordinal)
         if rep.error is not None:
             self._show_error(ordinal, f"<pre style='color:#cf222e;white-space:pre-wrap'>"
                                       f"{html.escape(rep.error.render())}</pre>")
-        if self._drawn.get(ordinal, (None, None))[1] != rep.log.version:
+        if output and drawn[1] != rep.log.version:
             out.outputs = _log_outputs(rep.log)
+            self._output_sent[ordinal] = time.monotonic()
         self._drawn[ordinal] = key
 
     def _status(self, outcome: RunOutcome, ordinal: int) -> str:
