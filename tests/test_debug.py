@@ -120,3 +120,33 @@ def test_xla_debug_in_a_kernel_asks_through_the_notebooks_input_box():
         assert again.status == "ok", again.text
         assert k.run("assert r == {0: 0, 1: 10, 2: 20}, r").status == "ok"
         assert k.run("%xla_session stop").status == "ok"
+
+
+def test_a_cluster_host_that_does_not_answer_the_debugger_ends_it_in_time(monkeypatch):
+    """%xla_debug H:R relays pdb through host H's agent: an agent that does not answer
+    (its node stuck) ends the debugger within the bound, saying so; nothing waits forever."""
+    from types import SimpleNamespace
+
+    from colab_xla.notebook.targets import cluster_session
+    from colab_xla.notebook.targets.cluster_session import ClusterSession
+
+    asked = []
+
+    class StuckRay:
+        class exceptions:
+            GetTimeoutError = TimeoutError
+
+        @staticmethod
+        def get(ref, timeout=None):
+            asked.append(timeout)
+            raise TimeoutError("Get timed out: some object(s) not ready.")
+
+    agent = SimpleNamespace(debug=SimpleNamespace(remote=lambda local, answer: ("ref", local)))
+    cluster = SimpleNamespace(up=True, check_up=lambda: None, agents=[agent, agent])
+    monkeypatch.setattr(cluster_session, "import_ray", lambda: StuckRay)
+    session = ClusterSession(cluster, {0: {0: 11}, 1: {0: 12}}, runtime=None)
+    shown = []
+    ended = session.debug((1, 0), ask=lambda prompt: pytest.fail("no prompt came"),
+                          show=shown.append)
+    assert ended.startswith("host 1 did not answer within 90 s (TimeoutError: Get timed out")
+    assert asked == [debugger.ANSWER_SECONDS + 30]

@@ -150,12 +150,24 @@ class ClusterSession(Target):
                                                    range(len(ordinals)))]
         ray = import_ray()
         agent = self.cluster.agents[host]
-        reply = ray.get(agent.debug.remote(local, None))
+        # The agent answers within its own wait for the replica (Relayed.step): a host
+        # that does not is gone or stuck, and the debugger ends (the session goes on).
+        wait = debugger.ANSWER_SECONDS + 30
+
+        def step(answer):
+            try:
+                return ray.get(agent.debug.remote(local, answer), timeout=wait)
+            except Exception as exc:  # noqa: BLE001 - its agent or node is gone, or stuck
+                return {"output": "", "prompt": None,
+                        "ended": f"host {host} did not answer within {wait:g} s "
+                                 f"({exception_line(exc)})"}
+
+        reply = step(None)
         while True:
             show(reply["output"])
             if reply["prompt"] is None:
                 return reply["ended"] or f"host {host} did not answer"
-            reply = ray.get(agent.debug.remote(local, ask(reply["prompt"])))
+            reply = step(ask(reply["prompt"]))
 
     # -- what a person sees -------------------------------------------------------------
 
