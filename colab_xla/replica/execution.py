@@ -153,7 +153,10 @@ def _run_cell(index: int, job: ReplicaJob, process: "ReplicaProcess",
             runtime.before_cell()  # (JAX: jax.distributed, once per process)
             exec(cell.body, ns)
             value = eval(cell.last_expr, ns) if cell.last_expr is not None else None
-            show_pictures(value)
+            try:
+                show_pictures(value)
+            except Exception:  # noqa: BLE001 - as a notebook's hook error: said, the cell done
+                traceback.print_exc()
     except SystemExit as exc:
         if exc.code not in (None, 0):
             report.error = ReplicaError("exit", "SystemExit", str(exc.code),

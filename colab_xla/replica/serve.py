@@ -304,9 +304,12 @@ class _Commands:
                     self._interruptible.interrupt(arg)
                 elif verb == "debug":
                     self._queue.put(DebugRequest(*arg.split(" ", 1)))
-                elif verb == "complete":  # answered here: never queued behind a cell
+                elif verb == "complete":  # never queued behind a cell, nor in this thread's
+                    # way: a dir() that blocks (a user's __dir__) must not hold interrupts
                     path, _, expr = arg.partition(" ")
-                    completions.answer(path, expr, self.namespace, self._interruptible.busy)
+                    threading.Thread(target=completions.answer, name="colab_xla-complete",
+                                     args=(path, expr, self.namespace,
+                                           self._interruptible.busy), daemon=True).start()
                 elif verb == "stop":
                     self._queue.put(None)
                     return
