@@ -10,12 +10,13 @@ __version__ = "0.1.0"
 def load_ipython_extension(ipython):
     """Register ``%%xla_spawn``, ``%xla_session``, ``%xla_cluster``, ``%xla_debug``,
     ``%xla_doctor`` and ``%%xla_local`` (called by ``%load_ext colab_xla``)."""
-    from .notebook import completer, targets
+    from .notebook import auto_cells, completer, targets
     from .notebook.defaults import Defaults
     from .notebook.magics import XlaMagics
 
     ipython.register_magics(XlaMagics)
     completer.install(ipython, targets.current_session)  # Tab: the replicas' names too
+    auto_cells.install(ipython, targets.current_session)  # (%xla_session auto turns it on)
     if Defaults.read().start_method == "forkserver":
         from .notebook.launch import warm_forkserver
 
@@ -28,9 +29,7 @@ def unload_ipython_extension(ipython):
     from .notebook import auto_cells, completer, shared_lock, targets
 
     completer.uninstall(ipython)
-    auto_cells.state.on = False
-    if auto_cells.installed(ipython.input_transformers_cleanup):
-        ipython.input_transformers_cleanup.remove(auto_cells.transform)
+    auto_cells.uninstall(ipython)
     targets.stop_session()
     targets.stop_cluster()
     ipython.magics_manager.magics["cell"].pop("xla_spawn", None)

@@ -76,6 +76,15 @@ def suspended():
         state.suspended -= 1
 
 
-def installed(transformers: list) -> bool:
-    """Whether :func:`transform` is in IPython's list ``transformers``."""
-    return any(t is transform for t in transformers)
+def install(shell, session_of: Callable[[], object]) -> None:
+    """Add :func:`transform` to ``shell``'s first input transformers (once; it changes no
+    cell until auto mode is on); auto mode ends when ``session_of()`` gives None."""
+    state.session_kept = lambda: session_of() is not None
+    if transform not in shell.input_transformers_cleanup:
+        shell.input_transformers_cleanup.append(transform)
+
+
+def uninstall(shell) -> None:
+    state.on = False
+    if transform in shell.input_transformers_cleanup:
+        shell.input_transformers_cleanup.remove(transform)

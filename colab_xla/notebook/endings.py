@@ -34,7 +34,9 @@ def stopped(reason: str, rep: ReplicaOutcome, *, timeout: Optional[float] = None
         if rep.ordinal in unstarted:
             return ReplicaError("unstarted", "NotStarted",
                                 f"did not start the cell within {start:g} s of it being sent "
-                                "(its process was alive), so the run was stopped", where=where)
+                                "(its process was alive), so the run was stopped; run the "
+                                "cell again, and if it happens again, %xla_doctor says what "
+                                "else holds this machine", where=where)
         which = format_ordinals(unstarted)
         return ReplicaError("stopped", "Stopped",
                             f"stopped: replica{'s' if len(unstarted) > 1 else ''} {which} "

@@ -337,11 +337,7 @@ class XlaMagics(Magics):
             raise UsageError("%xla_session auto: no session is up"
                              + (f" (it ended: {session.ended})" if session is not None else "")
                              + ". %xla_session start --auto starts one in auto mode.")
-        transformers = self.shell.input_transformers_cleanup
-        if not auto_cells.installed(transformers):
-            transformers.append(auto_cells.transform)
         auto_cells.state.on = on
-        auto_cells.state.session_kept = lambda: targets.current_session() is not None
         print(self._auto_status())
 
     @staticmethod

@@ -288,10 +288,7 @@ class Supervisor:
 
     def _handle(self, frame: frames.Frame) -> None:
         if frame.kind in frames.STREAMS:
-            origin = frame.ordinal
-            if origin < 0:  # a thread of the process that is not a replica
-                origin = f"process {self._pid_rank.get(frame.pid, '?')}"
-            self._text(origin, frame.kind, frame.payload)
+            self._text(self._origin(frame), frame.kind, frame.payload)
         elif frame.kind == frames.START:
             info = json.loads(frame.payload)
             rep = self.outcome.replica(frame.ordinal)
@@ -312,11 +309,8 @@ class Supervisor:
                 self._deadlines.failed(frame.ordinal, time.monotonic())
             self.observer.finished(self.outcome, frame.ordinal)
         elif frame.kind == frames.DISPLAY:
-            origin = frame.ordinal
-            if origin < 0:
-                origin = f"process {self._pid_rank.get(frame.pid, '?')}"
             shown = displays.load(self.run_dir, frame.payload.decode("utf-8", "replace"))
-            self._emit_display(origin, shown)
+            self._emit_display(self._origin(frame), shown)
         elif frame.kind == frames.NOTE:
             note = json.loads(frame.payload)
             if "rendezvous" in note:
@@ -327,6 +321,13 @@ class Supervisor:
                 self._process_ended(frame.ordinal, note["ended"])
             if "progress" in note and frame.ordinal >= 0:  # a tqdm bar (replica/progress.py)
                 self._progress(frame.ordinal, note["progress"])
+
+    def _origin(self, frame: frames.Frame):
+        """Whose output ``frame`` is: its replica's ordinal, or for a thread of a process
+        that is not a replica, the process (``"process 0"``)."""
+        if frame.ordinal >= 0:
+            return frame.ordinal
+        return f"process {self._pid_rank.get(frame.pid, '?')}"
 
     def _process_ended(self, ordinal: int, code: int) -> None:
         """A replica's own process ended with ``code``. Before its report, the replica

@@ -18,7 +18,6 @@ import functools
 import importlib
 import io
 import os
-import re
 import sys
 import threading
 import types
@@ -224,7 +223,6 @@ def _module_by_name(module):
     return importlib.import_module, (module.__name__,)
 
 
-_DEFAULT_REPR = re.compile(r"<.* object(?: at 0x[0-9a-f]+)?>|<Figure size .*>", re.DOTALL)
 _MIME_NAMES = {"application/vnd.jupyter.widget-view+json": "a widget"}
 
 
@@ -240,8 +238,8 @@ def replica_display(stdout: ReplicaStream, stderr: ReplicaStream) -> None:
     cannot draw, is named once per replica. Without a shell (spawn, forkserver), IPython's
     display() prints already.
     """
-    shell_module = sys.modules.get("IPython.core.interactiveshell")
-    if shell_module is None or not shell_module.InteractiveShell.initialized():
+    shell = inherited_shell()
+    if shell is None:
         return
     from IPython.core.displaypub import DisplayPublisher
 
@@ -264,7 +262,7 @@ def replica_display(stdout: ReplicaStream, stderr: ReplicaStream) -> None:
                 if not data:
                     return
             text = data.get("text/plain")
-            shown = isinstance(text, str) and not _DEFAULT_REPR.fullmatch(text.strip())
+            shown = not displays.says_nothing(text)
             if shown:
                 stdout.write(text.rstrip("\n") + "\n")
             ordinal = getattr(current, "ordinal", None)
@@ -286,8 +284,16 @@ def replica_display(stdout: ReplicaStream, stderr: ReplicaStream) -> None:
         def clear_output(self, wait=False) -> None:
             pass
 
-    shell = shell_module.InteractiveShell.instance()
     shell.display_pub = ReplicaDisplayPublisher(shell=shell)
+
+
+def inherited_shell():
+    """The notebook's IPython shell, as a forked replica inherited it; None in a process
+    without one (spawn, forkserver, a cluster host's replicas). Imports nothing."""
+    shell_module = sys.modules.get("IPython.core.interactiveshell")
+    if shell_module is None or not shell_module.InteractiveShell.initialized():
+        return None
+    return shell_module.InteractiveShell.instance()
 
 
 def flush_all() -> None:

@@ -29,7 +29,7 @@ from ..wire.frames import END, ENDED_AT, START
 from ..wire.names import REPLICA_NAMES
 from ..wire.values import pack_value, pull_names, safe_repr, write_report
 from ..wire.job import ReplicaJob
-from .capture import flush_all
+from .capture import flush_all, inherited_shell
 from . import runtime_clients
 from .process import ReplicaProcess
 from .thread import current
@@ -232,10 +232,9 @@ def show_pictures(value) -> None:
     the cell changed, under the inline backend (as Jupyter, Colab and Kaggle set it: a
     figure shows without ``plt.show()``), and the cell's value if it has a picture (an
     image's ``_repr_png_``, a figure the first step did not just show)."""
-    shell_module = sys.modules.get("IPython.core.interactiveshell")
-    if shell_module is None or not shell_module.InteractiveShell.initialized():
+    shell = inherited_shell()
+    if shell is None:
         return
-    shell = shell_module.InteractiveShell.instance()
     pyplot = sys.modules.get("matplotlib.pyplot")
     inline = sys.modules.get("matplotlib_inline.backend_inline")
     shown = set()

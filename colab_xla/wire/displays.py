@@ -35,6 +35,12 @@ _DEFAULT_REPR = re.compile(r"<.* object(?: at 0x[0-9a-f]+)?>|<Figure size .*>", 
 _counter = itertools.count()
 
 
+def says_nothing(text: object) -> bool:
+    """Whether a display's text form is no text at all: missing, an object's default repr,
+    a figure's size."""
+    return not isinstance(text, str) or bool(_DEFAULT_REPR.fullmatch(text.strip()))
+
+
 class Display(str):
     """A line of a replica's output that is a displayed object: its text form, and
     ``bundle`` (mime -> data, as IPython's display data)."""
@@ -44,7 +50,7 @@ class Display(str):
     @classmethod
     def of(cls, bundle: Mapping[str, object]) -> "Display":
         text = bundle.get("text/plain")
-        if not isinstance(text, str) or _DEFAULT_REPR.fullmatch(text.strip()):
+        if says_nothing(text):
             drawn = next((m for m in bundle if m != "text/plain"), "an object")
             kind = "an image" if drawn.startswith("image/") else "a display"
             text = f"[{kind}: {drawn}]"

@@ -160,7 +160,8 @@ class ClusterSession(Target):
             except Exception as exc:  # noqa: BLE001 - its agent or node is gone, or stuck
                 return {"output": "", "prompt": None,
                         "ended": f"host {host} did not answer within {wait:g} s "
-                                 f"({exception_line(exc)})"}
+                                 f"({exception_line(exc)}); %xla_cluster shows whether it "
+                                 "is still there"}
 
         reply = step(None)
         while True:
