@@ -22,6 +22,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import SetupError
+from ..wire import pdb_pipes
 
 # How long pdb may take to answer one command (``p`` of something slow, say) before the
 # debugger is left: the replica gets the end of its input and serves cells again.
@@ -68,11 +69,10 @@ def converse(answers_path: str, output_path: str, ask: Callable[[str], str],
                 show(pending)
                 return "ended"
             pending += data.decode("utf-8", "replace")
-            if pending and not pending.endswith("\n") and not _more(out):
-                # A line left open, nothing after it: the prompt ("(Pdb) ", or "ipdb> "
-                # where the replica's pdb is IPython's, as in a forked kernel).
-                shown, _, prompt = pending.rpartition("\n")
-                show(shown + "\n" if shown else "")
+            prompted = pdb_pipes.split_prompt(pending)
+            if prompted is not None:  # ("(Pdb) ", or "ipdb> " where pdb is IPython's)
+                shown, prompt = prompted
+                show(shown)
                 pending = ""
                 line = ask(prompt)
                 os.write(answers, (line.rstrip("\n") + "\n").encode())
@@ -85,11 +85,6 @@ def converse(answers_path: str, output_path: str, ask: Callable[[str], str],
         if answers is not None:
             with contextlib.suppress(OSError):
                 os.close(answers)  # (pdb reads the end of its input: it quits)
-
-
-def _more(fd: int) -> bool:
-    """Whether more of pdb's output follows at once (a prompt is only a prompt at the end)."""
-    return bool(select.select([fd], [], [], 0.02)[0])
 
 
 def _open(path: str, flags: int, deadline: float) -> int:

@@ -32,7 +32,7 @@ import threading
 import traceback
 from typing import Dict, NamedTuple, Optional, Union
 
-from ..wire import completions, shared_tensors
+from ..wire import completions, pdb_pipes, shared_tensors
 from ..wire.frames import NOTE
 from ..wire.names import REPLICA_NAMES
 from .execution import ReplicaGlobals, cell_globals, serve_run
@@ -252,6 +252,7 @@ def debug(request: DebugRequest, failure) -> None:
             tb = tb.tb_next  # (from the cell's frame: colab_xla's are not the cell's)
         out.write(f"{type(exc).__name__}: {exc}\n")
         debugger = pdb.Pdb(stdin=answers, stdout=out, nosigint=True)
+        debugger.prompt += pdb_pipes.PROMPT_END  # (how the notebook knows a prompt)
         debugger.use_rawinput = False
         debugger.reset()
         debugger.interaction(None, tb or exc.__traceback__)
