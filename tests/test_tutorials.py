@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import html
 import re
+import shutil
+import tempfile
 
 import pytest
 
@@ -85,7 +87,16 @@ def devices(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def wrong(tmp_path_factory):
-    return run_notebooks.execute_notebook(WRONG, tmp_path_factory.mktemp("wrong"), TIMEOUT)
+    # Its kernel's temporary files (colab_xla's pid registry among them) are its own: the
+    # doctor cell says "leftover processes 0", and a test on the other worker whose kernel
+    # is killed leaves processes in the shared registry for a moment.
+    own = tempfile.mkdtemp(prefix="wrong-")  # (short: Unix socket paths are limited)
+    try:
+        return run_notebooks.execute_notebook(
+            WRONG, tmp_path_factory.mktemp("wrong"), TIMEOUT,
+            env={**run_notebooks.kernel_env(), "TMPDIR": own})
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
 
 
 # --- both notebooks ------------------------------------------------------------------------
