@@ -1,16 +1,22 @@
-"""The CPU simulation's two models side by side: one process per replica (the default) and
+"""The CPU simulation's models side by side: one process per replica (the default, its
+collectives through shared memory), the same with its collectives through gloo (TCP, as
+before shared memory; the replicas forked with ``shm_collectives.available`` false), and
 threads of one process (``--simulate threads``, the model before processes existed).
 
 In one process, for each replica count N and each model, interleaved (the order alternates):
-* launch: a trivial cell (``index``), start to outcome;
+* launch: a trivial cell (``index``), start to outcome (processes and threads);
 * first output: from the call to the first output line reaching the notebook (an observer);
 * MNIST step: a small MNIST-shaped model trained with ``xm.optimizer_step`` (the gradients'
   all-reduce), the median time of the steps after the first two (compiled), in the replica;
+  and the same total work in one process (one replica running N steps where each of N
+  replicas runs one, without a collective): the floor of the simulation;
 * all_reduce of 1 KiB and of 16 MiB: median time of one ``xm.all_reduce`` made to happen
-  (its result copied to the CPU), in the replica.
+  (its result copied to the CPU), in the replica; and the memory-bandwidth floor of the
+  16 MiB one: N copies of 16 MiB in this process (``_results.Memcpy``, the faster of torch's
+  ``copy_`` and a tensor per thread): every all-reduce reads N inputs and writes N results.
 
-Reported: medians in ms, and processes / threads. Writes the "simulation" section of
-results.md and results/simulation.json.
+Reported: medians in ms, and ratios. Writes the "simulation" section of results.md and
+results/simulation.json.
 
     python bench/simulation.py [--repeats 5] [--replicas 4,8] [--steps 8]
 """
@@ -27,14 +33,16 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from _results import (bench_parser, machine_info, machine_line, publish,  # noqa: E402
-                      replica_counts)
+from _results import (Memcpy, bench_parser, machine_info, machine_line,  # noqa: E402
+                      publish, replica_counts)
 
 from colab_xla.notebook.outcome import RunObserver  # noqa: E402
 from colab_xla.notebook.targets import run_cell  # noqa: E402
+from colab_xla.replica import shm_collectives  # noqa: E402
 
 NAME = "simulation"
-MODELS = ("processes", "threads")
+MODELS = ("processes", "gloo", "threads")
+LAUNCH_MODELS = ("processes", "threads")  # gloo launches as processes does
 
 STEP_CELL = '''
 import time, torch, torch.nn as nn, torch.nn.functional as F, torch_xla
@@ -47,11 +55,12 @@ x, y = torch.randn(32, 1, 28, 28).to(device), torch.randint(0, 10, (32,)).to(dev
 times = []
 for step in range(STEPS):
     t0 = time.perf_counter()
-    opt.zero_grad()
-    loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    xm.optimizer_step(opt)
-    loss.item()  # the step has run (waiting for every device would deadlock threads)
+    for _ in range(REPLAY):  # 1; N in one process doing the work of N replicas
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        xm.optimizer_step(opt)
+        loss.item()  # the step has run (waiting for every device would deadlock threads)
     times.append(time.perf_counter() - t0)
 sorted(times[2:])[len(times[2:]) // 2] * 1e3
 '''
@@ -80,19 +89,30 @@ class FirstOutput(RunObserver):
 
 
 def _run(cell: str, n: int, model: str, observer=None):
-    outcome = run_cell(cell, replicas=n, announce=None, simulate=model, observer=observer,
-                       timeout=600)
+    available = shm_collectives.available
+    if model == "gloo":  # replicas forked from here see it: their collectives go by gloo
+        shm_collectives.available = lambda *args: False
+    try:
+        outcome = run_cell(cell, replicas=n, announce=None, observer=observer, timeout=600,
+                           simulate="threads" if model == "threads" else "processes")
+    finally:
+        shm_collectives.available = available
     if not outcome.ok:
         raise RuntimeError(f"{model} N={n}: {[r.error for r in outcome.replicas.values()]}")
     return outcome
+
+
+def _step_cell(steps: int, replay: int) -> str:
+    return STEP_CELL.replace("STEPS", str(steps)).replace("REPLAY", str(replay))
 
 
 def measure(n: int, repeats: int, steps: int) -> dict:
     samples: Dict[str, Dict[str, List[float]]] = {
         m: {"launch": [], "first_output": [], "step": [], "all_reduce_1k": [],
             "all_reduce_16m": []} for m in MODELS}
+    floor: Dict[str, List[float]] = {"step": [], "all_reduce_16m": []}
     for i in range(repeats):
-        for model in (MODELS if i % 2 == 0 else MODELS[::-1]):
+        for model in (LAUNCH_MODELS if i % 2 == 0 else LAUNCH_MODELS[::-1]):
             s = samples[model]
             t0 = time.perf_counter()
             _run("index", n, model)
@@ -100,16 +120,28 @@ def measure(n: int, repeats: int, steps: int) -> dict:
             first = FirstOutput()
             _run("print(index)", n, model, observer=first)
             s["first_output"].append(first.first * 1e3)
-    for model in MODELS:  # the slow ones: once per model, each a median inside the replicas
-        s = samples[model]
-        s["step"].append(_run(STEP_CELL.replace("STEPS", str(steps)), n, model).results()[0])
-        for key, elements in (("all_reduce_1k", 256), ("all_reduce_16m", 4 << 20)):
-            cell = COLLECTIVE_CELL.replace("ELEMENTS", str(elements)).replace("REPEATS", "6")
-            s[key].append(_run(cell, n, model).results()[0])
-    medians = {m: {k: statistics.median(v) for k, v in s.items()} for m, s in samples.items()}
+    memcpy = Memcpy(16 << 20, n)
+    for i in range(SLOW_REPEATS):  # the slow ones, each a median inside the replicas
+        for model in (MODELS if i % 2 == 0 else MODELS[::-1]):
+            s = samples[model]
+            s["step"].append(_run(_step_cell(steps, 1), n, model).results()[0])
+            for key, elements in (("all_reduce_1k", 256), ("all_reduce_16m", 4 << 20)):
+                cell = COLLECTIVE_CELL.replace("ELEMENTS", str(elements)).replace("REPEATS",
+                                                                                  "6")
+                s[key].append(_run(cell, n, model).results()[0])
+        floor["step"].append(_run(_step_cell(steps, n), 1, "processes").results()[0])
+        floor["all_reduce_16m"].append(statistics.median(
+            memcpy.seconds() for _ in range(5)) * 1e3)
+    medians = {m: {k: statistics.median(v) for k, v in s.items() if v}
+               for m, s in samples.items()}
+    floors = {k: statistics.median(v) for k, v in floor.items()}
     return {"replicas": n, "samples_ms": samples, "median_ms": medians,
+            "floor_samples_ms": floor, "floor_ms": floors,
             "ratio": {k: medians["processes"][k] / medians["threads"][k]
                       for k in medians["processes"]}}
+
+
+SLOW_REPEATS = 2
 
 
 ROWS = (("launch", "launch, trivial cell"), ("first_output", "first output drawn"),
@@ -119,21 +151,41 @@ ROWS = (("launch", "launch, trivial cell"), ("first_output", "first output drawn
 
 def render(results: List[dict], info: dict, seconds: float, repeats: int) -> str:
     lines = [
-        "## CPU simulation: processes (default) vs threads",
+        "## CPU simulation: processes (default) vs threads, shared memory vs gloo",
         "",
-        "One process per replica with gloo collectives, against the replicas as threads of one "
-        "process (the model before processes, with its patches), interleaved in one process. "
-        "Median ms; launch and first output over the repeats, the rest measured inside the "
-        "replicas (replica 0).",
+        "One process per replica with its collectives through shared memory (the default, "
+        "`colab_xla.replica.shm_collectives`), the same with gloo's (TCP between the "
+        "processes, as before), and the replicas as threads of one process (the model "
+        "before processes, with its patches), interleaved in one process. Median ms; launch "
+        "and first output over the repeats, the rest measured inside the replicas (replica "
+        f"0), {SLOW_REPEATS} runs each. *Floor*: the MNIST steps' work done by one process "
+        "(N steps where each replica runs one, no collective); for all_reduce, N copies of "
+        "16 MiB in one process (every all-reduce reads N inputs and writes N results).",
         "",
-        "| replicas | measure | processes | threads | processes / threads |",
-        "|---:|---|---:|---:|---:|",
+        "| replicas | measure | processes (shared memory) | processes (gloo) | threads "
+        "| floor | shared memory / gloo | shared memory / floor | processes / threads |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    goals = []
     for r in results:
+        m, floor = r["median_ms"], r["floor_ms"]
         for key, label in ROWS:
-            p, t = r["median_ms"]["processes"][key], r["median_ms"]["threads"][key]
-            lines.append(f"| {r['replicas']} | {label} | {p:.1f} | {t:.1f} "
-                         f"| {r['ratio'][key]:.2f}x |")
+            p, t = m["processes"][key], m["threads"][key]
+            g = m["gloo"].get(key)
+            f = floor.get(key)
+            cells = [f"{g:.1f}" if g else "—", f"{t:.1f}", f"{f:.1f}" if f else "—",
+                     f"{p / g:.2f}x" if g else "—", f"{p / f:.2f}x" if f else "—",
+                     f"{p / t:.2f}x"]
+            lines.append(f"| {r['replicas']} | {label} | {p:.1f} | " + " | ".join(cells) + " |")
+        if r["replicas"] == 8:
+            step = m["processes"]["step"] / floor["step"]
+            reduce = m["processes"]["all_reduce_16m"] / floor["all_reduce_16m"]
+            goals += [f"- MNIST-shaped training at 8 replicas within 1.3x of one process doing "
+                      f"the same work: {step:.2f}x ({'met' if step <= 1.3 else 'not met'}).",
+                      f"- all_reduce of 16 MiB at 8 within 2x of the memory-bandwidth floor: "
+                      f"{reduce:.2f}x ({'met' if reduce <= 2 else 'not met'})."]
+    if goals:
+        lines += ["", "Goals (issue 35), at the median:"] + goals
     lines += ["", machine_line(info, NAME, seconds, f"launch repeats {repeats}")]
     return "\n".join(lines)
 
@@ -155,7 +207,8 @@ def main(argv=None) -> int:
         results.append(measure(n, args.repeats, args.steps))
         m = results[-1]["median_ms"]
         print(f"simulation: N={n}: " + ", ".join(
-            f"{k} {m['processes'][k]:.0f}/{m['threads'][k]:.0f} ms" for k, _ in ROWS),
+            f"{k} {m['processes'][k]:.0f}/{m['gloo'].get(k, 0):.0f}/{m['threads'][k]:.0f} "
+            f"(floor {results[-1]['floor_ms'].get(k, 0):.0f}) ms" for k, _ in ROWS),
             file=sys.stderr)
     seconds = time.perf_counter() - started
     return publish(NAME, render(results, info, seconds, args.repeats),

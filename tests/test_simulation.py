@@ -210,3 +210,45 @@ def test_every_collective_between_replica_processes_gives_what_a_tpu_gives():
         else:
             assert out["send_recv"] == ([42.0] if o == 3 else [float(o)])
             assert out["broadcast"] == [42.0]
+
+
+def test_collectives_take_every_dtype_layout_and_size_xla_gives_them():
+    """Between replica processes, tensors cross from XLA to the collective as views of their
+    buffers and back as buffers made on the result (DLPack): a transposed layout, a slice, a
+    scalar, nothing at all, bf16, ints, bools (copied), and a list whose results are parts
+    of one tensor (not all aligned as XLA needs) must all come back right, and the inputs
+    must be left as they were (a view of an XLA buffer is never written)."""
+    cell = '''
+    import torch, torch_xla, torch_xla.core.xla_model as xm
+    base = torch.arange(12.0).view(3, 4) * (index + 1)
+    x = base.to(device)
+    cases = {"transposed": x.t(), "slice": x[1:, 1:3], "scalar": x[0, 0],
+             "empty": x[:0], "bf16": x.to(torch.bfloat16), "int": x.to(torch.int32),
+             "bool": x > 12}
+    out = {}
+    for name, t in cases.items():
+        op = xm.REDUCE_OR if t.dtype == torch.bool else xm.REDUCE_SUM
+        out[name] = xm.all_reduce(op, t).cpu().tolist()
+    odd = [torch.full((k,), float(index), device=device) for k in (1, 3, 5, 64, 7)]
+    xm.all_reduce(xm.REDUCE_SUM, odd, scale=2.0)               # a list: in place
+    out["list"] = [t.cpu().tolist() for t in odd]
+    out["gather_t"] = xm.all_gather(x.t().contiguous()[:1], dim=0).cpu().tolist()
+    out["unchanged"] = torch.equal(x.cpu(), base)
+    out
+    '''
+    results = _ok(run(cell, 3, timeout=180))
+    import torch
+
+    total = torch.arange(12.0).view(3, 4) * 6  # (1 + 2 + 3) times the base
+    for o, out in results.items():
+        assert out["transposed"] == total.t().tolist()
+        assert out["slice"] == total[1:, 1:3].tolist()
+        assert out["scalar"] == 0.0 and out["empty"] == []
+        assert out["bf16"] == total.to(torch.bfloat16).tolist()
+        assert out["int"] == total.to(torch.int32).tolist()
+        # x > 12 on any replica: index 1's 2*base > 12 from 7 on, index 2's 3*base from 5 on
+        assert out["bool"] == (torch.arange(12.0).view(3, 4) * 3 > 12).tolist()
+        assert out["list"] == [[2.0 * (0 + 1 + 2)] * k for k in (1, 3, 5, 64, 7)]
+        assert out["gather_t"] == [[float(r * 4 * m) for r in range(3)]
+                                   for m in (1, 2, 3)]
+        assert out["unchanged"] is True

@@ -71,7 +71,8 @@ class XlaMagics(Magics):
               help="how replicas on CPU (no TPU) simulate a TPU host. processes (default; "
                    "also $COLAB_XLA_SIMULATE): one process per replica, as on TPU v4 and "
                    "later, each with its own random generators, process group and modules; "
-                   "collectives go through gloo. threads: one process whose CPU devices are "
+                   "collectives go through shared memory (gloo between a cluster's hosts). "
+                   "threads: one process whose CPU devices are "
                    "the replicas, threads, as on TPU v2/v3.")
     @argument("--launcher", choices=LAUNCHERS, default="xmp",
               help="xmp (default): xmp.spawn. launch: torch_xla.launch (same results). "

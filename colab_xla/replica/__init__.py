@@ -9,7 +9,7 @@
   by all replicas, when the cell names it) and ``get_ipython``.
 * :mod:`.process`: the set-up of a replica process, once per run; its runtime's part
   (:mod:`colab_xla.runtimes`; torch_xla's in :mod:`.torch_xla_process`, with the CPU
-  simulation's :mod:`.cpu_sim` and :mod:`.gloo_collectives`).
+  simulation's :mod:`.cpu_sim`, :mod:`.shm_collectives` and :mod:`.gloo_collectives`).
 * :mod:`.capture`: its standard streams (output to the notebook, no input).
 * :mod:`.thread`: which replica the calling thread runs. On CPU, and on TPU v2/v3,
   several replicas are threads of one process, so output is routed by thread.

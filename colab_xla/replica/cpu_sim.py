@@ -4,10 +4,11 @@
 * ``processes`` (the default): one process per replica, each with one CPU device, as on
   every TPU since v4 (one process per chip). Each replica has its own interpreter state:
   random generators, torch.distributed's process group, module objects. XLA's CPU client
-  cannot connect processes, so their collectives go through gloo
-  (:mod:`colab_xla.replica.gloo_collectives`, :func:`install_processes`). xmp.spawn runs a single
-  process on CPU whatever the count, so colab_xla starts these processes itself
-  (:func:`colab_xla.notebook.launch.start`).
+  cannot connect processes, so their collectives go through shared memory between the
+  processes of one machine (:mod:`colab_xla.replica.shm_collectives`) and gloo between
+  machines (:mod:`colab_xla.replica.gloo_collectives`, :func:`install_processes`).
+  xmp.spawn runs a single process on CPU whatever the count, so colab_xla starts these
+  processes itself (:func:`colab_xla.notebook.launch.start`).
 * ``threads``: the replicas are N CPU devices of one process (``CPU_NUM_DEVICES=N``),
   threads, as torch_xla's CPU backend runs them and as TPU v2/v3 hosts did. Its
   collectives between those threads hang or abort as torch_xla ships them;
@@ -57,10 +58,12 @@ def unsupported_note(lacking: List[str], version: str) -> str:
             "for collectives on CPU, or run one replica (-n 1).")
 
 
-def install_processes(rank: int, world: int, store, hostname: str = "127.0.0.1") -> bool:
+def install_processes(rank: int, world: int, store, hostname: str = "127.0.0.1", *,
+                      one_machine: bool = False) -> bool:
     """Make this process replica ``rank`` of ``world`` replica processes, collectives
-    included (through gloo, met at ``store``, from ``hostname``); False (with a note on
-    stderr) if this torch_xla lacks what it needs."""
+    included (through gloo, met at ``store``, from ``hostname``; with ``one_machine``,
+    through shared memory where the machine has it: :mod:`.shm_collectives`); False
+    (with a note on stderr) if this torch_xla lacks what it needs."""
     import torch_xla
     import torch_xla.core.xla_model as xm
     import torch_xla.runtime as xr
@@ -72,7 +75,13 @@ def install_processes(rank: int, world: int, store, hostname: str = "127.0.0.1")
         print(unsupported_note(lacking, getattr(torch_xla, "__version__", "?")),
               file=sys.stderr, flush=True)
         return False
-    gloo_collectives.install(gloo_collectives.GlooGroup(store, rank, world, hostname=hostname))
+    from . import shm_collectives
+
+    if one_machine and shm_collectives.available():
+        group = shm_collectives.ShmGroup(store, rank, world)
+    else:
+        group = gloo_collectives.GlooGroup(store, rank, world, hostname=hostname)
+    gloo_collectives.install(group)
     return True
 
 

@@ -96,7 +96,7 @@ def instrument(process, run_dir: str) -> None:
                 hostname=cluster.address)
         elif processes > 1:  # one process per replica (see colab_xla.notebook.launch)
             cpu_sim.install_processes(process.rank, processes, gloo_collectives.file_store(
-                os.path.join(run_dir, "replicas.store"), processes))
+                os.path.join(run_dir, "replicas.store"), processes), one_machine=True)
         elif int(os.environ.get("CPU_NUM_DEVICES", "1")) > 1:
             cpu_sim.install(xm)
 

@@ -110,6 +110,14 @@ def make_dir(run_id: str, root: str = SHM_ROOT) -> Optional[str]:
     return path
 
 
+def make_private_dir(kind: str, root: str = SHM_ROOT) -> str:
+    """A new private directory in ``root`` for this process's ``kind`` of files, removed
+    by :func:`prune` once this process is gone if its owner did not remove it."""
+    import tempfile
+
+    return tempfile.mkdtemp(prefix=f"{_prefix()}{os.getpid()}-{kind}-", dir=root)
+
+
 def pages_dir(directory: str) -> Optional[str]:
     """The page directory of the notebook process whose run directory is ``directory``
     (None if ``directory`` is not one: then pages are not reused)."""

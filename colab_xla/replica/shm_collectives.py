@@ -1,0 +1,250 @@
+"""Collectives between the replica processes of one machine, through shared memory.
+
+The CPU simulation runs a process per replica (:mod:`colab_xla.replica.cpu_sim`), and
+:mod:`colab_xla.replica.gloo_collectives` gives them torch_xla's collectives. Gloo sends
+every byte through a TCP socket of the loopback device and wakes its threads for each
+message: an ``xm.all_reduce`` of 16 MiB between 8 processes on 2 cores took ~290 ms, and
+one of 1 KiB ~26 ms. Processes of one machine can read each other's memory instead.
+:class:`ShmGroup` does ``all_reduce`` and ``all_gather`` (and with them
+``reduce_scatter``, ``all_to_all``, ``xm.optimizer_step``) that way, and leaves the rest
+(``collective_permute``, groups of some replicas) to gloo:
+
+* Every replica of the group has a *slot* of ``2 x`` :data:`CHUNK_BYTES` in a file in
+  ``/dev/shm``, mapped by all of them. A collective goes through its data a chunk at a
+  time, the two halves in turn.
+* ``all_reduce``: each replica copies its chunk into its slot; a barrier; replica ``p``
+  reduces the ``p``-th piece of the chunk over all slots, in rank order, into replica 0's
+  slot (every replica gets the same bits, as from one reduction); a barrier; each copies
+  the reduced chunk out. The memory traffic of a reduction and a copy per replica, spread
+  over every core.
+* ``all_gather``: each copies its chunk in; a barrier; each copies every slot out.
+* A barrier is a byte written to a FIFO and read from another (replica 0 counts the
+  arrivals, then releases everyone): a replica waiting sleeps in ``read`` (a busy wait
+  would take the core from the replica being waited for: 8 replicas share 2 cores), and
+  an Interrupt reaches it there, as it cannot inside gloo's native wait.
+* The two halves of a slot take turns, so a replica writes a chunk only after every
+  replica has read the chunk before the previous one: two barriers per chunk, none more.
+
+Nothing is left on disk: once every replica has opened the group's files, they are
+removed (a mapping and an open FIFO outlive their name), and a directory left by a
+replica 0 that died while the group was being made is removed by the next run
+(:func:`colab_xla.wire.shared_tensors.prune`).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+from typing import Callable, Dict, List, Optional
+
+from ..wire import shared_tensors
+from .gloo_collectives import TIMEOUT, GlooGroup
+
+# Each replica's slot holds two chunks of this size (8 MiB of shared memory a replica).
+CHUNK_BYTES = 4 << 20
+
+
+def available(root: str = shared_tensors.SHM_ROOT) -> bool:
+    """Whether this machine has the shared memory the group needs."""
+    return os.path.isdir(root) and os.access(root, os.W_OK)
+
+
+class ShmGroup(GlooGroup):
+    """The replica processes of one machine as one group: rank ``rank`` of ``world``, met
+    through ``store``. ``all_reduce`` and ``all_gather`` of the whole group go through
+    shared memory (made on first use); the rest through gloo, as in :class:`GlooGroup`."""
+
+    def __init__(self, store, rank: int, world: int, *, root: str = shared_tensors.SHM_ROOT,
+                 chunk_bytes: int = CHUNK_BYTES):
+        super().__init__(store, rank, world)
+        self._root, self._chunk_bytes = root, chunk_bytes
+        self._shared: Optional[_Shared] = None
+
+    def _whole(self, members) -> Optional[_Shared]:
+        """The shared memory of the whole group, or None where ``members`` is a part of
+        it (that goes through gloo)."""
+        if members and list(members) != list(range(self.world)):
+            return None
+        if self._shared is None:
+            self._shared = _Shared.meet(self.store, self.rank, self.world, self._root,
+                                        self._chunk_bytes)
+        return self._shared
+
+    def all_reduce(self, reduce_type: str, tensors: List, members=None) -> List:
+        shared = self._whole(members)
+        if shared is None:
+            return super().all_reduce(reduce_type, tensors, members)
+        import torch
+
+        reduce = _reducer(reduce_type)
+        results: List = [None] * len(tensors)
+        by_dtype: Dict[object, List[int]] = {}
+        for i, tensor in enumerate(tensors):
+            by_dtype.setdefault(tensor.dtype, []).append(i)
+        for dtype, indices in by_dtype.items():
+            parts = [tensors[i].to(torch.uint8) if dtype == torch.bool else tensors[i]
+                     for i in indices]
+            flat = (parts[0].reshape(-1) if len(parts) == 1
+                    else torch.cat([p.reshape(-1) for p in parts]))
+            reduced = shared.all_reduce(flat.contiguous(), reduce)
+            offset = 0
+            for i, part in zip(indices, parts):
+                result = reduced[offset:offset + part.numel()].view(part.shape)
+                results[i] = result.to(torch.bool) if dtype == torch.bool else result
+                offset += part.numel()
+        return results
+
+    def all_gather(self, tensor, members=None) -> List:
+        shared = self._whole(members)
+        if shared is None:
+            return super().all_gather(tensor, members)
+        return shared.all_gather(tensor.contiguous())
+
+    def close(self) -> None:
+        if self._shared is not None:
+            self._shared.close()
+            self._shared = None
+
+
+class _Shared:
+    """The group's slots and barrier, once every replica has opened them."""
+
+    def __init__(self, rank: int, world: int, chunk_bytes: int, slots: List[mmap.mmap],
+                 arrive: int, release: Dict[int, int]):
+        import torch
+
+        self.rank, self.world, self.chunk_bytes = rank, world, chunk_bytes
+        self._maps = slots
+        # slot r's two halves, as bytes
+        self._halves = [[torch.frombuffer(m, dtype=torch.uint8, count=chunk_bytes,
+                                          offset=half * chunk_bytes) for half in (0, 1)]
+                        for m in slots]
+        self._arrive, self._release = arrive, release  # release: every rank's, on rank 0
+        self._turn = 0  # which half the next chunk uses: the same count on every replica
+
+    @classmethod
+    def meet(cls, store, rank: int, world: int, root: str, chunk_bytes: int) -> "_Shared":
+        """Make this replica's slot and FIFO, wait for every replica's, open them all,
+        then remove their names (see the module's docstring)."""
+        if rank == 0:
+            directory = shared_tensors.make_private_dir("collectives", root)
+            store.set("shm/dir", directory.encode())
+        store.wait(["shm/dir"], TIMEOUT)
+        directory = bytes(store.get("shm/dir")).decode()
+        slot_path = os.path.join(directory, f"slot-{rank}")
+        fifo_path = os.path.join(directory, f"release-{rank}")
+        with open(slot_path, "wb") as slot:
+            slot.truncate(2 * chunk_bytes)
+        os.mkfifo(fifo_path, 0o600)
+        if rank == 0:
+            os.mkfifo(os.path.join(directory, "arrive"), 0o600)
+        store.set(f"shm/made/{rank}", b"")
+        store.wait([f"shm/made/{r}" for r in range(world)], TIMEOUT)
+        # O_RDWR: a FIFO opened so never blocks in open, and never reads an end of file.
+        arrive = os.open(os.path.join(directory, "arrive"), os.O_RDWR)
+        release = [os.open(os.path.join(directory, f"release-{r}"), os.O_RDWR)
+                   for r in (range(world) if rank == 0 else [rank])]
+        slots = []
+        for r in range(world):
+            fd = os.open(os.path.join(directory, f"slot-{r}"), os.O_RDWR)
+            try:
+                slots.append(mmap.mmap(fd, 2 * chunk_bytes))
+            finally:
+                os.close(fd)
+        shared = cls(rank, world, chunk_bytes, slots, arrive,
+                     dict(zip(range(world) if rank == 0 else [rank], release)))
+        shared.barrier()  # everyone has opened everything: the names can go
+        os.unlink(slot_path)
+        os.unlink(fifo_path)
+        shared.barrier()
+        if rank == 0:
+            os.unlink(os.path.join(directory, "arrive"))
+            shutil.rmtree(directory, ignore_errors=True)
+        return shared
+
+    def barrier(self) -> None:
+        """Return once every replica of the group has called it."""
+        if self.world == 1:
+            return
+        if self.rank == 0:
+            waiting = self.world - 1
+            while waiting:
+                waiting -= len(os.read(self._arrive, waiting))
+            for r in range(1, self.world):
+                os.write(self._release[r], b"\0")
+        else:
+            os.write(self._arrive, b"\0")
+            while not os.read(self._release[self.rank], 1):
+                pass
+
+    def _chunks(self, tensor):
+        """``(start, stop, half)`` of each chunk of flat ``tensor``, its half taken in turn."""
+        per_chunk = max(1, self.chunk_bytes // tensor.element_size())
+        for start in range(0, tensor.numel(), per_chunk):
+            half = self._turn
+            self._turn ^= 1
+            yield start, min(start + per_chunk, tensor.numel()), half
+
+    def _slot(self, rank: int, half: int, dtype, count: int):
+        return self._halves[rank][half].view(dtype)[:count]
+
+    def all_reduce(self, flat, reduce: Callable) -> "object":
+        """``flat`` (1-D, contiguous) reduced over the group, in a new tensor."""
+        import torch
+
+        out = torch.empty_like(flat)
+        for start, stop, half in self._chunks(flat):
+            count = stop - start
+            self._slot(self.rank, half, flat.dtype, count).copy_(flat[start:stop])
+            self.barrier()
+            lo, hi = _piece(count, self.world, self.rank)
+            if hi > lo:
+                total = self._slot(0, half, flat.dtype, count)[lo:hi]
+                for r in range(1, self.world):
+                    reduce(total, self._slot(r, half, flat.dtype, count)[lo:hi])
+            self.barrier()
+            out[start:stop].copy_(self._slot(0, half, flat.dtype, count))
+        return out
+
+    def all_gather(self, tensor) -> List:
+        """Every replica's ``tensor`` (contiguous, the same shape everywhere), by rank."""
+        import torch
+
+        flat = tensor.reshape(-1)
+        outs = [torch.empty_like(tensor) for _ in range(self.world)]
+        flats = [o.view(-1) for o in outs]
+        for start, stop, half in self._chunks(flat):
+            count = stop - start
+            self._slot(self.rank, half, flat.dtype, count).copy_(flat[start:stop])
+            self.barrier()
+            for r in range(self.world):
+                flats[r][start:stop].copy_(self._slot(r, half, flat.dtype, count))
+        return outs
+
+    def close(self) -> None:
+        for fd in {self._arrive, *self._release.values()}:
+            os.close(fd)
+        self._halves = []
+        for m in self._maps:
+            m.close()
+
+
+def _piece(count: int, world: int, rank: int):
+    """Elements ``[lo, hi)`` of ``count`` that replica ``rank`` reduces (some may be empty)."""
+    return count * rank // world, count * (rank + 1) // world
+
+
+def _reducer(reduce_type: str) -> Callable:
+    """``reduce(total, other)``: ``other`` folded into ``total``, in place."""
+    import torch
+
+    ops = {"sum": torch.Tensor.add_, "mul": torch.Tensor.mul_,
+           "and": torch.Tensor.bitwise_and_, "or": torch.Tensor.bitwise_or_,
+           "min": lambda total, other: torch.minimum(total, other, out=total),
+           "max": lambda total, other: torch.maximum(total, other, out=total)}
+    try:
+        return ops[reduce_type]
+    except KeyError:
+        raise ValueError(f"Invalid reduce type: {reduce_type!r} (one of "
+                         f"{', '.join(ops)})") from None

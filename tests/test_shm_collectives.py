@@ -1,0 +1,197 @@
+"""colab_xla.replica.shm_collectives in real processes: forked processes of one machine meet
+through a FileStore, as the CPU simulation's replica processes do, and reduce and gather
+through shared memory; what they get is checked against the same operation done in one
+process, for every reduction, dtype and size (a chunk, several, part of one, nothing)."""
+
+import functools
+import io
+import multiprocessing
+import os
+import signal
+import time
+import traceback
+
+import pytest
+import torch
+
+from colab_xla.replica import gloo_collectives, shm_collectives
+from colab_xla.wire import shared_tensors
+
+
+pytestmark = [pytest.mark.stacks("colab", "kaggle")]
+
+CHUNK = 4096  # bytes: small, so a few thousand elements take several chunks and both halves
+
+
+def _input(rank, numel, dtype, seed):
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    if dtype == torch.bool:
+        return torch.rand(numel, generator=g) > 0.5
+    if dtype.is_floating_point:
+        return torch.randn(numel, generator=g).to(dtype)
+    return torch.randint(-50, 50, (numel,), generator=g).to(dtype)
+
+
+def _expected(op, inputs):
+    """The reduction in one process, folded in rank order (as the group promises: the
+    same bits as a sum in that order, not just a close one)."""
+    fold = {"sum": torch.add, "mul": torch.mul, "min": torch.minimum, "max": torch.maximum,
+            "and": torch.bitwise_and, "or": torch.bitwise_or}[op]
+    return functools.reduce(fold, inputs)
+
+
+def _replica(rank, world, store_path, root, work, results):
+    try:
+        group = shm_collectives.ShmGroup(gloo_collectives.file_store(store_path, world),
+                                         rank, world, root=root, chunk_bytes=CHUNK)
+        out = []
+        for kind, args in work:
+            if kind == "reduce":
+                op, shapes, dtype, seed = args
+                tensors = [_input(rank, int(torch.Size(s).numel()), dtype, seed + i).view(s)
+                           for i, s in enumerate(shapes)]
+                out.append([t.clone() for t in group.all_reduce(op, tensors)])
+            elif kind == "gather":
+                numel, dtype, seed = args
+                out.append([t.clone() for t in group.all_gather(_input(rank, numel, dtype,
+                                                                        seed))])
+            elif kind == "files":  # what is left of the group on disk, once it is made
+                out.append(sorted(os.listdir(root)))
+            elif kind == "sleep_in_barrier":
+                if rank == 1:
+                    time.sleep(60)  # never arrives: the others wait in the barrier
+                group._whole(None).barrier()
+        group.close()
+        buffer = io.BytesIO()  # bytes: a tensor put as is would be shared by an fd
+        torch.save(out, buffer)
+        results.put((rank, buffer.getvalue()))
+    except BaseException:
+        results.put((rank, traceback.format_exc()))
+
+
+def _run(world, work, root, tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    store = str(tmp_path / "store")
+    procs = [ctx.Process(target=_replica, args=(r, world, store, root, work, results))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    got = dict(results.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    for rank, out in got.items():
+        assert not isinstance(out, str), f"replica {rank} failed:\n{out}"
+    return [torch.load(io.BytesIO(got[r])) for r in range(world)]
+
+
+@pytest.fixture
+def root(tmp_path):
+    path = tmp_path / "shm"
+    path.mkdir()
+    return str(path)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+def test_every_reduction_of_every_dtype_matches_one_process_on_every_replica(world, root,
+                                                                              tmp_path):
+    cases = [(op, dtype) for op in ("sum", "min", "max") for dtype in
+             (torch.float32, torch.bfloat16, torch.int64, torch.float64)]
+    cases += [("mul", torch.float64), ("and", torch.bool), ("or", torch.bool),
+              ("and", torch.int32), ("or", torch.uint8)]
+    # sizes: several chunks with a part of one (float32: 1024 a chunk), less than one
+    # element a replica, a scalar, nothing; and a list of mixed shapes and dtypes
+    sizes = [[(2600,)], [(5,)], [()], [(0,)], [(3, 7), (1000,), ()]]
+    work = [("reduce", (op, shapes, dtype, seed))
+            for seed, ((op, dtype), shapes) in enumerate(
+                (case, shapes) for case in cases for shapes in sizes)]
+    results = _run(world, work, root, tmp_path)
+    for i, (_, (op, shapes, dtype, seed)) in enumerate(work):
+        for t, shape in enumerate(shapes):
+            numel = int(torch.Size(shape).numel())
+            want = _expected(op, [_input(r, numel, dtype, seed + t) for r in range(world)])
+            for rank in range(world):
+                got = results[rank][i][t]
+                assert got.dtype == dtype and got.shape == torch.Size(shape)
+                assert torch.equal(got, want.view(shape)), (op, dtype, shape, rank)
+                # one reduction, copied: every replica has the same bits
+                assert torch.equal(got, results[0][i][t])
+
+
+@pytest.mark.parametrize("world", [2, 5])
+def test_gather_returns_every_replicas_tensor_by_rank(world, root, tmp_path):
+    work = [("gather", (numel, dtype, seed)) for seed, (numel, dtype) in enumerate(
+        [(3000, torch.float32), (1, torch.int8), (0, torch.float32), (9000, torch.bool)])]
+    results = _run(world, work, root, tmp_path)
+    for i, (_, (numel, dtype, seed)) in enumerate(work):
+        want = [_input(r, numel, dtype, seed) for r in range(world)]
+        for rank in range(world):
+            assert len(results[rank][i]) == world
+            for r in range(world):
+                assert torch.equal(results[rank][i][r], want[r])
+
+
+def test_nothing_is_left_on_disk_once_the_group_is_made(root, tmp_path):
+    work = [("reduce", ("sum", [(10,)], torch.float32, 0)), ("files", None)]
+    results = _run(4, work, root, tmp_path)
+    assert all(out[1] == [] for out in results)
+    assert os.listdir(root) == []
+
+
+def test_a_group_of_some_replicas_goes_through_gloo(root, tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(gloo_collectives.GlooGroup, "all_reduce",
+                        lambda self, op, tensors, members=None: calls.append(members) or
+                        [t.clone() for t in tensors])
+    group = shm_collectives.ShmGroup(None, 0, 4, root=root)
+    group.all_reduce("sum", [torch.ones(3)], members=[0, 1])
+    assert calls == [[0, 1]] and group._shared is None  # nothing shared was made
+    assert group.position([2, 0]) == 1 and group.position(None) == 0
+
+
+def test_a_replica_waiting_for_one_that_never_comes_is_interrupted_in_the_wait(root,
+                                                                               tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    store = str(tmp_path / "store")
+    work = [("reduce", ("sum", [(4,)], torch.float32, 0)), ("sleep_in_barrier", None)]
+    procs = [ctx.Process(target=_replica, args=(r, 2, store, root, work, results))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        # replica 0 is in the barrier (a read of a FIFO) once replica 1 sleeps: wait for
+        # that state, not for a time
+        deadline = time.monotonic() + 30
+        while _state(procs[0].pid) != "S" or "pipe" not in _wchan(procs[0].pid):
+            assert time.monotonic() < deadline, "replica 0 never waited in the barrier"
+            time.sleep(0.01)
+        os.kill(procs[0].pid, signal.SIGINT)
+        rank, out = results.get(timeout=10)
+        assert rank == 0 and "KeyboardInterrupt" in out and "barrier" in out
+    finally:
+        for p in procs:
+            p.kill()
+            p.join()
+
+
+def _state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _wchan(pid):
+    """Where in the kernel ``pid`` sleeps: ``pipe_read``, ``anon_pipe_read`` (Linux 6.x) or
+    ``pipe_wait`` in a read of a FIFO."""
+    with open(f"/proc/{pid}/wchan") as f:
+        return f.read()
+
+
+def test_a_private_directory_of_a_process_that_is_gone_is_pruned(tmp_path):
+    made = shared_tensors.make_private_dir("collectives", str(tmp_path))
+    assert os.path.basename(made).startswith(f"colab_xla-{os.getuid()}-{os.getpid()}-")
+    dead = tmp_path / os.path.basename(made).replace(f"-{os.getpid()}-", "-999999999-")
+    os.rename(made, dead)
+    shared_tensors.prune(str(tmp_path))
+    assert not dead.exists()
