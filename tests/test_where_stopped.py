@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import textwrap
+import time
 
 import pytest
 
@@ -78,6 +79,27 @@ def test_a_process_that_is_gone_is_not_asked_and_says_nothing(tmp_path):
     never.write_text("")
     gone = os.getpid() + 10_000_000  # (no such process)
     assert stacks.take({gone: str(never)}, timeout=0.2) == {}
+
+
+@pytest.mark.quick
+@pytest.mark.stacks("colab", "kaggle")
+def test_a_dump_is_read_once_quiet_or_at_once_from_a_process_that_has_moved_on(tmp_path):
+    """faulthandler writes no end mark: a dump still being written must not be read, unless
+    its process has run Python since it was asked (then the dump is whole)."""
+    dump = tmp_path / "stacks-1.txt"
+    dump.write_text("old dump\n")
+    asked = stacks.Asked({1: str(dump)}, {1: dump.stat().st_size}, time.monotonic())
+    with open(dump, "a") as stream:
+        stream.write("Thread 0x1 (most recent call first):\n")
+    now = time.time()
+    os.utime(dump, (now + 60, now + 60))  # written "just now", for the whole of the test
+    assert stacks.collect(asked, timeout=0) == {}  # one look: not quiet yet
+    assert stacks.collect(asked, timeout=0, moved_on={1}) == {
+        1: "Thread 0x1 (most recent call first):\n"}
+    os.utime(dump, (now - 1, now - 1))  # quiet for a second
+    assert stacks.collect(asked, timeout=0) == {1: "Thread 0x1 (most recent call first):\n"}
+    unchanged = stacks.Asked({1: str(dump)}, {1: dump.stat().st_size}, time.monotonic())
+    assert stacks.collect(unchanged, timeout=0, moved_on={1}) == {}  # nothing new: no answer
 
 
 # -- real runs -----------------------------------------------------------------------------

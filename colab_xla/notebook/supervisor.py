@@ -94,6 +94,8 @@ class Supervisor:
         # replica -> (pid, thread ident, its process's stacks file), from its start
         self._threads: Dict[int, Tuple[int, int, str]] = {}
         self._places: Dict[int, str] = {}  # replica -> where it was when the run was cut
+        self._asked_where = None  # the stacks asked for then (_ask_where)
+        self._moved_on: set = set()  # pids that reported an end after the run was cut
         # After this many seconds without output, the live view is told where each replica
         # is (again every as many seconds while it lasts; None or 0: never).
         self._stall = stall or None
@@ -247,18 +249,27 @@ class Supervisor:
         comes too late to stop it (a --timeout shorter than the start-up)."""
         self._pipes.read_written()
         self._deadlines.stop = reason
-        self._places = self._where_running()
+        # Asked now, read once the replicas are stopped (they write where they were as
+        # the signal arrives): the wait for their stacks overlaps their stopping.
+        self._asked_where = self._ask_where()
 
-    def _where_running(self) -> Dict[int, str]:
-        """Where in the cell each replica still running is, from its stack (taken within
-        about a second, also from one blocked in native code: colab_xla.wire.stacks)."""
+    def _ask_where(self) -> Optional[Tuple[Dict[int, Tuple[int, int]], stacks.Asked]]:
+        """Ask each replica still running for its stack (also one blocked in native code:
+        colab_xla.wire.stacks); :meth:`_where` says where they were."""
         running = {o: t for o, t in self._threads.items()
                    if self.outcome.replica(o).state not in (DONE, FAILED)}
         if not running:
+            return None
+        return ({o: (pid, ident) for o, (pid, ident, _) in running.items()},
+                stacks.ask({pid: path for pid, _, path in running.values()}))
+
+    def _where(self, asked) -> Dict[int, str]:
+        """Where in the cell each replica :meth:`_ask_where` asked was (within about a
+        second of asking)."""
+        if asked is None:
             return {}
-        dumps = stacks.take({pid: path for pid, _, path in running.values()})
-        found = stacks.of_threads(dumps, {o: (pid, ident) for o, (pid, ident, _)
-                                          in running.items()})
+        threads, request = asked
+        found = stacks.of_threads(stacks.collect(request, moved_on=self._moved_on), threads)
         return {o: stacks.place(frames, self.cell.path, self.cell.lines)
                 for o, frames in found.items()}
 
@@ -303,6 +314,9 @@ class Supervisor:
         elif frame.kind == frames.END:
             self._replicas.finished(frame.ordinal)
             if not self._deadlines.in_time(frame.payload):
+                if len(self._ranks.get(self._pid_rank.get(frame.pid), ())) == 1:
+                    # its process ran Python since: its stack, if asked, is written (_where)
+                    self._moved_on.add(frame.pid)
                 return  # sent after the run was cut (see _cut) or after --timeout's deadline
             self._load_report(frame.ordinal)
             if self.outcome.replicas[frame.ordinal].error:
@@ -361,7 +375,7 @@ class Supervisor:
 
     def _say_where(self, now: float) -> None:
         """Tell the view where each replica still running is (a stall: the run goes on)."""
-        places = self._where_running()
+        places = self._where(self._ask_where())
         if not places:
             return
         self._stall_said = time.monotonic()
@@ -432,6 +446,7 @@ class Supervisor:
 
     def _settle_unreported(self) -> None:
         """Replicas that never sent a report: stopped with the run, or their process died."""
+        self._places = self._where(self._asked_where)
         ordinals = sorted(set(self._expected()) | set(self.outcome.replicas))
         # Those whose process died first: a replica stopped after it names its error.
         for ordinal in sorted(ordinals, key=lambda o: o not in self._died):

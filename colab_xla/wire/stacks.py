@@ -34,12 +34,16 @@ import re
 import signal
 import time
 import tokenize
-from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Collection, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 # The signal a replica process answers with the stacks of its threads (faulthandler's).
 SIGNAL = signal.SIGUSR2
 # How long the notebook waits for the stacks of every process it asked.
 TAKE_SECONDS = 1.0
+# A dump is whole when its file has not been written for this long; the notebook looks
+# this often.
+QUIET_SECONDS = 0.01
+POLL_SECONDS = 0.002
 
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<function>.*)$')
@@ -81,9 +85,19 @@ def registered() -> Optional[str]:
     return _registered[0].name if _registered else None
 
 
-def take(files: Mapping[int, str], timeout: float = TAKE_SECONDS) -> Dict[int, str]:
-    """In the notebook: ask each process ``pid`` of ``files`` (pid -> its stacks file) for
-    its stacks; ``{pid: what it wrote}`` for those that answered within ``timeout``."""
+class Asked(NamedTuple):
+    """Processes asked for their stacks (:func:`ask`): pid -> its stacks file, and the file's
+    size before."""
+    files: Mapping[int, str]
+    sizes: Dict[int, int]
+    at: float  # time.monotonic() when asked
+
+
+def ask(files: Mapping[int, str]) -> Asked:
+    """In the notebook: send each process ``pid`` of ``files`` (pid -> its stacks file) the
+    signal that makes it write its stacks. It writes them as the signal arrives, before it
+    runs another line of Python: a process interrupted right after still writes where it
+    was, so :func:`collect` may come later (after the replicas were stopped)."""
     sizes: Dict[int, int] = {}
     for pid, name in files.items():
         try:
@@ -91,24 +105,42 @@ def take(files: Mapping[int, str], timeout: float = TAKE_SECONDS) -> Dict[int, s
             os.kill(pid, SIGNAL)
         except OSError:  # (gone, or never registered)
             sizes.pop(pid, None)
+    return Asked(files, sizes, time.monotonic())
+
+
+def collect(asked: Asked, timeout: float = TAKE_SECONDS,
+            moved_on: Collection[int] = ()) -> Dict[int, str]:
+    """``{pid: what it wrote}`` for the processes :func:`ask` asked that answered within
+    ``timeout`` of being asked. A dump is whole once its file has grown and then not been
+    written for :data:`QUIET_SECONDS` (faulthandler writes no end mark), or at once for a
+    process in ``moved_on``: one that has run Python code since it was asked (it reported
+    the end of its cell), so it has written the whole dump."""
+    sizes = dict(asked.sizes)
     taken: Dict[int, str] = {}
-    seen: Dict[int, int] = {}
-    deadline = time.monotonic() + timeout
-    while sizes and time.monotonic() < deadline:
-        time.sleep(0.01)
+    deadline = asked.at + timeout
+    while sizes:
         for pid, before in list(sizes.items()):
             try:
-                now = os.path.getsize(files[pid])
+                stat = os.stat(asked.files[pid])
             except OSError:
                 sizes.pop(pid)
                 continue
-            if now > before and seen.get(pid) == now:  # grown, and done growing
-                with open(files[pid], "rb") as stream:
+            if stat.st_size > before and (pid in moved_on
+                                          or time.time() - stat.st_mtime >= QUIET_SECONDS):
+                with open(asked.files[pid], "rb") as stream:
                     stream.seek(before)
-                    taken[pid] = stream.read(now - before).decode("utf-8", "replace")
+                    taken[pid] = stream.read(stat.st_size - before).decode("utf-8",
+                                                                           "replace")
                 sizes.pop(pid)
-            seen[pid] = now
+        if not sizes or time.monotonic() >= deadline:
+            break
+        time.sleep(POLL_SECONDS)
     return taken
+
+
+def take(files: Mapping[int, str], timeout: float = TAKE_SECONDS) -> Dict[int, str]:
+    """:func:`ask`, then :func:`collect`: the stacks of the processes of ``files`` now."""
+    return collect(ask(files), timeout)
 
 
 def parse(dump: str) -> Dict[int, List[Frame]]:
