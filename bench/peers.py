@@ -39,7 +39,22 @@ Measures (median and p10/p90 of repeated runs unless said):
    benchmark kills the run's processes. Processes of the run still alive after all cycles
    are counted, then killed (by pid, never by name).
 
-Writes the "peers" section of results.md and results/peers.json.
+6. warm groups (issue 35), at every ``--replicas`` count: the peers that keep N processes
+   warm for cell after cell, each in a kernel of its own, all up at once, used in turns
+   (order rotating): ``%xla_session`` (text and widget view, and a plain cell beside it: the
+   floor), ipyparallel ``%%px``, nbdistributed 0.1.0 (``%dist_init -n N``: every plain cell
+   then runs on its workers) and jupyter-distributed 0.1.1 (its kernel,
+   ``python -m jupyter_distributed.kernel`` with ``JUPYTER_DISTRIBUTED_WORLD_SIZE=N``, seen as
+   text or with its rank tabs' live-update comm open): start (s to a ready group), a warm
+   ``x = 1``, ``--group-lines`` lines per replica (lines lost), a raise in one replica (time
+   to the error shown; does it name the replica and line), interrupt to reply (does the group
+   survive), an all_reduce without set-up ("cannot" where a peer has no collectives).
+   nbdistributed's workers are stopped by pid through its ``ProcessManager``, never with its
+   ``%dist_shutdown``/``%dist_reset`` (they kill by name pattern machine-wide).
+
+Writes the "peers" section of results.md and results/peers.json, then section 6 as the
+"peer_groups" section and results/peer_groups.json (``--no-groups``: not run;
+``--only-groups``: only it).
 
     python bench/peers.py [--replicas 1,4,8] [--repeats 15] [--out DIR] ...
 """
@@ -67,8 +82,8 @@ if BENCH_DIR not in sys.path:
 from _results import (MEMCPY_PROSE, bench_parser, fastest, machine_info,  # noqa: E402
                       machine_line, paired, publish, replica_counts, rotated, stats,
                       ways_prose)
-from output_throughput import (Kernel, RssSampler, run_magic, run_streamed,  # noqa: E402
-                               split_lines, summarize, tally)
+from output_throughput import (Kernel, RssSampler, check_logs, run_magic,  # noqa: E402
+                               run_streamed, split_lines, summarize, tally)
 
 
 NAME = "peers"
@@ -518,6 +533,801 @@ def measure_interrupt(s: Session, cycles: int, cap: float, max_interrupts: int) 
     return out
 
 
+# --- 6. warm groups: %xla_session beside ipyparallel, nbdistributed, jupyter-distributed ----------
+#
+# Issue 35: every peer that keeps N processes warm for cell after cell, in a kernel of its own,
+# on the same work, interleaved (order rotating). A *variant* is what a user types and sees:
+# the session's text view (``%%xla_spawn --no-widget``) and widget view (``%%xla_spawn``), a
+# plain cell in the session's kernel (the floor of a warm cell), ``%%px``, nbdistributed's
+# distributed mode (every plain cell runs on its workers) and jupyter-distributed's kernel
+# (every cell runs on its rank kernels), seen as text (its display's text/plain) or as its
+# rank tabs (JupyterLab's renderer, which subscribes to the kernel's live-update comm).
+
+GROUP_NAME = "peer_groups"
+GROUPS = ("session", "px", "nbd", "jd")
+VARIANT_GROUP = {"plain": "session", "xla": "session", "xla_widget": "session", "px": "px",
+                 "nbd": "nbd", "jd": "jd", "jd_tabs": "jd"}
+GROUP_LABEL = {
+    "session": "`%xla_session start -n N`", "px": "ipyparallel `ipp.Cluster(n=N)`",
+    "nbd": "nbdistributed `%dist_init -n N`",
+    "jd": "jupyter-distributed kernel (`JUPYTER_DISTRIBUTED_WORLD_SIZE=N`)",
+    "plain": "plain `x = 1`, no magic (session's kernel: the floor)",
+    "xla": "`%%xla_spawn --no-widget` on the session (text view)",
+    "xla_widget": "`%%xla_spawn` on the session (widget view)",
+    "jd_tabs": "jupyter-distributed, rank tabs (its live-update comm open, as JupyterLab's "
+               "renderer)"}
+ROW_LABEL = dict(GROUP_LABEL, px="ipyparallel `%%px`",
+                 nbd="nbdistributed (distributed mode: a plain cell on every worker)",
+                 jd="jupyter-distributed, text (its display's text/plain)")
+# Which variants each measure runs (where a user sees output, both of a peer's views).
+GROUP_ROWS = {
+    "warm": ("plain", "xla", "xla_widget", "px", "nbd", "jd"),
+    "lines": ("xla", "xla_widget", "px", "nbd", "jd", "jd_tabs"),
+    "raise": ("xla", "xla_widget", "px", "nbd", "jd", "jd_tabs"),
+    "interrupt": ("xla", "xla_widget", "px", "nbd", "jd"),
+    "allreduce": ("xla", "xla_widget", "nbd"),
+}
+CANNOT_ALLREDUCE = {
+    "px": "cannot: engines are plain processes with no process group (the user sets up MPI "
+          "or `torch.distributed` on them)",
+    "jd": "cannot: it sets torchrun's variables but makes no process group (its README: "
+          "`dist.init_process_group('gloo')` is the notebook's to call)"}
+RANK_UPDATES_TARGET = "jupyter.distributed.rank_updates"
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_TAG = re.compile(r"<[^>]+>")
+_JD_HEADER = re.compile(r"^\[Rank (\d+) — [a-z]+\]$")
+_NBD_HEADER = re.compile(r"^🔹 Rank \d+:$")
+_LOGS = re.compile(r"full logs: (?:<code>)?([^\s<\"\\]+)")
+
+
+def visible_text(msg: dict) -> str:
+    """What a person can read of one IOPub message (ANSI and HTML tags stripped)."""
+    kind, content = msg["msg_type"], msg["content"]
+    parts: List[str] = []
+    if kind == "stream":
+        parts.append(content["text"])
+    elif kind == "error":
+        parts += [content.get("ename", ""), content.get("evalue", "")]
+        parts += content.get("traceback", [])
+    elif kind in ("display_data", "update_display_data", "execute_result"):
+        data = content.get("data", {})
+        parts.append(data.get("text/plain", "") if "text/html" not in data
+                     else data["text/html"])
+    elif kind in ("comm_msg", "comm_open"):
+        def walk(value):
+            if isinstance(value, str):
+                parts.append(value)
+            elif isinstance(value, dict):
+                for key, v in value.items():
+                    if key not in ("_view_module", "_model_module", "layout", "style"):
+                        walk(v)
+            elif isinstance(value, list):
+                for v in value:
+                    walk(v)
+        walk(content.get("data", {}))
+    return _TAG.sub("", _ANSI.sub("", "\n".join(p for p in parts if isinstance(p, str))))
+
+
+class JdKernel(Kernel):
+    """jupyter-distributed's kernel, as its server extension swaps it in for a notebook's
+    kernel: ``python -m jupyter_distributed.kernel`` with ``JUPYTER_DISTRIBUTED_WORLD_SIZE``.
+    It starts its N rank kernels on the first request (``wait_for_ready``'s kernel_info)."""
+
+    def __init__(self, replicas: int):
+        import json
+
+        from jupyter_client import KernelManager
+        from jupyter_client.kernelspec import KernelSpecManager
+
+        env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+        env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(replicas),
+                   JUPYTER_DISTRIBUTED_WORLD_SIZE=str(replicas))
+        self.ipc_dir = tempfile.mkdtemp(prefix="colab_xla-bench-jd-")
+        spec = os.path.join(self.ipc_dir, "kernels", "jupyter-distributed")
+        os.makedirs(spec)
+        with open(os.path.join(spec, "kernel.json"), "w") as f:
+            json.dump({"argv": [sys.executable, "-m", "jupyter_distributed.kernel", "-f",
+                                "{connection_file}"],
+                       "display_name": "jupyter-distributed", "language": "python",
+                       # as its server extension sets it: Interrupt is an interrupt_request
+                       # message, which it passes on to every rank kernel
+                       "interrupt_mode": "message"}, f)
+        self.km = KernelManager(
+            kernel_name="jupyter-distributed", transport="ipc",
+            kernel_spec_manager=KernelSpecManager(
+                kernel_dirs=[os.path.join(self.ipc_dir, "kernels")]),
+            ip=os.path.join(self.ipc_dir, "kernel"),
+            connection_file=os.path.join(self.ipc_dir, "kernel.json"))
+        self.km.start_kernel(env=env, cwd=BENCH_DIR)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=300)
+        self.pid = self.km.provisioner.pid
+        self.executable = sys.executable
+
+    def shutdown(self) -> None:
+        try:
+            self.kc.stop_channels()
+            self.km.shutdown_kernel(now=False)  # its do_shutdown stops the rank kernels
+        finally:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+
+class Group:
+    """One peer's N warm processes in a kernel of its own: started, used, stopped by pid."""
+
+    name = ""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.k: Optional[Kernel] = None
+        self.started = False
+
+    # what a user types: the same work in every peer's own form
+    def cell(self, variant: str, body: str) -> str:
+        return body
+
+    def ok(self, r: dict, text: str) -> bool:
+        """Whether a cell that should work did (reply ok, no error shown)."""
+        return r["status"] == "ok" and not r["timed_out"]
+
+    noop = "1"  # a cell that runs in the kernel itself
+
+    def setup(self) -> None:
+        """The kernel's own set-up (after it started)."""
+
+    def recover(self) -> None:
+        """After a cell ran past its deadline: interrupt; if the kernel stays busy, restart it
+        (the processes it started are killed by pid) and set it up again."""
+        procs = list(self.descendants().values())
+        self.k.km.interrupt_kernel()
+        r = self.k.execute(self.noop, deadline=40, grace=0.0)
+        if r["status"] == "ok" and not r["timed_out"]:
+            return
+        self.k.km.restart_kernel(now=True)
+        self.k.kc.wait_for_ready(timeout=300)
+        self.k.pid = self.k.km.provisioner.pid
+        kill(procs)
+        self.started = self.name == "jd"  # its kernel is its group
+        self.setup()
+
+    def run(self, code: str, deadline: float = 120, ok: bool = True, **kw) -> dict:
+        r = self.k.execute(code, deadline=deadline, grace=kw.pop("grace", 0.0), **kw)
+        if r["timed_out"]:
+            self.recover()
+        if ok and (r["status"] != "ok" or r["timed_out"]):
+            raise RuntimeError(f"{self.name} N={self.n}: {code[:200]!r} -> {r['status']} "
+                               f"{r['error']}{' (timed out)' if r['timed_out'] else ''}:\n"
+                               f"{r['stdout'][-1500:]}\n{r['stderr'][-1500:]}")
+        return r
+
+    def descendants(self) -> Dict[int, psutil.Process]:
+        found = {}
+        if self.k is not None:
+            with contextlib.suppress(psutil.Error):
+                for proc in psutil.Process(self.k.pid).children(recursive=True):
+                    found[proc.pid] = proc
+        return found
+
+    def start(self) -> float:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def restart(self) -> float:
+        if self.started:
+            self.stop()
+        return self.start()
+
+    def close(self) -> None:
+        procs = list(self.descendants().values())
+        with contextlib.suppress(Exception):
+            if self.started:
+                self.stop()
+        if self.k is not None:
+            with contextlib.suppress(Exception):
+                self.k.shutdown()
+        kill(procs)  # whatever outlived its peer's own stop: ours, by pid
+
+
+class SessionGroup(Group):
+    name = "session"
+
+    def __init__(self, n: int):
+        super().__init__(n)
+        self.k = Kernel(n)
+        self.setup()
+
+    def setup(self) -> None:
+        self.run(f"import sys, time\nsys.path.insert(0, {BENCH_DIR!r})\nimport peer_jobs\n"
+                 "get_ipython().run_line_magic('load_ext', 'colab_xla')", deadline=180)
+
+    def cell(self, variant: str, body: str) -> str:
+        if variant == "plain":
+            return body
+        return ("%%xla_spawn --no-widget\n" if variant == "xla" else "%%xla_spawn\n") + body
+
+    def start(self) -> float:
+        s = self.run(f"%xla_session start -n {self.n}", deadline=300)["idle_s"]
+        self.started = True
+        self.run(self.cell("xla", "x = 1"), deadline=300)  # untimed: imports, compiles
+        return s
+
+    def stop(self) -> None:
+        self.started = False
+        self.run("%xla_session stop", deadline=120, ok=False)
+
+
+class PxGroup(Group):
+    name = "px"
+    IMPORTS = "import sys; sys.path.insert(0, {bench!r}); import peer_jobs"
+
+    def __init__(self, n: int):
+        super().__init__(n)
+        self.k = Kernel(n)
+        self.setup()
+
+    def setup(self) -> None:
+        self.run(f"import sys, time\nsys.path.insert(0, {BENCH_DIR!r})\nimport peer_jobs\n"
+                 "import ipyparallel as ipp", deadline=180)
+
+    def cell(self, variant: str, body: str) -> str:
+        return "%%px\n" + body
+
+    def start(self) -> float:
+        # As ipyparallel's docs start a cluster from a notebook: ready once N engines are up.
+        s = self.run(f"cluster = ipp.Cluster(n={self.n})\n"
+                     "rc = cluster.start_and_connect_sync()\ndv = rc[:]", deadline=300)["idle_s"]
+        # %%px stays bound to the first client's view: bind it to this cluster's, as the
+        # first client does (untimed)
+        self.run("rc.activate()")
+        self.started = True
+        self.run(f"assert sorted(rc.ids) == list(range({self.n})), rc.ids\n"
+                 f"dv.execute({self.IMPORTS.format(bench=BENCH_DIR)!r}, block=True)\n"
+                 "for _i in rc.ids:\n    rc[_i].push(dict(index=_i), block=True)",
+                 deadline=300)
+        return s
+
+    def stop(self) -> None:
+        self.started = False
+        self.run("rc.close(); cluster.stop_cluster_sync()", deadline=120, ok=False)
+
+
+class NbdGroup(Group):
+    """nbdistributed: ``%dist_init -n N`` starts N workers (``python`` from PATH, its worker
+    script; each makes a gloo process group) and turns on distributed mode (a plain cell runs
+    on every worker). Its ``%dist_shutdown``/``%dist_reset`` kill by name pattern machine-wide
+    and ``killpg`` the kernel's group: never called. Workers are stopped by pid, through its
+    ``ProcessManager``'s Popen objects; local work goes through ``%%bench_local`` (a magic
+    cell: distributed mode leaves those to the kernel)."""
+
+    name = "nbd"
+    SETUP = """\
+import sys, time
+sys.path.insert(0, {bench!r})
+import peer_jobs
+from IPython.core.magic import register_cell_magic
+
+@register_cell_magic
+def bench_local(line, cell):
+    exec(compile(cell, "<bench_local>", "exec"), get_ipython().user_ns)
+
+get_ipython().run_line_magic("load_ext", "nbdistributed")
+_nbd = get_ipython().magics_manager.registry["DistributedMagic"]"""
+    # %dist_init returns after a fixed 2 s sleep, before the workers (which import torch and
+    # make a gloo group first) have connected: a cell sent then is dropped by its ROUTER
+    # socket and waits for its 30 s timeout. Wait until every worker answers.
+    WAIT = """\
+%%bench_local
+while True:
+    try:
+        _nbd._comm_manager.send_to_all("get_status", {}, timeout=0.25)
+        break
+    except TimeoutError:
+        pass"""
+    STOP = """\
+%%bench_local
+_cm, _pm = _nbd._comm_manager, _nbd._process_manager
+if _cm is not None:
+    _cm.running = False
+    _cm.handler_thread.join()
+    _cm.coordinator_socket.close(linger=0)
+    _cm.context.term()
+if _pm is not None:
+    for _p in _pm.processes:
+        _p.kill()
+    for _p in _pm.processes:
+        _p.wait()
+_nbd._comm_manager = _nbd._process_manager = None
+_nbd._num_processes = 0
+_nbd._disable_distributed_mode()"""
+
+    noop = "%%bench_local\npass"
+    ALIVE = ("%%bench_local\nprint('alive', sum(_p.poll() is None for _p in "
+             "(_nbd._process_manager.processes if _nbd._process_manager else ())))")
+
+    def __init__(self, n: int):
+        super().__init__(n)
+        self.k = Kernel(n)
+        self.setup()
+
+    def setup(self) -> None:
+        self.run(self.SETUP.format(bench=BENCH_DIR), deadline=180)
+
+    def recover(self) -> None:
+        super().recover()
+        if self.started:  # an interrupt reaches its workers too (the kernel's process group)
+            got = re.search(r"alive (\d+)", self.run(self.ALIVE, ok=False)["stdout"])
+            if not got or int(got.group(1)) < self.n:
+                self.restart()
+
+    def ok(self, r: dict, text: str) -> bool:
+        return super().ok(r, text) and "Error executing distributed code" not in text
+
+    def start(self) -> float:
+        r = self.run(f"%dist_init -n {self.n}", deadline=300)
+        if "Successfully started" not in r["stdout"]:
+            raise RuntimeError(f"nbdistributed: %dist_init: {r['stdout'][-2000:]}")
+        self.started = True
+        s = r["idle_s"] + self.run(self.WAIT, deadline=300)["idle_s"]
+        got = self.run(f"import sys\nsys.path.insert(0, {BENCH_DIR!r})\nimport peer_jobs\n"
+                       "index = rank")
+        if "Error" in got["stdout"]:
+            raise RuntimeError(f"nbdistributed: set-up cell: {got['stdout'][-2000:]}")
+        return s
+
+    def stop(self) -> None:
+        self.started = False
+        self.run(self.STOP, deadline=60, ok=False)
+
+
+class JdGroup(Group):
+    """jupyter-distributed: its kernel is the group (it starts N rank kernels, ipykernels,
+    with torchrun's variables); started again by starting the kernel again."""
+
+    name = "jd"
+
+    def start(self) -> float:
+        t0 = time.perf_counter()
+        self.k = JdKernel(self.n)
+        s = time.perf_counter() - t0
+        self.started = True
+        self.setup()
+        return s
+
+    def setup(self) -> None:
+        self.run(f"import os, sys\nsys.path.insert(0, {BENCH_DIR!r})\nimport peer_jobs\n"
+                 "index = int(os.environ['RANK'])")
+
+    def stop(self) -> None:
+        self.started = False
+        procs = list(self.descendants().values())
+        with contextlib.suppress(Exception):
+            self.k.shutdown()
+        self.k = None
+        kill(procs)
+
+    def ok(self, r: dict, text: str) -> bool:
+        return super().ok(r, text) and "RankProcessError" not in text
+
+    def open_tabs(self) -> str:
+        """Subscribe to the live rank updates, as the JupyterLab renderer does; the comm's id."""
+        import uuid
+
+        kc = self.k.kc
+        comm_id = uuid.uuid4().hex
+        msg = kc.session.msg("comm_open", {"comm_id": comm_id, "data": {},
+                                           "target_name": RANK_UPDATES_TARGET})
+        kc.shell_channel.send(msg)
+        stop_at = time.monotonic() + 30
+        while time.monotonic() < stop_at:  # its first snapshot: subscribed
+            with contextlib.suppress(queue.Empty):
+                m = kc.get_iopub_msg(timeout=0.1)
+                if (m["parent_header"].get("msg_id") == msg["header"]["msg_id"]
+                        and m["msg_type"] == "comm_msg"):
+                    return comm_id
+        raise RuntimeError("jupyter-distributed: no snapshot on its rank-updates comm")
+
+    def close_tabs(self, comm_id: str) -> None:
+        kc = self.k.kc
+        kc.shell_channel.send(kc.session.msg("comm_close", {"comm_id": comm_id, "data": {}}))
+
+
+def make_group(name: str, n: int) -> Group:
+    return {"session": SessionGroup, "px": PxGroup, "nbd": NbdGroup, "jd": JdGroup}[name](n)
+
+
+def run_variant(groups: Dict[str, Group], variant: str, body: str, deadline: float,
+                ok: bool = False, keep: Optional[List[tuple]] = None) -> dict:
+    """``body`` as ``variant``'s cell: the reply, its IOPub messages (``keep``: appended with
+    their arrival, s after the request) and the text a person sees."""
+    g = groups[VARIANT_GROUP[variant]]
+    tabs = g.open_tabs() if variant == "jd_tabs" else None
+    msgs: List[tuple] = [] if keep is None else keep
+    t0 = time.time()
+    try:
+        r = g.run(g.cell(variant, body), deadline=deadline, ok=ok,
+                  on_message=lambda m, arrived: msgs.append((m, arrived - t0)))
+    finally:
+        if tabs is not None:
+            g.close_tabs(tabs)
+    r["text"] = "\n".join(visible_text(m) for m, _ in msgs)
+    r["works"] = g.ok(r, r["text"])
+    return r
+
+
+def group_lines(variant: str, msgs: List[tuple], n: int, lines: int) -> dict:
+    """Lines of ``r{index} line {i}`` that reached the notebook, per the peer's own view."""
+    if variant in ("xla", "xla_widget"):  # the session's full logs (its views show the first)
+        found = None
+        for m, _ in msgs:
+            hit = _LOGS.search(visible_text(m)) or _LOGS.search(str(m["content"]))
+            if hit:
+                found = hit.group(1)
+        if found and os.path.isdir(found):
+            counts = check_logs(found, n, lines)
+            shutil.rmtree(found, ignore_errors=True)
+            return {**counts, "counted_from": "full logs"}
+        c = tally([], n, lines)
+        for m, _ in msgs:
+            if m["msg_type"] == "stream":
+                tally([x.split("] ", 1)[-1] for x in split_lines(m["content"]["text"])
+                       if "line" in x], n, lines, counts=c)
+        return {**summarize(c, n, lines), "counted_from": "stream (no full logs)"}
+    c = tally([], n, lines)
+    if variant == "px":  # the last update of each engine's stdout display
+        final: Dict[str, str] = {}
+        for m, _ in msgs:
+            if m["msg_type"] in ("display_data", "update_display_data"):
+                text = m["content"].get("data", {}).get("text/plain", "")
+                key = m["content"].get("transient", {}).get("display_id") or f"a{len(final)}"
+                if _PX_PREFIX.match(text):
+                    final[key] = text
+        for text in final.values():
+            hit = _PX_PREFIX.match(text)
+            tally(split_lines(text[hit.end():]), n, lines, owner=int(hit.group(1)), counts=c)
+    elif variant == "nbd":  # its stream: "🔹 Rank K:" headers, then "  line" per line
+        text = "".join(m["content"]["text"] for m, _ in msgs if m["msg_type"] == "stream"
+                       and m["content"]["name"] == "stdout")
+        tally([x.strip() for x in split_lines(text) if x.strip()
+               and not _NBD_HEADER.match(x.strip())], n, lines, counts=c)
+    else:  # jupyter-distributed: its last display's text/plain, "[Rank K — status]" sections
+        last = ""
+        for m, _ in msgs:
+            if m["msg_type"] in ("display_data", "update_display_data"):
+                last = m["content"].get("data", {}).get("text/plain", last)
+        owner = None
+        for x in split_lines(last):
+            hit = _JD_HEADER.match(x)
+            if hit:
+                owner = int(hit.group(1))
+            elif x:
+                tally([x], n, lines, owner=owner, counts=c)
+    return {**summarize(c, n, lines), "counted_from": "notebook messages"}
+
+
+def measure_groups_once(n: int, args) -> dict:
+    """Every measure of section 6 at N=n: the four groups up at once, each in its kernel."""
+    groups: Dict[str, Group] = {}
+    out: dict = {"replicas": n, "start_s": {g: [] for g in GROUPS}}
+    try:
+        for name in GROUPS:
+            groups[name] = make_group(name, n)
+        for i in range(args.group_starts):  # start: time to a ready group of N, rotating
+            for name in rotated(GROUPS, i):
+                out["start_s"][name].append(groups[name].restart())
+        variants = GROUP_ROWS["warm"]
+        warm: Dict[str, List[float]] = {v: [] for v in variants}
+        for v in variants:  # warm-up
+            run_variant(groups, v, "x = 1", 60, ok=True)
+        for i in range(args.group_repeats):
+            for v in rotated(variants, i):
+                warm[v].append(run_variant(groups, v, "x = 1", 60, ok=True)["idle_s"] * 1e3)
+        out["warm_ms"] = warm
+        out["lines"] = measure_group_lines(groups, n, args)
+        out["raise"] = measure_group_raise(groups, n, args)
+        out["allreduce"] = measure_group_allreduce(groups, n, args)
+        out["interrupt"] = measure_group_interrupt(groups, n, args)
+    finally:
+        for g in groups.values():
+            g.close()
+    out["stats"] = {
+        "start_s": {g: stats(v) for g, v in out["start_s"].items()},
+        "warm_ms": {v: stats(x) for v, x in out["warm_ms"].items()}}
+    return out
+
+
+def measure_group_lines(groups, n: int, args) -> dict:
+    variants, runs = GROUP_ROWS["lines"], {v: [] for v in GROUP_ROWS["lines"]}
+    for v in variants:  # warm-up, small
+        run_variant(groups, v, "peer_jobs.printer(index, 10)", 60)
+    for i in range(args.group_lines_repeats):
+        for v in rotated(variants, i):
+            msgs: List[tuple] = []
+            r = run_variant(groups, v, f"peer_jobs.printer(index, {args.group_lines})",
+                            args.deadline, keep=msgs)
+            counts = group_lines(v, msgs, n, args.group_lines)
+            counts.pop("mixed_examples", None)
+            runs[v].append({"wall_s": r["idle_s"], "works": r["works"], "status": r["status"],
+                            "timed_out": r["timed_out"], "messages": len(msgs), **counts,
+                            "error_text": "" if r["works"] else r["text"][-300:]})
+    return {"lines": args.group_lines, "runs": runs,
+            "wall_s": {v: stats([x["wall_s"] for x in rs if x["wall_s"] is not None])
+                       for v, rs in runs.items()},
+            "lost": {v: sum(x["lost"] for x in rs) for v, rs in runs.items()},
+            "expected": {v: sum(x["expected"] for x in rs) for v, rs in runs.items()}}
+
+
+RAISE_BODY = "if index == {k}:\n    raise ValueError('boom')"
+
+
+def measure_group_raise(groups, n: int, args) -> dict:
+    k = n - 1  # the last replica raises; the others return at once
+    named = re.compile(rf"(?i)\b(replica|rank|engine)\W{{0,3}}{k}\b|\[{k}:")
+    line = re.compile(r"\bline [23]\b")
+    variants, runs = GROUP_ROWS["raise"], {v: [] for v in GROUP_ROWS["raise"]}
+    for i in range(args.group_raise_repeats):
+        for v in rotated(variants, i):
+            msgs: List[tuple] = []
+            r = run_variant(groups, v, RAISE_BODY.format(k=k), 120, keep=msgs)
+            shown = next((t for m, t in msgs if "boom" in visible_text(m)), None)
+            text = r["text"]
+            at = text.find("boom")
+            runs[v].append({"shown_s": shown, "idle_s": r["idle_s"], "status": r["status"],
+                            "error": r["error"], "names_replica": bool(named.search(text)),
+                            "names_line": bool(line.search(text)),
+                            "excerpt": text[max(0, at - 700):at + 300]})
+    return {"raising_replica": k, "body": RAISE_BODY.format(k=k), "runs": runs,
+            "shown_s": {v: stats([x["shown_s"] for x in rs if x["shown_s"] is not None])
+                        for v, rs in runs.items()}}
+
+
+def allreduce_body(variant: str, n: int) -> str:
+    if variant == "nbd":  # its workers made a gloo group at start: `dist` is there
+        return ("_t = torch.tensor([index + 1.0])\ndist.all_reduce(_t)\n"
+                "print(f'allreduce {float(_t[0])}')")
+    return ("import torch, torch_xla.core.xla_model as xm\n"
+            "_t = xm.all_reduce(xm.REDUCE_SUM, torch.tensor([index + 1.0], device=device))\n"
+            "print(f'allreduce {float(_t.cpu()[0])}')")
+
+
+def measure_group_allreduce(groups, n: int, args) -> dict:
+    want = f"allreduce {float(n * (n + 1) // 2)}"
+    variants = GROUP_ROWS["allreduce"]
+    samples: Dict[str, List[float]] = {v: [] for v in variants}
+    right: Dict[str, int] = {v: 0 for v in variants}
+    for v in variants:  # warm-up: the session compiles its first all_reduce
+        run_variant(groups, v, allreduce_body(v, n), 300)
+    for i in range(args.group_repeats):
+        for v in rotated(variants, i):
+            r = run_variant(groups, v, allreduce_body(v, n), 120)
+            samples[v].append(r["idle_s"] * 1e3 if r["idle_s"] is not None else float("nan"))
+            right[v] += r["works"] and want in r["text"]
+    return {"want": want, "bodies": {v: allreduce_body(v, n) for v in variants},
+            "samples_ms": samples, "right": right, "runs": args.group_repeats,
+            "stats_ms": {v: stats([x for x in s if x == x]) for v, s in samples.items()},
+            "cannot": CANNOT_ALLREDUCE}
+
+
+def group_interrupt_cycle(groups, variant: str, n: int, args) -> dict:
+    g = groups[VARIANT_GROUP[variant]]
+    kc, km = g.k.kc, g.k.km
+    marker_dir = tempfile.mkdtemp(prefix="peers-groups-")
+    msg_id = kc.execute(g.cell(variant, f"peer_jobs.forever(index, {marker_dir!r})"))
+    t_start = time.monotonic()
+    while len(os.listdir(marker_dir)) < n and time.monotonic() - t_start < 60:
+        time.sleep(0.005)  # waiting for every replica's marker file
+    c = {"started": len(os.listdir(marker_dir)), "interrupts": 0, "reply_s": None,
+         "status": None, "ename": None}
+    before = {pid for pid, p in g.descendants().items() if alive(p)}
+    t0 = time.time()
+    while c["interrupts"] < args.max_interrupts and c["reply_s"] is None:
+        km.interrupt_kernel()
+        c["interrupts"] += 1
+        last = time.time()
+        while c["reply_s"] is None and time.time() - last < args.interrupt_cap:
+            with contextlib.suppress(queue.Empty):
+                reply = kc.get_shell_msg(timeout=0.002)
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    c["reply_s"] = time.time() - t0
+                    c["status"] = reply["content"]["status"]
+                    c["ename"] = reply["content"].get("ename")
+    if c["reply_s"] is None:
+        g.recover()
+    time.sleep(0.2)  # the rest of the interrupted cell's messages
+    with contextlib.suppress(queue.Empty):
+        while True:
+            kc.get_iopub_msg(timeout=0.05)
+    # The group survives if the next cell works on it, on the same processes.
+    nxt = run_variant(groups, variant, "x = 1", args.group_next_deadline)
+    left = {pid for pid, p in g.descendants().items() if alive(p)}
+    c.update(next_works=nxt["works"], next_s=nxt["idle_s"],
+             next_text=nxt["text"][-300:], processes_before=len(before),
+             processes_gone=len(before - left))
+    c["survived"] = bool(nxt["works"]) and not (before - left)
+    shutil.rmtree(marker_dir, ignore_errors=True)
+    if not c["survived"]:  # a new group for the next cycles (untimed)
+        g.restart()
+    return c
+
+
+def measure_group_interrupt(groups, n: int, args) -> dict:
+    variants, runs = GROUP_ROWS["interrupt"], {v: [] for v in GROUP_ROWS["interrupt"]}
+    for i in range(args.group_interrupts):
+        for v in rotated(variants, i):
+            runs[v].append(group_interrupt_cycle(groups, v, n, args))
+    return {"runs": runs, "cap_s": args.interrupt_cap,
+            "reply_s": {v: stats([x["reply_s"] for x in rs if x["reply_s"] is not None])
+                        for v, rs in runs.items()},
+            "survived": {v: sum(x["survived"] for x in rs) for v, rs in runs.items()}}
+
+
+def measure_groups(args) -> dict:
+    venv_bin = os.path.dirname(sys.executable)
+    # nbdistributed starts its workers as `python` from PATH: this environment's, first.
+    os.environ["PATH"] = venv_bin + os.pathsep + os.environ.get("PATH", "")
+    res = {"per_n": []}
+    for n in replica_counts(args.replicas):
+        t0 = time.perf_counter()
+        res["per_n"].append(measure_groups_once(n, args))
+        print(f"peers: groups N={n} done [{time.perf_counter() - t0:.0f} s]", file=sys.stderr)
+    return res
+
+
+def _st(st: Optional[dict], digits: int = 0, scale: float = 1.0) -> str:
+    if st is None:
+        return "—"
+    return (f"{st['median'] * scale:.{digits}f} "
+            f"({st['p10'] * scale:.{digits}f}–{st['p90'] * scale:.{digits}f})")
+
+
+def render_groups(res: dict, info: dict, seconds: float, args) -> str:
+    per = res["per_n"]
+    head = "| peer | " + " | ".join(f"N={r['replicas']}" for r in per) + " |"
+    rule = "|---|" + "---:|" * len(per)
+    lab = ROW_LABEL
+    L = ["## Peers: warm groups side by side (issue 35)", "",
+         "Every peer that keeps N processes warm for cell after cell, each in a real "
+         "ipykernel of its own (jupyter_client, as a front end), the four up at once and used "
+         "in turns, order rotating: `%xla_session` (colab_xla; its text view "
+         "`%%xla_spawn --no-widget` and its widget view `%%xla_spawn`), ipyparallel "
+         f"{info.get('ipyparallel', '?')} (`%%px` on `ipp.Cluster(n=N)`), nbdistributed "
+         f"{info.get('nbdistributed', '?')} (`%dist_init -n N`, then every plain cell runs on "
+         "its workers) and jupyter-distributed "
+         f"{info.get('jupyter-distributed', '?')} (the kernel its server extension swaps in, "
+         "`python -m jupyter_distributed.kernel` with `JUPYTER_DISTRIBUTED_WORLD_SIZE=N`: "
+         "every cell runs on its N rank kernels; seen as text, its display's text/plain, "
+         "or as rank tabs, its live-update comm open as JupyterLab's renderer opens it). "
+         "Median (p10–p90). nbdistributed is never stopped with its own `%dist_shutdown` / "
+         "`%dist_reset` (they kill by name pattern machine-wide): its workers are killed by "
+         "pid through its `ProcessManager`; every process a peer started is killed by pid "
+         "at the end.", "",
+         f"**Start**: s to a ready group of N ({args.group_starts} starts per peer). "
+         "`%xla_session start`: the cell; ipyparallel: `ipp.Cluster(n=N)."
+         "start_and_connect_sync()`; nbdistributed: `%dist_init` (which sleeps 2 s and "
+         "returns before its workers connect: a cell sent then is lost and waits its 30 s "
+         "timeout) and then until every worker answers; jupyter-distributed: its kernel's "
+         "start until `kernel_info` replies (it starts the rank kernels first).", "",
+         head, rule]
+    for g in GROUPS:
+        L.append(f"| {GROUP_LABEL[g]} | " + " | ".join(
+            _st(r["stats"]["start_s"][g], 2) for r in per) + " |")
+    L += ["", f"**Warm cell** `x = 1`: ms from `execute_request` to `idle` "
+              f"({args.group_repeats} runs per peer after a warm-up).", "", head, rule]
+    for v in GROUP_ROWS["warm"]:
+        L.append(f"| {lab[v]} | " + " | ".join(
+            _st(r["stats"]["warm_ms"][v], 1) for r in per) + " |")
+    L += ["", f"**{args.group_lines:,} lines per replica** (`peer_jobs.printer`): s to `idle`; "
+              "lines lost of those expected, summed over "
+              f"{args.group_lines_repeats} runs, counted from what reached the notebook "
+              "(`%%px`: the last update of each engine's output display; nbdistributed: its "
+              "stream; jupyter-distributed: its display's last text/plain; the session: its "
+              "full logs, whose path its views show beside the first 200 lines per replica). "
+              "nbdistributed loses lines by a race in its display loop (read from its "
+              "source): it prints the lines its receiving thread has appended, then marks "
+              "as shown every line appended by then, so those appended while it printed are "
+              "never shown.", "", head, rule]
+    for v in GROUP_ROWS["lines"]:
+        cells = []
+        for r in per:
+            x = r["lines"]
+            bad = sum(not y["works"] for y in x["runs"][v])
+            cells.append(f"{_st(x['wall_s'][v], 2)}; lost {x['lost'][v]:,} of "
+                         f"{x['expected'][v]:,}" + (f"; {bad} run(s) failed" if bad else ""))
+        L.append(f"| {lab[v]} | " + " | ".join(cells) + " |")
+    L += ["", f"**A raise in one replica** (the last; the others return at once): s from "
+              "`execute_request` to the first message showing the error; *raises*: the cell "
+              "ends in error (Run All stops); *replica*, *line*: whether what is shown names "
+              "the replica and the cell's line (`line 2`, or 3 counting the magic). "
+              f"{args.group_raise_repeats} runs per peer.", "", head, rule]
+    for v in GROUP_ROWS["raise"]:
+        cells = []
+        for r in per:
+            rs = r["raise"]["runs"][v]
+            raised = sum(x["status"] == "error" for x in rs)
+            rep = sum(x["names_replica"] for x in rs)
+            ln = sum(x["names_line"] for x in rs)
+            cells.append(f"{_st(r['raise']['shown_s'][v], 3)}; raises {raised}/{len(rs)}, "
+                         f"replica {rep}/{len(rs)}, line {ln}/{len(rs)}")
+        L.append(f"| {lab[v]} | " + " | ".join(cells) + " |")
+    L += ["", "**Interrupt to reply**: every replica in `peer_jobs.forever` (sleeps until "
+              "stopped); once all have said so, Interrupt as Jupyter sends it "
+              "(`KernelManager.interrupt_kernel`: SIGINT to the kernel's process group, which "
+              "holds nbdistributed's workers too; for jupyter-distributed an `interrupt_request` "
+              "message, the interrupt mode its server extension gives its kernel, which passes "
+              "it on to every rank kernel); s to the cell's `execute_reply` (another "
+              f"after {args.interrupt_cap:g} s, up to {args.max_interrupts}). "
+              "*Survives*: the next cell (`x = 1` on the group) works within "
+              f"{args.group_next_deadline:g} s and no process of the group is gone "
+              f"({args.group_interrupts} cycles per peer; a group that did not survive is "
+              "started again, untimed).", "", head, rule]
+    for v in GROUP_ROWS["interrupt"]:
+        cells = []
+        for r in per:
+            rs = r["interrupt"]["runs"][v]
+            gone = max((x["processes_gone"] for x in rs), default=0)
+            names = sorted({x["ename"] or str(x["status"]) for x in rs})
+            cells.append(f"{_st(r['interrupt']['reply_s'][v], 3)}; survives "
+                         f"{r['interrupt']['survived'][v]}/{len(rs)}"
+                         + (f" ({gone} process(es) gone)" if gone else "")
+                         + f"; ends {', '.join(names)}")
+        L.append(f"| {lab[v]} | " + " | ".join(cells) + " |")
+    L += ["", "**all_reduce without set-up**: the sum of `index + 1` over the replicas, with no "
+              "set-up cell before (session: `xm.all_reduce` on `device`; nbdistributed: "
+              "`dist.all_reduce`, its workers made a gloo group at start); ms to `idle`, and "
+              f"runs with the right sum shown, of {args.group_repeats}.", "", head, rule]
+    for v in GROUP_ROWS["allreduce"]:
+        L.append(f"| {lab[v]} | " + " | ".join(
+            f"{_st(r['allreduce']['stats_ms'][v], 1)}; right "
+            f"{r['allreduce']['right'][v]}/{r['allreduce']['runs']}" for r in per) + " |")
+    for g, why in CANNOT_ALLREDUCE.items():
+        L.append(f"| {lab[g]} | " + " | ".join(why for _ in per) + " |")
+    L += ["", "Goals (issue 35), at the median:"]
+    others = ("px", "nbd", "jd")
+    for v in ("xla", "xla_widget"):
+        parts = []
+        for r in per:
+            w = r["stats"]["warm_ms"]
+            best = min(w[o]["median"] for o in others)
+            parts.append(f"N={r['replicas']}: {w[v]['median']:.1f} against {best:.1f} ms "
+                         f"({'met' if w[v]['median'] <= best else 'not met'})")
+        L.append(f"- {lab[v]}: warm cell at most the fastest other peer's: "
+                 + "; ".join(parts) + ".")
+    parts = []
+    for r in per:
+        text, widget = (r["lines"]["lost"][v] for v in ("xla", "xla_widget"))
+        parts.append(f"N={r['replicas']}: {text:,} and {widget:,} "
+                     f"({'met' if text + widget == 0 else 'not met'})")
+    L.append("- no line lost, text and widget view: " + "; ".join(parts) + ".")
+    parts = []
+    for r in per:
+        rs = r["raise"]["runs"]["xla"] + r["raise"]["runs"]["xla_widget"]
+        good = all(x["names_replica"] and x["names_line"] and x["status"] == "error" for x in rs)
+        parts.append(f"N={r['replicas']}: {'met' if good else 'not met'}")
+    L.append("- a raise raises, naming the replica and the cell's line: " + "; ".join(parts)
+             + ".")
+    parts = []
+    for r in per:
+        s = sum(r["interrupt"]["survived"][v] for v in ("xla", "xla_widget"))
+        t = sum(len(r["interrupt"]["runs"][v]) for v in ("xla", "xla_widget"))
+        parts.append(f"N={r['replicas']}: {s}/{t} ({'met' if s == t else 'not met'})")
+    L.append("- the session survives an interrupt: " + "; ".join(parts) + ".")
+    L += ["", machine_line(
+        info, GROUP_NAME, seconds,
+        f"{args.group_starts} starts, {args.group_repeats} warm cells, "
+        f"{args.group_lines_repeats} × {args.group_lines:,} lines, {args.group_raise_repeats} "
+        f"raises, {args.group_interrupts} interrupts per peer and N",
+        packages=", ".join(f"{d} {info.get(d, '?')}" for d in GROUP_DISTS))]
+    return "\n".join(L)
+
+
+# nbdistributed and jupyter-distributed: not in .venv (see bench/requirements-peers.txt).
+PEERS_DIR = os.path.join(os.path.dirname(BENCH_DIR), "build", "peers")
+GROUP_DISTS = ("ipyparallel", "nbdistributed", "jupyter-distributed", "ipykernel",
+               "jupyter_client")
+
+
 # --- report ------------------------------------------------------------------------------------
 
 
@@ -832,6 +1642,23 @@ def main(argv=None) -> int:
                         help="s a throughput cell may take (300)")
     parser.add_argument("--only-throughput", action="store_true",
                         help="section 3 alone: print its table (results.md is not written)")
+    # Section 6 (issue 35): the warm groups, at every --replicas count; its own results section.
+    parser.add_argument("--group-starts", type=int, default=2,
+                        help="starts of each group per N, timed (2)")
+    parser.add_argument("--group-repeats", type=int, default=15,
+                        help="warm cells and all_reduce cells per peer and N (15)")
+    parser.add_argument("--group-lines", type=int, default=20_000,
+                        help="lines per replica (20000)")
+    parser.add_argument("--group-lines-repeats", type=int, default=2, help="(2)")
+    parser.add_argument("--group-raise-repeats", type=int, default=3, help="(3)")
+    parser.add_argument("--group-interrupts", type=int, default=3,
+                        help="interrupt cycles per peer and N (3)")
+    parser.add_argument("--group-next-deadline", type=float, default=10.0,
+                        help="s the cell after an interrupt may take to count as working (10)")
+    parser.add_argument("--no-groups", action="store_true",
+                        help="leave section 6 (the warm groups, results section peer_groups) out")
+    parser.add_argument("--only-groups", action="store_true",
+                        help="section 6 alone: writes only its results section (peer_groups)")
     args, _ = parser.parse_known_args(argv)  # bench/run passes every benchmark's options
     counts = replica_counts(args.replicas)
     if (args.repeats < 2 or args.latency_repeats < 1 or args.return_repeats < 2
@@ -849,6 +1676,8 @@ def main(argv=None) -> int:
             s.close()
         print("\n".join(throughput_lines(t)))
         return 0
+    if args.only_groups:
+        return publish_groups(args)
     started = time.perf_counter()
     info = machine_info(args.repeats, args.warmups)
     for dist in ("accelerate", "ipyparallel", "ipykernel"):
@@ -879,8 +1708,34 @@ def main(argv=None) -> int:
         print(f"peers: N={n} done [{time.perf_counter() - t0:.0f} s]", file=sys.stderr)
     seconds = time.perf_counter() - started
     markdown = render(res, info, seconds, args)
-    return publish(NAME, markdown, {"machine": info, "seconds": seconds,
-                                    "args": vars(args), **res}, out_dir=args.out)
+    publish(NAME, markdown, {"machine": info, "seconds": seconds, "args": vars(args), **res},
+            out_dir=args.out)
+    return 0 if args.no_groups else publish_groups(args)
+
+
+def publish_groups(args) -> int:
+    """Section 6: measured, then written as its own results section (``peer_groups``)."""
+    if (args.group_starts < 1 or args.group_repeats < 1 or args.group_lines_repeats < 1
+            or args.group_raise_repeats < 1 or args.group_interrupts < 1
+            or not 1 <= max(replica_counts(args.replicas)) <= 10):
+        raise SystemExit("peers: section 6 needs every --group-* count >= 1 and replica "
+                         "counts 1..10")
+    if not os.path.isdir(PEERS_DIR):
+        raise SystemExit(f"peers: section 6 needs nbdistributed and jupyter-distributed in "
+                         f"{PEERS_DIR}: run scripts/env (bench/requirements-peers.txt)")
+    # Here and in every kernel this benchmark starts (their workers inherit it).
+    sys.path.insert(0, PEERS_DIR)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (PEERS_DIR, os.environ.get("PYTHONPATH")) if p)
+    started = time.perf_counter()
+    info = machine_info(args.group_repeats, 1)
+    for dist in GROUP_DISTS:
+        info[dist] = importlib.metadata.version(dist)
+    res = measure_groups(args)
+    seconds = time.perf_counter() - started
+    return publish(GROUP_NAME, render_groups(res, info, seconds, args),
+                   {"machine": info, "seconds": seconds, "args": vars(args), **res},
+                   out_dir=args.out)
 
 
 if __name__ == "__main__":

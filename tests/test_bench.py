@@ -29,10 +29,12 @@ pytestmark = [pytest.mark.xla, pytest.mark.timeout(300)]
                   "--throughput-replicas", "2", "--lines", "200", "--slow-lines", "10",
                   "--throughput-repeats", "1", "--return-replicas", "2", "--return-mib", "1",
                   "--return-repeats", "2", "--interrupt-replicas", "2", "--interrupts", "1",
-                  "--interrupt-cap", "1"]),
+                  "--interrupt-cap", "1", "--no-groups"]),
     ("cluster.py", ["--repeats", "2", "--latency-repeats", "1", "--interrupts", "1",
                     "--no-one-host"]),
     ("where_stopped.py", ["--replicas", "2", "--repeats", "1"]),
+    ("cost_curves.py", ["--replicas", "1,2", "--repeats", "1", "--latency-repeats", "1",
+                        "--interrupts", "1", "--hosts", ""]),  # (hosts: cluster.py's run)
     ("torch_runtime.py", ["--replicas", "2", "--repeats", "2", "--warmups", "0",
                           "--warm-repeats", "2", "--slow-repeats", "1", "--cold-replicas", "2"]),
     pytest.param("jax_runtime.py", ["--processes", "2", "--repeats", "2",
@@ -48,6 +50,22 @@ def test_benchmark_runs_and_writes_its_section(tmp_path, script, args):
     results = (tmp_path / "results.md").read_text()
     assert f"<!-- section:{name} -->" in results and "Machine:" in results
     assert json.loads((tmp_path / "results" / f"{name}.json").read_text())
+
+
+def test_peer_groups_run_and_write_their_section(tmp_path):
+    """peers.py's section 6 alone (the warm groups: %xla_session, ipyparallel, nbdistributed,
+    jupyter-distributed, each in a kernel of its own) at N=2, tiny sizes: its own section."""
+    args = ["--only-groups", "--replicas", "2", "--group-starts", "1", "--group-repeats", "1",
+            "--group-lines", "50", "--group-lines-repeats", "1", "--group-raise-repeats", "1",
+            "--group-interrupts", "1", "--interrupt-cap", "2", "--group-next-deadline", "5"]
+    done = subprocess.run([sys.executable, str(BENCH / "peers.py"), *args, "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    results = (tmp_path / "results.md").read_text()
+    assert "<!-- section:peer_groups -->" in results and "Machine:" in results
+    assert "<!-- section:peers -->" not in results
+    raw = json.loads((tmp_path / "results" / "peer_groups.json").read_text())
+    assert [r["replicas"] for r in raw["per_n"]] == [2]
 
 
 def test_memcpy_reference_is_the_faster_of_two_copies_that_both_copy(monkeypatch):
@@ -90,3 +108,73 @@ def test_memcpy_samples_keep_both_ways_and_say_each_one_s_rate(monkeypatch):
     prose = _results.ways_prose([{"copy_": 0.1, "memmove per tensor": 0.05},
                                  {"copy_": 0.3, "memmove per tensor": 0.05}], 10**9)
     assert prose == "`copy_` 5.0, `memmove per tensor` 20.0 GB/s"
+
+
+def _fake_counts(key, counts, cost, **extra):
+    """cost_curves results for ``counts``: every measure's samples on ``cost(path, x)``."""
+    rows = []
+    for x in counts:
+        stats_ms = {}
+        for m in ("cell", "first_line", "every_host_first_line", "interrupt", "interrupt_clean"):
+            stats_ms[m] = {}
+            for path in ("one_off", "session"):
+                v = cost(path, x)
+                stats_ms[m][path] = {"median": v, "p10": v - 1, "p90": v + 2, "min": v - 1,
+                                     "max": v + 2}
+        run = {"hung": False, "ms": 50.0, "clean_ms": 50.0, "interrupted": True,
+               "states": ["stopped"], "left_at_return": [], "left_after_wait": []}
+        rows.append({key: x, "stats_ms": stats_ms, "hung": {"one_off": 0, "session": 0},
+                     "warm_up_ms": {"one_off": 9000.0, "session": 30.0},
+                     "interrupts": {"one_off": [run], "session": [run]},
+                     "session_up_after": True, "session_start_s": 0.5,
+                     "available_gib_session_up": 12.0, **extra})
+    return rows
+
+
+def test_cost_curves_fits_a_line_and_writes_out_what_a_slice_would_pay(monkeypatch, tmp_path):
+    """bench/cost_curves.py's pure parts: the least-squares line, the text with a fake
+    result (figures, the 64-host extrapolation said to be one), and the charts."""
+    import argparse
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import cost_curves
+
+    line = cost_curves.fit_line([1, 2, 4, 8], [120, 140, 180, 260])
+    assert line["a"] == pytest.approx(100) and line["b"] == pytest.approx(20)
+    assert line["r2"] == pytest.approx(1.0) and line["points"] == 4
+    assert cost_curves.fit_line([1, 2, 4], [10, None, 30])["b"] == pytest.approx(20 / 3)
+    assert cost_curves.fit_line([4, 4], [1, 2]) is None  # one x: no line
+    assert cost_curves.fit_line([1, 2], [None, 3]) is None
+
+    def cost(path, x):  # one-off 100 + 50·x ms, session 20 + 5·x ms
+        return 100.0 + 50 * x if path == "one_off" else 20.0 + 5 * x
+
+    replicas = _fake_counts("replicas", [1, 2, 4], cost, session_replicas_left=[])
+    hosts = _fake_counts("hosts", [1, 2, 4, 8], cost, per_host=2, connect_s=3.0,
+                         replicas=0)
+    cluster_run = {"nodes": 8, "nodes_start_s": 30.0, "results": hosts, "processes_seen": 9,
+                   "processes_left": {}}
+    fits = cost_curves.fits(hosts, "hosts", 64)
+    assert fits["cell"]["session"]["value_at"] == pytest.approx(340)
+    assert fits["interrupt"]["one_off"]["b"] == pytest.approx(50)
+
+    args = argparse.Namespace(replicas="1,2,4", repeats=5, latency_repeats=3, interrupts=2,
+                              hosts="1,2,4,8", per_host=2, host_repeats=4,
+                              host_latency_repeats=2, host_interrupts=2, slice_hosts=64)
+    info = {"cores": 2, "cores_usable": 2, "python": "3.11", "torch": "2.9", "torch_xla": "2.9",
+            "date": "today", "git_commit": "abc", "colab_xla_dirty": False,
+            "memory_gib": 24.0, "ray": "2.60", "matplotlib": "3.11"}
+    charts = cost_curves.draw_charts(replicas, hosts, fits, str(tmp_path), 2, 2)
+    assert sorted(charts) == ["hosts", "replicas"]
+    assert all((tmp_path / "results" / f"cost_curves-{k}.png").stat().st_size > 1000
+               for k in charts)
+    text = cost_curves.render(replicas, cluster_run, info, 100.0, args, charts)
+    assert "![A cell's cost by replicas](results/cost_curves-replicas.png)" in text
+    assert "![A cell's cost by hosts](results/cost_curves-hosts.png)" in text
+    assert "| 8 | 500 (499–502) | 60 (59–62) |" in text  # H=8: one-off, session cells
+    assert "**0.34 s** for a trivial cell on its session and **3.30 s** for a one-off" in text
+    assert "| trivial cell | one-off | 100 | +50.0 | 1.00 | **3.30 s** |" in text
+    assert "extrapolation, from 8 hosts to 64" in text and "v5e-256" in text
+    assert "Problems" not in text and "none of the 9" in text
+    alone = cost_curves.render(replicas, None, info, 1.0, args, {}, no_hosts="ray is missing")
+    assert "Not measured: ray is missing." in alone and "cost_curves-" not in alone
