@@ -252,3 +252,22 @@ def test_collectives_take_every_dtype_layout_and_size_xla_gives_them():
         assert out["gather_t"] == [[float(r * 4 * m) for r in range(3)]
                                    for m in (1, 2, 3)]
         assert out["unchanged"] is True
+
+
+def test_each_replica_process_gets_its_share_of_the_cores_unless_omp_num_threads_says(
+        monkeypatch):
+    """As torchrun does: N replica processes of one machine do not each run a pool of as many
+    threads as cores (their copies and reductions spun against each other)."""
+    cores = len(os.sched_getaffinity(0))
+    cell = "import torch\ntorch.get_num_threads()"
+    for n in (2, 4):
+        threads = _ok(run(cell, n))
+        assert set(threads.values()) == {max(1, cores // n)}, threads
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    # the user's choice stands (torch read it when it was imported; set here, it is the
+    # value torch reports in a process that imports it anew: the replicas inherit torch)
+    import torch
+
+    before = torch.get_num_threads()
+    threads = _ok(run(cell, 2))
+    assert set(threads.values()) == {before}, threads
