@@ -731,8 +731,11 @@ class Group:
         kill(procs)  # whatever outlived its peer's own stop: ours, by pid
 
 
-class SessionGroup(Group):
-    name = "session"
+class KernelGroup(Group):
+    """A group in a plain ipykernel, started with it; its set-up imports ``peer_jobs`` and
+    then runs :attr:`SETUP`."""
+
+    SETUP = ""
 
     def __init__(self, n: int):
         super().__init__(n)
@@ -741,7 +744,12 @@ class SessionGroup(Group):
 
     def setup(self) -> None:
         self.run(f"import sys, time\nsys.path.insert(0, {BENCH_DIR!r})\nimport peer_jobs\n"
-                 "get_ipython().run_line_magic('load_ext', 'colab_xla')", deadline=180)
+                 + self.SETUP, deadline=180)
+
+
+class SessionGroup(KernelGroup):
+    name = "session"
+    SETUP = "get_ipython().run_line_magic('load_ext', 'colab_xla')"
 
     def cell(self, variant: str, body: str) -> str:
         if variant == "plain":
@@ -759,18 +767,10 @@ class SessionGroup(Group):
         self.run("%xla_session stop", deadline=120, ok=False)
 
 
-class PxGroup(Group):
+class PxGroup(KernelGroup):
     name = "px"
     IMPORTS = "import sys; sys.path.insert(0, {bench!r}); import peer_jobs"
-
-    def __init__(self, n: int):
-        super().__init__(n)
-        self.k = Kernel(n)
-        self.setup()
-
-    def setup(self) -> None:
-        self.run(f"import sys, time\nsys.path.insert(0, {BENCH_DIR!r})\nimport peer_jobs\n"
-                 "import ipyparallel as ipp", deadline=180)
+    SETUP = "import ipyparallel as ipp"
 
     def cell(self, variant: str, body: str) -> str:
         return "%%px\n" + body
@@ -794,7 +794,7 @@ class PxGroup(Group):
         self.run("rc.close(); cluster.stop_cluster_sync()", deadline=120, ok=False)
 
 
-class NbdGroup(Group):
+class NbdGroup(KernelGroup):
     """nbdistributed: ``%dist_init -n N`` starts N workers (``python`` from PATH, its worker
     script; each makes a gloo process group) and turns on distributed mode (a plain cell runs
     on every worker). Its ``%dist_shutdown``/``%dist_reset`` kill by name pattern machine-wide
@@ -804,9 +804,6 @@ class NbdGroup(Group):
 
     name = "nbd"
     SETUP = """\
-import sys, time
-sys.path.insert(0, {bench!r})
-import peer_jobs
 from IPython.core.magic import register_cell_magic
 
 @register_cell_magic
@@ -846,14 +843,6 @@ _nbd._disable_distributed_mode()"""
     noop = "%%bench_local\npass"
     ALIVE = ("%%bench_local\nprint('alive', sum(_p.poll() is None for _p in "
              "(_nbd._process_manager.processes if _nbd._process_manager else ())))")
-
-    def __init__(self, n: int):
-        super().__init__(n)
-        self.k = Kernel(n)
-        self.setup()
-
-    def setup(self) -> None:
-        self.run(self.SETUP.format(bench=BENCH_DIR), deadline=180)
 
     def recover(self) -> None:
         super().recover()
