@@ -4,10 +4,11 @@ N replicas (the CPU simulation, a process each) run a cell in which replica 1 sl
 function while the others wait in ``xm.rendezvous``; once every replica printed ``ready`` the
 notebook's process gets SIGINT (as Jupyter's Interrupt sends it). Interrupt to clean: from
 that SIGINT until ``run_cell`` returned, its processes gone. Each iteration runs it twice,
-in turns: as colab_xla runs it (the replicas' stacks taken at the cut: ``stacks.take``, one
-SIGUSR2 per process and its answer read) and with the report left out (the supervisor's
-``_where_running`` replaced by one that says nothing), so the difference is the report's
-cost, paired per iteration. The report itself: the time ``_where_running`` took in each run.
+in turns: as colab_xla runs it (the replicas' stacks asked for at the cut, one SIGUSR2 per
+process: ``stacks.ask``; their answers read once the replicas are stopped: ``stacks.collect``)
+and with the report left out (the supervisor's ``_ask_where`` replaced by one that asks
+nothing), so the difference is the report's cost, paired per iteration. The report itself:
+the time ``_ask_where`` and ``_where`` took in each run.
 Goal: interrupt to clean within +1 s of the run without the report at 8 replicas, and the
 report itself within 1 s.
 """
@@ -43,14 +44,21 @@ def measure(replicas: int, with_report: bool) -> Dict[str, float]:
     from colab_xla.notebook.supervisor import Supervisor
     from colab_xla.notebook.targets import run_cell
 
-    real = Supervisor._where_running
+    real_ask, real_where = Supervisor._ask_where, Supervisor._where
     took: List[float] = []
     sent: List[float] = []
 
-    def timed(self):
+    def timed_ask(self):  # at the cut: the stacks asked for
         started = time.perf_counter()
         try:
-            return real(self) if with_report else {}
+            return real_ask(self) if with_report else None
+        finally:
+            took.append(time.perf_counter() - started)
+
+    def timed_where(self, asked):  # once the replicas are stopped: read, and placed
+        started = time.perf_counter()
+        try:
+            return real_where(self, asked)
         finally:
             took.append(time.perf_counter() - started)
 
@@ -65,12 +73,12 @@ def measure(replicas: int, with_report: bool) -> Dict[str, float]:
                     sent.append(time.perf_counter())
                     os.kill(os.getpid(), signal.SIGINT)
 
-    Supervisor._where_running = timed
+    Supervisor._ask_where, Supervisor._where = timed_ask, timed_where
     try:
         outcome = run_cell(CELL, replicas=replicas, announce=None, label="Cell In[1]",
                            observer=InterruptWhenReady(), stall=0)
     finally:
-        Supervisor._where_running = real
+        Supervisor._ask_where, Supervisor._where = real_ask, real_where
     returned = time.perf_counter()
     assert outcome.interrupted and sent, "the run was not interrupted"
     places = sum(1 for r in outcome.replicas.values() if r.error and r.error.place)
