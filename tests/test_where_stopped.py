@@ -78,7 +78,7 @@ def test_a_process_that_is_gone_is_not_asked_and_says_nothing(tmp_path):
     never = tmp_path / "stacks-1.txt"
     never.write_text("")
     gone = os.getpid() + 10_000_000  # (no such process)
-    assert stacks.take({gone: str(never)}, timeout=0.2) == {}
+    assert stacks.collect(stacks.ask({gone: str(never)}), timeout=0.2) == {}
 
 
 @pytest.mark.quick

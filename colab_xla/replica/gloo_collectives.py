@@ -230,6 +230,9 @@ class _Collectives:
 
     def __init__(self, group: GlooGroup, xlac):
         self._group, self._xlac = group, xlac
+        # Whether this torch_xla moves tensors to and from the CPU by DLPack (see _cpu).
+        self._dlpack = all(hasattr(xlac, name) for name in (
+            "_to_dlpack", "_from_dlpack", "_xla_sync_multi", "_xla_wait_device_ops"))
 
     @contextlib.contextmanager
     def _on_cpu(self):
@@ -263,18 +266,13 @@ class _Collectives:
         if not xla:
             return list(tensors)
         torch_xla.sync()
-        if _dlpack_dtypes().intersection(t.dtype for t in xla) and self._dlpack():
+        if _dlpack_dtypes().intersection(t.dtype for t in xla) and self._dlpack:
             self._xlac._xla_sync_multi(xla, devices=[], wait=True)
             self._xlac._xla_wait_device_ops(devices=[])
             views = iter([self._view(t) for t in xla])
         else:
             views = iter(self._xlac._xla_get_cpu_tensors(xla))
         return [next(views) if t.device.type == "xla" else t for t in tensors]
-
-    def _dlpack(self) -> bool:
-        return all(hasattr(self._xlac, name) for name in ("_to_dlpack", "_from_dlpack",
-                                                           "_xla_sync_multi",
-                                                           "_xla_wait_device_ops"))
 
     def _view(self, tensor):
         """A CPU view of XLA ``tensor``'s buffer (synced), or a copy where DLPack cannot."""
@@ -291,7 +289,7 @@ class _Collectives:
         import torch
 
         if (like.device.type != "xla" or result.dtype not in _dlpack_dtypes()
-                or result.numel() == 0 or not self._dlpack()):
+                or result.numel() == 0 or not self._dlpack):
             return result.to(like.device)
         if not result.is_contiguous() or result.data_ptr() % XLA_ALIGNMENT:
             result = result.clone(memory_format=torch.contiguous_format)  # torch aligns it

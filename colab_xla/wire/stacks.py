@@ -6,7 +6,7 @@ Both sides, IPython-free:
 * in every replica process, :func:`register` makes Python's faulthandler write the stack of
   every thread of the process to a file of the run when the process gets :data:`SIGNAL` (at
   C level: no Python code of the process has to run for it);
-* in the notebook, :func:`take` sends the signal to the processes of the replicas still
+* in the notebook, :func:`ask` sends the signal to the processes of the replicas still
   running, reads what they wrote, and :func:`place` says, from a replica thread's frames,
   where in the cell it is: the cell's line (``line 7``), the cell's function it is in, the
   line's source, and the innermost call outside the cell (``in all_reduce
@@ -136,11 +136,6 @@ def collect(asked: Asked, timeout: float = TAKE_SECONDS,
             break
         time.sleep(POLL_SECONDS)
     return taken
-
-
-def take(files: Mapping[int, str], timeout: float = TAKE_SECONDS) -> Dict[int, str]:
-    """:func:`ask`, then :func:`collect`: the stacks of the processes of ``files`` now."""
-    return collect(ask(files), timeout)
 
 
 def parse(dump: str) -> Dict[int, List[Frame]]:
