@@ -120,9 +120,10 @@ def _serve(index: int, job: ReplicaJob) -> None:
 class Interruptible:
     """The cell a replica thread runs, and how to raise KeyboardInterrupt in it."""
 
-    # In the main thread: how long SIGINT's handler has to raise before the interrupt is
-    # raised as an asynchronous exception instead (see interrupt).
-    SIGNAL_WAIT_SECONDS = 0.1
+    # In the main thread: how long SIGINT's handler has to raise before SIGINT is sent
+    # again (the first time also as an asynchronous exception: see interrupt); within the
+    # notebook's grace for an interrupt (2 s).
+    RESEND_AFTER = (0.1, 0.2, 0.4, 0.8)
 
     def __init__(self):
         # Reentrant: SIGINT's handler takes it in the main thread, which may hold it.
@@ -165,10 +166,14 @@ class Interruptible:
         """KeyboardInterrupt in the cell ``run_id``, if this replica still runs it.
 
         In the main thread, SIGINT (to that thread: it wakes a ``time.sleep`` or a blocked
-        read, whose Python code then runs the handler). On Python 3.13, in a replica
-        forked from the launcher's thread, the handler was seen never to run while the cell
-        looped in Python (the sleep was interrupted): if it has not raised soon, the
-        interrupt comes as an asynchronous exception, at the cell's next Python line.
+        read, whose Python code then runs the handler), sent again while the handler has not
+        raised and the cell runs (:data:`RESEND_AFTER`): a SIGINT that arrives between the
+        check for signals and the system call of a sleep going back to sleep (woken by
+        another signal: the notebook asks for the replicas' stacks as it interrupts) is
+        taken only when that sleep ends. On Python 3.13, in a replica forked from the
+        launcher's thread, the handler was seen never to run while the cell looped in
+        Python (the sleep was interrupted): so the interrupt also comes as an asynchronous
+        exception, at the cell's next Python line, if the handler has not raised soon.
         """
         with self._lock:
             if self._run_id != run_id:
@@ -178,12 +183,19 @@ class Interruptible:
             if not self._main:
                 self._send()
                 return
-            signal.pthread_kill(self._thread, signal.SIGINT)
-        if self._raised.wait(self.SIGNAL_WAIT_SECONDS):
-            return
-        with self._lock:
-            if self._run_id == run_id and not self._raised.is_set():
-                self._send()
+            self._signal()
+        for wait in self.RESEND_AFTER:
+            if self._raised.wait(wait):
+                return
+            with self._lock:
+                if self._run_id != run_id or self._raised.is_set():
+                    return
+                if not self._sent:
+                    self._send()
+                self._signal()
+
+    def _signal(self) -> None:
+        signal.pthread_kill(self._thread, signal.SIGINT)
 
     def _send(self) -> None:
         self._sent = True
