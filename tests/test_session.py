@@ -7,12 +7,14 @@ import contextlib
 
 import json
 import os
-import re
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from collections import Counter
 
 import psutil
 import pytest
@@ -561,7 +563,7 @@ def test_many_session_cells_leave_descriptors_threads_and_memory_flat(session):
         inside = cell("import os\n(len(os.listdir('/proc/self/fd')), "
                       "len(os.listdir('/proc/self/task')))", session)
         assert inside.ok, inside
-        return [me.num_fds(), me.num_threads(), inside.results()]
+        return [me.num_fds(), me.num_threads(), inside.results(), _thread_names()]
 
     for _ in range(20):  # warm: what is made once is made
         assert cell("print(index)\nindex", session).ok
@@ -572,9 +574,23 @@ def test_many_session_cells_leave_descriptors_threads_and_memory_flat(session):
     after = counts()
     # Not more (a test before this one in the process may still be letting go of some).
     assert after[0] <= before[0] and after[1] <= before[1] and after[2] == before[2], (
-        before, after)
+        before[:3], after[:3], "threads new:", Counter(after[3]) - Counter(before[3]),
+        "gone:", Counter(before[3]) - Counter(after[3]))
     grown = [r.memory_info().rss - b for r, b in zip(replicas, rss)]
     assert max(grown) < 64 * 2**20, grown
+
+
+def _thread_names():
+    """This process's threads: Python's by name, the others by the kernel's name for them."""
+    python = {t.native_id: f"{t.name} (Python)" for t in threading.enumerate()}
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(python.get(int(tid), f.read().strip()))
+        except OSError:  # (ended meanwhile)
+            pass
+    return names
 
 
 def test_a_child_forked_from_the_notebook_ending_leaves_the_session_up(live):
