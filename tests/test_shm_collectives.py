@@ -3,10 +3,12 @@ through a FileStore, as the CPU simulation's replica processes do, and reduce an
 through shared memory; what they get is checked against the same operation done in one
 process, for every reduction, dtype and size (a chunk, several, part of one, nothing)."""
 
+import contextlib
 import functools
 import io
 import multiprocessing
 import os
+import resource
 import signal
 import time
 import traceback
@@ -45,28 +47,46 @@ def _replica(rank, world, store_path, root, work, results):
         group = shm_collectives.ShmGroup(gloo_collectives.file_store(store_path, world),
                                          rank, world, root=root, chunk_bytes=CHUNK)
         out = []
-        for kind, args in work:
-            if kind == "reduce":
-                op, shapes, dtype, seed = args
-                tensors = [_input(rank, int(torch.Size(s).numel()), dtype, seed + i).view(s)
-                           for i, s in enumerate(shapes)]
-                out.append([t.clone() for t in group.all_reduce(op, tensors)])
-            elif kind == "gather":
-                numel, dtype, seed = args
-                out.append([t.clone() for t in group.all_gather(_input(rank, numel, dtype,
-                                                                        seed))])
-            elif kind == "files":  # what is left of the group on disk, once it is made
-                out.append(sorted(os.listdir(root)))
-            elif kind == "sleep_in_barrier":
-                if rank == 1:
-                    time.sleep(60)  # never arrives: the others wait in the barrier
-                group._whole(None).barrier()
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            _work(rank, group, root, work, out, stderr)
         group.close()
         buffer = io.BytesIO()  # bytes: a tensor put as is would be shared by an fd
         torch.save(out, buffer)
         results.put((rank, buffer.getvalue()))
     except BaseException:
         results.put((rank, traceback.format_exc()))
+
+
+def _work(rank, group, root, work, out, stderr):
+    for kind, args in work:
+        if kind == "reduce":
+            op, shapes, dtype, seed = args
+            tensors = [_input(rank, int(torch.Size(s).numel()), dtype, seed + i).view(s)
+                       for i, s in enumerate(shapes)]
+            out.append([t.clone() for t in group.all_reduce(op, tensors)])
+        elif kind == "gather":
+            numel, dtype, seed = args
+            out.append([t.clone() for t in group.all_gather(_input(rank, numel, dtype,
+                                                                    seed))])
+        elif kind == "files":  # what is left of the group on disk, once it is made
+            out.append(sorted(os.listdir(root)))
+        elif kind == "sleep_in_barrier":
+            if rank == 1:
+                time.sleep(60)  # never arrives: the others wait in the barrier
+            group._whole(None).barrier()
+        elif kind == "file_size_limit" and rank == args:
+            # A real refusal by the kernel, as a full /dev/shm's ENOSPC: EFBIG (and
+            # SIGXFSZ, ignored) for a file as large as a slot, while the group is made.
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (2 * CHUNK - 1, limit[1]))
+            try:
+                group._whole(None)
+            finally:
+                resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        elif kind == "stderr":
+            out.append(stderr.getvalue())
 
 
 def _run(world, work, root, tmp_path):
@@ -136,6 +156,27 @@ def test_nothing_is_left_on_disk_once_the_group_is_made(root, tmp_path):
     work = [("reduce", ("sum", [(10,)], torch.float32, 0)), ("files", None)]
     results = _run(4, work, root, tmp_path)
     assert all(out[1] == [] for out in results)
+    assert os.listdir(root) == []
+
+
+def test_a_group_without_room_for_a_slot_goes_through_gloo_and_says_why(root, tmp_path):
+    """A slot's pages are taken when the group is made: a /dev/shm without room for them
+    refuses then (not as a SIGBUS when a collective first touches a page), and the whole
+    group goes through gloo, with the same results; replica 0 says why, once."""
+    # (int64: gloo's sum of floats is in an order of its own)
+    work = [("file_size_limit", 2), ("reduce", ("sum", [(3000,)], torch.int64, 7)),
+            ("gather", (100, torch.int32, 8)), ("files", None), ("stderr", None)]
+    results = _run(3, work, root, tmp_path)
+    want = _expected("sum", [_input(r, 3000, torch.int64, 7) for r in range(3)])
+    for rank in range(3):
+        assert torch.equal(results[rank][0][0], want)
+        assert all(torch.equal(results[rank][1][r], _input(r, 100, torch.int32, 8))
+                   for r in range(3))
+        assert results[rank][2] == []  # nothing left of the group that was not made
+    said = results[0][3]
+    assert said.count("colab_xla: the collectives go through gloo") == 1, said
+    assert "replica 2: File too large" in said and f"{root} has" in said, said
+    assert "--shm-size" in said and results[1][3] == results[2][3] == ""
     assert os.listdir(root) == []
 
 

@@ -25,6 +25,12 @@ one of 1 KiB ~26 ms. Processes of one machine can read each other's memory inste
 * The two halves of a slot take turns, so a replica writes a chunk only after every
   replica has read the chunk before the previous one: two barriers per chunk, none more.
 
+A slot's pages are taken when the group is made (``posix_fallocate``): a page first touched
+on a full ``/dev/shm`` would kill the replica with SIGBUS in the middle of a collective. If
+any replica's slot finds no room, every replica learns it, the whole group goes through
+gloo, and replica 0 says why on its stderr (with ``/dev/shm``'s size, and how to make it
+larger).
+
 Nothing is left on disk: once every replica has opened the group's files, they are
 removed (a mapping and an open FIFO outlive their name), and a directory left by a
 replica 0 that died while the group was being made is removed by the next run
@@ -60,15 +66,17 @@ class ShmGroup(GlooGroup):
         super().__init__(store, rank, world)
         self._root, self._chunk_bytes = root, chunk_bytes
         self._shared: Optional[_Shared] = None
+        self._no_room = False  # shared memory was tried and had none: gloo for good
 
     def _whole(self, members) -> Optional[_Shared]:
         """The shared memory of the whole group, or None where ``members`` is a part of
-        it (that goes through gloo)."""
+        it, or where it had no room (those go through gloo)."""
         if members and list(members) != list(range(self.world)):
             return None
-        if self._shared is None:
+        if self._shared is None and not self._no_room:
             self._shared = _Shared.meet(self.store, self.rank, self.world, self._root,
                                         self._chunk_bytes)
+            self._no_room = self._shared is None
         return self._shared
 
     def all_reduce(self, reduce_type: str, tensors: List, members=None) -> List:
@@ -124,9 +132,11 @@ class _Shared:
         self._turn = 0  # which half the next chunk uses: the same count on every replica
 
     @classmethod
-    def meet(cls, store, rank: int, world: int, root: str, chunk_bytes: int) -> "_Shared":
+    def meet(cls, store, rank: int, world: int, root: str,
+             chunk_bytes: int) -> Optional["_Shared"]:
         """Make this replica's slot and FIFO, wait for every replica's, open them all,
-        then remove their names (see the module's docstring)."""
+        then remove their names (see the module's docstring); None, on every replica, if
+        a slot found no room in ``root`` (replica 0 says so)."""
         if rank == 0:
             directory = shared_tensors.make_private_dir("collectives", root)
             store.set("shm/dir", directory.encode())
@@ -135,12 +145,27 @@ class _Shared:
         slot_path = os.path.join(directory, f"slot-{rank}")
         fifo_path = os.path.join(directory, f"release-{rank}")
         with open(slot_path, "wb") as slot:
-            slot.truncate(2 * chunk_bytes)
+            try:  # every page now: one first touched on a full /dev/shm is a SIGBUS
+                os.posix_fallocate(slot.fileno(), 0, 2 * chunk_bytes)
+                made = b""
+            except OSError as exc:
+                made = (exc.strerror or str(exc)).encode()
         os.mkfifo(fifo_path, 0o600)
         if rank == 0:
             os.mkfifo(os.path.join(directory, "arrive"), 0o600)
-        store.set(f"shm/made/{rank}", b"")
+        store.set(f"shm/made/{rank}", made)
         store.wait([f"shm/made/{r}" for r in range(world)], TIMEOUT)
+        failed = {r: bytes(store.get(f"shm/made/{r}")).decode() for r in range(world)}
+        failed = {r: why for r, why in failed.items() if why}
+        if failed:  # every replica learns it: the whole group goes through gloo
+            os.unlink(slot_path)
+            os.unlink(fifo_path)
+            store.set(f"shm/gone/{rank}", b"")
+            if rank == 0:
+                store.wait([f"shm/gone/{r}" for r in range(world)], TIMEOUT)
+                shutil.rmtree(directory, ignore_errors=True)
+                _say_no_room(root, world, chunk_bytes, failed)
+            return None
         # O_RDWR: a FIFO opened so never blocks in open, and never reads an end of file.
         arrive = os.open(os.path.join(directory, "arrive"), os.O_RDWR)
         release = [os.open(os.path.join(directory, f"release-{r}"), os.O_RDWR)
@@ -228,6 +253,25 @@ class _Shared:
         self._halves = []
         for m in self._maps:
             m.close()
+
+
+def _say_no_room(root: str, world: int, chunk_bytes: int, failed: Dict[int, str]) -> None:
+    """Tell the notebook (on replica 0's stderr) why the collectives are slower."""
+    import sys
+
+    stat = os.statvfs(root)
+    free, size = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
+    rank, why = next(iter(sorted(failed.items())))
+    slot = 2 * chunk_bytes
+    print(f"colab_xla: the collectives go through gloo (TCP, slower): {root} had no room "
+          f"for their shared memory (replica {rank}: {why}). They need {_size(slot * world)} "
+          f"({_size(slot)} a replica); {root} has {_size(free)} free of {_size(size)}. In a "
+          "Docker container, --shm-size=1g makes it larger; or run fewer replicas.",
+          file=sys.stderr, flush=True)
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.0f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.0f} KiB"
 
 
 def _piece(count: int, world: int, rank: int):
