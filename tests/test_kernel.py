@@ -9,6 +9,8 @@ import pytest
 import run_notebooks  # tools/ is on sys.path (conftest.py)
 from _kernel import Kernel, shell_msg_ready  # tests/ is on sys.path
 
+from colab_xla.notebook.outcome import INTERRUPTED
+
 pytestmark = [pytest.mark.notebook, pytest.mark.timeout(300), pytest.mark.stacks("colab")]
 
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -129,6 +131,8 @@ def test_twenty_interrupts_leave_no_process_and_the_kernel_stays_usable(tmp_path
             reply = k.reply(msg_id, 30, first=True)  # answered, not hung
             assert reply.status == "error"
             assert reply.ename == "KeyboardInterrupt"
+            # one line, not IPython's traceback of the magic's frames (~20 ms of the reply)
+            assert reply.traceback == [INTERRUPTED], reply.traceback
             # Every process the run started is gone by the time the cell has ended.
             assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
                            for p in pids), f"cycle {cycle}: replica left behind"

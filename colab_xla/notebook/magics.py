@@ -20,7 +20,7 @@ from .chosen import parse as parse_targets
 from .defaults import Defaults
 from .launch import LAUNCHERS, START_METHODS
 from .options import SIMULATIONS, check_output, parse_env, pull_names, split_line
-from .outcome import XlaSpawnError
+from .outcome import XlaSpawnError, interrupted_error
 from .request import DEFAULT_STALL_SECONDS, CellRequest, LaunchAsked, SessionRequest
 
 
@@ -212,7 +212,7 @@ class XlaMagics(Magics):
             print(f"colab_xla: {', '.join(kept)} kept {'its' if len(kept) == 1 else 'their'} "
                   "earlier value: no replica sent a new one.")
         if outcome.interrupted:
-            raise KeyboardInterrupt
+            raise interrupted_error()
         if not outcome.ok:
             raise XlaSpawnError(outcome)
 

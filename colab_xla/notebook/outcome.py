@@ -299,6 +299,19 @@ class XlaSpawnError(Exception):
         return self.render().splitlines()
 
 
+def interrupted_error() -> KeyboardInterrupt:
+    """The KeyboardInterrupt an interrupted cell ends with (Run All stops there), shown by
+    IPython as one line: where each replica stopped is said above it, and IPython's
+    traceback of the magic's own frames said nothing more while it took ~20 ms of the
+    Interrupt's reply (1 s the first time, as it read the magic's source)."""
+    exc = KeyboardInterrupt()
+    exc._render_traceback_ = lambda: [INTERRUPTED]  # type: ignore[attr-defined]
+    return exc
+
+
+INTERRUPTED = "KeyboardInterrupt: the cell was interrupted; where each replica stopped is above"
+
+
 def load_results(rep: ReplicaOutcome, value: Optional[bytes], pulled: Mapping[str, bytes],
                  notebook_ns: Mapping[str, Any]) -> None:
     """In the notebook: replica ``rep``'s packed value and ``--pull`` names loaded into
