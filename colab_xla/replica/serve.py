@@ -124,6 +124,8 @@ class Interruptible:
     # again (the first time also as an asynchronous exception: see interrupt); within the
     # notebook's grace for an interrupt (2 s).
     RESEND_AFTER = (0.1, 0.2, 0.4, 0.8)
+    # How long after a KeyboardInterrupt was swallowed it comes again (see swallowed).
+    AGAIN_SECONDS = 0.01
 
     def __init__(self):
         # Reentrant: SIGINT's handler takes it in the main thread, which may hold it.
@@ -139,6 +141,7 @@ class Interruptible:
         self._main = self._thread == threading.main_thread().ident
         if self._main:
             signal.signal(signal.SIGINT, self._on_sigint)
+        _watch_swallowed(self)
 
     @property
     def busy(self) -> bool:
@@ -197,6 +200,32 @@ class Interruptible:
     def _signal(self) -> None:
         signal.pthread_kill(self._thread, signal.SIGINT)
 
+    def swallowed(self) -> bool:
+        """Whether a KeyboardInterrupt that Python reports as unraisable (swallowed) in
+        this replica's thread was this one's, for the cell running here; if so it comes
+        again, at the cell's next line. The interrupt lands wherever the cell's thread
+        runs Python code, also in a finalizer the garbage collector runs in the middle of
+        a cell's line (an object's ``__del__``, a generator's ``finally``), and an
+        exception raised there is only reported, not raised: the cell slept on, and the
+        session ended ("did not stop within 2 s"). It comes again from another thread, a
+        moment later: raised now, it would be raised in the hook, and swallowed again."""
+        with self._lock:
+            if self._run_id is None or not (self._raised.is_set() or self._sent):
+                return False
+            self._raised.clear()
+            run_id = self._run_id
+        threading.Timer(self.AGAIN_SECONDS, self._again, args=(run_id,)).start()
+        return True
+
+    def _again(self, run_id: str) -> None:
+        with self._lock:
+            if self._run_id != run_id or self._raised.is_set():
+                return  # (over, or taken meanwhile)
+            if self._main:
+                self._signal()
+            else:
+                self._send()
+
     def _send(self) -> None:
         self._sent = True
         _async_raise(self._thread, KeyboardInterrupt)
@@ -207,6 +236,30 @@ class Interruptible:
                 return
             self._raised.set()
         raise KeyboardInterrupt
+
+
+# The Interruptible of each replica thread of this process, for the unraisable hook.
+_by_thread: Dict[int, Interruptible] = {}
+
+
+def _watch_swallowed(interruptible: Interruptible) -> None:
+    """Let ``interruptible`` see the KeyboardInterrupts swallowed in its thread
+    (:meth:`Interruptible.swallowed`), through ``sys.unraisablehook``, installed once per
+    process; every other unraisable exception goes to the hook that was there."""
+    import sys
+
+    if not _by_thread:
+        previous = sys.unraisablehook
+
+        def hook(unraisable) -> None:
+            cell = _by_thread.get(threading.get_ident())
+            if (cell is not None and isinstance(unraisable.exc_value, KeyboardInterrupt)
+                    and cell.swallowed()):
+                return
+            previous(unraisable)
+
+        sys.unraisablehook = hook
+    _by_thread[interruptible._thread] = interruptible
 
 
 def _async_raise(thread_id: int, exc_type) -> None:
