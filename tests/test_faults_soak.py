@@ -90,11 +90,16 @@ DUMP_STACKS = ("import faulthandler, signal\n"
                f"                      file=open({STACKS!r} + f'.{{os.getpid()}}', 'w'))")
 
 
-# Garbage that a collection would free is not a leak: collect before counting. Also the
+# Garbage that a collection would free is not a leak: collect before counting, once the
+# last runs' driver threads have ended (a README run's load once kept one, and its socket,
+# alive at the last sample: fds +5). Also the
 # zmq socket (an eventfd) ipykernel gives each thread that writes to the cell's output -
 # each run's driver thread does (multiprocessing flushes stdout before it forks) - which
 # ipykernel itself closes every 10 s once the thread has ended: close them now.
-COLLECT = """import gc
+COLLECT = """import gc, threading
+for _t in threading.enumerate():  # a run's driver winding down its killed pool ends by itself
+    if _t.name == "colab_xla-driver":
+        _t.join(30)  # (one that does not is counted below)
 gc.collect()
 _pub = getattr(get_ipython().kernel, "iopub_thread", None)
 if hasattr(_pub, "_event_pipe_gc"):
