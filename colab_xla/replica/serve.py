@@ -188,14 +188,8 @@ class Interruptible:
                 return
             self._signal()
         for wait in self.RESEND_AFTER:
-            if self._raised.wait(wait):
+            if self._raised.wait(wait) or not self._again(run_id, also_async=True):
                 return
-            with self._lock:
-                if self._run_id != run_id or self._raised.is_set():
-                    return
-                if not self._sent:
-                    self._send()
-                self._signal()
 
     def _signal(self) -> None:
         signal.pthread_kill(self._thread, signal.SIGINT)
@@ -217,14 +211,19 @@ class Interruptible:
         threading.Timer(self.AGAIN_SECONDS, self._again, args=(run_id,)).start()
         return True
 
-    def _again(self, run_id: str) -> None:
+    def _again(self, run_id: str, also_async: bool = False) -> bool:
+        """Raise KeyboardInterrupt again in the cell ``run_id``, unless it is over here or
+        took one meanwhile; whether it did. In the main thread by SIGINT (with
+        ``also_async``, the first time also as an asynchronous exception: see interrupt),
+        in another as an asynchronous exception."""
         with self._lock:
             if self._run_id != run_id or self._raised.is_set():
-                return  # (over, or taken meanwhile)
+                return False
+            if not self._main or (also_async and not self._sent):
+                self._send()
             if self._main:
                 self._signal()
-            else:
-                self._send()
+            return True
 
     def _send(self) -> None:
         self._sent = True

@@ -155,8 +155,8 @@ class _Shared:
             os.mkfifo(os.path.join(directory, "arrive"), 0o600)
         store.set(f"shm/made/{rank}", made)
         store.wait([f"shm/made/{r}" for r in range(world)], TIMEOUT)
-        failed = {r: bytes(store.get(f"shm/made/{r}")).decode() for r in range(world)}
-        failed = {r: why for r, why in failed.items() if why}
+        said = {r: bytes(store.get(f"shm/made/{r}")).decode() for r in range(world)}
+        failed = {r: why for r, why in said.items() if why}
         if failed:  # every replica learns it: the whole group goes through gloo
             os.unlink(slot_path)
             os.unlink(fifo_path)
