@@ -15,8 +15,9 @@ views (below):
 
 The views: the same loop timed by each replica itself, under the text view
 (``--no-widget``) and the widget view (the default), interleaved, one-off and on a session
-of the same kernel: the cell's wall time and the slowest replica's own printing time (a view
-that reads slowly blocks the replicas on full pipes: issue 31's 39x).
+of the same kernel, then the same on a local Ray cluster of 2 hosts (``%xla_cluster local``,
+the replicas split between them): the cell's wall time and the slowest replica's own
+printing time (a view that reads slowly blocks the replicas on full pipes: issue 31's 39x).
 
 Completeness is counted line by line, for the core and magic paths from each replica's
 log file, for the plain path from every IOPub ``stream`` message of the execution: a
@@ -356,12 +357,13 @@ OWN_TIMED = "import time as _time\n_t = _time.perf_counter()\n{loop}\n_time.perf
 VIEWS = ("text", "widget")
 
 
-def run_view(k: Kernel, replicas: int, n: int, view: str, session: bool,
+def run_view(k: Kernel, replicas: int, n: int, view: str, targeted: bool,
              deadline: float) -> dict:
     """The timed print loop under ``view`` ("text": --no-widget; "widget": the default),
-    a one-off run or a cell of the kernel's session: the cell's wall time, and the slowest
-    replica's own printing time (a view that reads slowly blocks replicas on full pipes)."""
-    flags = ("" if session else f"-n {replicas} ") + ("--no-widget " if view == "text" else "")
+    on the kernel's target (``targeted``: its session or cluster; else a one-off run of
+    ``replicas``): the cell's wall time, and the slowest replica's own printing time (a
+    view that reads slowly blocks replicas on full pipes)."""
+    flags = ("" if targeted else f"-n {replicas} ") + ("--no-widget " if view == "text" else "")
     code = f"%%xla_spawn {flags}-o _own\n" + OWN_TIMED.format(loop=LOOP.format(n=n))
     r = k.execute(code, deadline=deadline)
     if r["timed_out"] or r["status"] != "ok":
@@ -373,41 +375,67 @@ def run_view(k: Kernel, replicas: int, n: int, view: str, session: bool,
     return {"wall_s": r["idle_s"], "own_s": own}
 
 
-def measure_views(k: Kernel, replicas: int, n: int, repeats: int, deadline: float) -> dict:
-    """Each view, one-off and on a session, interleaved ``repeats`` times: medians."""
+# The targets the views are measured on: a one-off run and a session of this kernel's
+# replicas, and the same on a local Ray cluster of CLUSTER_HOSTS hosts (the replicas split
+# between them; their output comes through each host's agent).
+TARGETS = ("one-off", "session", "cluster", "cluster session")
+CLUSTER_HOSTS = 2
+
+
+def _up(k: Kernel, code: str, what: str) -> None:
+    r = k.execute(code, deadline=300)
+    if r["status"] != "ok":
+        raise RuntimeError(f"{what}: {r['error']} {r['stdout'][-2000:]}{r['stderr'][-2000:]}")
+
+
+def measure_views(k: Kernel, replicas: int, n: int, repeats: int, deadline: float,
+                  targets=TARGETS) -> dict:
+    """Each view on each target, interleaved ``repeats`` times: medians."""
     found = {}
-    for target in ("one-off", "session"):
-        if target == "session":
-            started = k.execute(f"%xla_session start -n {replicas}", deadline=180)
-            if started["status"] != "ok":
-                raise RuntimeError(f"session start: {started['error']} {started['stdout']}")
+    per_host = max(1, replicas // CLUSTER_HOSTS)
+    for target in targets:
+        on_cluster, session = target.startswith("cluster"), target.endswith("session")
+        if on_cluster:
+            _up(k, f"%xla_cluster local --hosts {CLUSTER_HOSTS} -n {per_host}", "cluster start")
         try:
-            runs = {view: [] for view in VIEWS}
-            for _ in range(repeats):
-                for view in VIEWS:
-                    runs[view].append(run_view(k, replicas, n, view, target == "session",
-                                               deadline))
+            if session:
+                _up(k, "%xla_session start" + ("" if on_cluster else f" -n {replicas}"),
+                    "session start")
+            try:
+                for view in VIEWS:  # warm-ups: a cluster's first cell starts its hosts' pools
+                    run_view(k, replicas, min(n, 1000), view, session or on_cluster, deadline)
+                runs = {view: [] for view in VIEWS}
+                for _ in range(repeats):
+                    for view in VIEWS:
+                        runs[view].append(run_view(k, replicas, n, view,
+                                                   session or on_cluster, deadline))
+            finally:
+                if session:
+                    k.execute("%xla_session stop", deadline=60)
         finally:
-            if target == "session":
-                k.execute("%xla_session stop", deadline=60)
+            if on_cluster:
+                k.execute("%xla_cluster stop", deadline=120)
         for view, done in runs.items():
             found[f"{target} {view}"] = {
                 "wall_s": statistics.median(r["wall_s"] for r in done),
                 "own_s": statistics.median(r["own_s"] for r in done),
                 "walls": [r["wall_s"] for r in done], "owns": [r["own_s"] for r in done]}
-    return {"replicas": replicas, "lines": n, "repeats": repeats, "runs": found}
+    return {"replicas": replicas, "lines": n, "repeats": repeats, "runs": found,
+            "cluster": f"{CLUSTER_HOSTS} hosts × {per_host} replicas"}
 
 
 def render_views(views: dict) -> List[str]:
     runs = views["runs"]
     rows = []
-    for target in ("one-off", "session"):
+    for target in (t for t in TARGETS if f"{t} text" in runs):
         text, widget = runs[f"{target} text"], runs[f"{target} widget"]
         for view, r in (("text (`--no-widget`)", text), ("widget (the default)", widget)):
             rows.append(f"| {target} | {view} | {r['wall_s']:.2f} | {r['own_s']:.2f} |")
         rows.append(f"| {target} | **widget ÷ text** "
                     f"| **{widget['wall_s'] / text['wall_s']:.2f}×** "
                     f"| **{widget['own_s'] / text['own_s']:.2f}×** |")
+    cluster = (f" The cluster is a local Ray cluster of {views['cluster']} (`%xla_cluster "
+               "local`): output comes through each host's agent." if "cluster" in views else "")
     return [
         "### The views under heavy output",
         "",
@@ -415,7 +443,7 @@ def render_views(views: dict) -> List[str]:
         f"widget views interleaved ({views['repeats']} runs each, medians): the cell's wall "
         "time (`execute_request` to `idle`) and the slowest replica's own printing time (its "
         "value: a view that reads slowly blocks replicas on full pipes). Goal (issue 31): "
-        "widget within 1.2× of text for the cell, 1.1× for the replicas.",
+        "widget within 1.2× of text for the cell, 1.1× for the replicas." + cluster,
         "",
         "| target | view | cell s | replicas' own printing s |",
         "|---|---|---:|---:|",
