@@ -1702,13 +1702,18 @@ def main(argv=None) -> int:
     return 0 if args.no_groups else publish_groups(args)
 
 
+# Four groups of N processes up at once (N=16: 64 Python processes, besides the kernels)
+# is what this 24 GiB machine holds.
+GROUP_MAX_REPLICAS = 16
+
+
 def publish_groups(args) -> int:
     """Section 6: measured, then written as its own results section (``peer_groups``)."""
     if (args.group_starts < 1 or args.group_repeats < 1 or args.group_lines_repeats < 1
             or args.group_raise_repeats < 1 or args.group_interrupts < 1
-            or not 1 <= max(replica_counts(args.replicas)) <= 10):
+            or not 1 <= max(replica_counts(args.replicas)) <= GROUP_MAX_REPLICAS):
         raise SystemExit("peers: section 6 needs every --group-* count >= 1 and replica "
-                         "counts 1..10")
+                         f"counts 1..{GROUP_MAX_REPLICAS}")
     if not os.path.isdir(PEERS_DIR):
         raise SystemExit(f"peers: section 6 needs nbdistributed and jupyter-distributed in "
                          f"{PEERS_DIR}: run scripts/env (bench/requirements-peers.txt)")

@@ -2,6 +2,7 @@
 
 import gc
 import json
+import select
 import os
 import subprocess
 import sys
@@ -17,7 +18,6 @@ from _runs import run  # tests/ is on sys.path
 from colab_xla.notebook import doctor, preflight, processes, state, supervisor
 from colab_xla.notebook.outcome import DONE, STOPPED, XlaSpawnError
 from colab_xla.notebook.deadlines import FAIL_FAST_SECONDS
-from colab_xla.wire import values
 from colab_xla.wire.cell import Cell
 
 pytestmark = [pytest.mark.stacks("colab", "kaggle")]
@@ -211,12 +211,13 @@ def test_a_replica_that_ended_after_the_timeout_is_stopped_though_the_loop_looke
         monkeypatch):
     """The reading loop can first look after the replicas have ended (the driver's forks
     hold the GIL): an end read then, but sent after --timeout's deadline, is not in time.
-    Forced here: the loop starts once every replica has left its report."""
+    Forced here: the loop starts once the driver has seen the replicas' process end
+    (after their ends were sent)."""
     read_until_done = supervisor.Supervisor._read_until_done
 
     def late(self, *args, **kw):
-        wait_for(lambda: all(os.path.exists(values.report_path(self.run_dir, o))
-                             for o in range(2)), 60, "the replicas' reports")
+        wait_for(lambda: select.select([self._pipes.done_r], [], [], 0)[0], 60,
+                 "the replicas' process to end")
         return read_until_done(self, *args, **kw)
 
     monkeypatch.setattr(supervisor.Supervisor, "_read_until_done", late)

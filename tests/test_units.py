@@ -12,7 +12,7 @@ import pytest
 
 from colab_xla.notebook import hardware
 from colab_xla.replica import execution as replica_execution
-from colab_xla.wire import frames
+from colab_xla.wire import frames, values
 from colab_xla.notebook.views import text as text_view
 from colab_xla.wire.cell import Cell, CellModule, EmptyCellError
 from colab_xla.notebook.outcome import (DONE, FAILED, ReplicaOutcome, RunOutcome, XlaSpawnError,
@@ -817,3 +817,23 @@ def test_auto_mode_ends_when_its_session_is_gone_and_says_so(auto, monkeypatch, 
     assert auto.transform(["x\n"]) == ["x\n"]
     assert not auto.state.on
     assert "auto mode ended with the session" in capsys.readouterr().out
+
+
+def test_a_small_report_travels_in_the_end_frame_and_a_large_one_in_its_file(tmp_path):
+    from colab_xla.wire.reports import ReplicaReport
+
+    small = ReplicaReport(ordinal=0, pid=1, elapsed=0.5, value_repr="1")
+    sent = values.report_to_send(str(tmp_path), small)
+    assert sent and not os.listdir(tmp_path)  # no file
+    payload = values.end_payload(12.5, sent)
+    assert values.ended_at(payload) == 12.5
+    assert values.read_report(str(tmp_path), 0, values.sent_report(payload)) == small
+
+    large = ReplicaReport(ordinal=3, pid=1, elapsed=0.5, value=b"x" * values.FRAME_REPORT_BYTES)
+    assert values.report_to_send(str(tmp_path), large) == b""
+    assert os.listdir(tmp_path) == ["report-3.pkl"]  # whole: no .tmp left
+    payload = values.end_payload(1.0, b"")
+    assert len(payload) + frames._HEADER.size <= frames.PIPE_BUF
+    assert values.sent_report(payload) == b""
+    assert values.read_report(str(tmp_path), 3, values.sent_report(payload)) == large
+    assert values.ended_at(b"") is None  # (an end that says no time)

@@ -24,7 +24,7 @@ from typing import Iterable, List, Mapping, Optional
 
 from . import endings
 from .outcome import ReplicaOutcome
-from ..wire import frames
+from ..wire import values
 from ..wire.reports import ReplicaError
 
 # Once a replica has failed, how long the others may go on before the run is stopped:
@@ -87,8 +87,8 @@ class Deadlines:
         all the same, cut for ``"timeout"``."""
         if self.stop:
             return False
-        if (self.timeout_at is not None and len(end_payload) == frames.ENDED_AT.size
-                and frames.ENDED_AT.unpack(end_payload)[0] > self.timeout_at):
+        ended = values.ended_at(end_payload)
+        if self.timeout_at is not None and ended is not None and ended > self.timeout_at:
             self.stop = "timeout"
             return False
         return True

@@ -318,7 +318,7 @@ class Supervisor:
                     # its process ran Python since: its stack, if asked, is written (_where)
                     self._moved_on.add(frame.pid)
                 return  # sent after the run was cut (see _cut) or after --timeout's deadline
-            self._load_report(frame.ordinal)
+            self._load_report(frame.ordinal, values.sent_report(frame.payload))
             if self.outcome.replicas[frame.ordinal].error:
                 self._deadlines.failed(frame.ordinal, time.monotonic())
             self.observer.finished(self.outcome, frame.ordinal)
@@ -424,9 +424,9 @@ class Supervisor:
             if lines:
                 self.observer.output(self.outcome, origin, lines)
 
-    def _load_report(self, ordinal: int) -> None:
+    def _load_report(self, ordinal: int, sent: bytes) -> None:
         rep = self.outcome.replica(ordinal)
-        report = values.read_report(self.run_dir, ordinal)
+        report = values.read_report(self.run_dir, ordinal, sent)
         # Wall time as the person waiting sees it: from the run's start (fork, runtime
         # start-up included) to this replica's report.
         rep.elapsed = time.monotonic() - self._started

@@ -25,9 +25,9 @@ from ..wire import stacks
 from ..wire.cell import CellModule
 from ..wire.reports import RETURN_PLAIN_DATA, ReplicaError, ReplicaReport
 from ..wire.lifetime import end_descendants
-from ..wire.frames import END, ENDED_AT, START
+from ..wire.frames import END, START
 from ..wire.names import REPLICA_NAMES
-from ..wire.values import pack_value, pull_names, safe_repr, write_report
+from ..wire.values import end_payload, pack_value, pull_names, report_to_send, safe_repr
 from ..wire.job import ReplicaJob
 from .capture import flush_all, inherited_shell
 from . import runtime_clients
@@ -54,10 +54,10 @@ def serve_run(index: int, job: ReplicaJob, make_globals, end_started: bool = Tru
             "stacks": stacks.registered()}).encode())
         report = _run_cell(index, job, process, make_globals)
         report.elapsed = time.perf_counter() - started
-        write_report(job.run_dir, report)
+        sent = report_to_send(job.run_dir, report)
         if process.leave(index) and end_started:  # the last replica: what the cell started ends
             end_descendants()
-        process.writer.send(END, index, ENDED_AT.pack(time.monotonic()))
+        process.writer.send(END, index, end_payload(time.monotonic(), sent))
     finally:
         process.leave(index)
         current.ordinal = None

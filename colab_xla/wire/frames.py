@@ -43,8 +43,9 @@ DISPLAY = 8
 RUN = 0x80
 
 _HEADER = struct.Struct("<BhiI")
-# An END frame's payload: when the replica ended, by this host's CLOCK_MONOTONIC (the
-# same clock in every process: Python's time.monotonic()).
+# An END frame's payload starts with when the replica ended, by this host's CLOCK_MONOTONIC
+# (the same clock in every process: Python's time.monotonic()); its report may follow
+# (colab_xla.wire.values.end_payload).
 ENDED_AT = struct.Struct("<d")
 PIPE_BUF = select.PIPE_BUF
 MAX_PAYLOAD = PIPE_BUF - _HEADER.size

@@ -1,8 +1,9 @@
 """A replica's report and the values in it, packed in the replica and loaded in the notebook.
 
 The report (:class:`colab_xla.wire.reports.ReplicaReport`: the cell's value, ``--pull`` names,
-its error, its time) is pickled to a file of the run's private directory, renamed into
-place whole, and announced by the replica's end frame. Values are pickled by
+its error, its time) is pickled into the replica's end frame, or, too large for a frame,
+to a file of the run's private directory, renamed into place whole, that the end frame
+announces. Values are pickled by
 :func:`pack_value`: classes and functions of the cell go by value (cloudpickle), those of
 the notebook by reference (results are instances of the notebook's own classes), XLA
 tensors as CPU tensors (loading one must not start XLA in the notebook), and CPU tensors
@@ -22,6 +23,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import cloudpickle
 
+from .frames import ENDED_AT, MAX_PAYLOAD
 from .reports import ReplicaReport
 from . import shared_tensors
 
@@ -142,15 +144,45 @@ def report_path(run_dir: str, ordinal: int) -> str:
     return os.path.join(run_dir, f"report-{ordinal}.pkl")
 
 
-def write_report(run_dir: str, report: ReplicaReport) -> None:
-    """In the replica: leave its report for the notebook, whole or not at all."""
+# A report up to this size goes in the replica's end frame (one frame, written whole):
+# a file for it cost a warm session cell ~1.5 ms of each replica's time and ~0.1 ms of the
+# notebook's per replica (bench/peers.py's warm groups).
+FRAME_REPORT_BYTES = MAX_PAYLOAD - ENDED_AT.size
+
+
+def report_to_send(run_dir: str, report: ReplicaReport) -> bytes:
+    """In the replica: its report, pickled, for its end frame; or, larger than
+    :data:`FRAME_REPORT_BYTES`, left in its file (whole or not at all) and ``b""``."""
+    data = pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(data) <= FRAME_REPORT_BYTES:
+        return data
     path = report_path(run_dir, report.ordinal)
     with open(path + ".tmp", "wb") as f:
-        pickle.dump(report, f, protocol=pickle.HIGHEST_PROTOCOL)
+        f.write(data)
     os.replace(path + ".tmp", path)  # the notebook never reads half a report
+    return b""
 
 
-def read_report(run_dir: str, ordinal: int) -> ReplicaReport:
-    """In the notebook: the report replica ``ordinal`` left (its values still packed)."""
+def read_report(run_dir: str, ordinal: int, sent: bytes = b"") -> ReplicaReport:
+    """In the notebook: the report replica ``ordinal`` sent in its end frame (``sent``),
+    else left in its file (its values still packed)."""
+    if sent:
+        return pickle.loads(sent)
     with open(report_path(run_dir, ordinal), "rb") as f:
         return pickle.load(f)
+
+
+def end_payload(ended_at: float, report: bytes) -> bytes:
+    """An end frame's payload: when the replica ended (see :data:`ENDED_AT`), then its
+    report if it travels in the frame (:func:`report_to_send`)."""
+    return ENDED_AT.pack(ended_at) + report
+
+
+def ended_at(payload: bytes) -> Optional[float]:
+    """When the replica of an end frame's ``payload`` ended (None: not said)."""
+    return ENDED_AT.unpack_from(payload)[0] if len(payload) >= ENDED_AT.size else None
+
+
+def sent_report(payload: bytes) -> bytes:
+    """The report an end frame's ``payload`` carries (``b""``: it is in its file)."""
+    return payload[ENDED_AT.size:]
