@@ -308,3 +308,41 @@ def test_while_output_flows_the_views_draw_a_few_times_a_second_not_per_line():
     # at once, then after 10, 20, 40, 80, 160 ms, then every 250 ms: about 11 in 1.5 s
     # (a draw per look at the rings would be hundreds)
     assert 4 <= draws.ticks <= 25, draws.ticks
+
+
+def test_a_writer_takes_up_the_ring_it_left_for_the_pipe_while_its_reader_reads_it(tmp_path):
+    """A session's replica process makes its ring once: between cells its frames go to
+    the session's pipe, and the next cell's use_ring takes the same ring up again."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    writer = frames.ChannelWriter(w)
+    path = str(tmp_path / "ring-1")
+    writer.use_ring(path, size=1 << 16)
+    reader = ring.RingReader(path)
+    decoder = frames.FrameDecoder()
+    kept = writer._ring
+    writer.send(frames.STDOUT, 0, b"cell 1\n")
+    writer.drop_ring()  # between cells: to the pipe
+    writer.send(frames.STDOUT, 0, b"between\n")
+    assert os.read(r, 1 << 16).endswith(b"between\n")
+    writer.use_ring(path, size=1 << 16)  # the next cell: the same ring, no new file
+    assert writer._ring is kept
+    writer.send(frames.STDOUT, 0, b"cell 2\n")
+    assert b"".join(f.payload for f in decoder.feed(reader.read())) == b"cell 1\ncell 2\n"
+    assert os.read(r, 1 << 16) == frames._HEADER.pack(ring.RING, -1, os.getpid(),
+                                                       len(path)) + path.encode()
+    # Another ring, or one its reader closed (the session ended): never taken up again.
+    other = str(tmp_path / "ring-2")
+    writer.drop_ring()
+    writer.use_ring(other, size=1 << 16)
+    assert writer._ring is not kept and kept.reader_gone  # (closed here: unmapped)
+    reader.close()
+    writer.drop_ring()
+    taken = writer._parked
+    ring.RingReader(other).close()
+    with pytest.raises(FileExistsError):  # not taken up: a new one is made (and cannot be)
+        writer.use_ring(other, size=1 << 16)
+    assert taken.reader_gone and writer._ring is None
+    writer.drop_ring()
+    os.close(r)
+    os.close(w)

@@ -755,6 +755,32 @@ def test_a_session_whose_replicas_cannot_start_says_what_they_printed(monkeypatc
 
 @pytest.mark.xla
 @pytest.mark.timeout(300)
+def test_a_sessions_cells_read_pipes_and_rings_made_once_that_go_with_the_session():
+    """Each cell used to make its own named pipes (3 per replica process), directory and
+    rings, and remove them: ~7 ms of a warm cell's CPU time at 8 replicas."""
+    session = new_session(SessionOptions(replicas=2), {}, announce=None)
+    try:
+        where = ("from colab_xla.replica.process import ReplicaProcess\n"
+                 "import os\n"
+                 "ring = ReplicaProcess._current.writer._ring\n"
+                 "(os.readlink('/proc/self/fd/1'), ring.path, id(ring))")
+        first = cell(where, session)
+        directory = session._cell_pipes.directory
+        made = sorted(os.listdir(directory))
+        assert cell("print(index)\nindex", session).results() == {0: 0, 1: 1}
+        again = cell(where, session)
+        assert first.ok and again.ok, (first, again)
+        assert first.results() == again.results()  # the same pipe, the same ring
+        for i, (stdout, ring, _) in first.results().items():
+            assert os.path.dirname(stdout) == os.path.dirname(ring) == directory
+        rings = [n for n in made if n.startswith("ring-")]
+        assert len(rings) == len(set(session_pids(session))) and sorted(
+            os.listdir(directory)) == made  # made once
+    finally:
+        session.stop()
+    assert not os.path.exists(directory)
+
+
 def test_a_replica_whose_cell_pipes_closed_before_its_end_was_written_serves_on(live):
     """Issue 31 (the soak's and Kaggle's 'exit code 1'): a replica appends its cell's end to
     its ring, then writes a wake-up to the cell's pipe; the notebook, polling the ring, may

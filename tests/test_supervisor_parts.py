@@ -189,7 +189,8 @@ class _Reads:
 @pytest.fixture
 def run_pipes(tmp_path):
     reads = _Reads()
-    made = RunPipes(str(tmp_path), 2, (str(tmp_path), None), reads.handle, reads.c_output)
+    made = RunPipes(str(tmp_path), 2)
+    made.begin(reads.handle, reads.c_output)
     yield made, reads
     made.close()
 
@@ -288,14 +289,15 @@ def test_draining_reads_everything_the_pipes_hold(run_pipes, monkeypatch):
         b"before the rank is known\n")
 
 
-def test_closed_pipes_keep_nothing_of_their_caller_alive(tmp_path):
+def test_pipes_a_run_has_read_keep_nothing_of_it_alive(tmp_path):
     """The callbacks are the caller's methods: kept after the run, they would keep the
     Supervisor, its outcome and the values in it (shared pages a later run reuses) until a
     garbage collection."""
     reads = _Reads()
-    reads.pipes = RunPipes(str(tmp_path), 1, (str(tmp_path),), reads.handle, reads.c_output)
+    reads.pipes = RunPipes(str(tmp_path), 1)
+    reads.pipes.begin(reads.handle, reads.c_output)
     gone = weakref.ref(reads)
-    reads.pipes.close()
+    reads.pipes.end()  # (a session's cell: the pipes stay open for the next)
     was_enabled = gc.isenabled()
     gc.disable()
     try:

@@ -1,14 +1,16 @@
-"""What one run reads, and the reading of it: :class:`RunPipes`.
+"""What a run reads, and the reading of it: :class:`RunPipes`.
 
 A run's replica processes send everything the notebook sees through pipes this module
 makes (named pipes, opened by path in the replicas, in the directory the caller names: the
-run's ``/dev/shm`` directory where there is one, else the run's directory): the frame pipe
+run's ``/dev/shm`` directory where there is one, else the run's directory; a session's own,
+kept from cell to cell, for its cells): the frame pipe
 (``channel``: events, and the frames of processes forked from a replica), a pair per
 replica process for C-level output (its fd 1 and 2), and ``startup``, for what a process
 prints before its rank is known. Each replica process also appends its frames to an output
-ring (:mod:`colab_xla.wire.ring`), named by a frame on the pipe. :class:`RunPipes` makes the
-pipes, reads them and the rings without waiting (the caller's ``select`` does the waiting),
-and hands on every frame and every C-level read; it knows nothing of what they mean.
+ring (:mod:`colab_xla.wire.ring`) in the same directory, named by a frame on the pipe.
+:class:`RunPipes` makes the pipes, reads them and the rings without waiting (the caller's
+``select`` does the waiting), and hands on every frame and every C-level read to the run
+that reads them now (:meth:`RunPipes.begin`); it knows nothing of what they mean.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import itertools
 import os
 import select
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ..wire import frames, ring
 
@@ -39,22 +41,26 @@ STARTUP, STARTUP_LABEL = -1, "process start-up"
 
 
 class RunPipes:
-    """One run's pipes and output rings.
+    """The pipes and output rings of ``processes`` replica processes in ``directory``,
+    read by one run at a time (:meth:`begin` to :meth:`end`): a one-off run's, or a
+    session's for cell after cell.
 
-    ``handle(frame)`` gets every frame, from the pipe or a ring, in the order sent;
-    ``c_output(fd, rank, kind, data)`` every read of C-level output (``rank``: the local
-    process rank, or :data:`STARTUP`; ``kind``: ``frames.STDOUT`` or ``frames.STDERR``),
-    after the frames sent before it. Rings are opened only in ``ring_dirs``.
+    While a run reads them, ``handle(frame)`` gets every frame, from the pipe or a ring, in
+    the order sent; ``c_output(fd, rank, kind, data)`` every read of C-level output
+    (``rank``: the local process rank, or :data:`STARTUP`; ``kind``: ``frames.STDOUT`` or
+    ``frames.STDERR``), after the frames sent before it. Rings are opened only in
+    ``directory``.
     """
 
-    def __init__(self, pipe_dir: str, processes: int, ring_dirs: Sequence[Optional[str]],
-                 handle: Callable[[frames.Frame], None],
-                 c_output: Callable[[int, int, int, bytes], None]):
-        self._handle, self._c_output, self._ring_dirs = handle, c_output, tuple(ring_dirs)
-        self.channel_path = os.path.join(pipe_dir, "channel")
+    def __init__(self, directory: str, processes: int):
+        self.directory, self.processes = directory, processes
+        self._handle: Optional[Callable[[frames.Frame], None]] = None
+        self._c_output: Optional[Callable[[int, int, int, bytes], None]] = None
+        self.done_r: Optional[int] = None  # the run's driver thread's end (begin)
+        self.done_w: Optional[int] = None
+        self.channel_path = os.path.join(directory, "channel")
         self.read_fd, self.write_fd = frames.make_fifo(self.channel_path)
-        self.done_r, self.done_w = os.pipe()  # the driver thread's end
-        self.fd_paths = tuple(tuple(os.path.join(pipe_dir, f"process-{rank}.{kind}")
+        self.fd_paths = tuple(tuple(os.path.join(directory, f"process-{rank}.{kind}")
                                     for kind in ("stdout", "stderr"))
                               for rank in range(processes))
         fd_pipes = [tuple(frames.make_fifo(path) for path in pair) for pair in self.fd_paths]
@@ -65,16 +71,35 @@ class RunPipes:
             for kind, pipe in zip((frames.STDOUT, frames.STDERR), pair)}
         # What a replica process prints before its rank is known (torch_xla starting its
         # runtime: XLA's fatal message for a bad XLA_FLAGS, say) goes to one more pipe.
-        self.startup_path = os.path.join(pipe_dir, "startup")
+        self.startup_path = os.path.join(directory, "startup")
         startup = frames.make_fifo(self.startup_path)
         self.fd_sources[startup[0]] = (STARTUP, frames.STDERR)
         fd_pipes.append((startup,))
-        self._fds: List[int] = [self.read_fd, self.write_fd, self.done_r, self.done_w,
+        self._fds: List[int] = [self.read_fd, self.write_fd,
                                 *(fd for pair in fd_pipes for pipe in pair for fd in pipe)]
         self._decoder = frames.FrameDecoder()
         # The replica processes' output rings, by path (see colab_xla.wire.ring).
         self.rings: Dict[str, Tuple[ring.RingReader, frames.FrameDecoder]] = {}
         self.ring_output = False  # a ring had output since the reading loop last looked
+
+    def begin(self, handle: Callable[[frames.Frame], None],
+              c_output: Callable[[int, int, int, bytes], None]) -> None:
+        """A run reads the pipes from now on (until :meth:`end`), told as the class says;
+        its driver thread ends by writing to ``done_w``."""
+        self.end()
+        self._handle, self._c_output = handle, c_output
+        self.done_r, self.done_w = os.pipe()
+        self.ring_output = False
+
+    def end(self) -> None:
+        """The run no longer reads: let go of its callbacks (the caller's methods, a cycle
+        that would keep the caller, its outcome, the values the replicas sent and their
+        shared pages until a garbage collection) and close its driver's pipe."""
+        self._handle = self._c_output = None
+        for fd in (self.done_r, self.done_w):
+            if fd is not None:
+                os.close(fd)
+        self.done_r = self.done_w = None
 
     def read(self, fd: int) -> bool:
         """Read what ``fd`` has; False at end of file."""
@@ -128,7 +153,7 @@ class RunPipes:
         self.read_rings()
 
     def _open_ring(self, path: str) -> None:
-        if path not in self.rings and os.path.dirname(path) in self._ring_dirs:
+        if path not in self.rings and os.path.dirname(path) == self.directory:
             self.rings[path] = (ring.RingReader(path), frames.FrameDecoder())
 
     def read_rings(self) -> bool:
@@ -160,12 +185,12 @@ class RunPipes:
         return wake
 
     def close(self) -> None:
-        """Close the rings (their writers see the run is over) and every pipe, and let go of
-        the callbacks: they are the caller's methods, a cycle that would keep the caller
-        (its outcome, the values the replicas sent, their shared pages) until a garbage
-        collection."""
+        """:meth:`end`, then close the rings (their writers see nobody reads them any more)
+        and every pipe."""
+        self.end()
         for reader, _ in self.rings.values():
             reader.close()
+        self.rings.clear()
         for fd in self._fds:
             os.close(fd)
-        self._handle = self._c_output = None
+        self._fds = []

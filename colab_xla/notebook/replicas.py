@@ -12,6 +12,7 @@ from typing import List, Optional
 
 from . import processes
 from .launch import Launch, environ, run_replica, start
+from .pipes import RunPipes
 from ..wire.job import ReplicaJob
 from ..runtimes.plan import ReplicaPlan
 
@@ -35,6 +36,15 @@ class Replicas:
     # How long every replica has to start the cell, from the run's start, before the run
     # is cut as "unstarted" (colab_xla.notebook.deadlines); None: no bound.
     start_seconds: Optional[float] = None
+
+    def pipes(self, directory: str, processes: int) -> RunPipes:
+        """The pipes the run reads (its own in ``directory``, for ``processes`` replica
+        processes: made here and closed by :meth:`done_with`)."""
+        return RunPipes(directory, processes)
+
+    def done_with(self, pipes: RunPipes) -> None:
+        """The run has read ``pipes`` (:meth:`pipes`) for the last time."""
+        pipes.close()
 
     def begin(self) -> None:
         """Just before the replicas are started."""

@@ -1,8 +1,9 @@
 """The run loop, on the notebook's side: one :class:`Supervisor` per run, and its
 :class:`RunRequest`.
 
-The Supervisor composes what a run needs, each from the module that owns it: it makes the
-run's pipes (:class:`colab_xla.notebook.pipes.RunPipes`), starts the replicas
+The Supervisor composes what a run needs, each from the module that owns it: it reads the
+run's pipes (:class:`colab_xla.notebook.pipes.RunPipes`, made for the run or lent by a
+session), starts the replicas
 (:class:`colab_xla.notebook.replicas.Replicas`: fresh ones, or a session's) in a driver
 thread, and reads every pipe in the calling thread (the kernel's main thread, so it stays
 interruptible) until the replicas have ended: frames become the outcome's output lines,
@@ -112,10 +113,10 @@ class Supervisor:
         self._shm_dir = None if opts.hosted else shared_tensors.make_dir(self.run_id)
         # The run's pipes go where its rings do: in tmpfs, making one costs less than in a
         # disk's /tmp (2 a replica process, and 2 more, every run; bench/launch_overhead.py
-        # measures both).
-        self._pipes = pipes = RunPipes(
-            self._shm_dir or self.run_dir, self.plan.processes, (self.run_dir, self._shm_dir),
-            handle=self._handle, c_output=self._c_output)
+        # measures both). A session's cells read the session's own.
+        self._pipes = pipes = self._replicas.pipes(self._shm_dir or self.run_dir,
+                                                   self.plan.processes)
+        pipes.begin(self._handle, self._c_output)
         # A Manager lock costs ~5 ms of connections per run: only cells that use it pay.
         lock = shared_lock.new_lock() if "lock" in self.cell.source else None
         self._replicas.begin()  # after the manager exists: every new child is the run's
@@ -127,7 +128,7 @@ class Supervisor:
             environ=replica_environ(self.plan.env),
             cell=None if forked else self.cell, names=None if forked else opts.names,
             cache_dir=opts.cache_dir, pull=opts.pull, pull_from=opts.pull_from,
-            shm_dir=self._shm_dir, rings=True, chosen=opts.chosen)
+            shm_dir=self._shm_dir, ring_dir=pipes.directory, chosen=opts.chosen)
         driver = threading.Thread(target=self._drive, args=(job, pipes.done_w, pipes.write_fd),
                                   name="colab_xla-driver", daemon=True)
         # From here on an Interrupt is a flag the read loop checks (see
@@ -169,7 +170,7 @@ class Supervisor:
                 self._replicas.release(driver)
                 if self._shm_dir is not None:  # tensors already mapped stay valid
                     shared_tensors.remove_dir(self._shm_dir)
-                pipes.close()
+                self._replicas.done_with(pipes)
                 self.outcome.elapsed = time.monotonic() - self._started
                 self._finish_logs()
                 # Its traceback's frames hold the pool (each process's sentinel pipe) and this

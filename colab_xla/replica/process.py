@@ -131,11 +131,9 @@ class ReplicaProcess:
             self.writer = ChannelWriter(os.open(job.channel_path, os.O_WRONLY))
         else:
             self.writer.retarget(job.channel_path)
-        if job.rings:
-            # In shared memory where the run has a directory there (no disk under it).
-            ring_dir = job.shm_dir or job.run_dir
+        if job.ring_dir:
             try:
-                self.writer.use_ring(os.path.join(ring_dir, f"ring-{os.getpid()}"))
+                self.writer.use_ring(os.path.join(job.ring_dir, f"ring-{os.getpid()}"))
             except OSError:  # no room for the ring's file: frames go to the pipe
                 pass
         if job.run_dir not in sys.path:

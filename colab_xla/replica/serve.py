@@ -4,9 +4,10 @@ notebook sends, in globals it keeps from cell to cell.
 :func:`serve` is what the launcher calls in each replica instead of
 :func:`colab_xla.replica.execution.main`. The replica's process is set up once (its streams,
 torch_xla instrumented, the CPU simulation's collectives); each cell is then a run like a
-one-off run's (its own pipes, report and frames: :func:`colab_xla.replica.execution.serve_run`),
-with one difference: the cell's globals are the replica's own from the cells before, with
-the notebook names the cell brings on top.
+one-off run's (its report and frames: :func:`colab_xla.replica.execution.serve_run`), with
+two differences: the cell's globals are the replica's own from the cells before, with the
+notebook names the cell brings on top; and the pipes and output ring it writes to are the
+session's cell pipes, made once (:meth:`colab_xla.notebook.targets.session.Session.cell_pipes`).
 
 The notebook speaks to each replica through a named pipe of the session's directory,
 one line per command, read by a thread of the replica: ``run PATH`` (a pickled
@@ -100,9 +101,8 @@ def _serve(index: int, job: ReplicaJob) -> None:
         except KeyboardInterrupt:  # an interrupt that came as the cell ended: it is over
             pass
         except BrokenPipeError:
-            # The notebook closed the cell's pipes first: it read the cell's end from the
-            # ring before the wake-up written after it, or it cut the run. The cell is over
-            # there; this replica goes home to the session's pipes like any other.
+            # The notebook closed the cell pipes first (the session is ending). This replica
+            # goes home to the session's own pipes like any other.
             pass
         shared_tensors.map_written()  # the cell's report is out: off its time
         # The process's last replica to finish the cell takes it home (to the session's

@@ -111,6 +111,9 @@ class ChannelWriter:
     def __init__(self, fd: int):
         self.fd = fd
         self._ring: Optional[_ring.RingWriter] = None
+        # The ring last used, kept while frames go to a pipe (a session's replica between
+        # cells), for use_ring to take up again (a session's next cell).
+        self._parked: Optional[_ring.RingWriter] = None
         self._switch = threading.Lock()
 
     def retarget(self, path: str) -> None:
@@ -122,20 +125,31 @@ class ChannelWriter:
         os.close(fd)
 
     def use_ring(self, path: str, size: int = _ring.DEFAULT_SIZE) -> None:
-        """Send frames through a new ring at ``path`` (named to the reader on the pipe
-        first, so it reads the ring before anything sent later on the pipe is handled)."""
-        ring = _ring.RingWriter(path, size)
+        """Send frames through the ring at ``path``: the one last used if it is that one
+        and still read, else a new one (named to the reader on the pipe first, either way,
+        so it reads the ring before anything sent later on the pipe is handled)."""
+        with self._switch:
+            ring, self._parked = self._parked, None
+        if ring is not None and (ring.path != path or ring.reader_gone):
+            ring.close()
+            ring = None
+        if ring is None:
+            ring = _ring.RingWriter(path, size)
         self._write_frames(_ring.RING, -1, path.encode())
         with self._switch:
             old, self._ring = self._ring, ring
-        if old is not None:
+        if old is not None and old is not ring:
             old.close()
 
     def drop_ring(self) -> None:
+        """Send frames to the pipe from now on; the ring is kept for :meth:`use_ring`."""
         with self._switch:
             old, self._ring = self._ring, None
-        if old is not None:
-            old.close()
+            if old is None:
+                return
+            stale, self._parked = self._parked, old
+        if stale is not None:
+            stale.close()
 
     def send(self, kind: int, ordinal: int, payload: bytes) -> None:
         ring = self._ring

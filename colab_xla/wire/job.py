@@ -45,9 +45,10 @@ class ReplicaJob:
     pull: Tuple[str, ...] = ()  # --pull: names sent back after the cell
     pull_from: Optional[int] = None  # --pull-from: only this replica sends them
     shm_dir: Optional[str] = None  # where large CPU tensors go (colab_xla.wire.shared_tensors)
-    # Output through a ring per replica process in run_dir (colab_xla.wire.ring), for a
-    # reader that reads rings; without, every frame is a write to the pipe.
-    rings: bool = False
+    # Output through a ring per replica process in this directory (colab_xla.wire.ring), for
+    # a reader that reads rings; None: every frame is a write to the pipe. A session's cells
+    # name the same one, and a replica process makes its ring once.
+    ring_dir: Optional[str] = None
     # The replicas that run the cell (a session's, by index: --targets); None: all.
     chosen: Optional[Tuple[int, ...]] = None
 

@@ -137,6 +137,12 @@ class RingWriter:
             pause = min(pause * 2, _WAIT_MAX)
         self._room = self.size - (self._written - self._pos[_READ])
 
+    @property
+    def reader_gone(self) -> bool:
+        """Whether the notebook closed its end (the run or session that read it is over)."""
+        m = self._map
+        return m is None or bool(m[_CLOSED])
+
     def close(self) -> None:
         with self._lock:
             if self._map is not None:

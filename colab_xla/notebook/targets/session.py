@@ -56,7 +56,8 @@ from ...wire.job import ReplicaJob, failure_path
 from ..outcome import RunObserver, RunOutcome, counted
 from ..request import CellRequest, SessionRequest
 from ..supervisor import RunRequest, Supervisor
-from ...wire import completions, names
+from ...wire import completions, names, shared_tensors
+from ..pipes import RunPipes
 from .known_names import KnownNames
 from .one_off import said_once, planned, say_notes
 from .session_commands import CommandPipes
@@ -144,6 +145,9 @@ class Session(Target):
         self._launch_error: Optional[BaseException] = None
         self._stopping = False  # processes that end from now on were ended on purpose
         self._outside: Optional[SessionChannel] = None  # the session's own pipes, read
+        # The pipes and rings its cells read (cell_pipes), and whether a cell reads them now.
+        self._cell_pipes: Optional[RunPipes] = None
+        self._cell_pipes_lent = False
         self._asked = 0  # questions for Tab completion (each its own pipe)
 
     # -- start and stop ---------------------------------------------------------------------
@@ -261,6 +265,10 @@ class Session(Target):
         self._commands.close()
         if self._outside is not None:
             self._outside.close()
+        with self._lock:  # (a cell reading them closes them as it ends: cell_pipes_back)
+            pipes = None if self._cell_pipes_lent else self._cell_pipes
+        if pipes is not None:
+            self._close_cell_pipes()
         shutil.rmtree(self.directory, ignore_errors=True)
         self._launch_error = None  # (its traceback holds the launcher's frames)
 
@@ -353,6 +361,42 @@ class Session(Target):
             return outcome
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
+
+    def cell_pipes(self) -> RunPipes:
+        """The pipes and output rings every cell of the session reads, made for the first
+        (in shared memory where there is some): the replica processes then make their
+        rings once, and each cell costs no named pipes, no ring and no directory for them
+        (at 8 replicas, ~7 ms of the CPU time of a warm cell: bench/peers.py's warm
+        groups). Lent to one cell at a time, until :meth:`cell_pipes_back`."""
+        with self._lock:
+            if self._cell_pipes is None:
+                try:
+                    directory = shared_tensors.make_private_dir("session-pipes")
+                except OSError:  # no /dev/shm: the session's directory
+                    directory = self.directory
+                self._cell_pipes = RunPipes(directory, self.plan.processes)
+            self._cell_pipes_lent = True
+            return self._cell_pipes
+
+    def cell_pipes_back(self) -> None:
+        """The cell that :meth:`cell_pipes` lent them to has read them for the last time;
+        closed if the session has ended meanwhile."""
+        with self._lock:
+            self._cell_pipes_lent = False
+            if self._cell_pipes is None:
+                return
+            self._cell_pipes.end()
+            if self.ended is None:
+                return
+        self._close_cell_pipes()
+
+    def _close_cell_pipes(self) -> None:
+        with self._lock:
+            pipes, self._cell_pipes = self._cell_pipes, None
+        if pipes is not None:
+            pipes.close()
+            if pipes.directory != self.directory:
+                shutil.rmtree(pipes.directory, ignore_errors=True)
 
     def chosen(self, request: CellRequest) -> Optional[Tuple[int, ...]]:
         """The replicas ``--targets`` chooses (None: every one), by index; refused

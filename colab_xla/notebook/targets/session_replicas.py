@@ -12,6 +12,7 @@ from typing import List, Optional
 
 from ...wire.job import ReplicaJob
 from ..outcome import format_ordinals
+from ..pipes import RunPipes
 from ..replicas import Replicas
 
 # After an Interrupt (or --timeout, or fail-fast), how long every replica has to finish its
@@ -39,6 +40,12 @@ class SessionReplicas(Replicas):
         # thread is alive a moment longer (it tells the supervisor first): its is_alive()
         # would count a cell that ended in time as one still running.
         self._returned = threading.Event()
+
+    def pipes(self, directory: str, processes: int) -> RunPipes:
+        return self.session.cell_pipes()  # (kept from cell to cell)
+
+    def done_with(self, pipes: RunPipes) -> None:
+        self.session.cell_pipes_back()
 
     def drive(self, job: ReplicaJob, ended) -> None:
         self.run_id = job.run_id
