@@ -409,6 +409,27 @@ except KeyboardInterrupt:
 from colab_xla.notebook.output_log import OutputLog, collapse_cr  # noqa: E402
 
 
+def test_a_runs_log_directory_is_made_at_its_first_logged_line_and_the_last_ten_kept(
+        private_state):
+    from colab_xla.notebook import state
+
+    quiet = RunOutcome(device_type="CPU", log_dir=state.next_log_dir())
+    quiet.replica(0)
+    assert not quiet.logged and not os.path.exists(quiet.log_dir)  # nothing printed: none
+    dirs = []
+    for i in range(state.KEEP_LOGS_OF_RUNS + 2):
+        outcome = RunOutcome(device_type="CPU", log_dir=state.next_log_dir())
+        assert outcome.replica(0).log.write("stdout", f"line {i}\n") == [f"line {i}"]
+        outcome.replica(0).log.finish()
+        assert outcome.logged
+        dirs.append(outcome.log_dir)
+    mine = os.path.dirname(dirs[0])
+    assert sorted(os.listdir(mine)) == [os.path.basename(d)
+                                        for d in dirs[-state.KEEP_LOGS_OF_RUNS:]]
+    with open(os.path.join(dirs[-1], "replica-0.log")) as f:
+        assert f.read() == f"line {len(dirs) - 1}\n"
+
+
 @pytest.mark.parametrize("line, shown", [("plain", "plain"), (" 10%\r 50%\r100%", "100%"),
                                          ("done\r", "done"), ("\r", "")])
 def test_carriage_return_shows_the_last_rewrite(line, shown):

@@ -100,6 +100,13 @@ class RunOutcome:
             self.processes[label] = self._new_log(label.replace(" ", "-"))
         return self.processes[label]
 
+    @property
+    def logged(self) -> bool:
+        """Whether a line of the run is in a log file of :attr:`log_dir` (made then)."""
+        return bool(self.log_dir) and any(
+            log.written for log in (*(r.log for r in self.replicas.values()),
+                                    *self.processes.values()))
+
     def _new_log(self, name: str) -> OutputLog:
         return OutputLog(f"{self.log_dir}/{name}.log" if self.log_dir else None)
 

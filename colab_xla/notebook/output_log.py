@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import collections
 import io
+import os
 from typing import Deque, Dict, List, Optional, Tuple
+
+from . import state
 
 TAIL_LINES = 400
 # How much of a line not yet ended a view shows: its last characters (the log file and,
@@ -54,6 +57,7 @@ class OutputLog:
         # its length, not its length times the number of chunks.
         self._partial: Dict[str, List[str]] = {}
         self._file: Optional[io.TextIOBase] = None
+        self.written = False  # whether a line went to the file
         self.version = 0  # bumps on every change; views redraw only what changed
 
     def write(self, stream: str, text: str) -> List[str]:
@@ -144,5 +148,8 @@ class OutputLog:
         if self.path is None:
             return
         if self._file is None:
+            if not self.written:  # the run's first line logged: its directory
+                state.make_log_dir(os.path.dirname(self.path))
             self._file = open(self.path, "a", encoding="utf-8", errors="replace")
+            self.written = True
         self._file.write(text)

@@ -116,11 +116,24 @@ def new_work_dir(prefix: str) -> str:
 
 def new_log_dir() -> str:
     """A directory for one run's full logs, under this notebook process's own."""
+    return make_log_dir(next_log_dir())
+
+
+def next_log_dir() -> str:
+    """Where the next run's full logs go, under this notebook process's own directory:
+    made by :func:`make_log_dir` once the run has a line to log (a warm cell that prints
+    nothing makes and removes no directory)."""
     global _run_number
-    mine = own_dir("logs")
     _run_number += 1
-    path = os.path.join(mine, f"run-{_run_number:05d}")
-    os.mkdir(path, 0o700)
+    return os.path.join(own_dir("logs"), f"run-{_run_number:05d}")
+
+
+def make_log_dir(path: str) -> str:
+    """Make ``path`` (of :func:`next_log_dir`), and remove the logs of all but the last
+    :data:`KEEP_LOGS_OF_RUNS` runs that logged."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    mine = os.path.dirname(path)
     for old in sorted(os.listdir(mine))[:-KEEP_LOGS_OF_RUNS]:
         shutil.rmtree(os.path.join(mine, old), ignore_errors=True)
     return path

@@ -75,7 +75,7 @@ class Supervisor:
         self.timeout = timeout
         self.user_ns = user_ns
         self.run_id = secrets.token_hex(8)
-        self.outcome = RunOutcome(device_type=plan.device_type, log_dir=state.new_log_dir())
+        self.outcome = RunOutcome(device_type=plan.device_type, log_dir=state.next_log_dir())
         if options.chosen is not None and plan.replicas:
             self.outcome.idle = sorted(set(range(plan.replicas)) - set(options.chosen))
         self._decoders: Dict[tuple, Any] = {}

@@ -51,7 +51,7 @@ def render(outcome: RunOutcome, tail: int = text_view.SUMMARY_TAIL) -> str:
                     f"</td><td style='{_TD}'><pre style='{_PRE}'>{esc(chr(10).join(lines))}</pre>"
                     "</td></tr>")
     logs = f"<p style='font-size:smaller'>full logs: <code>{esc(outcome.log_dir)}</code></p>" \
-        if outcome.log_dir else ""
+        if outcome.logged else ""
     return (f"<div class='colab-xla-summary'><p><b>{esc(text_view.headline(outcome))}</b></p>"
             "<table><tr>" + "".join(f"<th style='{_TD}'>{h}</th>" for h in (
                 "replica", "state", "time", "result", "output (last lines)")) + "</tr>"

@@ -282,7 +282,7 @@ class WidgetView(RunObserver):
             if ordinals)
         counts = text_view.headline(outcome).split(": ", 1)[-1].split(" in ")[0]
         logs = (f"<br><span style='font-size:smaller'>full logs: <code>"
-                f"{html.escape(outcome.log_dir)}</code></span>" if outcome.log_dir else "")
+                f"{html.escape(outcome.log_dir)}</code></span>" if outcome.logged else "")
         replicas = counted(len(outcome.replicas), "replica")
         # Where they are while none prints; once the run is cut, where the stopped were.
         where = self._stall or "\n".join(outcome.places(outcome.stopped))
