@@ -755,6 +755,15 @@ def test_a_session_whose_replicas_cannot_start_says_what_they_printed(monkeypatc
 
 @pytest.mark.xla
 @pytest.mark.timeout(300)
+def test_a_cells_change_to_os_environ_stays_for_the_next_cells_as_in_a_notebook(live):
+    assert cell("import os\nos.environ['COLAB_XLA_KEPT'] = 'kept'", live).ok
+    try:
+        assert cell("os.environ.get('COLAB_XLA_KEPT')", live).results() == {0: "kept",
+                                                                             1: "kept"}
+    finally:
+        assert cell("os.environ.pop('COLAB_XLA_KEPT', None);", live).ok
+
+
 def test_a_sessions_cells_read_pipes_and_rings_made_once_that_go_with_the_session():
     """Each cell used to make its own named pipes (3 per replica process), directory and
     rings, and remove them: ~7 ms of a warm cell's CPU time at 8 replicas."""

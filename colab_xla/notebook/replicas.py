@@ -33,6 +33,7 @@ class Replicas:
     """
 
     inherit = False  # whether the replicas fork from this process for the run
+    running = False  # whether their processes run before the run (a session's)
     # How long every replica has to start the cell, from the run's start, before the run
     # is cut as "unstarted" (colab_xla.notebook.deadlines); None: no bound.
     start_seconds: Optional[float] = None

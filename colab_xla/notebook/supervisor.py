@@ -120,12 +120,15 @@ class Supervisor:
         # A Manager lock costs ~5 ms of connections per run: only cells that use it pay.
         lock = shared_lock.new_lock() if "lock" in self.cell.source else None
         self._replicas.begin()  # after the manager exists: every new child is the run's
-        forked = self._replicas.inherit
+        forked, running = self._replicas.inherit, self._replicas.running
+        # Processes that run already (a session's) have their start-up behind them, and
+        # the environment they were started with: a cell's changes to os.environ stay, as
+        # in a notebook.
         job = ReplicaJob(
             run_id=self.run_id, run_dir=self.run_dir, channel_path=pipes.channel_path,
             parent_pid=opts.parent_pid, lock=lock, fd_paths=tuple(pipes.fd_paths),
-            startup_path=pipes.startup_path,
-            environ=replica_environ(self.plan.env),
+            startup_path=None if running else pipes.startup_path,
+            environ=None if running else replica_environ(self.plan.env),
             cell=None if forked else self.cell, names=None if forked else opts.names,
             cache_dir=opts.cache_dir, pull=opts.pull, pull_from=opts.pull_from,
             shm_dir=self._shm_dir, ring_dir=pipes.directory, chosen=opts.chosen)

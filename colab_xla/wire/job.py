@@ -78,9 +78,12 @@ def arrived(job: ReplicaJob) -> ReplicaJob:
     start-up output captured. (A forked process that got the job without pickling calls
     it itself.)"""
     job.apply_environ()
-    if job.startup_path:
+    if job.startup_path:  # (a session's cells have none: their processes started long ago)
         capture_startup(job.startup_path)
-    stacks.register(job.run_dir)  # (where it is, when the notebook asks: colab_xla.wire.stacks)
+    # Where it is, when the notebook asks (colab_xla.wire.stacks): a file beside its ring,
+    # which a session's cells share (made once), and which outlives the cell's run
+    # directory (a session that ends in the cell, its own directory).
+    stacks.register(job.ring_dir or job.run_dir)
     return job
 
 

@@ -62,7 +62,7 @@ class Frame(NamedTuple):
 
 def path(directory: str, pid: int) -> str:
     """The file replica process ``pid`` writes its stacks to, in ``directory`` (its run's,
-    or its session's: removed with it)."""
+    or the one its session's cells share: removed with it)."""
     return os.path.join(directory, f"stacks-{pid}.txt")
 
 

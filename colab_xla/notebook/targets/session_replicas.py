@@ -32,6 +32,7 @@ class SessionReplicas(Replicas):
     :class:`colab_xla.notebook.targets.session.Session`."""
 
     start_seconds = TAKE_SECONDS
+    running = True
 
     def __init__(self, session):
         self.session, self.run_id = session, None
