@@ -1283,6 +1283,23 @@ def render_groups(res: dict, info: dict, seconds: float, args) -> str:
                          f"({'met' if w[v]['median'] <= best else 'not met'})")
         L.append(f"- {lab[v]}: warm cell at most the fastest other peer's: "
                  + "; ".join(parts) + ".")
+    at8 = [r for r in per if r["replicas"] == 8]
+    if at8:
+        w = at8[0]["stats"]["warm_ms"]
+        parts = [f"{lab[v]} {w[v]['median'] - w['plain']['median']:+.1f} ms "
+                 f"({'met' if w[v]['median'] - w['plain']['median'] <= 2.0 else 'not met'})"
+                 for v in ("xla", "xla_widget")]
+        L.append("- warm cell within +2 ms of the plain cell at N=8: " + "; ".join(parts) + ".")
+    for v in ("xla", "xla_widget"):
+        parts = []
+        for r in per:
+            mine, theirs = (r["interrupt"]["reply_s"].get(p) for p in (v, "px"))
+            if mine and theirs:
+                ok = mine["median"] <= 2 * theirs["median"]
+                parts.append(f"N={r['replicas']}: {mine['median'] * 1e3:.0f} against "
+                             f"{theirs['median'] * 1e3:.0f} ms ({'met' if ok else 'not met'})")
+        L.append(f"- {lab[v]}: Interrupt to reply within 2× of ipyparallel's: "
+                 + "; ".join(parts) + ".")
     parts = []
     for r in per:
         text, widget = (r["lines"]["lost"][v] for v in ("xla", "xla_widget"))
