@@ -366,8 +366,9 @@ class Session(Target):
         """The pipes and output rings every cell of the session reads, made for the first
         (in shared memory where there is some): the replica processes then make their
         rings once, and each cell costs no named pipes, no ring and no directory for them
-        (at 8 replicas, ~7 ms of the CPU time of a warm cell: bench/peers.py's warm
-        groups). Lent to one cell at a time, until :meth:`cell_pipes_back`."""
+        (made and removed for every cell, they were most of a warm cell's time beside the
+        cell itself: bench/results.md, the warm groups). Lent to one cell at a time, until
+        :meth:`cell_pipes_back`."""
         with self._lock:
             if self._cell_pipes is None:
                 try:
