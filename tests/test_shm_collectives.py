@@ -65,12 +65,33 @@ def _work(rank, group, root, work, out, stderr):
             tensors = [_input(rank, int(torch.Size(s).numel()), dtype, seed + i).view(s)
                        for i, s in enumerate(shapes)]
             out.append([t.clone() for t in group.all_reduce(op, tensors)])
+        elif kind == "reduce_and_write":  # a result written in place, then the next
+            first = group.all_reduce("sum", [_input(rank, args, torch.float32, 0)])[0]
+            first += rank  # (after every replica has its result: the next call's barriers)
+            again = group.all_reduce("sum", [_input(rank, args, torch.float32, 0)])[0]
+            group._whole(None).barrier()
+            out.append([first.clone(), again.clone()])
+        elif kind == "reduce_without_room":  # no room for the result file on replica 0
+            numel, seed = args
+            group._whole(None)  # (the group's slots made first, with room)
+            limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+            if rank == 0:
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+                resource.setrlimit(resource.RLIMIT_FSIZE, (numel * 4 - 1, limit[1]))
+            try:
+                result = group.all_reduce("sum", [_input(rank, numel, torch.float32, seed)])
+            finally:
+                resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+            out.append([t.clone() for t in result])
         elif kind == "gather":
             numel, dtype, seed = args
             out.append([t.clone() for t in group.all_gather(_input(rank, numel, dtype,
                                                                     seed))])
         elif kind == "files":  # what is left of the group on disk, once it is made
-            out.append(sorted(os.listdir(root)))
+            out.append(sorted(os.path.relpath(os.path.join(d, name), root)
+                              for d, dirs, files in os.walk(root) for name in dirs + files))
+            if group._shared is not None:  # (every replica looked before any closes it)
+                group._shared.barrier()
         elif kind == "sleep_in_barrier":
             if rank == 1:
                 time.sleep(60)  # never arrives: the others wait in the barrier
@@ -152,11 +173,38 @@ def test_gather_returns_every_replicas_tensor_by_rank(world, root, tmp_path):
                 assert torch.equal(results[rank][i][r], want[r])
 
 
-def test_nothing_is_left_on_disk_once_the_group_is_made(root, tmp_path):
-    work = [("reduce", ("sum", [(10,)], torch.float32, 0)), ("files", None)]
+def test_nothing_is_left_on_disk_but_the_groups_empty_directory_until_it_closes(root,
+                                                                                tmp_path):
+    # (a reduction copied out of a slot, then one through a result file: 3 chunks)
+    work = [("reduce", ("sum", [(10,)], torch.float32, 0)),
+            ("reduce", ("sum", [(3 * CHUNK // 4,)], torch.float32, 1)), ("files", None)]
     results = _run(4, work, root, tmp_path)
-    assert all(out[1] == [] for out in results)
-    assert os.listdir(root) == []
+    left = results[0][2]
+    assert len(left) == 1 and os.path.basename(left[0]).startswith(
+        shared_tensors._prefix()), left  # the group's directory, and nothing in it
+    assert all(out[2] == left for out in results)
+    assert os.listdir(root) == []  # (the group closed with its processes)
+
+
+def test_a_result_file_without_room_is_not_made_and_every_replica_copies_its_result_out(
+        root, tmp_path):
+    work = [("reduce_without_room", (3 * CHUNK // 4, 5)), ("files", None)]
+    results = _run(3, work, root, tmp_path)
+    want = _expected("sum", [_input(r, 3 * CHUNK // 4, torch.float32, 5) for r in range(3)])
+    for rank in range(3):
+        assert torch.equal(results[rank][0][0], want)
+        assert len(results[rank][1]) == 1  # the group's directory: no result file in it
+
+
+def test_a_result_through_a_file_is_each_replicas_own_to_write(root, tmp_path):
+    """Every replica maps the call's result file copy-on-write: XLA writing into its
+    buffer (a donated one) writes into a page of its own, never another replica's."""
+    work = [("reduce_and_write", CHUNK)]
+    results = _run(3, work, root, tmp_path)
+    want = _expected("sum", [_input(r, CHUNK, torch.float32, 0) for r in range(3)])
+    for rank in range(3):
+        mine, after = results[rank][0]
+        assert torch.equal(mine, want + rank) and torch.equal(after, want), rank
 
 
 def test_a_group_without_room_for_a_slot_goes_through_gloo_and_says_why(root, tmp_path):

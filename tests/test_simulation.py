@@ -254,6 +254,35 @@ def test_collectives_take_every_dtype_layout_and_size_xla_gives_them():
         assert out["unchanged"] is True
 
 
+def test_a_large_all_reduce_comes_back_through_a_result_file_right_and_each_replicas_own():
+    """A result of a chunk (4 MiB) or more is a copy-on-write mapping of one file every
+    replica reduced into (tests/test_shm_collectives.py: written in place, it stays the
+    others' as it was): the result and its list form (parts of one tensor, not all aligned
+    as XLA needs) come back right, and a replica's in-place change is its own."""
+    cell = '''
+    import torch, torch_xla, torch_xla.core.xla_model as xm
+    from colab_xla.replica import shm_collectives
+    n = shm_collectives.CHUNK_BYTES // 4 + 5  # float32: a chunk and a part of the next
+    x = torch.full((n,), float(index + 1), device=device)
+    y = xm.all_reduce(xm.REDUCE_SUM, x)
+    y.add_(index * 100.0)  # in place
+    torch_xla.sync()
+    xm.rendezvous("added")  # every replica has changed its own result by now
+    mine = y.cpu()
+    parts = [torch.full((k,), float(index), device=device) for k in (n // 2, 3, n - n // 2)]
+    xm.all_reduce(xm.REDUCE_SUM, parts)
+    ops = next(c.cell_contents for c in xm.all_reduce.__closure__
+               if hasattr(c.cell_contents, "__self__")).__self__  # (colab_xla's collectives)
+    (mine.min().item(), mine.max().item(), [p.cpu().unique().tolist() for p in parts],
+     ops._group._shared._results)
+    '''
+    results = _ok(run(cell, 3, timeout=240))
+    for o, (low, high, parts, files) in results.items():
+        assert low == high == 6.0 + o * 100.0, (o, low, high)  # 1 + 2 + 3, and its own add
+        assert parts == [[3.0], [3.0], [3.0]]  # 0 + 1 + 2
+        assert files == 2  # (both through a result file)
+
+
 def test_each_replica_process_gets_its_share_of_the_cores_unless_omp_num_threads_says(
         monkeypatch):
     """As torchrun does: N replica processes of one machine do not each run a pool of as many
