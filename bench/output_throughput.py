@@ -390,38 +390,49 @@ def _up(k: Kernel, code: str, what: str) -> None:
 
 def measure_views(k: Kernel, replicas: int, n: int, repeats: int, deadline: float,
                   targets=TARGETS) -> dict:
-    """Each view on each target, interleaved ``repeats`` times: medians."""
+    """Each view on each target, interleaved ``repeats`` times: medians. The local cluster
+    is started once, for its targets (one-off and session) both."""
     found = {}
     per_host = max(1, replicas // CLUSTER_HOSTS)
-    for target in targets:
-        on_cluster, session = target.startswith("cluster"), target.endswith("session")
+    for on_cluster in (False, True):
+        mine = [t for t in targets if t.startswith("cluster") == on_cluster]
+        if not mine:
+            continue
         if on_cluster:
             _up(k, f"%xla_cluster local --hosts {CLUSTER_HOSTS} -n {per_host}", "cluster start")
         try:
-            if session:
-                _up(k, "%xla_session start" + ("" if on_cluster else f" -n {replicas}"),
-                    "session start")
-            try:
-                for view in VIEWS:  # warm-ups: a cluster's first cell starts its hosts' pools
-                    run_view(k, replicas, min(n, 1000), view, session or on_cluster, deadline)
-                runs = {view: [] for view in VIEWS}
-                for _ in range(repeats):
-                    for view in VIEWS:
-                        runs[view].append(run_view(k, replicas, n, view,
-                                                   session or on_cluster, deadline))
-            finally:
-                if session:
-                    k.execute("%xla_session stop", deadline=60)
+            for target in mine:
+                found.update(_measure_target(k, target, replicas, n, repeats, deadline))
         finally:
             if on_cluster:
                 k.execute("%xla_cluster stop", deadline=120)
-        for view, done in runs.items():
-            found[f"{target} {view}"] = {
-                "wall_s": statistics.median(r["wall_s"] for r in done),
-                "own_s": statistics.median(r["own_s"] for r in done),
-                "walls": [r["wall_s"] for r in done], "owns": [r["own_s"] for r in done]}
     return {"replicas": replicas, "lines": n, "repeats": repeats, "runs": found,
             "cluster": f"{CLUSTER_HOSTS} hosts × {per_host} replicas"}
+
+
+def _measure_target(k: Kernel, target: str, replicas: int, n: int, repeats: int,
+                    deadline: float) -> dict:
+    """Both views on ``target`` (its cluster, if any, up already)."""
+    on_cluster, session = target.startswith("cluster"), target.endswith("session")
+    if session:
+        _up(k, "%xla_session start" + ("" if on_cluster else f" -n {replicas}"),
+            "session start")
+    try:
+        for view in VIEWS:  # warm-ups: a cluster's first cell starts its hosts' pools
+            run_view(k, replicas, min(n, 1000), view, session or on_cluster, deadline)
+        runs = {view: [] for view in VIEWS}
+        for _ in range(repeats):
+            for view in VIEWS:
+                runs[view].append(run_view(k, replicas, n, view, session or on_cluster,
+                                           deadline))
+    finally:
+        if session:
+            k.execute("%xla_session stop", deadline=60)
+    return {f"{target} {view}": {
+        "wall_s": statistics.median(r["wall_s"] for r in done),
+        "own_s": statistics.median(r["own_s"] for r in done),
+        "walls": [r["wall_s"] for r in done], "owns": [r["own_s"] for r in done]}
+        for view, done in runs.items()}
 
 
 def render_views(views: dict) -> List[str]:
