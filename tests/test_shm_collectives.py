@@ -196,6 +196,18 @@ def test_a_result_file_without_room_is_not_made_and_every_replica_copies_its_res
         assert len(results[rank][1]) == 1  # the group's directory: no result file in it
 
 
+def test_a_result_file_leaves_room_in_shared_memory_for_the_others(tmp_path, monkeypatch):
+    """DataLoader workers' batches and the notebook's large results use /dev/shm too."""
+    free = {"bytes": 0}
+    monkeypatch.setattr(os, "statvfs", lambda path: os.statvfs_result(
+        (4096, 4096, 1 << 30, free["bytes"] // 4096, free["bytes"] // 4096, 0, 0, 0, 0, 255)))
+    size = 16 << 20
+    free["bytes"] = 2 * size + shm_collectives.ROOM_LEFT_BYTES
+    assert shm_collectives.room_for_result(str(tmp_path), size)
+    free["bytes"] -= 4096
+    assert not shm_collectives.room_for_result(str(tmp_path), size)
+
+
 def test_a_result_through_a_file_is_each_replicas_own_to_write(root, tmp_path):
     """Every replica maps the call's result file copy-on-write: XLA writing into its
     buffer (a donated one) writes into a page of its own, never another replica's."""

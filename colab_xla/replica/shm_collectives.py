@@ -15,7 +15,8 @@ one of 1 KiB ~26 ms. Processes of one machine can read each other's memory inste
 * ``all_reduce``: each replica copies its chunk into its slot; a barrier; replica ``p``
   reduces the ``p``-th piece of the chunk over all slots, in rank order (every replica gets
   the same bits, as from one reduction); a barrier. A tensor of a chunk or more is reduced
-  into a *result file* replica 0 made for the call, which every replica then maps
+  (where ``/dev/shm`` has room to spare: :func:`room_for_result`) into a *result file*
+  replica 0 made for the call, which every replica then maps
   copy-on-write as its result: no copy out, and no fresh pages per replica (a 16 MiB
   result cost each of 8 replicas a copy and 4,096 page faults, most of the collective's
   time on 2 cores), and XLA writing into its buffer writes into a page of its own. A smaller
@@ -54,6 +55,10 @@ from .gloo_collectives import TIMEOUT, GlooGroup
 
 # Each replica's slot holds two chunks of this size (8 MiB of shared memory a replica).
 CHUNK_BYTES = 4 << 20
+# What a result file must leave free in /dev/shm, beyond twice its own size (the results of
+# the step before may still live): DataLoader workers' batches and the notebook's large
+# results go there too. With less, a result is copied out, as a smaller one is.
+ROOM_LEFT_BYTES = 256 << 20
 
 
 def available(root: str = shared_tensors.SHM_ROOT) -> bool:
@@ -262,10 +267,11 @@ class _Shared:
     def _result_file(self, nbytes: int) -> str:
         """The path of this call's result file; made by replica 0, with every page taken
         (a page first touched on a full ``/dev/shm`` is a SIGBUS), or not made if there is
-        no room (every replica then finds none, and copies its result out)."""
+        no room, or too little left (:func:`room_for_result`): every replica then finds
+        none, and copies its result out."""
         path = os.path.join(self.directory, f"result-{self._results}")
         self._results += 1
-        if self.rank == 0:
+        if self.rank == 0 and room_for_result(self.directory, nbytes):
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
                 os.posix_fallocate(fd, 0, nbytes)
@@ -375,6 +381,13 @@ class _Result:
         if unlink and self.path is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
+
+
+def room_for_result(directory: str, nbytes: int) -> bool:
+    """Whether a result file of ``nbytes`` leaves room enough in ``directory``'s file system
+    (:data:`ROOM_LEFT_BYTES`)."""
+    stat = os.statvfs(directory)
+    return stat.f_bavail * stat.f_frsize >= 2 * nbytes + ROOM_LEFT_BYTES
 
 
 def _piece(count: int, world: int, rank: int):
