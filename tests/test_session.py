@@ -765,8 +765,8 @@ def test_a_cells_change_to_os_environ_stays_for_the_next_cells_as_in_a_notebook(
 
 
 def test_a_sessions_cells_read_pipes_and_rings_made_once_that_go_with_the_session():
-    """Each cell used to make its own named pipes (3 per replica process), directory and
-    rings, and remove them: ~7 ms of a warm cell's CPU time at 8 replicas."""
+    """Each cell used to make its own named pipes (2 per replica process, and 2 more) and
+    rings, and remove them (bench/results.md: the warm groups)."""
     session = new_session(SessionOptions(replicas=2), {}, announce=None)
     try:
         where = ("from colab_xla.replica.process import ReplicaProcess\n"

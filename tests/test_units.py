@@ -858,3 +858,7 @@ def test_a_small_report_travels_in_the_end_frame_and_a_large_one_in_its_file(tmp
     assert values.sent_report(payload) == b""
     assert values.read_report(str(tmp_path), 3, values.sent_report(payload)) == large
     assert values.ended_at(b"") is None  # (an end that says no time)
+    larger = ReplicaReport(ordinal=4, pid=1, elapsed=0.5, pulled={
+        "w": b"y" * (2 * values.FRAME_REPORT_BYTES)})  # (pickled straight into its file)
+    assert values.report_to_send(str(tmp_path), larger) == b""
+    assert values.read_report(str(tmp_path), 4) == larger

@@ -53,7 +53,7 @@ class RunPipes:
     """
 
     def __init__(self, directory: str, processes: int):
-        self.directory, self.processes = directory, processes
+        self.directory = directory
         self._handle: Optional[Callable[[frames.Frame], None]] = None
         self._c_output: Optional[Callable[[int, int, int, bytes], None]] = None
         self.done_r: Optional[int] = None  # the run's driver thread's end (begin)

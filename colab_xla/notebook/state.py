@@ -129,10 +129,13 @@ def next_log_dir() -> str:
 
 
 def make_log_dir(path: str) -> str:
-    """Make ``path`` (of :func:`next_log_dir`), and remove the logs of all but the last
+    """Make ``path`` (of :func:`next_log_dir`), unless another replica's log of the run made
+    it; the call that makes it removes the logs of all but the last
     :data:`KEEP_LOGS_OF_RUNS` runs that logged."""
-    with contextlib.suppress(FileExistsError):
+    try:
         os.mkdir(path, 0o700)
+    except FileExistsError:
+        return path
     mine = os.path.dirname(path)
     for old in sorted(os.listdir(mine))[:-KEEP_LOGS_OF_RUNS]:
         shutil.rmtree(os.path.join(mine, old), ignore_errors=True)

@@ -153,13 +153,20 @@ FRAME_REPORT_BYTES = MAX_PAYLOAD - ENDED_AT.size
 
 def report_to_send(run_dir: str, report: ReplicaReport) -> bytes:
     """In the replica: its report, pickled, for its end frame; or, larger than
-    :data:`FRAME_REPORT_BYTES`, left in its file (whole or not at all) and ``b""``."""
-    data = pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)
-    if len(data) <= FRAME_REPORT_BYTES:
+    :data:`FRAME_REPORT_BYTES`, left in its file (whole or not at all) and ``b""``. A
+    report whose packed values alone are too large goes to the file at once, pickled as
+    it is written (not held whole in memory a second time)."""
+    packed = len(report.value or b"") + sum(map(len, report.pulled.values()))
+    data = (pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)
+            if packed <= FRAME_REPORT_BYTES else None)
+    if data is not None and len(data) <= FRAME_REPORT_BYTES:
         return data
     path = report_path(run_dir, report.ordinal)
     with open(path + ".tmp", "wb") as f:
-        f.write(data)
+        if data is None:
+            pickle.dump(report, f, protocol=pickle.HIGHEST_PROTOCOL)
+        else:
+            f.write(data)
     os.replace(path + ".tmp", path)  # the notebook never reads half a report
     return b""
 

@@ -266,8 +266,8 @@ class Session(Target):
         if self._outside is not None:
             self._outside.close()
         with self._lock:  # (a cell reading them closes them as it ends: cell_pipes_back)
-            pipes = None if self._cell_pipes_lent else self._cell_pipes
-        if pipes is not None:
+            lent = self._cell_pipes_lent
+        if not lent:
             self._close_cell_pipes()
         shutil.rmtree(self.directory, ignore_errors=True)
         self._launch_error = None  # (its traceback holds the launcher's frames)
@@ -366,9 +366,9 @@ class Session(Target):
         """The pipes and output rings every cell of the session reads, made for the first
         (in shared memory where there is some): the replica processes then make their
         rings once, and each cell costs no named pipes, no ring and no directory for them
-        (made and removed for every cell, they were most of a warm cell's time beside the
-        cell itself: bench/results.md, the warm groups). Lent to one cell at a time, until
-        :meth:`cell_pipes_back`."""
+        (made and removed for every cell, they were about half of a warm cell's time at 8
+        replicas, measured in one process: 17.9 ms a cell with them, 8.9 without). Lent to
+        one cell at a time, until :meth:`cell_pipes_back`."""
         with self._lock:
             if self._cell_pipes is None:
                 try:
