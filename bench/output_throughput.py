@@ -43,6 +43,7 @@ per line; the decoder joins a replica's consecutive lines as it goes; /proc is r
 Writes the "output_throughput" section of results.md and results/output_throughput.json.
 
     python bench/output_throughput.py [--lines 100000] [--replicas 8] [--plain-lines 5000]
+        [--view-repeats 2] [--targets one-off,session,cluster,cluster-session]
 """
 
 from __future__ import annotations
@@ -406,8 +407,10 @@ def measure_views(k: Kernel, replicas: int, n: int, repeats: int, deadline: floa
         finally:
             if on_cluster:
                 k.execute("%xla_cluster stop", deadline=120)
-    return {"replicas": replicas, "lines": n, "repeats": repeats, "runs": found,
-            "cluster": f"{CLUSTER_HOSTS} hosts × {per_host} replicas"}
+    views = {"replicas": replicas, "lines": n, "repeats": repeats, "runs": found}
+    if any(t.startswith("cluster") for t in targets):
+        views["cluster"] = f"{CLUSTER_HOSTS} hosts × {per_host} replicas"
+    return views
 
 
 def _measure_target(k: Kernel, target: str, replicas: int, n: int, repeats: int,
@@ -470,7 +473,7 @@ def _meta(r: dict) -> dict:
 
 
 def measure_kernel(replicas: int, n: int, plain_n: int, warmup_lines: int,
-                   deadline: float, view_repeats: int) -> dict:
+                   deadline: float, view_repeats: int, targets=TARGETS) -> dict:
     k = Kernel(replicas)
     try:
         setup = k.execute(SETUP, deadline=180)
@@ -481,7 +484,7 @@ def measure_kernel(replicas: int, n: int, plain_n: int, warmup_lines: int,
         plain = run_plain(k, replicas, plain_n, deadline)
         magic_same = run_magic(k, replicas, plain_n, deadline)
         magic_full = run_magic(k, replicas, n, deadline) if n != plain_n else magic_same
-        views = measure_views(k, replicas, n, view_repeats, deadline)
+        views = measure_views(k, replicas, n, view_repeats, deadline, targets)
         return {"kernel_python": k.executable, "plain": plain, "magic_same": magic_same,
                 "magic_full": magic_full, "views": views}
     finally:
@@ -574,6 +577,8 @@ def main(argv=None) -> int:
                         help="lines per replica of the warm-up runs (1000)")
     parser.add_argument("--view-repeats", type=int, default=2,
                         help="runs of each view, one-off and session, interleaved (2)")
+    parser.add_argument("--targets", default="one-off,session,cluster,cluster-session",
+                        help="the views' targets, comma-separated (all four)")
     parser.add_argument("--deadline", type=float, default=300.0,
                         help="seconds a kernel execution may take before it is "
                              "interrupted and counted as wedged (300)")
@@ -582,6 +587,12 @@ def main(argv=None) -> int:
     plain_lines = args.plain_lines or args.lines
     if replicas < 1 or args.lines < 1 or plain_lines < 1 or replicas > 10:
         parser.error("need 1 <= replicas <= 10 (one-digit ordinals) and lines >= 1")
+    choices = {t.replace(" ", "-"): t for t in TARGETS}
+    asked = [t.strip() for t in args.targets.split(",") if t.strip()]
+    if not asked or set(asked) - set(choices) or args.view_repeats < 1:
+        parser.error(f"need --targets of {', '.join(choices)} (not {args.targets!r}) and "
+                     "--view-repeats >= 1")
+    targets = [choices[t] for t in asked]
 
     import importlib.metadata
 
@@ -594,7 +605,7 @@ def main(argv=None) -> int:
           f"[{time.perf_counter() - t0:.0f} s]", file=sys.stderr)
     t0 = time.perf_counter()
     kernel = measure_kernel(replicas, args.lines, plain_lines, args.warmup_lines,
-                            args.deadline, args.view_repeats)
+                            args.deadline, args.view_repeats, targets)
     for key in ("plain", "magic_same", "magic_full"):
         r = kernel[key]
         print(f"output_throughput: {key} {r['lines']} lines: {r['wall_s']:.1f} s, "

@@ -18,7 +18,11 @@ pytestmark = [pytest.mark.xla, pytest.mark.timeout(300)]
 @pytest.mark.parametrize("script, args", [
     ("launch_overhead.py", ["--repeats", "2", "--warmups", "1", "--replicas", "1,2"]),
     ("output_latency.py", ["--repeats", "2", "--replicas", "2"]),
-    ("output_throughput.py", ["--lines", "300", "--plain-lines", "20", "--replicas", "2"]),
+    # (one run of each view, not on a cluster: starting and stopping a local Ray cluster
+    # is most of a minute, cluster.py's run below does it, and bench/run measures the
+    # views on one)
+    ("output_throughput.py", ["--lines", "300", "--plain-lines", "20", "--replicas", "2",
+                              "--view-repeats", "1", "--targets", "one-off,session"]),
     ("start_methods.py", ["--repeats", "2", "--spawn-repeats", "2", "--replicas", "2"]),
     ("simulation.py", ["--repeats", "1", "--replicas", "2", "--steps", "4"]),
     ("result_return.py", ["--mib", "2", "--replicas", "2", "--repeats", "2"]),
@@ -50,6 +54,16 @@ def test_benchmark_runs_and_writes_its_section(tmp_path, script, args):
     results = (tmp_path / "results.md").read_text()
     assert f"<!-- section:{name} -->" in results and "Machine:" in results
     assert json.loads((tmp_path / "results" / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("args", [["--targets", "one-off,nowhere"], ["--targets", ","],
+                                  ["--view-repeats", "0"]])
+def test_output_throughput_refuses_unknown_targets_before_any_work(tmp_path, args):
+    done = subprocess.run([sys.executable, str(BENCH / "output_throughput.py"), *args,
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "need --targets of one-off, session, cluster, cluster-session" in done.stderr
+    assert not (tmp_path / "results.md").exists()
 
 
 def test_peer_groups_run_and_write_their_section(tmp_path):
