@@ -9,19 +9,22 @@ one of 1 KiB ~26 ms. Processes of one machine can read each other's memory inste
 ``reduce_scatter``, ``all_to_all``, ``xm.optimizer_step``) that way, and leaves the rest
 (``collective_permute``, groups of some replicas) to gloo:
 
-* Every replica of the group has a *slot* of ``2 x`` :data:`CHUNK_BYTES` in a file in
+* Every replica of the group has a *slot* of ``2 x`` :data:`CHUNK_BYTES` in one file in
   ``/dev/shm``, mapped by all of them. A collective goes through its data a chunk at a
   time, the two halves in turn.
 * ``all_reduce``: each replica copies its chunk into its slot; a barrier; replica ``p``
-  reduces the ``p``-th piece of the chunk over all slots, in rank order (every replica gets
-  the same bits, as from one reduction); a barrier. A tensor of a chunk or more is reduced
-  (where ``/dev/shm`` has room to spare: :func:`room_for_result`) into a *result file*
-  replica 0 made for the call, which every replica then maps
-  copy-on-write as its result: no copy out, and no fresh pages per replica (a 16 MiB
-  result cost each of 8 replicas a copy and 4,096 page faults: without them, its CPU time
-  in the collective went from 10-13 ms to 6-7 ms on 2 cores), and XLA writing into its
-  buffer writes into a page of its own. A smaller
-  one is reduced into replica 0's slot and copied out.
+  reduces the ``p``-th piece of the chunk over all slots (every replica gets the same bits,
+  as from one reduction); a barrier. The slots are folded in rank order, but for a float32
+  or float64 sum into a result file: one ``torch.sum`` over every slot's piece (the slots
+  are one strided tensor), a single pass, in about 30% less time than a pass per slot
+  (0.6 against 0.87 ms for a 512 KiB piece of 8 slots), in an association of torch's own.
+  A tensor of a chunk or more is reduced (where ``/dev/shm`` has room to spare:
+  :func:`room_for_result`) into a *result file* replica 0 made for the call, which every
+  replica then maps copy-on-write as its result: no copy out, and no fresh pages per
+  replica (a 16 MiB result cost each of 8 replicas a copy and 4,096 page faults: without
+  them, its CPU time in the collective went from 10-13 ms to 6-7 ms on 2 cores), and XLA
+  writing into its buffer writes into a page of its own. A smaller one is reduced into
+  replica 0's slot and copied out.
 * ``all_gather``: each copies its chunk in; a barrier; each copies every slot out.
 * A barrier is a byte written to a FIFO and read from another (replica 0 counts the
   arrivals, then releases everyone): a replica waiting sleeps in ``read`` (a busy wait
@@ -30,11 +33,11 @@ one of 1 KiB ~26 ms. Processes of one machine can read each other's memory inste
 * The two halves of a slot take turns, so a replica writes a chunk only after every
   replica has read the chunk before the previous one: two barriers per chunk, none more.
 
-A slot's pages are taken when the group is made (``posix_fallocate``): a page first touched
-on a full ``/dev/shm`` would kill the replica with SIGBUS in the middle of a collective. If
-any replica's slot finds no room, every replica learns it, the whole group goes through
-gloo, and replica 0 says why on its stderr (with ``/dev/shm``'s size, and how to make it
-larger).
+A slot's pages are taken when the group is made (``posix_fallocate`` of its range of the
+file, by its replica): a page first touched on a full ``/dev/shm`` would kill the replica
+with SIGBUS in the middle of a collective. If any replica's slot finds no room, every
+replica learns it, the whole group goes through gloo, and replica 0 says why on its stderr
+(with ``/dev/shm``'s size, and how to make it larger).
 
 Nothing is left on disk but the group's directory, empty between collectives: once every
 replica has opened the group's files, they are removed (a mapping and an open FIFO outlive
@@ -46,6 +49,7 @@ removes the directory with the group, and the next run removes one whose replica
 from __future__ import annotations
 
 import contextlib
+import functools
 import mmap
 import os
 import shutil
@@ -129,49 +133,55 @@ class ShmGroup(GlooGroup):
 class _Shared:
     """The group's slots and barrier, once every replica has opened them."""
 
-    def __init__(self, rank: int, world: int, chunk_bytes: int, slots: List[mmap.mmap],
+    def __init__(self, rank: int, world: int, chunk_bytes: int, slots: mmap.mmap,
                  arrive: int, release: Dict[int, int], directory: str):
         import torch
 
         self.rank, self.world, self.chunk_bytes = rank, world, chunk_bytes
         self.directory = directory  # the result files' (kept while the group lives)
         self._results = 0  # result files named so far: the same count on every replica
-        self._maps = slots
-        # slot r's two halves, as bytes
-        self._halves = [[torch.frombuffer(m, dtype=torch.uint8, count=chunk_bytes,
-                                          offset=half * chunk_bytes) for half in (0, 1)]
-                        for m in slots]
+        self._map = slots
+        # [rank, half]: slot rank's two halves, as bytes, in one mapping (a piece of every
+        # slot is one strided tensor: a sum reads them all in one pass)
+        self._halves = torch.frombuffer(slots, dtype=torch.uint8).view(world, 2, chunk_bytes)
         self._arrive, self._release = arrive, release  # release: every rank's, on rank 0
         self._turn = 0  # which half the next chunk uses: the same count on every replica
 
     @classmethod
     def meet(cls, store, rank: int, world: int, root: str,
              chunk_bytes: int) -> Optional["_Shared"]:
-        """Make this replica's slot and FIFO, wait for every replica's, open them all,
-        then remove their names (see the module's docstring); None, on every replica, if
-        a slot found no room in ``root`` (replica 0 says so)."""
+        """Take this replica's slot in the group's file and make its FIFO, wait for every
+        replica's, open them all, then remove their names (see the module's docstring);
+        None, on every replica, if a slot found no room in ``root`` (replica 0 says so)."""
+        slots_path = None
         if rank == 0:
             directory = shared_tensors.make_private_dir("collectives", root)
+            slots_path = os.path.join(directory, "slots")
+            os.close(os.open(slots_path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
             store.set("shm/dir", directory.encode())
         store.wait(["shm/dir"], TIMEOUT)
         directory = bytes(store.get("shm/dir")).decode()
-        slot_path = os.path.join(directory, f"slot-{rank}")
+        slots_path = os.path.join(directory, "slots")
         fifo_path = os.path.join(directory, f"release-{rank}")
-        with open(slot_path, "wb") as slot:
+        fd = os.open(slots_path, os.O_RDWR)
+        try:
             try:  # every page now: one first touched on a full /dev/shm is a SIGBUS
-                os.posix_fallocate(slot.fileno(), 0, 2 * chunk_bytes)
+                os.posix_fallocate(fd, 2 * chunk_bytes * rank, 2 * chunk_bytes)
                 made = b""
             except OSError as exc:
                 made = (exc.strerror or str(exc)).encode()
-        os.mkfifo(fifo_path, 0o600)
-        if rank == 0:
-            os.mkfifo(os.path.join(directory, "arrive"), 0o600)
-        store.set(f"shm/made/{rank}", made)
-        store.wait([f"shm/made/{r}" for r in range(world)], TIMEOUT)
-        said = {r: bytes(store.get(f"shm/made/{r}")).decode() for r in range(world)}
-        failed = {r: why for r, why in said.items() if why}
+            os.mkfifo(fifo_path, 0o600)
+            if rank == 0:
+                os.mkfifo(os.path.join(directory, "arrive"), 0o600)
+            store.set(f"shm/made/{rank}", made)
+            store.wait([f"shm/made/{r}" for r in range(world)], TIMEOUT)
+            said = {r: bytes(store.get(f"shm/made/{r}")).decode() for r in range(world)}
+            failed = {r: why for r, why in said.items() if why}
+            if not failed:
+                slots = mmap.mmap(fd, 2 * chunk_bytes * world)
+        finally:
+            os.close(fd)
         if failed:  # every replica learns it: the whole group goes through gloo
-            os.unlink(slot_path)
             os.unlink(fifo_path)
             store.set(f"shm/gone/{rank}", b"")
             if rank == 0:
@@ -183,21 +193,14 @@ class _Shared:
         arrive = os.open(os.path.join(directory, "arrive"), os.O_RDWR)
         release = [os.open(os.path.join(directory, f"release-{r}"), os.O_RDWR)
                    for r in (range(world) if rank == 0 else [rank])]
-        slots = []
-        for r in range(world):
-            fd = os.open(os.path.join(directory, f"slot-{r}"), os.O_RDWR)
-            try:
-                slots.append(mmap.mmap(fd, 2 * chunk_bytes))
-            finally:
-                os.close(fd)
         shared = cls(rank, world, chunk_bytes, slots, arrive,
                      dict(zip(range(world) if rank == 0 else [rank], release)), directory)
         shared.barrier()  # everyone has opened everything: the names can go
-        os.unlink(slot_path)
         os.unlink(fifo_path)
         shared.barrier()
         if rank == 0:
             os.unlink(os.path.join(directory, "arrive"))
+            os.unlink(slots_path)
         return shared
 
     def barrier(self, arrived: Optional[Callable[[], None]] = None) -> None:
@@ -226,7 +229,11 @@ class _Shared:
             yield start, min(start + per_chunk, tensor.numel()), half
 
     def _slot(self, rank: int, half: int, dtype, count: int):
-        return self._halves[rank][half].view(dtype)[:count]
+        return self._halves[rank, half].view(dtype)[:count]
+
+    def _pieces(self, half: int, dtype, lo: int, hi: int):
+        """Elements ``[lo, hi)`` of every slot's ``half``, as one (world, hi - lo) tensor."""
+        return self._halves[:, half].view(dtype)[:, lo:hi]
 
     def all_reduce(self, flat, reduce: Callable) -> "object":
         """``flat`` (1-D, contiguous) reduced over the group, in a new tensor: a
@@ -242,6 +249,9 @@ class _Shared:
             result.close(unlink=self.rank == 0)
 
     def _reduce_into(self, flat, reduce: Callable, result: "_Result") -> None:
+        import torch
+
+        summed = reduce is _sum and flat.dtype in _summed_in_order()
         for start, stop, half in self._chunks(flat):
             count = stop - start
             self._slot(self.rank, half, flat.dtype, count).copy_(flat[start:stop])
@@ -250,14 +260,19 @@ class _Shared:
                 result.open(flat)
             lo, hi = _piece(count, self.world, self.rank)
             if hi > lo:  # (folded in rank order: the same bits, in a slot or in the file)
-                slots = [self._slot(r, half, flat.dtype, count)[lo:hi]
-                         for r in range(self.world)]
-                total = slots[0]
-                if result.shared is not None:
+                pieces = self._pieces(half, flat.dtype, lo, hi)
+                if result.shared is None:
+                    for other in pieces[1:]:
+                        reduce(pieces[0], other)
+                elif summed:
+                    # one pass over every slot, 0 to world - 1 (not a copy, then a pass
+                    # per slot: ~30% of the reduction's time)
+                    torch.sum(pieces, dim=0, out=result.piece(start + lo, start + hi))
+                else:
                     total = result.piece(start + lo, start + hi)
-                    total.copy_(slots[0])
-                for other in slots[1:]:
-                    reduce(total, other)
+                    total.copy_(pieces[0])
+                    for other in pieces[1:]:
+                        reduce(total, other)
             # The last barrier: every replica has opened the result file (at the first
             # chunk), so its name goes before any of them returns.
             last = result.shared is not None and stop == flat.numel()
@@ -300,9 +315,8 @@ class _Shared:
     def close(self) -> None:
         for fd in {self._arrive, *self._release.values()}:
             os.close(fd)
-        self._halves = []
-        for m in self._maps:
-            m.close()
+        self._halves = None
+        self._map.close()
         if self.rank == 0:
             shutil.rmtree(self.directory, ignore_errors=True)
 
@@ -396,11 +410,24 @@ def _piece(count: int, world: int, rank: int):
     return count * rank // world, count * (rank + 1) // world
 
 
+def _sum(total, other) -> None:
+    total.add_(other)
+
+
+@functools.lru_cache(maxsize=None)
+def _summed_in_order() -> frozenset:
+    """The dtypes whose ``torch.sum`` over the slots folds them in rank order, with the
+    bits of :func:`_sum` one slot after another (half floats accumulate in float32)."""
+    import torch
+
+    return frozenset((torch.float32, torch.float64))
+
+
 def _reducer(reduce_type: str) -> Callable:
     """``reduce(total, other)``: ``other`` folded into ``total``, in place."""
     import torch
 
-    ops = {"sum": torch.Tensor.add_, "mul": torch.Tensor.mul_,
+    ops = {"sum": _sum, "mul": torch.Tensor.mul_,
            "and": torch.Tensor.bitwise_and_, "or": torch.Tensor.bitwise_or_,
            "min": lambda total, other: torch.minimum(total, other, out=total),
            "max": lambda total, other: torch.maximum(total, other, out=total)}
