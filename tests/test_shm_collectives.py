@@ -81,6 +81,18 @@ def _work(rank, group, root, work, out, stderr):
             again = group.all_reduce("sum", [_input(rank, args, torch.float32, 0)])[0]
             group._whole(None).barrier()
             out.append([first.clone(), again.clone()])
+        elif kind == "pool":  # results held past the pool's size, then let go
+            held = [group.all_reduce("sum", [_input(rank, CHUNK, torch.float32, seed)])[0]
+                    for seed in range(shm_collectives.POOL_FILES + 1)]
+            pool = group._whole(None).pool
+            made = [pool.made]
+            out.append([t.clone() for t in held])  # (after every call: none overwritten)
+            del held
+            again = group.all_reduce("sum", [_input(rank, CHUNK, torch.float32, 9)])[0]
+            made.append(pool.made)
+            other = group.all_reduce("sum", [_input(rank, 2 * CHUNK, torch.float32, 10)])[0]
+            made.append(pool.made)
+            out.append([again.clone(), other.clone(), torch.tensor(made)])
         elif kind == "reduce_without_room":  # no room for the result file on replica 0
             numel, seed = args
             group._whole(None)  # (the group's slots made first, with room)
@@ -233,6 +245,28 @@ def test_a_result_through_a_file_is_each_replicas_own_to_write(root, tmp_path):
     for rank in range(3):
         mine, after = results[rank][0]
         assert torch.equal(mine, want + rank) and torch.equal(after, want), rank
+
+
+def test_result_files_are_reused_once_no_replica_holds_a_result_from_them(root, tmp_path):
+    """The group keeps POOL_FILES result files: a call takes one no replica holds a result
+    from (held results keep their values), copies its result out when every file is held,
+    reuses a file once its results are gone, and makes one of a new size in place of a free
+    one."""
+    files = shm_collectives.POOL_FILES
+    results = _run(3, [("pool", None), ("files", None)], root, tmp_path)
+    for rank in range(3):
+        held, (again, other, _) = results[rank][0], results[rank][1]
+        for seed, got in enumerate(held):
+            assert torch.equal(got, _expected(
+                "sum", [_input(r, CHUNK, torch.float32, seed) for r in range(3)])), seed
+        assert torch.equal(again, _expected(
+            "sum", [_input(r, CHUNK, torch.float32, 9) for r in range(3)]))
+        assert torch.allclose(other, _expected(
+            "sum", [_input(r, 2 * CHUNK, torch.float32, 10) for r in range(3)]))
+        assert len(results[rank][2]) == 1  # no result file's name is left
+    # (replica 0 makes them) one per held result but the last (copied out), none for the
+    # call after they are let go, one for the new size
+    assert results[0][1][2].tolist() == [files, files, files + 1]
 
 
 def test_a_group_without_room_for_a_slot_goes_through_gloo_and_says_why(root, tmp_path):

@@ -274,7 +274,7 @@ def test_a_large_all_reduce_comes_back_through_a_result_file_right_and_each_repl
     ops = next(c.cell_contents for c in xm.all_reduce.__closure__
                if hasattr(c.cell_contents, "__self__")).__self__  # (colab_xla's collectives)
     (mine.min().item(), mine.max().item(), [p.cpu().unique().tolist() for p in parts],
-     ops._group._shared._results)
+     ops._group._shared.pool.taken)
     '''
     results = _ok(run(cell, 3, timeout=240))
     for o, (low, high, parts, files) in results.items():

@@ -18,13 +18,15 @@ one of 1 KiB ~26 ms. Processes of one machine can read each other's memory inste
   or float64 sum into a result file: one ``torch.sum`` over every slot's piece (the slots
   are one strided tensor), a single pass, in about 30% less time than a pass per slot
   (0.6 against 0.87 ms for a 512 KiB piece of 8 slots), in an association of torch's own.
-  A tensor of a chunk or more is reduced (where ``/dev/shm`` has room to spare:
-  :func:`room_for_result`) into a *result file* replica 0 made for the call, which every
-  replica then maps copy-on-write as its result: no copy out, and no fresh pages per
-  replica (a 16 MiB result cost each of 8 replicas a copy and 4,096 page faults: without
-  them, its CPU time in the collective went from 10-13 ms to 6-7 ms on 2 cores), and XLA
-  writing into its buffer writes into a page of its own. A smaller one is reduced into
-  replica 0's slot and copied out.
+  A tensor of a chunk or more is reduced into a *result file* of the group's
+  (:class:`_Pool`: up to :data:`POOL_FILES`, each reused once no replica holds a result
+  from it; a new one only where :func:`room_for_result`), which every replica then maps
+  copy-on-write as its result: no copy out, and no fresh pages (a 16 MiB result cost each
+  of 8 replicas a copy and 4,096 page faults: without them, its CPU time in the collective
+  went from 10-13 ms to 6-7 ms on 2 cores; a file made for each call then cost replica 0
+  ~6.5 ms to allocate, and every replica a fault per page of its piece: reused, the call
+  went from ~60 to ~42 ms), and XLA writing into its buffer writes into a page of its own.
+  A smaller one, or one with no free file, is reduced into replica 0's slot and copied out.
 * ``all_gather``: each copies its chunk in; a barrier; each copies every slot out.
 * A barrier is a byte written to a FIFO and read from another (replica 0 counts the
   arrivals, then releases everyone): a replica waiting sleeps in ``read`` (a busy wait
@@ -41,7 +43,8 @@ replica learns it, the whole group goes through gloo, and replica 0 says why on 
 
 Nothing is left on disk but the group's directory, empty between collectives: once every
 replica has opened the group's files, they are removed (a mapping and an open FIFO outlive
-their name), and so is each result file once every replica has opened it; replica 0
+their name), and so is each result file once every replica has opened it (a result file's
+space goes with the group, or when a file of another size takes its place); replica 0
 removes the directory with the group, and the next run removes one whose replica 0 is gone
 (:func:`colab_xla.wire.shared_tensors.prune`).
 """
@@ -53,6 +56,7 @@ import functools
 import mmap
 import os
 import shutil
+import weakref
 from typing import Callable, Dict, List, Optional
 
 from ..wire import shared_tensors
@@ -64,6 +68,12 @@ CHUNK_BYTES = 4 << 20
 # the step before may still live): DataLoader workers' batches and the notebook's large
 # results go there too. With less, a result is copied out, as a smaller one is.
 ROOM_LEFT_BYTES = 256 << 20
+# Result files a group keeps for its calls to reuse (see _Pool): a loop holding its last
+# result while it makes the next takes two.
+POOL_FILES = 3
+# The group's table (which result file a call uses, and which replicas still hold a result
+# of each), in the pages before the slots (:func:`_table_bytes`).
+_BUSY_OFFSET = 512
 
 
 def available(root: str = shared_tensors.SHM_ROOT) -> bool:
@@ -139,11 +149,13 @@ class _Shared:
 
         self.rank, self.world, self.chunk_bytes = rank, world, chunk_bytes
         self.directory = directory  # the result files' (kept while the group lives)
-        self._results = 0  # result files named so far: the same count on every replica
         self._map = slots
         # [rank, half]: slot rank's two halves, as bytes, in one mapping (a piece of every
         # slot is one strided tensor: a sum reads them all in one pass)
-        self._halves = torch.frombuffer(slots, dtype=torch.uint8).view(world, 2, chunk_bytes)
+        self._halves = torch.frombuffer(slots, dtype=torch.uint8,
+                                        offset=_table_bytes(world)).view(
+            world, 2, chunk_bytes)
+        self.pool = _Pool(slots, rank, world, directory)
         self._arrive, self._release = arrive, release  # release: every rank's, on rank 0
         self._turn = 0  # which half the next chunk uses: the same count on every replica
 
@@ -163,10 +175,13 @@ class _Shared:
         directory = bytes(store.get("shm/dir")).decode()
         slots_path = os.path.join(directory, "slots")
         fifo_path = os.path.join(directory, f"release-{rank}")
+        table = _table_bytes(world)
         fd = os.open(slots_path, os.O_RDWR)
         try:
             try:  # every page now: one first touched on a full /dev/shm is a SIGBUS
-                os.posix_fallocate(fd, 2 * chunk_bytes * rank, 2 * chunk_bytes)
+                if rank == 0:  # (and the table's, before the slots)
+                    os.posix_fallocate(fd, 0, table)
+                os.posix_fallocate(fd, table + 2 * chunk_bytes * rank, 2 * chunk_bytes)
                 made = b""
             except OSError as exc:
                 made = (exc.strerror or str(exc)).encode()
@@ -178,7 +193,7 @@ class _Shared:
             said = {r: bytes(store.get(f"shm/made/{r}")).decode() for r in range(world)}
             failed = {r: why for r, why in said.items() if why}
             if not failed:
-                slots = mmap.mmap(fd, 2 * chunk_bytes * world)
+                slots = mmap.mmap(fd, 2 * chunk_bytes * world + table)
         finally:
             os.close(fd)
         if failed:  # every replica learns it: the whole group goes through gloo
@@ -240,13 +255,15 @@ class _Shared:
         copy-on-write mapping of the call's result file for a chunk or more (see the
         module's docstring), else a copy."""
         nbytes = flat.numel() * flat.element_size()
-        path = self._result_file(nbytes) if nbytes >= self.chunk_bytes else None
-        result = _Result(path)
+        large = nbytes >= self.chunk_bytes
+        if large and self.rank == 0:  # (before the first barrier: every replica reads it)
+            self.pool.choose(nbytes)
+        result = _Result(self.pool if large else None)
         try:
             self._reduce_into(flat, reduce, result)
             return result.tensor(flat)
         finally:
-            result.close(unlink=self.rank == 0)
+            result.close()
 
     def _reduce_into(self, flat, reduce: Callable, result: "_Result") -> None:
         import torch
@@ -256,7 +273,7 @@ class _Shared:
             count = stop - start
             self._slot(self.rank, half, flat.dtype, count).copy_(flat[start:stop])
             self.barrier()
-            if start == 0:  # the result file was made (every page taken) before, or not
+            if start == 0:  # (replica 0 chose the result file before)
                 result.open(flat)
             lo, hi = _piece(count, self.world, self.rank)
             if hi > lo:  # (folded in rank order: the same bits, in a slot or in the file)
@@ -274,28 +291,11 @@ class _Shared:
                     for other in pieces[1:]:
                         reduce(total, other)
             # The last barrier: every replica has opened the result file (at the first
-            # chunk), so its name goes before any of them returns.
+            # chunk), so a new one's name goes before any of them returns.
             last = result.shared is not None and stop == flat.numel()
-            self.barrier(arrived=result.unlink if last else None)
+            self.barrier(arrived=self.pool.unlink_new if last else None)
             if result.shared is None:
                 result.copied[start:stop].copy_(self._slot(0, half, flat.dtype, count))
-
-    def _result_file(self, nbytes: int) -> str:
-        """The path of this call's result file; made by replica 0, with every page taken
-        (a page first touched on a full ``/dev/shm`` is a SIGBUS), or not made if there is
-        no room, or too little left (:func:`room_for_result`): every replica then finds
-        none, and copies its result out."""
-        path = os.path.join(self.directory, f"result-{self._results}")
-        self._results += 1
-        if self.rank == 0 and room_for_result(self.directory, nbytes):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.posix_fallocate(fd, 0, nbytes)
-            except OSError:
-                os.unlink(path)
-            finally:
-                os.close(fd)
-        return path
 
     def all_gather(self, tensor) -> List:
         """Every replica's ``tensor`` (contiguous, the same shape everywhere), by rank."""
@@ -316,6 +316,7 @@ class _Shared:
         for fd in {self._arrive, *self._release.values()}:
             os.close(fd)
         self._halves = None
+        self.pool.close()
         self._map.close()
         if self.rank == 0:
             shutil.rmtree(self.directory, ignore_errors=True)
@@ -341,61 +342,168 @@ def _size(nbytes: int) -> str:
 
 
 class _Result:
-    """Where one replica's all_reduce puts its result: the call's result file, mapped
-    shared while the replicas reduce into it, then copy-on-write as the result; or, where
-    there is none (small, or no room), a tensor the result is copied into."""
+    """Where one replica's all_reduce puts its result: the result file the call uses (of
+    the group's pool), mapped shared while the replicas reduce into it, then copy-on-write
+    as the result; or, where there is none (small, or no room), a tensor the result is
+    copied into."""
 
-    def __init__(self, path: Optional[str]):
-        self.path = path
-        self.shared: Optional[mmap.mmap] = None
+    def __init__(self, pool: Optional["_Pool"]):
+        self.pool = pool
+        self.shared = None  # the result file as a tensor, while the replicas reduce into it
         self.copied = None  # the tensor of a result copied out
-        self._fd: Optional[int] = None
-        self._view = None  # the shared mapping as a tensor
+        self._file: Optional[_File] = None
 
     def open(self, flat) -> None:
-        """Open the result file if it was made; else make a tensor for a copy."""
+        """Take the call's result file if it has one; else make a tensor for a copy."""
         import torch
 
-        if self.path is not None:
-            try:
-                self._fd = os.open(self.path, os.O_RDWR)
-            except FileNotFoundError:  # (replica 0 found no room for it)
-                pass
-        if self._fd is None:
+        self._file = self.pool.take() if self.pool is not None else None
+        if self._file is None:
             self.copied = torch.empty_like(flat)
             return
-        self.shared = mmap.mmap(self._fd, flat.numel() * flat.element_size())
-        self._view = torch.frombuffer(self.shared, dtype=flat.dtype)
+        self.shared = torch.frombuffer(self._file.shared, dtype=flat.dtype,
+                                       count=flat.numel())
 
     def piece(self, lo: int, hi: int):
-        return self._view[lo:hi]
-
-    def unlink(self) -> None:
-        os.unlink(self.path)
+        return self.shared[lo:hi]
 
     def tensor(self, flat):
         """The result: the copy, or the result file mapped copy-on-write (XLA writing
-        into its buffer writes into pages of its own)."""
+        into its buffer writes into pages of its own); the file is this replica's until
+        that mapping is gone."""
         import torch
 
-        if self.shared is None:
+        if self._file is None:
             return self.copied if self.copied is not None else torch.empty_like(flat)
-        self._view = None  # (the shared mapping closes once no tensor views it)
-        self.shared.close()
         self.shared = None
-        mine = mmap.mmap(self._fd, flat.numel() * flat.element_size(),
-                         flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        mine = self.pool.own(self._file, flat.numel() * flat.element_size())
+        self._file = None
         return torch.frombuffer(mine, dtype=flat.dtype)  # (it keeps the mapping alive)
 
-    def close(self, unlink: bool) -> None:
-        """Let go of the file, also after an interrupt (``unlink``: its name too, if the
-        last barrier did not remove it)."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        if unlink and self.path is not None:
+    def close(self) -> None:
+        """After an interrupt: a result file taken and not made a result is free again."""
+        self.shared = None
+        if self._file is not None:
+            self.pool.free(self._file.index)
+            self._file = None
+
+
+class _File:
+    """A result file of the pool, as this replica has it open: mapped shared, for good."""
+
+    def __init__(self, index: int, generation: int, path: str, nbytes: int):
+        self.index, self.generation, self.nbytes = index, generation, nbytes
+        self.fd = os.open(path, os.O_RDWR)
+        self.shared = mmap.mmap(self.fd, nbytes)
+
+    def close(self) -> None:
+        self.shared.close()
+        os.close(self.fd)
+
+
+class _Pool:
+    """The group's result files, reused from call to call: a new file for every call took
+    replica 0 ~6.5 ms of CPU to allocate (16 MiB at 8 replicas), and every replica a page
+    fault for each page of its piece.
+
+    A file is free once no replica holds a result mapped from it (each replica's mark in
+    the group's table, cleared when its result's mapping is gone). Replica 0 chooses the
+    call's file before the call's first barrier: a free one of the call's size; else a new
+    one (in place of a free one of another size, or an unused place), where
+    :func:`room_for_result`; else none, and the result is copied out. The others read its
+    choice after that barrier, and open a file they have not opened yet by its name, which
+    goes at the call's last barrier."""
+
+    def __init__(self, slots: mmap.mmap, rank: int, world: int, directory: str):
+        import torch
+
+        # [chosen place, then each place's generation and size]; [place, rank]: holds it
+        self._table = torch.frombuffer(slots, dtype=torch.int64, count=1 + 2 * POOL_FILES)
+        self._busy = torch.frombuffer(slots, dtype=torch.uint8, count=POOL_FILES * world,
+                                      offset=_BUSY_OFFSET).view(POOL_FILES, world)
+        self.rank, self.directory = rank, directory
+        self._files: Dict[int, _File] = {}  # place -> this replica's open file
+        self._generations = 0  # files made (replica 0)
+        self._new: Optional[str] = None  # the path of the file made for this call
+        self.made = 0  # files made, on replica 0 (tests look)
+        self.taken = 0  # calls whose result came through a file, on every replica (as well)
+
+    def _path(self, generation: int) -> str:
+        return os.path.join(self.directory, f"result-{generation}")
+
+    def choose(self, nbytes: int) -> None:
+        """Replica 0: the call's file, in the table (-1: none)."""
+        table = self._table
+        free = [k for k in range(POOL_FILES) if not bool(self._busy[k].any())]
+        same = [k for k in free if int(table[2 + 2 * k]) == nbytes]
+        chosen = same[0] if same else -1
+        if chosen < 0 and free and room_for_result(self.directory, nbytes):
+            unused = [k for k in free if int(table[2 + 2 * k]) == 0]
+            place = (unused or free)[0]
+            path = self._path(self._generations)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            try:  # every page now: one first touched on a full /dev/shm is a SIGBUS
+                os.posix_fallocate(fd, 0, nbytes)
+                table[1 + 2 * place], table[2 + 2 * place] = self._generations, nbytes
+                chosen, self._new = place, path
+                self._generations += 1
+                self.made += 1
+            except OSError:
+                os.unlink(path)
+            finally:
+                os.close(fd)
+        table[0] = chosen
+
+    def take(self) -> Optional[_File]:
+        """Every replica, after the first barrier: the call's file (opened if new to this
+        replica), marked as held by this replica; or None."""
+        place = int(self._table[0])
+        if place < 0:
+            return None
+        generation, nbytes = int(self._table[1 + 2 * place]), int(self._table[2 + 2 * place])
+        file = self._files.get(place)
+        if file is None or file.generation != generation:
+            if file is not None:
+                file.close()
+            file = self._files[place] = _File(place, generation, self._path(generation),
+                                              nbytes)
+        self._busy[place, self.rank] = 1
+        self.taken += 1
+        return file
+
+    def own(self, file: _File, nbytes: int) -> mmap.mmap:
+        """``file`` mapped copy-on-write: this replica's result, holding the file until it
+        is gone."""
+        mine = mmap.mmap(file.fd, nbytes, flags=mmap.MAP_PRIVATE,
+                         prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        done = weakref.finalize(mine, self.free, file.index)
+        done.atexit = False
+        return mine
+
+    def free(self, place: int) -> None:
+        if self._busy is not None:  # (a result may outlive its group)
+            self._busy[place, self.rank] = 0
+
+    def unlink_new(self) -> None:
+        """At the call's last barrier (every replica has opened its file): the name of a
+        file made for it goes."""
+        if self._new is not None:
+            os.unlink(self._new)
+            self._new = None
+
+    def close(self) -> None:
+        self._table = self._busy = None
+        for file in self._files.values():
+            file.close()
+        self._files = {}
+        if self._new is not None:  # (an interrupted call's)
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+                os.unlink(self._new)
+
+
+def _table_bytes(world: int) -> int:
+    """The size of a group's table: whole pages (the slots after it stay page-aligned)."""
+    return -(-(_BUSY_OFFSET + POOL_FILES * world) // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
 def room_for_result(directory: str, nbytes: int) -> bool:
