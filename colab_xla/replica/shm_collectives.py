@@ -33,7 +33,9 @@ one of 1 KiB ~26 ms. Processes of one machine can read each other's memory inste
   would take the core from the replica being waited for: 8 replicas share 2 cores), and
   an Interrupt reaches it there, as it cannot inside gloo's native wait.
 * The two halves of a slot take turns, so a replica writes a chunk only after every
-  replica has read the chunk before the previous one: two barriers per chunk, none more.
+  replica has read the chunk before the previous one: two barriers per chunk where the
+  result is copied out of slot 0 (after every piece is reduced into it), one per chunk
+  and one at the end where it is reduced into a result file.
 
 A slot's pages are taken when the group is made (``posix_fallocate`` of its range of the
 file, by its replica): a page first touched on a full ``/dev/shm`` would kill the replica
@@ -290,12 +292,15 @@ class _Shared:
                     total.copy_(pieces[0])
                     for other in pieces[1:]:
                         reduce(total, other)
-            # The last barrier: every replica has opened the result file (at the first
-            # chunk), so a new one's name goes before any of them returns.
-            last = result.shared is not None and stop == flat.numel()
-            self.barrier(arrived=self.pool.unlink_new if last else None)
-            if result.shared is None:
+            if result.shared is None:  # every piece reduced into slot 0 first
+                self.barrier()
                 result.copied[start:stop].copy_(self._slot(0, half, flat.dtype, count))
+            elif stop == flat.numel():
+                # The last barrier: the result is whole, and every replica has opened its
+                # file (at the first chunk), so a new one's name goes before any returns.
+                # (None before: a half is written again two chunks on, after the next
+                # chunk's barrier, which every replica reaches once it reduced this one.)
+                self.barrier(arrived=self.pool.unlink_new)
 
     def all_gather(self, tensor) -> List:
         """Every replica's ``tensor`` (contiguous, the same shape everywhere), by rank."""
