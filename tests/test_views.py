@@ -93,6 +93,40 @@ def test_interrupts_pass_through_a_view():
         views.FallbackView(Interrupted(), out=io.StringIO()).tick(finished_outcome())
 
 
+class _Flushes(io.StringIO):
+    def __init__(self):
+        super().__init__()
+        self.flushes = 0
+
+    def flush(self):
+        self.flushes += 1
+
+
+def test_the_text_views_summary_is_flushed_but_not_in_a_kernel_which_sends_it_itself():
+    """A kernel sends what a cell printed before its next message (a display, an error,
+    the reply); its flush waits for its IOPub thread. Elsewhere (a script's pipe) the
+    summary is flushed as the run ends."""
+    from ipykernel.iostream import OutStream
+
+    class KernelStream(OutStream):  # (ipykernel's class, none of its threads)
+        def __init__(self):
+            self.written, self.flushes = [], 0
+
+        def write(self, text):
+            self.written.append(text)
+
+        def flush(self):
+            self.flushes += 1
+
+    outcome = RunOutcome("CPU", {0: ReplicaOutcome(0, "done", elapsed=0.1)})
+    for stream, flushes in ((_Flushes(), 1), (KernelStream(), 0)):
+        text_view.TextView(out=stream).closed(outcome)
+        written = stream.getvalue() if isinstance(stream, io.StringIO) else "".join(
+            stream.written)
+        assert "1 replica on CPU: 1 done" in written
+        assert stream.flushes == flushes, type(stream).__name__
+
+
 def test_the_text_view_is_chosen_without_a_kernel_or_when_asked():
     assert type(views.choose("auto", has_kernel=False)) is text_view.TextView
     assert type(views.choose("text", has_kernel=True)) is text_view.TextView

@@ -155,6 +155,16 @@ class TextView(RunObserver):
 
     def closed(self, outcome: RunOutcome) -> None:
         self.tick(outcome)
-        print(render(outcome, tail=self._summary_tail), file=self._out, flush=True)
+        # Flushed where nothing else would send it soon: not in a kernel, which sends what
+        # a cell printed before the cell's next message (a display, an error, its reply),
+        # and whose flush is a round trip to its IOPub thread (~1 ms of a warm cell).
+        flush = not _kernel_stream(self._out)
+        print(render(outcome, tail=self._summary_tail), file=self._out, flush=flush)
         if outcome.log_dir and self._printed:
-            print(f"full logs: {outcome.log_dir}", file=self._out, flush=True)
+            print(f"full logs: {outcome.log_dir}", file=self._out, flush=flush)
+
+
+def _kernel_stream(stream) -> bool:
+    """Whether ``stream`` is an ipykernel output stream (sys.stdout in a kernel)."""
+    iostream = sys.modules.get("ipykernel.iostream")
+    return iostream is not None and isinstance(stream, iostream.OutStream)
