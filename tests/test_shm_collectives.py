@@ -269,6 +269,38 @@ def test_result_files_are_reused_once_no_replica_holds_a_result_from_them(root, 
     assert results[0][1][2].tolist() == [files, files, files + 1]
 
 
+def test_a_result_file_made_by_a_call_cut_short_is_not_reused_by_name(tmp_path):
+    """Replica 0 made a file for a call that an interrupt cut short before every replica
+    opened it: the next call does not choose it (its name goes, and a replica that never
+    opened it could not), and the pool's marks follow a result's mapping (one process,
+    replica 0 of 2)."""
+    import mmap
+
+    slots = mmap.mmap(-1, shm_collectives._table_bytes(2))
+    pool = shm_collectives._Pool(slots, 0, 2, str(tmp_path))
+    pool.choose(8192)  # (the call is cut short here)
+    first = sorted(os.listdir(tmp_path))
+    pool.choose(8192)
+    assert first == ["result-0"] and sorted(os.listdir(tmp_path)) == ["result-1"]
+    assert pool.made == 2
+    file = pool.take()
+    assert file.generation == 1  # (not the file of the call cut short, by its name)
+    pool.unlink_new()  # (the call's last barrier)
+    mine = pool.own(file, 8192)
+    pool.choose(8192)  # its file is held by this replica: another place, a new file
+    other = pool.take()
+    assert other.index != file.index and pool.made == 3
+    pool.free(other.index)  # (that call's result let go at once)
+    pool.unlink_new()
+    pool.choose(8192)
+    assert pool._table[0].item() == other.index
+    pool.free(other.index)
+    del mine  # the result's mapping is gone: its file is free again, the first chosen
+    pool.choose(8192)
+    assert pool._table[0].item() == file.index and pool.made == 3
+    pool.close()
+
+
 def test_a_group_without_room_for_a_slot_goes_through_gloo_and_says_why(root, tmp_path):
     """A slot's pages are taken when the group is made: a /dev/shm without room for them
     refuses then (not as a SIGBUS when a collective first touches a page), and the whole

@@ -167,7 +167,6 @@ class _Shared:
         """Take this replica's slot in the group's file and make its FIFO, wait for every
         replica's, open them all, then remove their names (see the module's docstring);
         None, on every replica, if a slot found no room in ``root`` (replica 0 says so)."""
-        slots_path = None
         if rank == 0:
             directory = shared_tensors.make_private_dir("collectives", root)
             slots_path = os.path.join(directory, "slots")
@@ -322,7 +321,7 @@ class _Shared:
             os.close(fd)
         self._halves = None
         self.pool.close()
-        self._map.close()
+        _close_map(self._map)
         if self.rank == 0:
             shutil.rmtree(self.directory, ignore_errors=True)
 
@@ -402,7 +401,7 @@ class _File:
         self.shared = mmap.mmap(self.fd, nbytes)
 
     def close(self) -> None:
-        self.shared.close()
+        _close_map(self.shared)
         os.close(self.fd)
 
 
@@ -429,7 +428,7 @@ class _Pool:
         self.rank, self.directory = rank, directory
         self._files: Dict[int, _File] = {}  # place -> this replica's open file
         self._generations = 0  # files made (replica 0)
-        self._new: Optional[str] = None  # the path of the file made for this call
+        self._new: Optional[tuple] = None  # (place, path) of the file made for this call
         self.made = 0  # files made, on replica 0 (tests look)
         self.taken = 0  # calls whose result came through a file, on every replica (as well)
 
@@ -440,17 +439,20 @@ class _Pool:
         """Replica 0: the call's file, in the table (-1: none)."""
         table = self._table
         free = [k for k in range(POOL_FILES) if not bool(self._busy[k].any())]
-        same = [k for k in free if int(table[2 + 2 * k]) == nbytes]
-        chosen = same[0] if same else -1
+        if self._new is not None:  # made by a call cut short: maybe not every replica has
+            table[2 + 2 * self._new[0]] = 0  # it open, and its name goes: unused again
+            self.unlink_new()
+        free_sizes = [int(table[2 + 2 * k]) for k in free]
+        chosen = next((k for k, size in zip(free, free_sizes) if size == nbytes), -1)
         if chosen < 0 and free and room_for_result(self.directory, nbytes):
-            unused = [k for k in free if int(table[2 + 2 * k]) == 0]
+            unused = [k for k, size in zip(free, free_sizes) if size == 0]
             place = (unused or free)[0]
             path = self._path(self._generations)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:  # every page now: one first touched on a full /dev/shm is a SIGBUS
                 os.posix_fallocate(fd, 0, nbytes)
                 table[1 + 2 * place], table[2 + 2 * place] = self._generations, nbytes
-                chosen, self._new = place, path
+                chosen, self._new = place, (place, path)
                 self._generations += 1
                 self.made += 1
             except OSError:
@@ -493,7 +495,8 @@ class _Pool:
         """At the call's last barrier (every replica has opened its file): the name of a
         file made for it goes."""
         if self._new is not None:
-            os.unlink(self._new)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._new[1])
             self._new = None
 
     def close(self) -> None:
@@ -501,9 +504,14 @@ class _Pool:
         for file in self._files.values():
             file.close()
         self._files = {}
-        if self._new is not None:  # (an interrupted call's)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._new)
+        self.unlink_new()  # (an interrupted call's)
+
+
+def _close_map(shared: mmap.mmap) -> None:
+    """Unmap ``shared`` now, or, if a tensor still views it (one an interrupted collective
+    left in a traceback's frame), once that tensor is gone."""
+    with contextlib.suppress(BufferError):
+        shared.close()
 
 
 def _table_bytes(world: int) -> int:
