@@ -577,8 +577,9 @@ def main(argv=None) -> int:
                         help="lines per replica of the warm-up runs (1000)")
     parser.add_argument("--view-repeats", type=int, default=2,
                         help="runs of each view, one-off and session, interleaved (2)")
-    parser.add_argument("--targets", default="one-off,session,cluster,cluster-session",
-                        help="the views' targets, comma-separated (all four)")
+    choices = {t.replace(" ", "-"): t for t in TARGETS}  # (their names on the command line)
+    parser.add_argument("--targets", default=",".join(choices),
+                        help=f"the views' targets, comma-separated ({','.join(choices)})")
     parser.add_argument("--deadline", type=float, default=300.0,
                         help="seconds a kernel execution may take before it is "
                              "interrupted and counted as wedged (300)")
@@ -587,7 +588,6 @@ def main(argv=None) -> int:
     plain_lines = args.plain_lines or args.lines
     if replicas < 1 or args.lines < 1 or plain_lines < 1 or replicas > 10:
         parser.error("need 1 <= replicas <= 10 (one-digit ordinals) and lines >= 1")
-    choices = {t.replace(" ", "-"): t for t in TARGETS}
     asked = [t.strip() for t in args.targets.split(",") if t.strip()]
     if not asked or set(asked) - set(choices) or args.view_repeats < 1:
         parser.error(f"need --targets of {', '.join(choices)} (not {args.targets!r}) and "

@@ -277,7 +277,7 @@ class _Shared:
             if start == 0:  # (replica 0 chose the result file before)
                 result.open(flat)
             lo, hi = _piece(count, self.world, self.rank)
-            if hi > lo:  # (folded in rank order: the same bits, in a slot or in the file)
+            if hi > lo:  # (one reduction of each piece: every replica gets the same bits)
                 pieces = self._pieces(half, flat.dtype, lo, hi)
                 if result.shared is None:
                     for other in pieces[1:]:
@@ -396,7 +396,7 @@ class _File:
     """A result file of the pool, as this replica has it open: mapped shared, for good."""
 
     def __init__(self, index: int, generation: int, path: str, nbytes: int):
-        self.index, self.generation, self.nbytes = index, generation, nbytes
+        self.index, self.generation = index, generation
         self.fd = os.open(path, os.O_RDWR)
         self.shared = mmap.mmap(self.fd, nbytes)
 
@@ -427,9 +427,8 @@ class _Pool:
                                       offset=_BUSY_OFFSET).view(POOL_FILES, world)
         self.rank, self.directory = rank, directory
         self._files: Dict[int, _File] = {}  # place -> this replica's open file
-        self._generations = 0  # files made (replica 0)
         self._new: Optional[tuple] = None  # (place, path) of the file made for this call
-        self.made = 0  # files made, on replica 0 (tests look)
+        self.made = 0  # files made, on replica 0: the next one's generation
         self.taken = 0  # calls whose result came through a file, on every replica (as well)
 
     def _path(self, generation: int) -> str:
@@ -447,13 +446,12 @@ class _Pool:
         if chosen < 0 and free and room_for_result(self.directory, nbytes):
             unused = [k for k, size in zip(free, free_sizes) if size == 0]
             place = (unused or free)[0]
-            path = self._path(self._generations)
+            path = self._path(self.made)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:  # every page now: one first touched on a full /dev/shm is a SIGBUS
                 os.posix_fallocate(fd, 0, nbytes)
-                table[1 + 2 * place], table[2 + 2 * place] = self._generations, nbytes
+                table[1 + 2 * place], table[2 + 2 * place] = self.made, nbytes
                 chosen, self._new = place, (place, path)
-                self._generations += 1
                 self.made += 1
             except OSError:
                 os.unlink(path)
