@@ -38,6 +38,44 @@ from test_magic import get_ipython
 # -- units ---------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("failures, error, starts", [
+    (["The current node timed out during startup. This could happen ..."], None, 2),
+    (["timed out during startup", "timed out during startup"], "timed out", 2),
+    (["raylet died"], "raylet died", 1)])
+def test_a_local_cluster_whose_node_rays_wait_gave_up_on_is_started_again_once(
+        monkeypatch, capsys, failures, error, starts):
+    """Ray gives a node a fixed 30 s to register (a loaded 2-core machine took longer): the
+    keeper stops that cluster and starts it again, once; another failure is said at once."""
+    from ray import cluster_utils
+
+    from colab_xla.notebook.cluster import local
+
+    made = []
+
+    class Cluster:
+        def __init__(self):
+            self.nodes, self.stopped = 0, False
+            made.append(self)
+
+        def add_node(self, **options):
+            self.nodes += 1
+            if self.nodes == 2 and len(made) <= len(failures):  # the first host's node
+                raise Exception(failures[len(made) - 1])
+
+        def shutdown(self):
+            self.stopped = True
+
+    monkeypatch.setattr(cluster_utils, "Cluster", Cluster)
+    if error is None:
+        assert local.start_nodes(2) is made[-1] and made[-1].nodes == 3
+    else:
+        with pytest.raises(Exception, match=error):
+            local.start_nodes(2)
+    assert len(made) == starts and all(c.stopped for c in made[:len(failures)])
+    said = capsys.readouterr().err
+    assert said.count("starting the local cluster again") == min(len(failures), starts - 1)
+
+
 def test_a_tpu_slice_is_ordered_by_worker_id_not_by_how_ray_lists_it():
     nodes = [hosts._tpu_node(f"n{w}", f"10.0.0.{w + 10}", w) for w in (2, 0, 3, 1)]
     [found] = hosts.tpu_slices(nodes)

@@ -30,6 +30,8 @@ from .hosts import ClusterError
 # Each node's object store: small, the cells' values travel as Ray call results.
 OBJECT_STORE_BYTES = 128 * 2**20
 START_SECONDS = 180.0
+# Starts of the whole cluster, where a node took longer than Ray waits (start_nodes).
+START_ATTEMPTS = 2
 STOP_SECONDS = 30.0
 
 
@@ -113,14 +115,8 @@ def _keep(hosts: int, notebook_pid: int) -> None:
 
     signal.signal(signal.SIGTERM, end)
     lifetime.die_with_parent(notebook_pid, signal.SIGTERM)  # (nothing to end before this)
-    from ray.cluster_utils import Cluster
-
     try:
-        cluster = Cluster()
-        cluster.add_node(num_cpus=0, include_dashboard=False,
-                         object_store_memory=OBJECT_STORE_BYTES)
-        for _ in range(hosts):
-            cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES)
+        cluster = start_nodes(hosts)
     except BaseException as exc:  # noqa: BLE001 - said to the notebook
         os.write(answer, f"{type(exc).__name__}: {exc}\n".encode())
         end(None, None)
@@ -128,6 +124,38 @@ def _keep(hosts: int, notebook_pid: int) -> None:
     os.close(answer)
     while True:
         signal.pause()
+
+
+def start_nodes(hosts: int):
+    """A Ray head and ``hosts`` nodes: a ``ray.cluster_utils.Cluster``. Ray gives a node 30 s
+    (a constant of its own) to register with the head; on a loaded machine one took longer
+    (seen in this project's tests, 2 cores shared with another test worker), so the whole
+    cluster is started again once, after the first is stopped. Other failures are raised."""
+    from ray.cluster_utils import Cluster
+
+    attempts = START_ATTEMPTS
+    while True:
+        attempts -= 1
+        cluster = Cluster()
+        try:
+            cluster.add_node(num_cpus=0, include_dashboard=False,
+                             object_store_memory=OBJECT_STORE_BYTES)
+            for _ in range(hosts):
+                cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES)
+            return cluster
+        except Exception as exc:
+            try:
+                cluster.shutdown()
+            except Exception:  # noqa: BLE001 - the start's own error is the one said
+                pass
+            if not attempts or _NODE_TIMED_OUT not in str(exc):
+                raise
+            print(f"colab_xla: a Ray node did not register within Ray's 30 s ({exc}); "
+                  "starting the local cluster again", file=sys.stderr, flush=True)
+
+
+# Ray's words when a node did not register in time (ray/_private/node.py).
+_NODE_TIMED_OUT = "timed out during startup"
 
 
 if __name__ == "__main__":
