@@ -34,67 +34,38 @@ from test_jax_runtime import needs_jax
 from test_launch import notebook_namespace
 from test_magic import get_ipython
 
-# Ray is the optional extra colab_xla[ray]: the dev stack has it, the users' stacks do not.
-needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                               reason="Ray (colab_xla[ray]) is not installed in this stack")
-
 
 # -- units ---------------------------------------------------------------------------------
 
 
-@needs_ray
-@pytest.mark.parametrize("unregistered, found", [(0, True), (3, True), (None, False)])
-def test_a_local_clusters_node_is_given_longer_than_rays_30_s_to_register(
-        monkeypatch, unregistered, found):
-    """Ray asks the head for a node it started in a loop that gives up after 30 s (a
-    constant of its own); the keeper makes each of Ray's questions wait until the node is
-    found or REGISTER_SECONDS pass. Here Ray's loop is one question, the node is found after
-    ``unregistered`` answers of "not yet" (None: never, within a shortened wait)."""
-    from ray import cluster_utils
-    from ray._private import services
+@pytest.mark.skipif(importlib.util.find_spec("rfc3987_syntax") is None,
+                    reason="rfc3987_syntax is not installed: nothing to leave out")
+def test_a_local_clusters_ray_processes_leave_out_rfc3987_syntax_and_keep_the_path(
+        monkeypatch):
+    """Ray's processes import jsonschema, which imports rfc3987_syntax if it can (2 s of CPU,
+    most of ``import ray``): the keeper's environment, which they inherit, makes that import
+    fail, and keeps the PYTHONPATH it was given after it. The same import without that
+    environment takes the package (the test sees what it claims to change)."""
+    import subprocess
+    import sys
 
     from colab_xla.notebook.cluster import local
 
-    asked = []
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/given/one", "/given/two"]))
+    environ = local.ray_environment()
+    path = environ["PYTHONPATH"].split(os.pathsep)
+    assert path[1:] == ["/given/one", "/given/two"] and path[0].endswith("lean_imports")
+    probe = ("import sys, jsonschema._format as f; "
+             "print('rfc3987_syntax' in sys.modules, 'iri' in f.draft7_format_checker.checkers)")
 
-    def get_node(gcs_address, node_id):
-        asked.append(node_id)
-        if unregistered is None or len(asked) <= unregistered:
-            raise RuntimeError("RPC error: Deadline Exceeded")
-        return {"NodeID": node_id}
+    def imported(env):
+        done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
 
-    class Cluster:  # add_node as Ray's Node does it, with one question
-        def add_node(self, **options):
-            try:
-                services.get_node("127.0.0.1:1", "node")
-            except RuntimeError:
-                raise Exception("The current node timed out during startup.") from None
-
-    monkeypatch.setattr(services, "get_node", get_node)
-    monkeypatch.setattr(cluster_utils, "Cluster", Cluster)
-    monkeypatch.setattr(local, "ASK_AGAIN_SECONDS", 0.01)
-    if found:
-        assert isinstance(local.start_nodes(2), Cluster)
-        assert len(asked) == unregistered + 3  # the head's node and two hosts' nodes
-    else:
-        monkeypatch.setattr(local, "REGISTER_SECONDS", 0.2)
-        with pytest.raises(Exception, match="timed out during startup"):
-            local.start_nodes(2)
-        assert len(asked) > 2  # asked again, then gave up
-
-
-@needs_ray
-def test_rays_node_start_still_asks_the_function_the_keeper_makes_patient():
-    """The keeper's longer wait works by replacing ray._private.services.get_node, which
-    Ray's Node looks up at each question; a Ray that asks another way would be back to
-    30 s."""
-    import inspect
-
-    from ray._private import node
-
-    source = inspect.getsource(node.Node.__init__)
-    assert "ray._private.services.get_node(" in source
-    assert "RuntimeError" in source
+    assert imported(environ) == ["False", "False"]
+    assert imported({**os.environ, "PYTHONPATH": ""}) == ["True", "True"]
 
 
 def test_a_tpu_slice_is_ordered_by_worker_id_not_by_how_ray_lists_it():
@@ -346,6 +317,9 @@ def test_the_magic_refuses_what_it_cannot_do_before_anything_starts(ip, capsys):
 
 # -- a real local cluster ---------------------------------------------------------------------
 
+# Ray is the optional extra colab_xla[ray]: the dev stack has it, the users' stacks do not.
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                               reason="Ray (colab_xla[ray]) is not installed in this stack")
 HOSTS, PER_HOST = 2, 2
 
 

@@ -9,6 +9,9 @@ The nodes are started by a keeper process of their own (``python -m
 colab_xla.notebook.cluster.local``), which dies with the notebook's process and then kills every
 process of the cluster (Ray's per-node agents outlive their node otherwise). The keeper
 is recorded like a run's processes (:mod:`colab_xla.notebook.processes`), for ``%xla_doctor``.
+Ray's processes inherit its environment (:func:`ray_environment`), which spares each of them
+an import Ray does not need (:mod:`.lean_imports`): on a loaded machine a raylet aborted
+while its agent was still importing it.
 """
 
 from __future__ import annotations
@@ -30,10 +33,6 @@ from .hosts import ClusterError
 # Each node's object store: small, the cells' values travel as Ray call results.
 OBJECT_STORE_BYTES = 128 * 2**20
 START_SECONDS = 180.0
-# How long a node may take to register with the head (Ray's own wait is 30 s: _patient),
-# and how often it is asked for meanwhile.
-REGISTER_SECONDS = 120.0
-ASK_AGAIN_SECONDS = 0.5
 STOP_SECONDS = 30.0
 
 
@@ -53,7 +52,7 @@ class LocalCluster:
     """A Ray head with ``hosts`` nodes of one CPU each, on this machine."""
 
     def __init__(self, hosts: int):
-        environ = {**os.environ, _LOOPBACK: "0"}
+        environ = ray_environment()
         # What Ray's processes print goes to a log file: a pipe nobody reads would fill
         # and block them.
         self.log_path = os.path.join(state.new_log_dir(), "local-cluster.log")
@@ -90,6 +89,14 @@ class LocalCluster:
         self.record.close()
 
 
+def ray_environment() -> dict:
+    """The keeper's environment, which Ray's processes inherit: this machine's addresses
+    (:func:`local_addresses`), and :mod:`.lean_imports` first on their path."""
+    lean = os.path.join(os.path.dirname(__file__), "lean_imports")
+    path = [lean] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, _LOOPBACK: "0", "PYTHONPATH": os.pathsep.join(path)}
+
+
 def _read_line(proc: subprocess.Popen, seconds: float) -> str:
     """The keeper's first line: the cluster's address, or why it failed (the whole
     story is in the log)."""
@@ -117,8 +124,14 @@ def _keep(hosts: int, notebook_pid: int) -> None:
 
     signal.signal(signal.SIGTERM, end)
     lifetime.die_with_parent(notebook_pid, signal.SIGTERM)  # (nothing to end before this)
+    from ray.cluster_utils import Cluster
+
     try:
-        cluster = start_nodes(hosts)
+        cluster = Cluster()
+        cluster.add_node(num_cpus=0, include_dashboard=False,
+                         object_store_memory=OBJECT_STORE_BYTES)
+        for _ in range(hosts):
+            cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES)
     except BaseException as exc:  # noqa: BLE001 - said to the notebook
         os.write(answer, f"{type(exc).__name__}: {exc}\n".encode())
         end(None, None)
@@ -126,42 +139,6 @@ def _keep(hosts: int, notebook_pid: int) -> None:
     os.close(answer)
     while True:
         signal.pause()
-
-
-def start_nodes(hosts: int):
-    """A Ray head and ``hosts`` nodes: a ``ray.cluster_utils.Cluster``, each node given
-    ``REGISTER_SECONDS`` to register with the head (see :func:`_patient`). A failure is
-    raised; the keeper says it and kills what was started."""
-    from ray._private import services
-    from ray.cluster_utils import Cluster
-
-    services.get_node = _patient(services.get_node, REGISTER_SECONDS)
-    cluster = Cluster()
-    cluster.add_node(num_cpus=0, include_dashboard=False,
-                     object_store_memory=OBJECT_STORE_BYTES)
-    for _ in range(hosts):
-        cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES)
-    return cluster
-
-
-def _patient(get_node, seconds: float):
-    """Ray's ``services.get_node``, asked again until the node is found or ``seconds``
-    pass. Ray starts a node, then asks the head for it in a loop that gives up after 30 s,
-    a constant of its own (``ray/_private/node.py``); a node registers once its Python
-    agents have started, and on a loaded machine that took longer (seen in this project's
-    CI, 2 cores shared with another test worker). Ray's loop asks this function, which
-    waits the rest. It is the keeper's process alone that is patched."""
-    def patient_get_node(*args, **kwargs):
-        deadline = time.monotonic() + seconds
-        while True:
-            try:
-                return get_node(*args, **kwargs)
-            except RuntimeError:  # Ray's word for "not registered yet"
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(ASK_AGAIN_SECONDS)
-
-    return patient_get_node
 
 
 if __name__ == "__main__":
