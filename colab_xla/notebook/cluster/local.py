@@ -10,7 +10,7 @@ colab_xla.notebook.cluster.local``), which dies with the notebook's process and 
 process of the cluster (Ray's per-node agents outlive their node otherwise). The keeper
 is recorded like a run's processes (:mod:`colab_xla.notebook.processes`), for ``%xla_doctor``.
 Ray's processes inherit its environment (:func:`ray_environment`), which spares each of them
-an import Ray does not need (:mod:`.lean_imports`): on a loaded machine a raylet aborted
+an import Ray does not need (``lean_imports/``): on a loaded machine a raylet aborted
 while its agent was still importing it.
 """
 
@@ -91,7 +91,8 @@ class LocalCluster:
 
 def ray_environment() -> dict:
     """The keeper's environment, which Ray's processes inherit: this machine's addresses
-    (:func:`local_addresses`), and :mod:`.lean_imports` first on their path."""
+    (:func:`local_addresses`), and the folder ``lean_imports`` first on their path: the
+    stand-ins there, and why, are in its files."""
     lean = os.path.join(os.path.dirname(__file__), "lean_imports")
     path = [lean] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return {**os.environ, _LOOPBACK: "0", "PYTHONPATH": os.pathsep.join(path)}
