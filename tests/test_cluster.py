@@ -66,6 +66,14 @@ def test_a_local_clusters_ray_processes_leave_out_rfc3987_syntax_and_keep_the_pa
 
     assert imported(environ) == ["False", "False"]
     assert imported({**os.environ, "PYTHONPATH": ""}) == ["True", "True"]
+    # What the refusal tells a cell that needs the package works.
+    advice = ("import sys\n"
+              "try:\n    import rfc3987_syntax\nexcept ImportError as e:\n    said = str(e)\n"
+              "exec(said[said.index('sys.path[:]'):])\n"
+              "import rfc3987_syntax\nprint(rfc3987_syntax.is_valid_syntax is not None)")
+    done = subprocess.run([sys.executable, "-c", advice], env=environ, capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.split() == ["True"], done.stderr
 
 
 def test_a_tpu_slice_is_ordered_by_worker_id_not_by_how_ray_lists_it():
@@ -357,6 +365,22 @@ def test_every_replica_of_every_host_runs_the_cell_with_its_global_ordinal(local
         assert outcome.replicas[ordinal].text == f"{index} {host} {local_index}"
     assert len({r.pid for r in outcome.replicas.values()}) == HOSTS * PER_HOST
     assert "── host 1 · replica 3 · done" in text_view.render(outcome)
+
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(importlib.util.find_spec("rfc3987_syntax") is None,
+                    reason="rfc3987_syntax is not installed: nothing to leave out")
+def test_the_local_clusters_replicas_run_without_rfc3987_syntax(local):
+    """What docs/clusters.md says: the local cluster's Ray processes, down to the replicas
+    forked from its workers, find the stand-in first and never import the package."""
+    outcome = on_cluster("""
+        import sys, jsonschema._format
+        ("rfc3987_syntax" in sys.modules, any(p.endswith("lean_imports") for p in sys.path))
+        """, local)
+    assert outcome.ok, text_view.render(outcome)
+    assert outcome.results() == {o: (False, True) for o in range(HOSTS * PER_HOST)}
 
 
 @needs_ray
