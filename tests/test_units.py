@@ -67,6 +67,27 @@ def test_syntax_error_names_the_cell_and_its_line(tmp_path):
     assert info.value.lineno == 3
 
 
+def test_a_pickled_cell_module_brings_its_code_and_reads_its_file_only_on_another_python(
+        tmp_path):
+    # A session's replicas get every cell pickled: they run the code the notebook compiled
+    # (marshalled), not the file read, parsed and compiled again by each of them.
+    cell = CellModule.create(Cell("x = 6\nx * 7\n", label="Cell In[2]"), str(tmp_path))
+    loader, args = cell.__reduce__()
+    with open(cell.path, "w") as f:  # (what the file says now tells which path was taken)
+        f.write("# %%xla_spawn\nx = 5\nx * 7\n")
+    loaded = pickle.loads(pickle.dumps(cell))
+    assert (loaded.name, loaded.path, loaded.label, loaded.source) == (
+        cell.name, cell.path, "Cell In[2]", "x = 6\nx * 7\n")
+    ns = {}
+    exec(loaded.body, ns)
+    assert eval(loaded.last_expr, ns) == 42 and loaded.body.co_filename == cell.path
+    # Marshalled by another Python (its magic number): compiled from the file instead.
+    other = loader(*args[:3], b"\x00\x00\r\n", args[4])
+    ns = {}
+    exec(other.body, ns)
+    assert eval(other.last_expr, ns) == 35 and other.source == "x = 5\nx * 7\n"
+
+
 def test_a_file_planted_at_the_module_path_is_never_written_through(tmp_path, monkeypatch):
     import itertools
 

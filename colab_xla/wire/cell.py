@@ -31,7 +31,9 @@ Example::
 from __future__ import annotations
 
 import ast
+import importlib.util
 import itertools
+import marshal
 import os
 import secrets
 from dataclasses import dataclass
@@ -131,7 +133,7 @@ class CellModule:
     @classmethod
     def load(cls, path: str, label: str = "cell") -> "CellModule":
         """The module written by :meth:`create`, compiled again from its file (in a
-        replica that did not fork: code objects do not pickle)."""
+        replica of another Python than the notebook's: see :meth:`__reduce__`)."""
         with open(path, encoding="utf-8") as f:
             text = f.read()
         body, last_expr = _compile(ast.parse(text, filename=path), text, path)
@@ -146,9 +148,25 @@ class CellModule:
         return ["", *self.source.splitlines()]
 
     def __reduce__(self):
-        # Code objects do not pickle: a replica started by spawn or a forkserver gets the
-        # file's path and compiles it again.
-        return CellModule.load, (self.path, self.label)
+        # Code objects do not pickle, but they marshal: a replica that did not fork (a
+        # session's, for every cell; spawn, a forkserver) gets the compiled cell, in
+        # marshal's format of this Python, and compiles the file again only if it runs
+        # another. (Each of a session's replicas read, parsed and compiled the file for
+        # every cell: 0.09 ms for `x = 1`, 0.5 ms for 15 lines, N times a cell.)
+        return _unmarshalled, (self.path, self.label, self.source, importlib.util.MAGIC_NUMBER,
+                               marshal.dumps((self.body, self.last_expr)))
+
+
+def _unmarshalled(path: str, label: str, source: str, magic: bytes,
+                  code: bytes) -> CellModule:
+    """A :class:`CellModule` as :meth:`CellModule.__reduce__` sent it: its code objects as
+    the notebook compiled them where this Python reads their format, else compiled again
+    from the file."""
+    if magic != importlib.util.MAGIC_NUMBER:
+        return CellModule.load(path, label)
+    body, last_expr = marshal.loads(code)
+    return CellModule(name=os.path.splitext(os.path.basename(path))[0], path=path,
+                      label=label, body=body, last_expr=last_expr, source=source)
 
 
 def _compile(tree: ast.Module, text: str, path: str):
