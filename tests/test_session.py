@@ -790,6 +790,32 @@ def test_a_sessions_cells_read_pipes_and_rings_made_once_that_go_with_the_sessio
     assert not os.path.exists(directory)
 
 
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_a_sessions_cells_run_in_one_directory_emptied_after_each(live):
+    """Each cell made a directory of its own and removed it (~0.3 ms a cell on a disk's
+    /tmp); the session's one is emptied as each cell ends, so no cell sees another's files."""
+    directory = live.cell_dir()
+    seen = []
+    for k in (1, 2):
+        outcome = cell(f"""
+            import os
+            from IPython.display import HTML, display
+            from colab_xla.replica.process import ReplicaProcess
+            display(HTML("<b>cell {k}</b>"))
+            here = ReplicaProcess._current.run_dir
+            (here, sorted(n.split("-")[0] for n in os.listdir(here)), [{k} * index] * 3000)
+            """, live)
+        assert outcome.ok, outcome.replicas
+        for i, (here, files, big) in outcome.results().items():
+            assert here == directory and big == [k * i] * 3000  # (a report too large for a
+            seen.append(files)                                 # frame: a file there)
+        assert os.listdir(directory) == []
+    # the job and this cell's displays (one per replica), none of the cell before
+    assert all(files.count("display") <= 2 and "job.pickle" in files for files in seen), seen
+    assert not [n for n in os.listdir(live.directory) if n.startswith("run-")]
+
+
 def test_a_replica_whose_cell_pipes_closed_before_its_end_was_written_serves_on(live):
     """Issue 31 (the soak's and Kaggle's 'exit code 1'): a replica appends its cell's end to
     its ring, then writes a wake-up to the cell's pipe; the notebook, polling the ring, may

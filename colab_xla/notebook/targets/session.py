@@ -333,7 +333,7 @@ class Session(Target):
         options.check_pull_from(request.pull_from, self.plan.replicas)
         chosen = self.chosen(request)
         cell, user_ns = request.cell, request.user_ns
-        run_dir = state.new_work_dir("run-")
+        run_dir = self.cell_dir()
         try:
             # The cell's file lives as long as the session: what it defines is called later.
             module = CellModule.create(cell, self.directory)
@@ -360,7 +360,18 @@ class Session(Target):
                 outcome.session_ended = self.ended + self._printed()
             return outcome
         finally:
-            shutil.rmtree(run_dir, ignore_errors=True)
+            _empty(run_dir)
+
+    def cell_dir(self) -> str:
+        """The directory every cell of the session runs in (its job; the reports too large
+        for a frame and the displays its replicas write), emptied as each cell ends: made
+        and removed for every cell, it cost ~0.3 ms a cell in a disk's /tmp (removing a
+        directory there, mostly). Its name is no module's: the session's directory is on
+        the replicas' ``sys.path``."""
+        path = os.path.join(self.directory, "cell-files")
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+        return path
 
     def cell_pipes(self) -> RunPipes:
         """The pipes and output rings every cell of the session reads, made for the first
@@ -640,3 +651,14 @@ def new_session(opts: SessionOptions, user_ns: Mapping, announce=print,
     session = Session.start(opts, plan, parent_pid, cache_dir, user_ns)
     session.start_seconds = time.monotonic() - began
     return session
+
+
+def _empty(directory: str) -> None:
+    """Remove what ``directory`` holds (gone with its session: nothing to do)."""
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for entry in list(entries):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
