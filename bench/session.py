@@ -20,15 +20,22 @@ PJRT_DEVICE=CPU), a session is started (its start-up timed apart), then, alterna
    replica, the compilations during the cell (``CompileTime`` count, after minus before;
    a one-off cell counts all of its own) and persistent-cache hits.
    Goal (the issue's): zero recompilations for an unchanged step on the session.
+3. a warm cell's way, before and now (issue 35), alternating on the same session: the
+   trivial cell and a 17-line plain-Python cell, with each replica compiling the cell
+   from its file and a directory made and removed per cell (before: the old ways,
+   put back for the measure), and as now (the notebook's compiled cell, marshalled; one
+   directory per session, emptied after each cell). Medians, ratio, and the median of
+   the paired differences.
 
 Writes the "session" section of results.md and results/session.json.
 
     python bench/session.py [--replicas 1,4,8] [--repeats 6] [--train-repeats 1]
-                            [--steps 4] [--batch 32]
+                            [--steps 4] [--batch 32] [--way-repeats 30]
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import statistics
@@ -45,13 +52,37 @@ from _results import (bench_parser, machine_info, machine_line, publish,  # noqa
                       replica_counts, rotated, stats)
 from launch_overhead import _cell, make_paths  # noqa: E402
 
+from colab_xla.notebook import state  # noqa: E402
 from colab_xla.notebook.launch import environ  # noqa: E402
 from colab_xla.notebook.targets import run_cell, start_session, stop_session  # noqa: E402
+from colab_xla.notebook.targets import session as session_target  # noqa: E402
 from colab_xla.notebook.targets.session import SessionOptions  # noqa: E402
+from colab_xla.wire.cell import CellModule  # noqa: E402
 
 NAME = "session"
 TRIVIAL = ("session", "one_off", "bare")
 TRAIN = ("session", "one_off", "cached")
+WAYS = ("before", "now")
+# A cell of plain Python with a function and a class (the way's cost grows with the cell:
+# each replica compiled it).
+PLAIN_CELL = '''import math, statistics
+def loss(xs, w):
+    total = 0.0
+    for x in xs:
+        total += (w * x - 1.0) ** 2
+    return total / len(xs)
+class Model:
+    def __init__(self, w):
+        self.w = w
+    def step(self, xs, lr=0.1):
+        g = sum(2 * (self.w * x - 1.0) * x for x in xs) / len(xs)
+        self.w -= lr * g
+        return loss(xs, self.w)
+m = Model(0.5 + index)
+xs = [0.1 * i for i in range(4)]
+m.step(xs) > 0
+'''
+WAY_CELLS = {"trivial": "index", "17 lines": PLAIN_CELL}
 
 # Tutorial 03's model, optimizer and loss (cell 1 on a session).
 DEFINE_CELL = '''
@@ -160,7 +191,47 @@ def train_paths(n: int, session, cache_dir: str, steps: int, batch: int):
                            "define"))
 
 
-def measure(n: int, repeats: int, train_repeats: int, steps: int, batch: int) -> dict:
+@contextlib.contextmanager
+def way(name: str):
+    """A warm cell's way through the session: "now", or "before" (the ways this benchmark
+    measured them against: each replica read, parsed and compiled the cell's file, and each
+    cell had a directory of its own, made and removed)."""
+    if name == "now":
+        yield
+        return
+    reduce, cell_dir, empty = CellModule.__reduce__, session_target.Session.cell_dir, \
+        session_target._empty
+    CellModule.__reduce__ = lambda self: (CellModule.load, (self.path, self.label))
+    session_target.Session.cell_dir = lambda self: state.new_work_dir("run-")
+    session_target._empty = lambda path: shutil.rmtree(path, ignore_errors=True)
+    try:
+        yield
+    finally:
+        CellModule.__reduce__, session_target.Session.cell_dir = reduce, cell_dir
+        session_target._empty = empty
+
+
+def way_samples(n: int, session, repeats: int) -> Dict[str, Dict[str, List[float]]]:
+    """ms of each cell of :data:`WAY_CELLS` by each way, alternating (order rotating)."""
+    samples = {cell: {w: [] for w in WAYS} for cell in WAY_CELLS}
+    for i in range(repeats + 1):  # (the first: a warm-up)
+        for cell, source in WAY_CELLS.items():
+            expected = _check(run_cell(source, announce=None, session=session),
+                              cell).results()
+            for name in rotated(WAYS, i):
+                with way(name):
+                    t0 = time.perf_counter()
+                    outcome = run_cell(source, announce=None, session=session)
+                    elapsed = (time.perf_counter() - t0) * 1e3
+                if _check(outcome, f"{cell}, {name}").results() != expected:
+                    raise RuntimeError(f"{cell}, {name}: {outcome.results()} != {expected}")
+                if i:
+                    samples[cell][name].append(elapsed)
+    return samples
+
+
+def measure(n: int, repeats: int, train_repeats: int, steps: int, batch: int,
+            way_repeats: int) -> dict:
     t0 = time.perf_counter()
     session = start_session(SessionOptions(replicas=n), {}, announce=None)
     start_s = time.perf_counter() - t0
@@ -173,6 +244,7 @@ def measure(n: int, repeats: int, train_repeats: int, steps: int, batch: int) ->
         for i in range(repeats):
             for name in rotated(TRIVIAL, i):
                 samples[name].append(trivial[name]() * 1e3)
+        ways = way_samples(n, session, way_repeats)
 
         train, define = train_paths(n, session, cache_dir, steps, batch)
         define()
@@ -194,6 +266,7 @@ def measure(n: int, repeats: int, train_repeats: int, steps: int, batch: int) ->
         "trivial_stats_ms": {name: stats(samples[name]) for name in TRIVIAL},
         "trivial_ratio_to_session": {name: medians[name] / medians["session"]
                                      for name in TRIVIAL},
+        "way_samples_ms": ways,
         "train_setup": {k: {"ms": v[0] * 1e3, "compiles": v[1], "cache_hits": v[2],
                             "cache_load_failures": v[3], "in_replica_s": v[4]}
                         for k, v in setup.items()},
@@ -268,6 +341,26 @@ def render(results: List[dict], info: dict, seconds: float, args) -> str:
             f"| {_counts(c['session'])} / {_counts(c['one_off'])} / {_counts(c['cached'])} "
             f"| {_counts(r['train_cache_hits']['cached'])} / "
             f"{_counts(r['train_cache_load_failures']['cached'])} |")
+    lines += [
+        "",
+        "A warm cell's way, before and now (issue 35): the trivial cell and a 17-line cell "
+        "of plain Python (a function, a class) on the same session, alternating (order "
+        "rotating). *Before*: the ways this was measured against, put back for the "
+        "measure: each replica read the cell's file, parsed and compiled it, and each cell "
+        "had a directory of its own, made and removed. *Now*: the replicas get the cell as "
+        "the notebook compiled it (marshalled), and the session's cells share one "
+        "directory, emptied after each. ms, median (p10–p90) of "
+        f"{args.way_repeats}; difference: median of the paired differences (before − now).",
+        "",
+        "| replicas | cell | before ms | now ms | now / before | difference ms |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        for cell, by in r["way_samples_ms"].items():
+            before, now = stats(by["before"]), stats(by["now"])
+            paired = statistics.median(b - a for b, a in zip(by["before"], by["now"]))
+            lines.append(f"| {r['replicas']} | {cell} | {_cell(before)} | {_cell(now)} "
+                         f"| {now['median'] / before['median']:.2f}× | {paired:+.1f} |")
     cell2 = ", ".join(
         f"N={r['replicas']}: {r['train_setup']['session_cell2']['ms']:.0f} ms, "
         f"{_counts([r['train_setup']['session_cell2']['compiles']])} compilations"
@@ -300,19 +393,22 @@ def main(argv=None) -> int:
                         help="training cells per path (1: a fresh run compiles for seconds)")
     parser.add_argument("--steps", type=int, default=4, help="training steps per cell (4)")
     parser.add_argument("--batch", type=int, default=32, help="batch per replica (32)")
+    parser.add_argument("--way-repeats", type=int, default=30,
+                        help="runs of each cell each way, before and now (30)")
     args = parser.parse_args(argv)
     counts = replica_counts(args.replicas)
     if args.repeats < 2 or args.train_repeats < 1 or args.steps < 1 or args.batch < 1 \
-            or not counts or min(counts) < 1:
-        parser.error("need --repeats >= 2, --train-repeats/--steps/--batch >= 1 and "
-                     "replica counts >= 1")
+            or args.way_repeats < 1 or not counts or min(counts) < 1:
+        parser.error("need --repeats >= 2, --train-repeats/--steps/--batch/--way-repeats "
+                     ">= 1 and replica counts >= 1")
     started = time.perf_counter()
     info = machine_info(args.repeats, 1)
     results = []
     with environ({"PJRT_DEVICE": "CPU"}):
         for n in counts:
             t0 = time.perf_counter()
-            r = measure(n, args.repeats, args.train_repeats, args.steps, args.batch)
+            r = measure(n, args.repeats, args.train_repeats, args.steps, args.batch,
+                        args.way_repeats)
             results.append(r)
             s, m = r["trivial_stats_ms"], r["train_median_ms"]
             print(f"session: N={n}: start {r['session_start_s']:.1f} s; trivial "
