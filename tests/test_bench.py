@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.xla, pytest.mark.timeout(300)]
     ("simulation.py", ["--repeats", "1", "--replicas", "2", "--steps", "4"]),
     ("result_return.py", ["--mib", "2", "--replicas", "2", "--repeats", "2"]),
     ("session.py", ["--replicas", "2", "--repeats", "2", "--train-repeats", "1",
-                    "--steps", "2", "--batch", "8"]),
+                    "--steps", "2", "--batch", "8", "--way-repeats", "2"]),
     ("after_interrupt.py", ["--repeats", "1", "--loop", "10000", "--stacks", "dev"]),
     ("peers.py", ["--replicas", "2", "--repeats", "2", "--latency-repeats", "1",
                   "--throughput-replicas", "2", "--lines", "200", "--slow-lines", "10",
