@@ -49,8 +49,8 @@ if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
 from _results import (bench_parser, machine_info, machine_line, publish,  # noqa: E402
-                      replica_counts, rotated, stats)
-from launch_overhead import _cell, make_paths  # noqa: E402
+                      paired, replica_counts, rotated, stats)
+from launch_overhead import _cell, _signed, make_paths  # noqa: E402
 
 from colab_xla.notebook import state  # noqa: E402
 from colab_xla.notebook.launch import environ  # noqa: E402
@@ -214,17 +214,18 @@ def way(name: str):
 def way_samples(n: int, session, repeats: int) -> Dict[str, Dict[str, List[float]]]:
     """ms of each cell of :data:`WAY_CELLS` by each way, alternating (order rotating)."""
     samples = {cell: {w: [] for w in WAYS} for cell in WAY_CELLS}
+    expected = {cell: _check(run_cell(source, announce=None, session=session), cell).results()
+                for cell, source in WAY_CELLS.items()}
     for i in range(repeats + 1):  # (the first: a warm-up)
         for cell, source in WAY_CELLS.items():
-            expected = _check(run_cell(source, announce=None, session=session),
-                              cell).results()
             for name in rotated(WAYS, i):
                 with way(name):
                     t0 = time.perf_counter()
                     outcome = run_cell(source, announce=None, session=session)
                     elapsed = (time.perf_counter() - t0) * 1e3
-                if _check(outcome, f"{cell}, {name}").results() != expected:
-                    raise RuntimeError(f"{cell}, {name}: {outcome.results()} != {expected}")
+                if _check(outcome, f"{cell}, {name}").results() != expected[cell]:
+                    raise RuntimeError(
+                        f"{cell}, {name}: {outcome.results()} != {expected[cell]}")
                 if i:
                     samples[cell][name].append(elapsed)
     return samples
@@ -350,17 +351,17 @@ def render(results: List[dict], info: dict, seconds: float, args) -> str:
         "had a directory of its own, made and removed. *Now*: the replicas get the cell as "
         "the notebook compiled it (marshalled), and the session's cells share one "
         "directory, emptied after each. ms, median (p10–p90) of "
-        f"{args.way_repeats}; difference: median of the paired differences (before − now).",
+        f"{args.way_repeats}; saved: the paired differences (before − now), median (p10–p90).",
         "",
-        "| replicas | cell | before ms | now ms | now / before | difference ms |",
+        "| replicas | cell | before ms | now ms | now / before | saved ms |",
         "|---:|---|---:|---:|---:|---:|",
     ]
     for r in results:
         for cell, by in r["way_samples_ms"].items():
             before, now = stats(by["before"]), stats(by["now"])
-            paired = statistics.median(b - a for b, a in zip(by["before"], by["now"]))
+            saved = paired(by["before"], by["now"])
             lines.append(f"| {r['replicas']} | {cell} | {_cell(before)} | {_cell(now)} "
-                         f"| {now['median'] / before['median']:.2f}× | {paired:+.1f} |")
+                         f"| {now['median'] / before['median']:.2f}× | {_signed(saved)} |")
     cell2 = ", ".join(
         f"N={r['replicas']}: {r['train_setup']['session_cell2']['ms']:.0f} ms, "
         f"{_counts([r['train_setup']['session_cell2']['compiles']])} compilations"
