@@ -24,13 +24,17 @@ PJRT_DEVICE=CPU), a session is started (its start-up timed apart), then, alterna
    trivial cell and a 17-line plain-Python cell, with each replica compiling the cell
    from its file and a directory made and removed per cell (before: the old ways,
    put back for the measure), and as now (the notebook's compiled cell, marshalled; one
-   directory per session, emptied after each cell). Medians, ratio, and the median of
-   the paired differences.
+   directory per session, emptied after each cell). Medians, ratio, and the paired
+   differences' median and p10/p90.
+4. where a warm trivial cell's CPU goes: the CPU time per cell of the notebook's process
+   and of each replica over ``--cpu-cells`` cells (psutil), beside the wall time, and the
+   floor of a round trip to N processes here: N forked processes each woken by a byte on
+   a pipe to run ``x = 1`` and answer (after the session has stopped).
 
 Writes the "session" section of results.md and results/session.json.
 
     python bench/session.py [--replicas 1,4,8] [--repeats 6] [--train-repeats 1]
-                            [--steps 4] [--batch 32] [--way-repeats 30]
+                            [--steps 4] [--batch 32] [--way-repeats 30] [--cpu-cells 300]
 """
 
 from __future__ import annotations
@@ -231,8 +235,71 @@ def way_samples(n: int, session, repeats: int) -> Dict[str, Dict[str, List[float
     return samples
 
 
+
+def cpu_per_cell(session, cells: int) -> Dict[str, object]:
+    """CPU ms per warm trivial cell: the notebook's process (every thread) and each of the
+    session's replicas (psutil's user + system times, over ``cells`` cells, so their clock
+    ticks average out), and the wall ms per cell over the same cells."""
+    import psutil
+
+    me = psutil.Process()
+    replicas = [psutil.Process(pid) for pid in sorted({rep.pid for rep in
+                                                       session.replicas.values()})]
+
+    def cpu(process) -> float:
+        times = process.cpu_times()
+        return times.user + times.system
+
+    before = [cpu(me)] + [cpu(p) for p in replicas]
+    t0 = time.perf_counter()
+    for _ in range(cells):
+        _check(run_cell("index", announce=None, session=session), "cpu")
+    wall = time.perf_counter() - t0
+    after = [cpu(me)] + [cpu(p) for p in replicas]
+    per = [(a - b) / cells * 1e3 for a, b in zip(after, before)]
+    return {"cells": cells, "wall_ms": wall / cells * 1e3, "notebook_ms": per[0],
+            "replica_ms": per[1:]}
+
+
+def ipc_floor(n: int, rounds: int = 300) -> float:
+    """Median ms of the least a warm cell's round trip can cost here: ``n`` forked
+    processes each woken by a byte on a pipe, running ``x = 1`` and answering with a byte,
+    the parent waiting for every answer (no output, no result, no Python of ours)."""
+    children = []
+    for _ in range(n):
+        cmd_r, cmd_w = os.pipe()
+        ans_r, ans_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # (a byte other than "c": leave)
+            code = compile("x = 1", "<cell>", "exec")
+            while os.read(cmd_r, 1) == b"c":
+                exec(code, {})
+                os.write(ans_w, b"k")
+            os._exit(0)
+        os.close(cmd_r)
+        os.close(ans_w)
+        children.append((pid, cmd_w, ans_r))
+    ms = []
+    try:
+        for _ in range(rounds + 20):  # (the first 20: a warm-up)
+            t0 = time.perf_counter()
+            for _, cmd_w, _ in children:
+                os.write(cmd_w, b"c")
+            for _, _, ans_r in children:
+                os.read(ans_r, 1)
+            ms.append((time.perf_counter() - t0) * 1e3)
+    finally:
+        for pid, cmd_w, ans_r in children:
+            os.write(cmd_w, b"q")
+            os.close(cmd_w)
+        for pid, _, ans_r in children:
+            os.waitpid(pid, 0)
+            os.close(ans_r)
+    return statistics.median(ms[20:])
+
+
 def measure(n: int, repeats: int, train_repeats: int, steps: int, batch: int,
-            way_repeats: int) -> dict:
+            way_repeats: int, cpu_cells: int) -> dict:
     t0 = time.perf_counter()
     session = start_session(SessionOptions(replicas=n), {}, announce=None)
     start_s = time.perf_counter() - t0
@@ -246,6 +313,7 @@ def measure(n: int, repeats: int, train_repeats: int, steps: int, batch: int,
             for name in rotated(TRIVIAL, i):
                 samples[name].append(trivial[name]() * 1e3)
         ways = way_samples(n, session, way_repeats)
+        cpu = cpu_per_cell(session, cpu_cells)
 
         train, define = train_paths(n, session, cache_dir, steps, batch)
         define()
@@ -268,6 +336,7 @@ def measure(n: int, repeats: int, train_repeats: int, steps: int, batch: int,
         "trivial_ratio_to_session": {name: medians[name] / medians["session"]
                                      for name in TRIVIAL},
         "way_samples_ms": ways,
+        "cpu_per_cell": cpu, "ipc_floor_ms": ipc_floor(n),
         "train_setup": {k: {"ms": v[0] * 1e3, "compiles": v[1], "cache_hits": v[2],
                             "cache_load_failures": v[3], "in_replica_s": v[4]}
                         for k, v in setup.items()},
@@ -362,6 +431,27 @@ def render(results: List[dict], info: dict, seconds: float, args) -> str:
             saved = paired(by["before"], by["now"])
             lines.append(f"| {r['replicas']} | {cell} | {_cell(before)} | {_cell(now)} "
                          f"| {now['median'] / before['median']:.2f}× | {_signed(saved)} |")
+    lines += [
+        "",
+        "Where a warm trivial cell's CPU goes (issue 35's +2 ms over a plain cell at N=8): "
+        f"CPU ms per cell over {args.cpu_cells} cells (psutil, user + system), of the "
+        "notebook's process (all its threads) and of each replica; *all*: their sum, and "
+        "its half (2 cores: the least wall time that much CPU can take); wall: ms per cell "
+        "over the same cells. *Floor*: the least a round trip to N processes costs here: "
+        "N forked processes each woken by a byte on a pipe, running `x = 1`, answering "
+        "with a byte (median of 300).",
+        "",
+        "| replicas | notebook CPU | each replica CPU | all CPU (half) | wall | floor |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        c = r["cpu_per_cell"]
+        each = c["replica_ms"]
+        total = c["notebook_ms"] + sum(each)
+        lines.append(f"| {r['replicas']} | {c['notebook_ms']:.2f} | "
+                     f"{statistics.median(each):.2f} ({min(each):.2f}–{max(each):.2f}) | "
+                     f"{total:.1f} ({total / 2:.1f}) | {c['wall_ms']:.1f} | "
+                     f"{r['ipc_floor_ms']:.2f} |")
     cell2 = ", ".join(
         f"N={r['replicas']}: {r['train_setup']['session_cell2']['ms']:.0f} ms, "
         f"{_counts([r['train_setup']['session_cell2']['compiles']])} compilations"
@@ -396,12 +486,14 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=32, help="batch per replica (32)")
     parser.add_argument("--way-repeats", type=int, default=30,
                         help="runs of each cell each way, before and now (30)")
+    parser.add_argument("--cpu-cells", type=int, default=300,
+                        help="trivial cells whose CPU time is measured (300)")
     args = parser.parse_args(argv)
     counts = replica_counts(args.replicas)
     if args.repeats < 2 or args.train_repeats < 1 or args.steps < 1 or args.batch < 1 \
-            or args.way_repeats < 1 or not counts or min(counts) < 1:
-        parser.error("need --repeats >= 2, --train-repeats/--steps/--batch/--way-repeats "
-                     ">= 1 and replica counts >= 1")
+            or args.way_repeats < 1 or args.cpu_cells < 1 or not counts or min(counts) < 1:
+        parser.error("need --repeats >= 2, --train-repeats/--steps/--batch/--way-repeats/"
+                     "--cpu-cells >= 1 and replica counts >= 1")
     started = time.perf_counter()
     info = machine_info(args.repeats, 1)
     results = []
@@ -409,7 +501,7 @@ def main(argv=None) -> int:
         for n in counts:
             t0 = time.perf_counter()
             r = measure(n, args.repeats, args.train_repeats, args.steps, args.batch,
-                        args.way_repeats)
+                        args.way_repeats, args.cpu_cells)
             results.append(r)
             s, m = r["trivial_stats_ms"], r["train_median_ms"]
             print(f"session: N={n}: start {r['session_start_s']:.1f} s; trivial "
