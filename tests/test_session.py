@@ -153,8 +153,8 @@ def test_large_results_of_session_cells_arrive_in_the_pages_earlier_ones_freed(l
 
 def _kept_maps(pids):
     """The notebook's shared-memory files of large values that processes ``pids`` map, by
-    line of their maps (not a cell's output ring: a replica lets go of the last one as it
-    goes home after the cell, which may come after the cell's end was read)."""
+    line of their maps (not the session's output rings, which its replica processes map
+    for as long as it lives)."""
     ours = f"{shared_tensors.SHM_ROOT}/colab_xla-{os.getuid()}-{os.getpid()}-"
     lines = []
     for pid in pids:
@@ -782,7 +782,7 @@ def test_a_sessions_cells_read_pipes_and_rings_made_once_that_go_with_the_sessio
                  "ring = ReplicaProcess._current.writer._ring\n"
                  "(os.readlink('/proc/self/fd/1'), ring.path, id(ring))")
         first = cell(where, session)
-        directory = session._cell_pipes.directory
+        directory = session._pipes.directory
         made = sorted(os.listdir(directory))
         assert cell("print(index)\nindex", session).results() == {0: 0, 1: 1}
         again = cell(where, session)
@@ -796,6 +796,51 @@ def test_a_sessions_cells_read_pipes_and_rings_made_once_that_go_with_the_sessio
     finally:
         session.stop()
     assert not os.path.exists(directory)
+
+
+def test_what_a_replica_prints_between_cells_is_the_sessions_and_not_the_next_cells(tmp_path):
+    """Between cells a replica writes to the pipes its cells write to (they are opened once);
+    the session reads them then: a thread the cell left, printing (Python and C-level)
+    after the cell, neither blocks nor lands in the next cell's output, and its lines are
+    in what the session says its replicas printed outside a cell."""
+    session = new_session(SessionOptions(replicas=2), {}, announce=None)
+    try:
+        gates = [str(tmp_path / f"gate-{i}") for i in range(2)]
+        for gate in gates:
+            os.mkfifo(gate)
+        started = cell(f"""
+            import os, sys, threading
+            def later(gate):
+                with open(gate) as f:
+                    f.read()
+                print(f"python between cells {{index}}")
+                sys.stdout.flush()
+                os.write(1, f"C between cells {{index}}\\n".encode())
+            threading.Thread(target=later, args=({gates!r}[index],), daemon=True).start()
+            """, session)
+        assert started.ok, started
+        for gate in gates:
+            with open(gate, "w") as f:
+                f.write("go")
+        # (the Python line of a thread that is no replica's, unlabelled; C-level output by
+        # process: a process runs one replica here)
+        wanted = {f"python between cells {i}" for i in range(2)} | {
+            f"[process {i}] C between cells {i}" for i in range(2)}
+
+        def seen():
+            return {line.split("] ", 1)[-1] if line.startswith("[replica") else line
+                    for line in session._outside.printed()}
+
+        deadline = time.monotonic() + 30
+        while not wanted <= seen() and time.monotonic() < deadline:
+            pass  # (printed() waits up to 0.5 s for what the pipes hold)
+        assert wanted <= seen(), session._outside.printed()
+        after = cell("print('the next cell', index)", session)
+        assert after.ok, after
+        for i in range(2):
+            assert after.replicas[i].text == f"the next cell {i}", after.replicas[i].text
+    finally:
+        session.stop()
 
 
 @pytest.mark.xla

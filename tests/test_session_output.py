@@ -1,6 +1,7 @@
 """What a session's replicas send outside any cell (colab_xla.notebook.targets.session_output):
-read all the time, so a replica that prints between cells never blocks, and its last lines
-kept for the message that it died (real pipes and a writer process, no replicas)."""
+the session's pipes read whenever no cell reads them, so a replica that prints between cells
+never blocks, and its last lines kept for the message that it died (real pipes and a
+writer process, no replicas)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 
 import pytest
 
+from colab_xla.notebook.pipes import RunPipes
 from colab_xla.notebook.targets.session_output import KEPT_LINES, SessionChannel
 from colab_xla.wire import frames
 
@@ -28,13 +30,20 @@ def _print_between_cells(channel_path: str, startup_path: str, lines: int) -> No
     os._exit(0)
 
 
-def test_a_replica_printing_many_times_a_pipe_between_cells_never_blocks(tmp_path):
-    channel = SessionChannel(str(tmp_path))
+@pytest.fixture
+def pipes(tmp_path):
+    made = RunPipes(str(tmp_path), 1)
+    yield made
+    made.close()
+
+
+def test_a_replica_printing_many_times_a_pipe_between_cells_never_blocks(pipes):
+    channel = SessionChannel(pipes)
     try:
         lines = 100_000  # ~3.5 MB: three times what the 1 MiB pipe holds
         writer = multiprocessing.get_context("fork").Process(
             target=_print_between_cells,
-            args=(channel.channel_path, channel.startup_path, lines))
+            args=(pipes.channel_path, pipes.startup_path, lines))
         writer.start()
         writer.join(30)
         assert writer.exitcode == 0  # (None: it blocked on a full pipe)
@@ -54,9 +63,49 @@ def test_a_replica_printing_many_times_a_pipe_between_cells_never_blocks(tmp_pat
     assert channel.notes(0) == []  # closed: nothing waits
 
 
-def test_notes_wait_at_most_as_long_as_asked(tmp_path):
-    channel = SessionChannel(str(tmp_path))
+def test_notes_wait_at_most_as_long_as_asked(pipes):
+    channel = SessionChannel(pipes)
     try:
         assert channel.notes(0.05) == [] and channel.printed() == []
     finally:
         channel.close()
+
+
+def _write(pipes: RunPipes, text: str, c_level: str) -> None:
+    writer = frames.ChannelWriter(os.open(pipes.channel_path, os.O_WRONLY))
+    writer.send(frames.STDOUT, 0, text.encode())
+    fd = os.open(pipes.fd_paths[0][1], os.O_WRONLY)
+    os.write(fd, c_level.encode())
+    os.close(fd)
+    os.close(writer.fd)
+
+
+def test_a_lent_pipe_is_the_cells_alone_and_given_back_is_read_again(pipes):
+    """What came before the cell took the pipes is the session's; what comes while the cell
+    has them, the cell's alone (the session's reader neither takes nor sees it); after the
+    cell gives them back, the session's again."""
+    channel = SessionChannel(pipes)
+    try:
+        _write(pipes, "before the cell\n", "C before\n")
+        lent = channel.lend()
+        assert lent is pipes
+        assert channel.printed(0) == ["[replica 0] before the cell", "[process 0] C before"]
+        got, c_got = [], []
+        pipes.begin(got.append, lambda fd, rank, kind, data: c_got.append((rank, data)))
+        _write(pipes, "in the cell\n", "C in\n")
+        pipes.read_written()
+        assert [f.payload for f in got] == [b"in the cell\n"]
+        assert c_got == [(0, b"C in\n")]
+        pipes.end()
+        channel.give_back()
+        _write(pipes, "after the cell\n", "C after\n")
+        for _ in range(100):
+            printed = channel.printed()
+            if len(printed) == 4:
+                break
+        assert printed == ["[replica 0] before the cell", "[process 0] C before",
+                           "[replica 0] after the cell", "[process 0] C after"]
+    finally:
+        channel.close()
+    channel.close()  # (again: nothing)
+    assert channel.lend() is pipes  # closed: a cell may still take them

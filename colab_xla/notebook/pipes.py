@@ -168,10 +168,11 @@ class RunPipes:
                     self._handle(frame)
         return got
 
-    def look(self, now: float, wake: float) -> float:
+    def look(self, now: float, wake: float, poll: float = RING_POLL_SECONDS) -> float:
         """Read the rings before the caller waits (until ``wake`` at the latest); when to
         look at them again. While output flows, after :data:`RING_FLOW_SECONDS`, no
-        wake-up asked; else a wake-up asked, and :data:`RING_POLL_SECONDS` at most."""
+        wake-up asked; else a wake-up asked, and ``poll`` seconds at most (the most a lost
+        wake-up costs)."""
         self.read_rings()
         if not self.ring_output:  # none since the last look (here, or by read): ask
             for reader, _ in self.rings.values():
@@ -181,7 +182,7 @@ class RunPipes:
                     reader.waiting(False)
         flowing, self.ring_output = self.ring_output, False
         if self.rings:
-            return min(wake, now + (RING_FLOW_SECONDS if flowing else RING_POLL_SECONDS))
+            return min(wake, now + (RING_FLOW_SECONDS if flowing else poll))
         return wake
 
     def close(self) -> None:

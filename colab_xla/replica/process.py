@@ -20,7 +20,7 @@ import threading
 import traceback
 import types
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterator, NamedTuple, Optional, Tuple
 
 import cloudpickle
 
@@ -64,6 +64,14 @@ def inherit(run_id: str, user_ns: Dict[str, Any], cell: CellModule) -> Iterator[
         _FORKED.pop(run_id, None)
 
 
+class _Opened(NamedTuple):
+    """The pipes and ring a replica process writes to (see ReplicaProcess.open_pipes)."""
+
+    channel_path: Optional[str]
+    ring_dir: Optional[str]
+    fd_paths: Optional[Tuple[str, str]]
+
+
 class ReplicaProcess:
     """A replica process: set up once (streams, parent-death signal, its runtime's
     set-up), then opened for each run it serves (the run's pipes, its cell and the
@@ -90,6 +98,7 @@ class ReplicaProcess:
         self.rank = int(os.environ.get("PJRT_LOCAL_PROCESS_RANK", "0"))
         self.host_rank = HostRank.from_environ(os.environ)  # on a cluster of hosts, or None
         self.run_id, self.run_dir, self.writer = None, None, None
+        self._opened = _Opened(None, None, None)  # the pipes and ring written to now
         self.home_dir = job.run_dir  # the first run's (a session's own directory)
         self.cell: Optional[CellModule] = None
         # The notebook's names this process has (inherited at the fork, or received);
@@ -119,9 +128,11 @@ class ReplicaProcess:
             self.cell = job.cell
 
     def open_pipes(self, job: ReplicaJob) -> None:
-        """Write to ``job``'s pipes from now on; the names and the cell stay (a session's
-        replica between cells goes back to the session's own pipes)."""
-        if self.run_dir in sys.path and self.run_dir != self.home_dir:
+        """Write to ``job``'s pipes from now on, opening only what changed; the names and
+        the cell stay. A session's replicas write to the session's pipes from their start
+        to their end: its first cell gives each process its ring and its own pipes for
+        C-level output, and a cell after it opens nothing."""
+        if self.run_dir in sys.path and self.run_dir not in (self.home_dir, job.run_dir):
             sys.path.remove(self.run_dir)
         self.run_id, self.run_dir = job.run_id, job.run_dir
         # Named pipes, opened by path: a process started by spawn or a forkserver inherits
@@ -129,17 +140,21 @@ class ReplicaProcess:
         # (a thread the cell left running may be writing to it).
         if self.writer is None:
             self.writer = ChannelWriter(os.open(job.channel_path, os.O_WRONLY))
-        else:
-            self.writer.retarget(job.channel_path)
-        if job.ring_dir:
+        elif job.channel_path != self._opened.channel_path:
+            self.writer.retarget(job.channel_path)  # (frames go to the pipe: no ring)
+            self._opened = _Opened(job.channel_path, None, self._opened.fd_paths)
+        if job.ring_dir and job.ring_dir != self._opened.ring_dir:
             try:
                 self.writer.use_ring(os.path.join(job.ring_dir, f"ring-{os.getpid()}"))
             except OSError:  # no room for the ring's file: frames go to the pipe
                 pass
         if job.run_dir not in sys.path:
             sys.path.insert(0, job.run_dir)  # the cell's module imports by name
-        if job.fd_paths:
-            capture_fds(job.fd_paths[self.rank % len(job.fd_paths)])
+        fd_paths = job.fd_paths[self.rank % len(job.fd_paths)] if job.fd_paths else None
+        if fd_paths and fd_paths != self._opened.fd_paths:
+            capture_fds(fd_paths)
+        self._opened = _Opened(job.channel_path, job.ring_dir or self._opened.ring_dir,
+                               fd_paths or self._opened.fd_paths)
 
     def _load_names(self, job: ReplicaJob) -> Dict[str, Any]:
         try:

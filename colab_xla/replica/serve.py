@@ -7,7 +7,9 @@ torch_xla instrumented, the CPU simulation's collectives); each cell is then a r
 one-off run's (its report and frames: :func:`colab_xla.replica.execution.serve_run`), with
 two differences: the cell's globals are the replica's own from the cells before, with the
 notebook names the cell brings on top; and the pipes and output ring it writes to are the
-session's cell pipes, made once (:meth:`colab_xla.notebook.targets.session.Session.cell_pipes`).
+session's, made as it starts and opened once (:meth:`ReplicaProcess.open_pipes
+<colab_xla.replica.process.ReplicaProcess.open_pipes>`): between cells the session reads
+them (:mod:`colab_xla.notebook.targets.session_output`).
 
 The notebook speaks to each replica through a named pipe of the session's directory,
 one line per command, read by a thread of the replica: ``run PATH`` (a pickled
@@ -54,8 +56,8 @@ def serve(index: int, job: ReplicaJob) -> None:
     except BaseException:  # noqa: BLE001 - a bug here: the session must see this replica die
         text = "colab_xla: a session replica failed outside its cell:\n" + traceback.format_exc()
         # To its file first (the notebook reads it when the process has ended), then to
-        # stderr: between two cells that may still be the last cell's pipe, closed, and a
-        # write there raised again, the process ended with exit code 1 and said nothing.
+        # stderr: the session's pipe, closed if the session is ending, and a write there
+        # that raised again would end the process with exit code 1, saying nothing.
         with contextlib.suppress(OSError), open(failure_path(job.run_dir, index), "w") as f:
             f.write(text)
         with contextlib.suppress(OSError):
@@ -63,15 +65,8 @@ def serve(index: int, job: ReplicaJob) -> None:
         os._exit(FAILED_EXIT_CODE)
 
 
-# The replicas this process serves (threads of it: several), by ordinal: the last cell each
-# finished. Changed under ReplicaProcess's lock, with the runs it opens.
-_served: Dict[int, Optional[str]] = {}
-
-
 def _serve(index: int, job: ReplicaJob) -> None:
     process = ReplicaProcess.get(job)
-    with ReplicaProcess._lock:
-        _served[index] = None
     interruptible = Interruptible()
     current.interruptible = interruptible
     commands = _Commands(command_path(job.run_dir, index), interruptible)
@@ -100,21 +95,9 @@ def _serve(index: int, job: ReplicaJob) -> None:
             serve_run(index, cell_job, session_globals, end_started=False)
         except KeyboardInterrupt:  # an interrupt that came as the cell ended: it is over
             pass
-        except BrokenPipeError:
-            # The notebook closed the cell pipes first (the session is ending). This replica
-            # goes home to the session's own pipes like any other.
+        except BrokenPipeError:  # the notebook closed the pipes first: the session ends
             pass
         shared_tensors.map_written()  # the cell's report is out: off its time
-        # The process's last replica to finish the cell takes it home (to the session's
-        # pipes) once every replica it serves that runs the cell (--targets: not all) is
-        # done with it: one that has not started the cell yet still needs the cell's pipes.
-        with ReplicaProcess._lock:
-            _served[index] = cell_job.run_id
-            chosen = cell_job.chosen
-            if process.run_id == cell_job.run_id and all(
-                    done == cell_job.run_id for i, done in _served.items()
-                    if chosen is None or i in chosen):
-                process.open_pipes(job)
 
 
 class Interruptible:

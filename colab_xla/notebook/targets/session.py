@@ -144,9 +144,10 @@ class Session(Target):
         self._launcher: Optional[threading.Thread] = None
         self._launch_error: Optional[BaseException] = None
         self._stopping = False  # processes that end from now on were ended on purpose
-        self._outside: Optional[SessionChannel] = None  # the session's own pipes, read
-        # The pipes and rings its cells read (cell_pipes), and whether a cell reads them now.
-        self._cell_pipes: Optional[RunPipes] = None
+        # The pipes and rings its replicas write to, from their start to their end (made
+        # by start), and their reader between cells (a cell's reads them: cell_pipes).
+        self._pipes: Optional[RunPipes] = None
+        self._outside: Optional[SessionChannel] = None
         self._cell_pipes_lent = False
         self._asked = 0  # questions for Tab completion (each its own pipe)
 
@@ -168,8 +169,11 @@ class Session(Target):
         return session
 
     def _start(self, parent_pid: int, cache_dir: Optional[str], user_ns: Dict[str, Any]) -> None:
-        self._outside = SessionChannel(self.directory)
-        channel, startup = self._outside.channel_path, self._outside.startup_path
+        self._pipes = RunPipes(self._pipes_dir(), self.plan.processes)
+        self._outside = SessionChannel(self._pipes)
+        channel, startup = self._pipes.channel_path, self._pipes.startup_path
+        # (C-level output goes to the start-up pipe until a cell gives each process its
+        # own: the processes' ranks are theirs to say)
         job = ReplicaJob(run_id=self.id, run_dir=self.directory, channel_path=channel,
                          parent_pid=parent_pid, fd_paths=((startup, startup),),
                          startup_path=startup, environ=replica_environ(self.plan.env),
@@ -268,7 +272,7 @@ class Session(Target):
         with self._lock:  # (a cell reading them closes them as it ends: cell_pipes_back)
             lent = self._cell_pipes_lent
         if not lent:
-            self._close_cell_pipes()
+            self._close_pipes()
         shutil.rmtree(self.directory, ignore_errors=True)
         self._launch_error = None  # (its traceback holds the launcher's frames)
 
@@ -374,37 +378,46 @@ class Session(Target):
         return path
 
     def cell_pipes(self) -> RunPipes:
-        """The pipes and output rings every cell of the session reads, made for the first
-        (in shared memory where there is some): the replica processes then make their
-        rings once, and each cell costs no named pipes, no ring and no directory for them
-        (made and removed for every cell, they were about half of a warm cell's time at 8
-        replicas, measured in one process: 17.9 ms a cell with them, 8.9 without). Lent to
-        one cell at a time, until :meth:`cell_pipes_back`."""
+        """The pipes and output rings the session's replicas write to, lent to one cell at a
+        time, until :meth:`cell_pipes_back` (between cells, the session reads them:
+        :class:`~colab_xla.notebook.targets.session_output.SessionChannel`). Made once, as
+        the session starts (in shared memory where there is some): the replica processes
+        open them and make their rings once, and each cell costs no named pipes, no ring
+        and no directory for them (made and removed for every cell, they were about half
+        of a warm cell's time at 8 replicas, measured in one process: 17.9 ms a cell with
+        them, 8.9 without)."""
         with self._lock:
-            if self._cell_pipes is None:
-                try:
-                    directory = shared_tensors.make_private_dir("session-pipes")
-                except OSError:  # no /dev/shm: the session's directory
-                    directory = self.directory
-                self._cell_pipes = RunPipes(directory, self.plan.processes)
             self._cell_pipes_lent = True
-            return self._cell_pipes
+            if self._pipes is None:  # ended, and closed: the cell is refused as it starts
+                self._pipes = RunPipes(self._pipes_dir(), self.plan.processes)
+                return self._pipes
+        return self._outside.lend()
 
     def cell_pipes_back(self) -> None:
         """The cell that :meth:`cell_pipes` lent them to has read them for the last time;
         closed if the session has ended meanwhile."""
         with self._lock:
             self._cell_pipes_lent = False
-            if self._cell_pipes is None:
+            if self._pipes is None:
                 return
-            self._cell_pipes.end()
             if self.ended is None:
+                self._outside.give_back()
                 return
-        self._close_cell_pipes()
+        self._close_pipes()
 
-    def _close_cell_pipes(self) -> None:
+    def _pipes_dir(self) -> str:
+        """A directory for the session's pipes: in shared memory where there is some."""
+        try:
+            return shared_tensors.make_private_dir("session-pipes")
+        except OSError:  # no /dev/shm: the session's directory
+            os.makedirs(self.directory, exist_ok=True)
+            return self.directory
+
+    def _close_pipes(self) -> None:
+        if self._outside is not None:  # (its reader first: it must not read closed fds)
+            self._outside.close()
         with self._lock:
-            pipes, self._cell_pipes = self._cell_pipes, None
+            pipes, self._pipes = self._pipes, None
         if pipes is not None:
             pipes.close()
             if pipes.directory != self.directory:

@@ -1,13 +1,18 @@
 """What a session's replicas send outside any cell, read all the time:
 :class:`SessionChannel`.
 
-Between cells (and while they start) a replica writes to the session's own pipes: frames
-on the channel (its Python output, and its notes: ``ready`` once it is up) and C-level
-output on the startup pipe. A thread reads both for as long as the session is up, so a
-replica that prints between cells (a thread of its own, a library's warning) never blocks
-on a full pipe; its notes go to whoever waits for them (:meth:`SessionChannel.notes`), and
-the last lines are kept (:meth:`SessionChannel.printed`): what a replica said before it
-died, for the message that it died and for ``%xla_session``'s status.
+A session's replica processes write to one set of pipes and output rings for as long as
+the session lives (a :class:`~colab_xla.notebook.pipes.RunPipes`, made as it starts): as
+they start, during every cell, and between cells. A replica process opens them once, so
+a cell costs it no ``open`` of a named pipe and no new ring (going back to pipes of its
+own after each cell, and to the cell's at the next, cost each replica ~0.2 ms of CPU a
+cell: bench/session.py). A cell's :class:`~colab_xla.notebook.supervisor.Supervisor`
+reads them while the cell runs (:meth:`SessionChannel.lend`); the rest of the time a
+thread reads them, so a replica that prints between cells (a thread of its own, a
+library's warning) never blocks on a full pipe or ring; its notes go to whoever waits for
+them (:meth:`SessionChannel.notes`), and the last lines are kept
+(:meth:`SessionChannel.printed`): what a replica said before it died, for the message that
+it died and for ``%xla_session``'s status.
 """
 
 from __future__ import annotations
@@ -23,27 +28,34 @@ import time
 from typing import Deque, Dict, List
 
 from ...wire import frames
+from ..pipes import PIPE_READS, STARTUP, RunPipes
 
 # The lines kept of what the replicas printed outside any cell.
 KEPT_LINES = 40
+# How long the reader waits in one select at most, between cells: also the most a lost
+# wake-up of a ring costs then (a cell's reader looks every few ms: RING_POLL_SECONDS;
+# between cells that cost the notebook ~40 ms of CPU a second).
+_IDLE_SECONDS = 0.1
+# The reader's commands, a byte each on its control pipe.
+_LEND, _GIVE_BACK, _CLOSE = b"l", b"g", b"c"
 
 
 class SessionChannel:
-    """The session's channel and startup pipe in ``directory`` (made here), read by a
-    thread until :meth:`close`."""
+    """The session's ``pipes``, read by a thread of this object's whenever no cell reads
+    them (:meth:`lend`, :meth:`give_back`), until :meth:`close`. The pipes stay the
+    session's: closing this does not close them."""
 
-    def __init__(self, directory: str):
-        self.channel_path = os.path.join(directory, "channel")
-        self.startup_path = os.path.join(directory, "startup")
-        self._channel = frames.make_fifo(self.channel_path)
-        self._startup = frames.make_fifo(self.startup_path)
-        self._decoder = frames.FrameDecoder()
+    def __init__(self, pipes: RunPipes):
+        self.pipes = pipes
         self._text: Dict[object, codecs.IncrementalDecoder] = {}  # by origin
         self._partial: Dict[object, str] = {}  # an unended line, by origin
         self._lines: Deque[str] = collections.deque(maxlen=KEPT_LINES)
         self._notes: List[dict] = []
         self._changed = threading.Condition()
-        self._wake_r, self._wake_w = os.pipe()
+        self._lent = False  # a cell reads the pipes (the reader has let go of them)
+        self._closed = False
+        self._control_r, self._control_w = os.pipe()
+        pipes.begin(self._frame, self._c_output)
         self._thread = threading.Thread(target=self._read, name="colab_xla-session-output",
                                         daemon=True)
         self._thread.start()
@@ -65,9 +77,10 @@ class SessionChannel:
         """The last lines the replicas printed outside any cell, an unended one last; what
         the pipes hold is read first (for up to ``settle`` seconds)."""
         deadline = time.monotonic() + settle
-        while time.monotonic() < deadline and self._thread.is_alive():
+        while time.monotonic() < deadline and self._thread.is_alive() and not self._lent:
             try:
-                if not select.select([self._channel[0], self._startup[0]], [], [], 0)[0]:
+                fds = [self.pipes.read_fd, *self.pipes.fd_sources]
+                if not select.select(fds, [], [], 0)[0]:
                     break  # drained
             except (OSError, ValueError):  # closed
                 break
@@ -76,38 +89,87 @@ class SessionChannel:
             return list(self._lines) + [f"{_label(origin)}{text}"
                                         for origin, text in self._partial.items() if text]
 
+    def lend(self) -> RunPipes:
+        """Stop reading the pipes, once what they hold now is read: a cell reads them
+        until :meth:`give_back`."""
+        with self._changed:
+            if self._lent or self._closed or not self._thread.is_alive():
+                self._lent = True
+                return self.pipes
+            os.write(self._control_w, _LEND)
+            while not self._lent and self._thread.is_alive():
+                self._changed.wait(1.0)
+            self._lent = True
+        return self.pipes
+
+    def give_back(self) -> None:
+        """The cell is done with the pipes: read them again."""
+        with self._changed:
+            if not self._lent:
+                return
+            self._lent = False
+            if not self._closed and self._thread.is_alive():
+                self.pipes.begin(self._frame, self._c_output)
+                os.write(self._control_w, _GIVE_BACK)
+
     def close(self) -> None:
-        """Stop reading, and close the pipes (what is left unread is dropped)."""
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
+        """Stop reading (what is left unread is dropped); the pipes stay open. Again:
+        nothing."""
+        with self._changed:
+            if self._closed:
+                return
+            self._closed = True
+        os.write(self._control_w, _CLOSE)
         self._thread.join(2.0)
-        for fd in (*self._channel, *self._startup, self._wake_r, self._wake_w):
+        for fd in (self._control_r, self._control_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
 
     def _read(self) -> None:
-        fds = [self._channel[0], self._startup[0], self._wake_r]
+        pipes, reading = self.pipes, True
         while True:
+            fds = ([pipes.read_fd, *pipes.fd_sources] if reading else []) + [self._control_r]
+            now = time.monotonic()
+            wake = (pipes.look(now, now + _IDLE_SECONDS, poll=_IDLE_SECONDS) if reading
+                    else None)
             try:
-                readable, _, _ = select.select(fds, [], [])
-            except OSError:  # closed under it
+                readable, _, _ = select.select(
+                    fds, [], [], None if wake is None else max(0.0, wake - now))
+            except (OSError, ValueError):  # closed under it
                 return
-            if self._wake_r in readable:
-                return
+            if self._control_r in readable:
+                command = os.read(self._control_r, 1)
+                if command == _CLOSE or not command:
+                    return
+                if command == _LEND:  # what came before the cell is not the cell's
+                    for fd in select.select(fds[:-1], [], [], 0)[0]:
+                        pipes.read_ready(fd, PIPE_READS)
+                    pipes.read_rings()
+                    pipes.end()
+                    with self._changed:
+                        reading, self._lent = False, True
+                        self._changed.notify_all()
+                    continue
+                reading = True  # (_GIVE_BACK: begun again by give_back)
+                continue
             for fd in readable:
-                data = os.read(fd, 1 << 16)
-                with self._changed:
-                    if fd == self._startup[0]:
-                        self._keep(None, data)
-                        continue
-                    for frame in self._decoder.feed(data):
-                        if frame.kind == frames.NOTE:
-                            self._notes.append({**json.loads(frame.payload),
-                                                "ordinal": frame.ordinal})
-                            self._changed.notify_all()
-                        elif frame.kind in frames.STREAMS:
-                            self._keep(frame.ordinal if frame.ordinal >= 0 else None,
-                                       frame.payload)
+                try:
+                    pipes.read(fd)
+                except OSError:  # closed under it: the session is ending
+                    return
+
+    def _frame(self, frame: frames.Frame) -> None:
+        with self._changed:
+            if frame.kind == frames.NOTE:
+                self._notes.append({**json.loads(frame.payload), "ordinal": frame.ordinal})
+                self._changed.notify_all()
+            elif frame.kind in frames.STREAMS:
+                self._keep(frame.ordinal if frame.ordinal >= 0 else None, frame.payload)
+            # (the START and END of a cell cut before they came: that cell is over)
+
+    def _c_output(self, fd: int, rank: int, kind: int, data: bytes) -> None:
+        with self._changed:
+            self._keep(None if rank == STARTUP else f"process {rank}", data)
 
     def _keep(self, origin, data: bytes) -> None:
         decoder = self._text.get(origin)
@@ -119,4 +181,6 @@ class SessionChannel:
 
 
 def _label(origin) -> str:
-    return "" if origin is None else f"[replica {origin}] "
+    if origin is None:
+        return ""
+    return f"[replica {origin}] " if isinstance(origin, int) else f"[{origin}] "
