@@ -451,6 +451,25 @@ def test_a_runs_log_directory_is_made_at_its_first_logged_line_and_the_last_ten_
         assert f.read() == f"line {len(dirs) - 1}\n"
 
 
+def test_the_sweep_of_gone_notebooks_work_leaves_what_is_not_a_notebooks_and_goes_on(
+        private_state):
+    """A notebook process's directory of work is swept of those of notebook processes that
+    are gone; an entry there that names no notebook process (put there by something else)
+    stopped every run and session with a ValueError. It is left as it is."""
+    from colab_xla.notebook import state
+
+    parent = state.subdir("work")
+    gone = os.path.join(parent, "999999999-12.50")  # (no such pid)
+    stray = [os.path.join(parent, name) for name in ("tmpxqao6qap", "session-1x0rih19")]
+    for path in [gone, *stray]:
+        os.mkdir(path)
+    mine = state.own_dir("work")
+    assert os.path.isdir(mine)
+    assert not os.path.exists(gone)
+    assert all(os.path.isdir(path) for path in stray)
+    assert state.kernel_alive(state.kernel_key()) and not state.kernel_alive("999999999-12.50")
+
+
 @pytest.mark.parametrize("line, shown", [("plain", "plain"), (" 10%\r 50%\r100%", "100%"),
                                          ("done\r", "done"), ("\r", "")])
 def test_carriage_return_shows_the_last_rewrite(line, shown):

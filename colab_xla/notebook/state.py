@@ -76,9 +76,14 @@ def _process_key(pid: int) -> str:
 
 
 def kernel_alive(key: str) -> bool:
-    """Whether the notebook process of ``key`` (see :func:`kernel_key`) is still running."""
-    pid, created = key.split("-", 1)
-    return process_alive(int(pid), float(created)) is not None
+    """Whether the notebook process of ``key`` (see :func:`kernel_key`) is still running;
+    a name that is no such key (something else put there) is taken as alive: it is not
+    ours to remove."""
+    pid, _, created = key.partition("-")
+    try:
+        return process_alive(int(pid), float(created)) is not None
+    except ValueError:
+        return True
 
 
 # Full logs of the last runs stay readable after them; older ones are removed, and so are
