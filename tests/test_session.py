@@ -783,7 +783,11 @@ def test_a_sessions_cells_read_pipes_and_rings_made_once_that_go_with_the_sessio
                  "(os.readlink('/proc/self/fd/1'), ring.path, id(ring))")
         first = cell(where, session)
         directory = session._pipes.directory
-        made = sorted(os.listdir(directory))
+
+        def pipes_and_rings():  # (and the cells' files, one more each cell, beside them)
+            return sorted(n for n in os.listdir(directory) if not n.startswith("xla_cell_"))
+
+        made = pipes_and_rings()
         assert cell("print(index)\nindex", session).results() == {0: 0, 1: 1}
         again = cell(where, session)
         assert first.ok and again.ok, (first, again)
@@ -791,8 +795,9 @@ def test_a_sessions_cells_read_pipes_and_rings_made_once_that_go_with_the_sessio
         for i, (stdout, ring, _) in first.results().items():
             assert os.path.dirname(stdout) == os.path.dirname(ring) == directory
         rings = [n for n in made if n.startswith("ring-")]
-        assert len(rings) == len(set(session_pids(session))) and sorted(
-            os.listdir(directory)) == made  # made once
+        assert len(rings) == len(set(session_pids(session))) and pipes_and_rings() == made
+        cells = [n for n in os.listdir(directory) if n.startswith("xla_cell_")]
+        assert len(cells) == 3 * (1 + 2), cells  # each cell's file, and a link per replica
     finally:
         session.stop()
     assert not os.path.exists(directory)

@@ -99,11 +99,16 @@ def module_name(cell: CellModule, ordinal: int) -> str:
 
 
 def _replica_module(cell: CellModule, ordinal: int, ns: dict) -> types.ModuleType:
-    """Register the replica's module; its file (a link to the cell's) imports by name."""
+    """Register the replica's module; its file (a link to the cell's) imports by name, in
+    this process and those it starts (a session's cells' files are not in their run's
+    directory)."""
     name = module_name(cell, ordinal)
-    path = os.path.join(os.path.dirname(cell.path), name + ".py")
+    directory = os.path.dirname(cell.path)
+    path = os.path.join(directory, name + ".py")
     if not os.path.exists(path):
         os.link(cell.path, path)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
     module = sys.modules[name] = _ReplicaModule(name, path, ns)
     cloudpickle.register_pickle_by_value(module)  # the notebook gets the cell's classes
     return module
