@@ -235,7 +235,6 @@ def way_samples(n: int, session, repeats: int) -> Dict[str, Dict[str, List[float
     return samples
 
 
-
 def cpu_per_cell(session, cells: int) -> Dict[str, object]:
     """CPU ms per warm trivial cell: the notebook's process (every thread) and each of the
     session's replicas (psutil's user + system times, over ``cells`` cells, so their clock
@@ -261,17 +260,20 @@ def cpu_per_cell(session, cells: int) -> Dict[str, object]:
             "replica_ms": per[1:]}
 
 
-def ipc_floor(n: int, rounds: int = 300) -> float:
+FLOOR_ROUNDS = 300  # the round trips ipc_floor times
+
+
+def ipc_floor(n: int, rounds: int = FLOOR_ROUNDS) -> float:
     """Median ms of the least a warm cell's round trip can cost here: ``n`` forked
     processes each woken by a byte on a pipe, running ``x = 1`` and answering with a byte,
     the parent waiting for every answer (no output, no result, no Python of ours)."""
     children = []
+    code = compile("x = 1", "<cell>", "exec")  # (before the fork: a child only runs it)
     for _ in range(n):
         cmd_r, cmd_w = os.pipe()
         ans_r, ans_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # (a byte other than "c": leave)
-            code = compile("x = 1", "<cell>", "exec")
             while os.read(cmd_r, 1) == b"c":
                 exec(code, {})
                 os.write(ans_w, b"k")
@@ -336,7 +338,7 @@ def measure(n: int, repeats: int, train_repeats: int, steps: int, batch: int,
         "trivial_ratio_to_session": {name: medians[name] / medians["session"]
                                      for name in TRIVIAL},
         "way_samples_ms": ways,
-        "cpu_per_cell": cpu, "ipc_floor_ms": ipc_floor(n),
+        "cpu_per_cell": cpu, "ipc_floor_ms": ipc_floor(n), "ipc_floor_rounds": FLOOR_ROUNDS,
         "train_setup": {k: {"ms": v[0] * 1e3, "compiles": v[1], "cache_hits": v[2],
                             "cache_load_failures": v[3], "in_replica_s": v[4]}
                         for k, v in setup.items()},
@@ -431,6 +433,7 @@ def render(results: List[dict], info: dict, seconds: float, args) -> str:
             saved = paired(by["before"], by["now"])
             lines.append(f"| {r['replicas']} | {cell} | {_cell(before)} | {_cell(now)} "
                          f"| {now['median'] / before['median']:.2f}× | {_signed(saved)} |")
+    floor_rounds = results[0].get("ipc_floor_rounds", FLOOR_ROUNDS) if results else FLOOR_ROUNDS
     lines += [
         "",
         "Where a warm trivial cell's CPU goes (issue 35's +2 ms over a plain cell at N=8): "
@@ -439,7 +442,7 @@ def render(results: List[dict], info: dict, seconds: float, args) -> str:
         "its half (2 cores: the least wall time that much CPU can take); wall: ms per cell "
         "over the same cells. *Floor*: the least a round trip to N processes costs here: "
         "N forked processes each woken by a byte on a pipe, running `x = 1`, answering "
-        "with a byte (median of 300).",
+        f"with a byte (median of {floor_rounds}).",
         "",
         "| replicas | notebook CPU | each replica CPU | all CPU (half) | wall | floor |",
         "|---:|---:|---:|---:|---:|---:|",
