@@ -869,9 +869,26 @@ def test_a_sessions_cells_run_in_one_directory_emptied_after_each(live):
             assert here == directory and big == [k * i] * 3000  # (a report too large for a
             seen.append(files)                                 # frame: a file there)
         assert os.listdir(directory) == []
-    # the job and this cell's displays (one per replica), none of the cell before
-    assert all(files.count("display") <= 2 and "job.pickle" in files for files in seen), seen
+    # at most this cell's displays (one per replica) and the other replica's report, none
+    # of the cell before (emptied, above); its job came in the command (see the next test)
+    assert all(set(files) <= {"display", "report"} and files.count("display") <= 2
+               and files.count("report") <= 1 for files in seen), seen
     assert not [n for n in os.listdir(live.directory) if n.startswith("run-")]
+
+
+@pytest.mark.timeout(300)
+def test_a_cells_job_comes_in_its_command_line_unless_it_brings_large_names(live):
+    """A cell's job goes to each replica in the line of its command (no file to write, open
+    and read: colab_xla.wire.job.job_command); one bringing large notebook names, through a
+    file of the cell's directory. Both run alike."""
+    where = ("import os\nfrom colab_xla.replica.process import ReplicaProcess\n"
+             "(os.path.exists(os.path.join(ReplicaProcess._current.run_dir, 'job.pickle')), "
+             "len(blob) + index)")
+    small = cell(where, live, user_ns={"blob": "x" * 10})
+    large = cell(where, live, user_ns={"blob": "y" * 20_000})
+    assert small.results() == {0: (False, 10), 1: (False, 11)}, small.replicas
+    assert large.results() == {0: (True, 20_000), 1: (True, 20_001)}, large.replicas
+    assert os.listdir(live.cell_dir()) == []
 
 
 def test_a_replica_whose_cell_pipes_closed_before_its_end_was_written_serves_on(live):

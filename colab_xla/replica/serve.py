@@ -12,8 +12,9 @@ session's, made as it starts and opened once (:meth:`ReplicaProcess.open_pipes
 them (:mod:`colab_xla.notebook.targets.session_output`).
 
 The notebook speaks to each replica through a named pipe of the session's directory,
-one line per command, read by a thread of the replica: ``run PATH`` (a pickled
-:class:`~colab_xla.replica.execution.ReplicaJob`), ``interrupt RUN_ID``, ``debug IN OUT``
+one line per command, read by a thread of the replica: ``job BASE64`` or ``run PATH`` (a
+cell's pickled :class:`~colab_xla.wire.job.ReplicaJob`, in the line or in a file:
+:func:`colab_xla.wire.job.job_command`), ``interrupt RUN_ID``, ``debug IN OUT``
 (a post-mortem debugger on the last cell's exception, its prompt and answers through the
 named pipes OUT and IN: :func:`debug`, for ``%xla_debug``) and ``stop``. An
 interrupt raises KeyboardInterrupt in the replica's cell, as IPython does in a notebook:
@@ -28,7 +29,6 @@ import contextlib
 import ctypes
 import json
 import os
-import pickle
 import queue
 import signal
 import threading
@@ -39,7 +39,7 @@ from ..wire import completions, pdb_pipes, shared_tensors
 from ..wire.frames import NOTE
 from ..wire.names import REPLICA_NAMES
 from .execution import ReplicaGlobals, cell_globals, serve_run
-from ..wire.job import ReplicaJob, command_path, failure_path
+from ..wire.job import ReplicaJob, command_job, command_path, failure_path
 from .process import ReplicaProcess
 from .thread import current
 
@@ -344,10 +344,8 @@ class _Commands:
             *lines, buffered = buffered.split(b"\n")
             for line in lines:
                 verb, _, arg = line.decode().partition(" ")
-                if verb == "run":
-                    with open(arg, "rb") as f:
-                        job = pickle.load(f)
-                    self._queue.put(job)  # (its file closed: the cell starts with none open)
+                if verb in ("job", "run"):
+                    self._queue.put(command_job(verb, arg))
                 elif verb == "interrupt":
                     self._interruptible.interrupt(arg)
                 elif verb == "debug":

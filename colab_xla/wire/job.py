@@ -9,8 +9,10 @@ start-up pipe, before torch_xla starts its runtime.
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import os
+import pickle
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
@@ -103,6 +105,35 @@ def capture_startup(path: str) -> None:
     # does both: its handler, inherited here, would swallow the fatal error's stacks).
     faulthandler.disable()
     faulthandler.enable(file=2, all_threads=True)
+
+
+# A session's cell goes to each replica on its command pipe (see command_path) as one
+# line, ``job BASE64``, when its pickled job fits in a pipe's atomic write with room to
+# spare (PIPE_BUF, 4096 bytes: never mixed with another thread's command, and never waiting
+# on a replica that reads late); a larger one (the notebook names the cell brings) as
+# ``run PATH``, the path of a file holding it. (Every replica opened and read the file for
+# every cell, and the notebook wrote it to the disk.)
+INLINE_JOB_BYTES = 3000
+
+
+def job_command(job: ReplicaJob, directory: str) -> str:
+    """The command that sends ``job`` to a session's replicas: the job in the line, or in a
+    file of ``directory`` (removed with the cell's files)."""
+    data = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(data) <= INLINE_JOB_BYTES:
+        return "job " + base64.b64encode(data).decode("ascii")
+    path = os.path.join(directory, "job.pickle")
+    with open(path, "wb") as f:
+        f.write(data)
+    return f"run {path}"
+
+
+def command_job(verb: str, arg: str) -> ReplicaJob:
+    """The job a ``job`` or ``run`` command (:func:`job_command`) sends."""
+    if verb == "job":
+        return pickle.loads(base64.b64decode(arg))
+    with open(arg, "rb") as f:  # (closed before the cell starts: it sees none open)
+        return pickle.load(f)
 
 
 def command_path(session_dir: str, index: int) -> str:

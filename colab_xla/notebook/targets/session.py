@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import pickle
 import secrets
 import shutil
 import signal
@@ -52,7 +51,7 @@ from ...errors import SetupError
 from ...wire.host_rank import HostRank
 from ..launch import Launch, environ, inherit, replica_environ, serve_replica, start
 from ...wire.cell import CellModule
-from ...wire.job import ReplicaJob, failure_path
+from ...wire.job import ReplicaJob, failure_path, job_command
 from ..outcome import RunObserver, RunOutcome, counted
 from ..request import CellRequest, SessionRequest
 from ..supervisor import RunRequest, Supervisor
@@ -494,9 +493,7 @@ class Session(Target):
     def dispatch(self, job: ReplicaJob, ended: Callable[[int, int], None]) -> None:
         """In the supervisor's driver thread: run ``job`` on every replica, and return when
         every one has sent its end, or the session has ended."""
-        path = os.path.join(job.run_dir, "job.pickle")
-        with open(path, "wb") as f:
-            pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
+        command = job_command(job, job.run_dir)
         chosen = sorted(self.replicas) if job.chosen is None else list(job.chosen)
         cell = _CellRun(job.run_id, ended, chosen)
         with self._lock:
@@ -511,7 +508,7 @@ class Session(Target):
         try:
             for index, code in dead.items():
                 ended(index, code)
-            self._commands.send(f"run {path}", chosen)
+            self._commands.send(command, chosen)
             with self._lock:
                 while len(cell.finished) < len(chosen) and self.ended is None:
                     self._lock.wait(0.5)

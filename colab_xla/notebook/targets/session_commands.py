@@ -1,7 +1,8 @@
 """A session's command pipes: one named pipe per replica in the session's directory
 (:func:`colab_xla.wire.job.command_path`), through which the notebook tells the replica
 what to do, a line per command, read by a thread of the replica
-(:mod:`colab_xla.replica.serve`): ``run PATH`` (a pickled job), ``interrupt RUN_ID``,
+(:mod:`colab_xla.replica.serve`): ``job BASE64`` or ``run PATH`` (a cell's pickled job,
+in the line or in a file: :func:`colab_xla.wire.job.job_command`), ``interrupt RUN_ID``,
 ``debug ANSWERS OUTPUT`` (``%xla_debug``), ``stop``.
 """
 
