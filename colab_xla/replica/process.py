@@ -138,23 +138,24 @@ class ReplicaProcess:
         # Named pipes, opened by path: a process started by spawn or a forkserver inherits
         # no descriptors from the notebook. The writer keeps its descriptor from run to run
         # (a thread the cell left running may be writing to it).
+        _, ring_dir, fd_paths = self._opened
         if self.writer is None:
             self.writer = ChannelWriter(os.open(job.channel_path, os.O_WRONLY))
         elif job.channel_path != self._opened.channel_path:
-            self.writer.retarget(job.channel_path)  # (frames go to the pipe: no ring)
-            self._opened = _Opened(job.channel_path, None, self._opened.fd_paths)
-        if job.ring_dir and job.ring_dir != self._opened.ring_dir:
+            self.writer.retarget(job.channel_path)
+            ring_dir = None  # (frames go to the new pipe, until a ring is named again)
+        if job.ring_dir and job.ring_dir != ring_dir:
             try:
                 self.writer.use_ring(os.path.join(job.ring_dir, f"ring-{os.getpid()}"))
+                ring_dir = job.ring_dir
             except OSError:  # no room for the ring's file: frames go to the pipe
                 pass
         if job.run_dir not in sys.path:
             sys.path.insert(0, job.run_dir)  # the cell's module imports by name
-        fd_paths = job.fd_paths[self.rank % len(job.fd_paths)] if job.fd_paths else None
-        if fd_paths and fd_paths != self._opened.fd_paths:
+        if job.fd_paths and job.fd_paths[self.rank % len(job.fd_paths)] != fd_paths:
+            fd_paths = job.fd_paths[self.rank % len(job.fd_paths)]
             capture_fds(fd_paths)
-        self._opened = _Opened(job.channel_path, job.ring_dir or self._opened.ring_dir,
-                               fd_paths or self._opened.fd_paths)
+        self._opened = _Opened(job.channel_path, ring_dir, fd_paths)
 
     def _load_names(self, job: ReplicaJob) -> Dict[str, Any]:
         try:

@@ -77,7 +77,8 @@ class SessionChannel:
         """The last lines the replicas printed outside any cell, an unended one last; what
         the pipes hold is read first (for up to ``settle`` seconds)."""
         deadline = time.monotonic() + settle
-        while time.monotonic() < deadline and self._thread.is_alive() and not self._lent:
+        while (time.monotonic() < deadline and self._thread.is_alive() and not self._lent
+               and not self._closed):  # (closed: the pipes may be too, their fds reused)
             try:
                 fds = [self.pipes.read_fd, *self.pipes.fd_sources]
                 if not select.select(fds, [], [], 0)[0]:
