@@ -5,8 +5,9 @@ A session's replica processes write to one set of pipes and output rings for as 
 the session lives (a :class:`~colab_xla.notebook.pipes.RunPipes`, made as it starts): as
 they start, during every cell, and between cells. A replica process opens them once, so
 a cell costs it no ``open`` of a named pipe and no new ring (going back to pipes of its
-own after each cell, and to the cell's at the next, cost each replica ~0.2 ms of CPU a
-cell: bench/session.py). A cell's :class:`~colab_xla.notebook.supervisor.Supervisor`
+own after each cell, and to the cell's at the next, cost each replica's main thread ~0.2
+ms of CPU a cell at 8 replicas, measured by thread; bench/session.py's CPU table gives a
+warm cell's CPU). A cell's :class:`~colab_xla.notebook.supervisor.Supervisor`
 reads them while the cell runs (:meth:`SessionChannel.lend`); the rest of the time a
 thread reads them, so a replica that prints between cells (a thread of its own, a
 library's warning) never blocks on a full pipe or ring; its notes go to whoever waits for
