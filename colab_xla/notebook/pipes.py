@@ -140,8 +140,9 @@ class RunPipes:
 
     def read_written(self) -> None:
         """Read what was written before now (the run is being cut: what came later is
-        late), without waiting for writers that go on."""
-        for fd in [self.read_fd, *self.fd_sources]:
+        late), without waiting for writers that go on. (One look at every pipe first:
+        most hold nothing.)"""
+        for fd in select.select([self.read_fd, *self.fd_sources], [], [], 0)[0]:
             self.read_ready(fd, PIPE_READS)
         self.read_rings()
 

@@ -13,6 +13,7 @@ import base64
 import ctypes
 import os
 import pickle
+import select
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
@@ -108,12 +109,12 @@ def capture_startup(path: str) -> None:
 
 
 # A session's cell goes to each replica on its command pipe (see command_path) as one
-# line, ``job BASE64``, when its pickled job fits in a pipe's atomic write with room to
-# spare (PIPE_BUF, 4096 bytes: never mixed with another thread's command, and never waiting
+# line, ``job BASE64``, when its pickled job, in base64, fits in one atomic write of a pipe
+# (PIPE_BUF, 4096 bytes on Linux: never mixed with another thread's command, and never waiting
 # on a replica that reads late); a larger one (the notebook names the cell brings) as
 # ``run PATH``, the path of a file holding it. (Every replica opened and read the file for
 # every cell, and the notebook wrote it to the disk.)
-INLINE_JOB_BYTES = 3000
+INLINE_JOB_BYTES = (select.PIPE_BUF - len("job \n")) // 4 * 3
 
 
 def job_command(job: ReplicaJob, directory: str) -> str:

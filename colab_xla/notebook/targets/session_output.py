@@ -29,7 +29,7 @@ import time
 from typing import Deque, Dict, List
 
 from ...wire import frames
-from ..pipes import PIPE_READS, STARTUP, RunPipes
+from ..pipes import STARTUP, RunPipes
 
 # The lines kept of what the replicas printed outside any cell.
 KEPT_LINES = 40
@@ -144,9 +144,7 @@ class SessionChannel:
                 if command == _CLOSE or not command:
                     return
                 if command == _LEND:  # what came before the cell is not the cell's
-                    for fd in select.select(fds[:-1], [], [], 0)[0]:
-                        pipes.read_ready(fd, PIPE_READS)
-                    pipes.read_rings()
+                    pipes.read_written()
                     pipes.end()
                     with self._changed:
                         reading, self._lent = False, True
