@@ -4,11 +4,11 @@ N replicas (the CPU simulation, a process each) run a cell in which replica 1 sl
 function while the others wait in ``xm.rendezvous``; once every replica printed ``ready`` the
 notebook's process gets SIGINT (as Jupyter's Interrupt sends it). Interrupt to clean: from
 that SIGINT until ``run_cell`` returned, its processes gone. Each iteration runs it twice,
-in turns: as colab_xla runs it (the replicas' stacks asked for at the cut, one SIGUSR2 per
-process: ``stacks.ask``; their answers read once the replicas are stopped: ``stacks.collect``)
-and with the report left out (the supervisor's ``_ask_where`` replaced by one that asks
-nothing), so the difference is the report's cost, paired per iteration. The report itself:
-the time ``_ask_where`` and ``_where`` took in each run.
+in turns: as colab_xla runs it (the replicas' stacks asked for at the cut, a byte on each
+process's ask pipe: ``stacks.ask``; their answers read before the replicas are stopped:
+``stacks.collect``) and with the report left out (the supervisor's ``_ask_where``
+replaced by one that asks nothing), so the difference is the report's cost, paired per
+iteration. The report itself: the time ``_ask_where`` and ``_where`` took in each run.
 Goal: interrupt to clean within +1 s of the run without the report at 8 replicas, and the
 report itself within 1 s.
 """
@@ -55,7 +55,7 @@ def measure(replicas: int, with_report: bool) -> Dict[str, float]:
         finally:
             took.append(time.perf_counter() - started)
 
-    def timed_where(self, asked):  # once the replicas are stopped: read, and placed
+    def timed_where(self, asked):  # before the replicas are stopped: read, and placed
         started = time.perf_counter()
         try:
             return real_where(self, asked)

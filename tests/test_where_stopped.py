@@ -14,7 +14,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -83,23 +86,84 @@ def test_a_process_that_is_gone_is_not_asked_and_says_nothing(tmp_path):
 
 @pytest.mark.quick
 @pytest.mark.stacks("colab", "kaggle")
-def test_a_dump_is_read_once_quiet_or_at_once_from_a_process_that_has_moved_on(tmp_path):
-    """faulthandler writes no end mark: a dump still being written must not be read, unless
-    its process has run Python since it was asked (then the dump is whole)."""
+def test_a_dump_is_read_only_once_whole_and_gives_each_threads_frames(tmp_path):
+    """A dump is read once its end mark is written (a dump half written is not read), and
+    gives each thread's frames, innermost first, but those of the thread that took them."""
+    ready, release = threading.Event(), threading.Event()
+
+    def waiting_here():
+        ready.set()
+        release.wait(10)
+
+    waiter = threading.Thread(target=waiting_here)
+    waiter.start()
+    ready.wait(10)
+    try:
+        text = stacks.dump(sys._current_frames(), leave_out=threading.get_ident())
+    finally:
+        release.set()
+        waiter.join()
+    threads = stacks.parse(text)
+    assert threading.get_ident() not in threads and waiter.ident in threads
+    functions = [f.function for f in threads[waiter.ident]]
+    here = functions.index("waiting_here")  # below Event.wait, above the thread's start
+    assert functions[0] == "wait" and functions[-1] == "_bootstrap" and 0 < here, functions
+    assert threads[waiter.ident][here].filename == __file__
     dump = tmp_path / "stacks-1.txt"
-    dump.write_text("old dump\n")
+    dump.write_text("an earlier dump\n" + stacks.END)
     asked = stacks.Asked({1: str(dump)}, {1: dump.stat().st_size}, time.monotonic())
+    half = text[:len(text) // 2]
     with open(dump, "a") as stream:
-        stream.write("Thread 0x1 (most recent call first):\n")
-    now = time.time()
-    os.utime(dump, (now + 60, now + 60))  # written "just now", for the whole of the test
-    assert stacks.collect(asked, timeout=0) == {}  # one look: not quiet yet
-    assert stacks.collect(asked, timeout=0, moved_on={1}) == {
-        1: "Thread 0x1 (most recent call first):\n"}
-    os.utime(dump, (now - 1, now - 1))  # quiet for a second
-    assert stacks.collect(asked, timeout=0) == {1: "Thread 0x1 (most recent call first):\n"}
+        stream.write(half)
+    assert stacks.collect(asked, timeout=0) == {}  # half written: not read
+    with open(dump, "a") as stream:
+        stream.write(text[len(half):])
+    assert stacks.collect(asked, timeout=0) == {1: text}
     unchanged = stacks.Asked({1: str(dump)}, {1: dump.stat().st_size}, time.monotonic())
-    assert stacks.collect(unchanged, timeout=0, moved_on={1}) == {}  # nothing new: no answer
+    assert stacks.collect(unchanged, timeout=0) == {}  # nothing new: no answer
+
+
+# A replica process whose main thread sleeps in a function while another of its threads runs
+# bursts of Python, one per line on stdin: as a session replica's command thread does when
+# the interrupt that follows the question for its stacks arrives.
+BUSY_BESIDE_A_SLEEPER = """
+import json, sys, threading, time
+from colab_xla.wire import stacks
+def bursts():
+    for _ in sys.stdin:
+        for i in range(50):
+            json.loads(json.dumps({"i": [i, str(i)]}))
+            threading.Event().wait(0)
+threading.Thread(target=bursts, daemon=True).start()
+print(stacks.register(sys.argv[1]), threading.get_ident(), flush=True)
+def sleeping():
+    time.sleep(1000)
+sleeping()
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.stacks("colab", "kaggle")
+def test_asking_a_process_whose_threads_run_python_never_crashes_it(tmp_path):
+    """Asked again and again while another of its threads runs Python, a process stays up
+    and answers where its sleeping thread is, every time. (faulthandler's dump on a signal,
+    which walked the threads without Python's lock, killed it with SIGSEGV within a few
+    hundred rounds: a session ended by an interrupt.)"""
+    child = subprocess.Popen([sys.executable, "-c", BUSY_BESIDE_A_SLEEPER, str(tmp_path)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        target, main = child.stdout.readline().split()
+        for round_ in range(1000):
+            asked = stacks.ask({child.pid: target})
+            child.stdin.write("now\n")
+            child.stdin.flush()
+            answered = stacks.collect(asked, timeout=30)
+            assert child.poll() is None, f"died in round {round_}: {child.returncode}"
+            frames = stacks.parse(answered[child.pid])[int(main)]
+            assert [f.function for f in frames[-2:]] == ["sleeping", "<module>"], frames
+    finally:
+        child.kill()
+        child.wait()
 
 
 # -- real runs -----------------------------------------------------------------------------

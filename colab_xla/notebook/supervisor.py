@@ -95,8 +95,6 @@ class Supervisor:
         # replica -> (pid, thread ident, its process's stacks file), from its start
         self._threads: Dict[int, Tuple[int, int, str]] = {}
         self._places: Dict[int, str] = {}  # replica -> where it was when the run was cut
-        self._asked_where = None  # the stacks asked for then (_ask_where)
-        self._moved_on: set = set()  # pids that reported an end after the run was cut
         # After this many seconds without output, the live view is told where each replica
         # is (again every as many seconds while it lasts; None or 0: never).
         self._stall = stall or None
@@ -253,9 +251,9 @@ class Supervisor:
         comes too late to stop it (a --timeout shorter than the start-up)."""
         self._pipes.read_written()
         self._deadlines.stop = reason
-        # Asked now, read once the replicas are stopped (they write where they were as
-        # the signal arrives): the wait for their stacks overlaps their stopping.
-        self._asked_where = self._ask_where()
+        # Where they were, before they are stopped: taken by a thread of each replica's
+        # process (colab_xla.wire.stacks), in a moment unless its native code holds Python.
+        self._places = self._where(self._ask_where())
 
     def _ask_where(self) -> Optional[Tuple[Dict[int, Tuple[int, int]], stacks.Asked]]:
         """Ask each replica still running for its stack (also one blocked in native code:
@@ -273,7 +271,7 @@ class Supervisor:
         if asked is None:
             return {}
         threads, request = asked
-        found = stacks.of_threads(stacks.collect(request, moved_on=self._moved_on), threads)
+        found = stacks.of_threads(stacks.collect(request), threads)
         return {o: stacks.place(frames, self.cell.path, self.cell.lines)
                 for o, frames in found.items()}
 
@@ -318,9 +316,6 @@ class Supervisor:
         elif frame.kind == frames.END:
             self._replicas.finished(frame.ordinal)
             if not self._deadlines.in_time(frame.payload):
-                if len(self._ranks.get(self._pid_rank.get(frame.pid), ())) == 1:
-                    # its process ran Python since: its stack, if asked, is written (_where)
-                    self._moved_on.add(frame.pid)
                 return  # sent after the run was cut (see _cut) or after --timeout's deadline
             self._load_report(frame.ordinal, values.sent_report(frame.payload))
             if self.outcome.replicas[frame.ordinal].error:
@@ -450,7 +445,6 @@ class Supervisor:
 
     def _settle_unreported(self) -> None:
         """Replicas that never sent a report: stopped with the run, or their process died."""
-        self._places = self._where(self._asked_where)
         ordinals = sorted(set(self._expected()) | set(self.outcome.replicas))
         # Those whose process died first: a replica stopped after it names its error.
         for ordinal in sorted(ordinals, key=lambda o: o not in self._died):

@@ -1,17 +1,29 @@
-"""Where a replica is: its stack, taken on demand from outside, even while it is blocked in
-native code (a collective waiting in gloo, XLA or NCCL), and said as a place in the cell.
+"""Where a replica is: its stack, taken on demand from outside, also while it waits in
+native code (a collective waiting in gloo, XLA or NCCL, a sleep), and said as a place in the
+cell.
 
 Both sides, IPython-free:
 
-* in every replica process, :func:`register` makes Python's faulthandler write the stack of
-  every thread of the process to a file of the run when the process gets :data:`SIGNAL` (at
-  C level: no Python code of the process has to run for it);
-* in the notebook, :func:`ask` sends the signal to the processes of the replicas still
-  running, reads what they wrote, and :func:`place` says, from a replica thread's frames,
-  where in the cell it is: the cell's line (``line 7``), the cell's function it is in, the
-  line's source, and the innermost call outside the cell (``in all_reduce
-  (torch/distributed/distributed_c10d.py:2950)``); :func:`grouped` puts the replicas at the
-  same place together.
+* in every replica process, :func:`register` starts a thread that answers each byte written
+  to the process's ask pipe (a named pipe beside its stacks file) with the stacks of every
+  other thread of the process, taken under Python's lock (``sys._current_frames``), appended
+  to its stacks file in faulthandler's format and closed by :data:`END`;
+* in the notebook, :func:`ask` writes to the ask pipes of the processes of the replicas still
+  running, :func:`collect` reads what they wrote, and :func:`place` says, from a replica
+  thread's frames, where in the cell it is: the cell's line (``line 7``), the cell's
+  function it is in, the line's source, and the innermost call outside the cell (``in
+  all_reduce (torch/distributed/distributed_c10d.py:2950)``); :func:`grouped` puts the
+  replicas at the same place together.
+
+Not faulthandler on a signal, which colab_xla used before: its handler walks the other
+threads' frames without Python's lock, while they run and free them, and it crashed the
+process (SIGSEGV) when another thread ran Python meanwhile, as a session replica's command
+thread does as the interrupt that follows the question arrives (a probe that asked and
+interrupted a sleeping main thread in a loop died within a few hundred rounds, on Python
+3.11, 3.12 and 3.13). The thread answers whenever Python's lock is free: when the replica
+runs Python, or waits in native code that lets go of it, as collectives, sleeps and XLA's
+waits do. A replica whose native code keeps the lock does not answer, and its place is
+not said.
 
 Example::
 
@@ -28,22 +40,25 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
-import signal
+import sys
+import threading
 import time
 import tokenize
-from typing import Collection, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from types import FrameType
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-# The signal a replica process answers with the stacks of its threads (faulthandler's).
-SIGNAL = signal.SIGUSR2
 # How long the notebook waits for the stacks of every process it asked.
 TAKE_SECONDS = 1.0
-# A dump is whole when its file has not been written for this long; the notebook looks
-# this often.
-QUIET_SECONDS = 0.01
+# How often the notebook looks whether they have come.
 POLL_SECONDS = 0.002
+# What closes each dump: the notebook reads one only once it is whole.
+END = "-- end of stacks --\n"
+# The innermost frames of a thread a dump gives at most (faulthandler's gave 100).
+MAX_FRAMES = 500
 
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<function>.*)$')
@@ -51,7 +66,7 @@ _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<functio
 _OWN = os.sep + "colab_xla" + os.sep
 _PACKAGES = re.compile(r"/(?:site|dist)-packages/|/lib/python\d+\.\d+/(?!(?:site|dist)-)")
 
-_registered: List = []  # the open file faulthandler writes to (kept alive)
+_registered: List[str] = []  # this process's stacks file, once its thread answers
 
 
 class Frame(NamedTuple):
@@ -66,23 +81,67 @@ def path(directory: str, pid: int) -> str:
     return os.path.join(directory, f"stacks-{pid}.txt")
 
 
-def register(directory: str) -> str:
-    """In a replica process: write the stacks of every thread to :func:`path` on
-    :data:`SIGNAL`; returns the path (the notebook learns it from the replica's start)."""
-    import faulthandler
+def ask_path(stacks_file: str) -> str:
+    """The named pipe a process reads its questions from, beside its ``stacks_file``."""
+    return stacks_file[:-len(".txt")] + ".ask"
 
+
+def register(directory: str) -> str:
+    """In a replica process: answer each question on :func:`ask_path` with the stacks of
+    the process's threads, appended to :func:`path`; returns that path (the notebook
+    learns it from the replica's start)."""
     target = path(directory, os.getpid())
     if registered() == target:
         return target
-    stream = open(target, "w")  # noqa: SIM115 - open for the process's life
-    faulthandler.register(SIGNAL, file=stream, all_threads=True, chain=False)
-    _registered[:] = [stream]
+    question = ask_path(target)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(question)
+    os.mkfifo(question, 0o600)
+    # Read and write: the pipe never reads as ended while the notebook's writers come and go.
+    asked = os.open(question, os.O_RDWR)
+    answers = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+    threading.Thread(target=_answer, args=(asked, answers), name="colab_xla-stacks",
+                     daemon=True).start()
+    _registered[:] = [target]
     return target
 
 
 def registered() -> Optional[str]:
     """The file this process writes its stacks to (:func:`register`), or None."""
-    return _registered[0].name if _registered else None
+    return _registered[0] if _registered else None
+
+
+def _answer(asked: int, answers: int) -> None:
+    """The stacks thread: a dump for each read of questions (several asked at once get one)."""
+    me = threading.get_ident()
+    while True:
+        try:
+            if not os.read(asked, 64):
+                return
+            data = dump(sys._current_frames(), leave_out=me).encode("utf-8", "replace")
+            while data:
+                data = data[os.write(answers, data):]
+        except OSError:  # (its directory is gone: the run or session is over)
+            return
+        except Exception:  # noqa: BLE001 - no answer this time (the notebook moves on)
+            continue
+
+
+def dump(frames: Mapping[int, FrameType], leave_out: Optional[int] = None) -> str:
+    """``frames`` (thread ident -> its innermost frame, as ``sys._current_frames()``
+    gives them) in faulthandler's format, innermost first, closed by :data:`END`."""
+    threads = []
+    for ident, frame in frames.items():
+        if ident == leave_out:
+            continue
+        lines = [f"Thread 0x{ident:016x} (most recent call first):"]
+        while frame is not None and len(lines) <= MAX_FRAMES:
+            code = frame.f_code
+            lines.append(f'  File "{code.co_filename}", line {frame.f_lineno or 0} in '
+                         f"{code.co_name}")
+            frame = frame.f_back
+        threads.append("\n".join(lines) + "\n")
+    return "\n".join(threads) + END
 
 
 class Asked(NamedTuple):
@@ -94,43 +153,46 @@ class Asked(NamedTuple):
 
 
 def ask(files: Mapping[int, str]) -> Asked:
-    """In the notebook: send each process ``pid`` of ``files`` (pid -> its stacks file) the
-    signal that makes it write its stacks. It writes them as the signal arrives, before it
-    runs another line of Python: a process interrupted right after still writes where it
-    was, so :func:`collect` may come later (after the replicas were stopped)."""
+    """In the notebook: ask each process ``pid`` of ``files`` (pid -> its stacks file) for
+    its stacks. A process whose ask pipe has no reader (gone, or never registered) is not
+    asked. The answers are where the process is when its stacks thread runs, a moment
+    later: wait for them (:func:`collect`) before interrupting or killing it."""
     sizes: Dict[int, int] = {}
     for pid, name in files.items():
         try:
             sizes[pid] = os.path.getsize(name)
-            os.kill(pid, SIGNAL)
-        except OSError:  # (gone, or never registered)
+            fd = os.open(ask_path(name), os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # (gone: its files, or the reader of its pipe)
             sizes.pop(pid, None)
+            continue
+        try:
+            os.write(fd, b"?")
+        except BlockingIOError:  # questions it has not read yet: it answers them all
+            pass
+        except OSError:
+            sizes.pop(pid)
+        finally:
+            os.close(fd)
     return Asked(files, sizes, time.monotonic())
 
 
-def collect(asked: Asked, timeout: float = TAKE_SECONDS,
-            moved_on: Collection[int] = ()) -> Dict[int, str]:
+def collect(asked: Asked, timeout: float = TAKE_SECONDS) -> Dict[int, str]:
     """``{pid: what it wrote}`` for the processes :func:`ask` asked that answered within
-    ``timeout`` of being asked. A dump is whole once its file has grown and then not been
-    written for :data:`QUIET_SECONDS` (faulthandler writes no end mark), or at once for a
-    process in ``moved_on``: one that has run Python code since it was asked (it reported
-    the end of its cell), so it has written the whole dump."""
+    ``timeout`` of being asked: each whole dump (closed by :data:`END`) they wrote since."""
     sizes = dict(asked.sizes)
     taken: Dict[int, str] = {}
     deadline = asked.at + timeout
     while sizes:
         for pid, before in list(sizes.items()):
             try:
-                stat = os.stat(asked.files[pid])
+                with open(asked.files[pid], "rb") as stream:
+                    stream.seek(before)
+                    text = stream.read().decode("utf-8", "replace")
             except OSError:
                 sizes.pop(pid)
                 continue
-            if stat.st_size > before and (pid in moved_on
-                                          or time.time() - stat.st_mtime >= QUIET_SECONDS):
-                with open(asked.files[pid], "rb") as stream:
-                    stream.seek(before)
-                    taken[pid] = stream.read(stat.st_size - before).decode("utf-8",
-                                                                           "replace")
+            if text.endswith(END):
+                taken[pid] = text
                 sizes.pop(pid)
         if not sizes or time.monotonic() >= deadline:
             break
