@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     met = last["added"]["median"] <= 1000 and last["report"]["median"] <= 1000
     lines += ["", f"Goal at {last['replicas']} replicas (interrupt to clean within +1 s, the "
               f"report within 1 s): **{'met' if met else 'not met'}** "
-              f"(+{last['added']['median']:.0f} ms, report {last['report']['median']:.0f} ms).",
+              f"({last['added']['median']:+.0f} ms, report {last['report']['median']:.0f} ms).",
               "", machine_line(info, NAME, seconds, f"{args.repeats} iterations after a "
                                "warm-up per count, the two ways in turns")]
     markdown = "\n".join(lines)
