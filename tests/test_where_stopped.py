@@ -135,8 +135,8 @@ def bursts():
             json.loads(json.dumps({"i": [i, str(i)]}))
             threading.Event().wait(0)
 threading.Thread(target=bursts, daemon=True).start()
-print(stacks.register(sys.argv[1]), threading.get_ident(), flush=True)
 def sleeping():
+    print(stacks.register(sys.argv[1]), threading.get_ident(), flush=True)
     time.sleep(1000)
 sleeping()
 """
