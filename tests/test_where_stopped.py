@@ -11,6 +11,7 @@ code) while another rank failed.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -164,6 +165,39 @@ def test_asking_a_process_whose_threads_run_python_never_crashes_it(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+ASKING_ITSELF = """
+import json, os, sys, threading
+from colab_xla.wire import stacks
+target = stacks.register(sys.argv[1])
+real = stacks._answer_once
+def only_the_caller(side):  # the stacks thread never answers here: the caller must
+    if threading.current_thread() is side.thread:
+        threading.Event().wait()
+    real(side)
+stacks._answer_once = only_the_caller
+def asking_itself():
+    asked = stacks.ask({os.getpid(): target})
+    stacks.answer_asked()
+    return stacks.collect(asked, timeout=0)  # one look: no waiting
+print(json.dumps([asking_itself() for _ in range(3)]))
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.stacks("colab", "kaggle")
+def test_a_question_is_answered_before_answer_asked_returns(tmp_path):
+    """What a session replica's command thread calls before it takes an interrupt: the
+    question is answered once it returns (its stacks say where the interrupt found it,
+    though the notebook does not wait for them), and the caller is there."""
+    done = subprocess.run([sys.executable, "-c", ASKING_ITSELF, str(tmp_path)],
+                          capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    for answered in json.loads(done.stdout):
+        (answer,) = answered.values()
+        functions = [f.function for frames in stacks.parse(answer).values() for f in frames]
+        assert "asking_itself" in functions and answer.endswith(stacks.END), answer
 
 
 # -- real runs -----------------------------------------------------------------------------

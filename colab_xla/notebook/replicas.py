@@ -33,6 +33,9 @@ class Replicas:
     """
 
     inherit = False  # whether the replicas fork from this process for the run
+    # Whether a replica answers a question for its stacks (colab_xla.wire.stacks) before it
+    # takes the stop, so the run need not wait for the answers before it stops them.
+    answer_first = False
     running = False  # whether their processes run before the run (a session's)
     # How long every replica has to start the cell, from the run's start, before the run
     # is cut as "unstarted" (colab_xla.notebook.deadlines); None: no bound.

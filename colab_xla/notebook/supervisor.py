@@ -95,6 +95,7 @@ class Supervisor:
         # replica -> (pid, thread ident, its process's stacks file), from its start
         self._threads: Dict[int, Tuple[int, int, str]] = {}
         self._places: Dict[int, str] = {}  # replica -> where it was when the run was cut
+        self._asked_where = None  # the stacks asked for then, to read once stopped (_cut)
         # After this many seconds without output, the live view is told where each replica
         # is (again every as many seconds while it lasts; None or 0: never).
         self._stall = stall or None
@@ -252,8 +253,13 @@ class Supervisor:
         self._pipes.read_written()
         self._deadlines.stop = reason
         # Where they were, before they are stopped: taken by a thread of each replica's
-        # process (colab_xla.wire.stacks), in a moment unless its native code holds Python.
-        self._places = self._where(self._ask_where())
+        # process (colab_xla.wire.stacks), in a moment unless its native code holds Python;
+        # replicas that answer before they take the stop are read once stopped.
+        asked = self._ask_where()
+        if self._replicas.answer_first:
+            self._asked_where = asked
+        else:
+            self._places = self._where(asked)
 
     def _ask_where(self) -> Optional[Tuple[Dict[int, Tuple[int, int]], stacks.Asked]]:
         """Ask each replica still running for its stack (also one blocked in native code:
@@ -445,6 +451,8 @@ class Supervisor:
 
     def _settle_unreported(self) -> None:
         """Replicas that never sent a report: stopped with the run, or their process died."""
+        if self._asked_where is not None:
+            self._places = self._where(self._asked_where)
         ordinals = sorted(set(self._expected()) | set(self.outcome.replicas))
         # Those whose process died first: a replica stopped after it names its error.
         for ordinal in sorted(ordinals, key=lambda o: o not in self._died):

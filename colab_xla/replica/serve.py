@@ -35,7 +35,7 @@ import threading
 import traceback
 from typing import Dict, NamedTuple, Optional, Union
 
-from ..wire import completions, pdb_pipes, shared_tensors
+from ..wire import completions, pdb_pipes, shared_tensors, stacks
 from ..wire.frames import NOTE
 from ..wire.names import REPLICA_NAMES
 from .execution import ReplicaGlobals, cell_globals, serve_run
@@ -161,6 +161,9 @@ class Interruptible:
         Python (the sleep was interrupted): so the interrupt also comes as an asynchronous
         exception, at the cell's next Python line, if the handler has not raised soon.
         """
+        # Where the interrupt finds the cell first, if the notebook asked (it does not wait
+        # for the answer before it interrupts a session's replicas).
+        stacks.answer_asked()
         with self._lock:
             if self._run_id != run_id:
                 if self._ran != run_id:  # not started here yet: interrupted as it starts

@@ -44,6 +44,7 @@ import contextlib
 import io
 import os
 import re
+import select
 import sys
 import threading
 import time
@@ -66,7 +67,19 @@ _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<functio
 _OWN = os.sep + "colab_xla" + os.sep
 _PACKAGES = re.compile(r"/(?:site|dist)-packages/|/lib/python\d+\.\d+/(?!(?:site|dist)-)")
 
-_registered: List[str] = []  # this process's stacks file, once its thread answers
+
+class _Answerer(NamedTuple):
+    """This process's side (:func:`register`): its stacks file, the read end of its ask pipe
+    (non-blocking), the stacks file's fd, the lock that makes each question answered once,
+    before whoever read it goes on, and the stacks thread (left out of the answers)."""
+    target: str
+    asked: int
+    answers: int
+    lock: threading.Lock
+    thread: threading.Thread
+
+
+_registered: List[_Answerer] = []  # (one, once the process registered)
 
 
 class Frame(NamedTuple):
@@ -98,29 +111,50 @@ def register(directory: str) -> str:
         os.unlink(question)
     os.mkfifo(question, 0o600)
     # Read and write: the pipe never reads as ended while the notebook's writers come and go.
-    asked = os.open(question, os.O_RDWR)
+    asked = os.open(question, os.O_RDWR | os.O_NONBLOCK)
     answers = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
-    threading.Thread(target=_answer, args=(asked, answers), name="colab_xla-stacks",
-                     daemon=True).start()
-    _registered[:] = [target]
+    thread = threading.Thread(target=_answer, name="colab_xla-stacks", daemon=True)
+    _registered[:] = [_Answerer(target, asked, answers, threading.Lock(), thread)]
+    thread.start()
     return target
 
 
 def registered() -> Optional[str]:
     """The file this process writes its stacks to (:func:`register`), or None."""
-    return _registered[0] if _registered else None
+    return _registered[0].target if _registered else None
 
 
-def _answer(asked: int, answers: int) -> None:
+def answer_asked() -> None:
+    """Answer the questions written to this process's ask pipe and not read yet, now, in
+    the calling thread; return once they are answered (by this thread or the stacks
+    thread). A session replica calls it before it takes an interrupt, so its stacks say
+    where the interrupt found it, though the notebook did not wait for them."""
+    if _registered:
+        _answer_once(_registered[0])
+
+
+def _answer_once(side: _Answerer) -> None:
+    with side.lock:
+        try:
+            if not os.read(side.asked, 64):
+                return
+        except BlockingIOError:  # (none, or already answered)
+            return
+        data = dump(sys._current_frames(), leave_out=side.thread.ident)
+        data = data.encode("utf-8", "replace")
+        while data:
+            data = data[os.write(side.answers, data):]
+
+
+def _answer() -> None:
     """The stacks thread: a dump for each read of questions (several asked at once get one)."""
-    me = threading.get_ident()
+    side = _registered[0]
+    poll = select.poll()  # (not select.select: a replica may hold 1,024 fds and more)
+    poll.register(side.asked, select.POLLIN)
     while True:
         try:
-            if not os.read(asked, 64):
-                return
-            data = dump(sys._current_frames(), leave_out=me).encode("utf-8", "replace")
-            while data:
-                data = data[os.write(answers, data):]
+            poll.poll()
+            _answer_once(side)
         except OSError:  # (its directory is gone: the run or session is over)
             return
         except Exception:  # noqa: BLE001 - no answer this time (the notebook moves on)

@@ -33,6 +33,7 @@ class SessionReplicas(Replicas):
 
     start_seconds = TAKE_SECONDS
     running = True
+    answer_first = True  # (the interrupt's command thread does: Interruptible.interrupt)
 
     def __init__(self, session):
         self.session, self.run_id = session, None
