@@ -190,7 +190,8 @@ def ask(files: Mapping[int, str]) -> Asked:
     """In the notebook: ask each process ``pid`` of ``files`` (pid -> its stacks file) for
     its stacks. A process whose ask pipe has no reader (gone, or never registered) is not
     asked. The answers are where the process is when its stacks thread runs, a moment
-    later: wait for them (:func:`collect`) before interrupting or killing it."""
+    later: wait for them (:func:`collect`) before killing it, or have it answer before it
+    takes the interrupt (:func:`answer_asked`, as a session replica does)."""
     sizes: Dict[int, int] = {}
     for pid, name in files.items():
         try:
