@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -419,6 +420,28 @@ def test_shared_memory_directory_of_a_dead_notebook_is_removed(tmp_path):
     new = shared_tensors.make_dir("xyz", root=str(root))
     assert not stale.exists() and not stale_pages.exists() and mine.exists() and other.exists()
     assert new and os.stat(new).st_mode & 0o777 == 0o700
+
+
+def test_gone_notebooks_directories_are_looked_for_once_a_minute_not_every_run(
+        tmp_path, monkeypatch):
+    """make_dir prunes a root at its first run and then at most every PRUNE_SECONDS (it
+    runs for every warm session cell); the run's own empty directory goes with one rmdir."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    root = tmp_path / "shm"
+    root.mkdir()
+    first = shared_tensors.make_dir("one", root=str(root))
+    stale = root / f"colab_xla-{os.getuid()}-{dead.pid}-abc"
+    stale.mkdir()
+    second = shared_tensors.make_dir("two", root=str(root))
+    assert stale.exists()  # within the minute: not looked for
+    monkeypatch.setattr(shared_tensors, "PRUNE_SECONDS", 0.0)
+    third = shared_tensors.make_dir("three", root=str(root))
+    assert not stale.exists()
+    (Path(third) / "left.bin").write_bytes(b"x")  # (not empty: removed all the same)
+    for made in (first, second, third):
+        shared_tensors.remove_dir(made)
+        assert not os.path.exists(made)
 
 
 def test_pull_and_result_outcome_states_are_done_for_plain_values():

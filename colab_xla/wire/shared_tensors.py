@@ -65,6 +65,10 @@ POOL_FRACTION = 1 / 8
 KEPT_CHECK_SECONDS = 2.0
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14; Python 3.13
 
+# How often make_dir looks for the directories of notebook processes that are gone (prune).
+PRUNE_SECONDS = 60.0
+_pruned: Dict[str, float] = {}  # root -> when make_dir last pruned it (time.monotonic())
+
 _names = itertools.count()
 _exit_registered = set()
 
@@ -91,7 +95,10 @@ def make_dir(run_id: str, root: str = SHM_ROOT) -> Optional[str]:
     shared memory is not available (then every tensor is pickled inline)."""
     if not os.path.isdir(root):
         return None
-    prune(root)
+    now = time.monotonic()
+    if now - _pruned.get(root, -PRUNE_SECONDS) >= PRUNE_SECONDS:  # (not at every warm cell)
+        _pruned[root] = now
+        prune(root)
     path = os.path.join(root, f"{_prefix()}{os.getpid()}-{run_id}")
     try:
         os.mkdir(path, 0o700)
@@ -152,7 +159,10 @@ def _remove_own(path: str, owner: int) -> None:
 
 def remove_dir(path: Optional[str]) -> None:
     if path:
-        shutil.rmtree(path, ignore_errors=True)
+        try:
+            os.rmdir(path)  # (most runs' directory is empty by now: a third of rmtree's cost)
+        except OSError:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def prune(root: str = SHM_ROOT) -> None:
