@@ -200,6 +200,40 @@ def test_a_question_is_answered_before_answer_asked_returns(tmp_path):
         assert "asking_itself" in functions and answer.endswith(stacks.END), answer
 
 
+REGISTERING_AGAIN = """
+import json, os, sys
+from colab_xla.wire import stacks
+first_dir, second_dir = sys.argv[1:3]
+said = [stacks.register(os.path.join(first_dir, "missing")), stacks.registered()]
+first = stacks.register(first_dir)
+old = stacks._registered[0].thread
+second = stacks.register(second_dir)
+old.join(10)
+asked = stacks.ask({os.getpid(): first})  # (its pipe has no reader now: not asked)
+said += [old.is_alive(), dict(asked.sizes), stacks.registered() == second]
+said.append(list(stacks.collect(stacks.ask({os.getpid(): second}), timeout=10)))
+print(json.dumps(said))
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.stacks("colab", "kaggle")
+def test_a_process_registered_again_elsewhere_answers_there_alone(tmp_path):
+    """No stacks files where none can be made (the replica runs on, its place unsaid); a
+    process registered in a second directory answers there, and the first one's thread
+    ends (no thread and descriptors left per registration)."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    done = subprocess.run([sys.executable, "-c", REGISTERING_AGAIN, str(first), str(second)],
+                          capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    missing, none, old_alive, asked_first, second_is_it, answered = json.loads(done.stdout)
+    assert missing is None and none is None
+    assert old_alive is False and asked_first == {} and second_is_it is True
+    assert len(answered) == 1
+
+
 # -- real runs -----------------------------------------------------------------------------
 
 def waiting(sleeper: int, seconds: int, then: str = "") -> str:

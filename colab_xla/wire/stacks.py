@@ -99,23 +99,36 @@ def ask_path(stacks_file: str) -> str:
     return stacks_file[:-len(".txt")] + ".ask"
 
 
-def register(directory: str) -> str:
+def register(directory: str) -> Optional[str]:
     """In a replica process: answer each question on :func:`ask_path` with the stacks of
     the process's threads, appended to :func:`path`; returns that path (the notebook
-    learns it from the replica's start)."""
+    learns it from the replica's start), or None where its files cannot be made (then the
+    replica's place is not said)."""
     target = path(directory, os.getpid())
     if registered() == target:
         return target
     question = ask_path(target)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(question)
-    os.mkfifo(question, 0o600)
-    # Read and write: the pipe never reads as ended while the notebook's writers come and go.
-    asked = os.open(question, os.O_RDWR | os.O_NONBLOCK)
-    answers = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(question)
+        os.mkfifo(question, 0o600)
+        # Read and write: the pipe never reads as ended while the notebook's writers come
+        # and go.
+        asked = os.open(question, os.O_RDWR | os.O_NONBLOCK)
+    except OSError:  # (a filesystem without named pipes)
+        return registered()
+    try:
+        answers = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+    except OSError:
+        os.close(asked)
+        return registered()
     thread = threading.Thread(target=_answer, name="colab_xla-stacks", daemon=True)
-    _registered[:] = [_Answerer(target, asked, answers, threading.Lock(), thread)]
+    before, _registered[:] = _registered[:], [
+        _Answerer(target, asked, answers, threading.Lock(), thread)]
     thread.start()
+    for old in before:  # (another directory: its thread ends, woken through its own pipe)
+        with contextlib.suppress(OSError):
+            os.write(old.asked, b"!")
     return target
 
 
@@ -154,6 +167,10 @@ def _answer() -> None:
     while True:
         try:
             poll.poll()
+            if _registered[0] is not side:  # registered again, elsewhere: this one is done
+                os.close(side.asked)
+                os.close(side.answers)
+                return
             _answer_once(side)
         except OSError:  # (its directory is gone: the run or session is over)
             return
