@@ -148,10 +148,28 @@ def holder(tmp_path):
 
 
 def locked_by(lockfile):
-    """Pids /proc/locks names for the file (an independent reading)."""
-    ino = os.stat(lockfile).st_ino
-    return sorted(int(line.split()[4]) for line in open("/proc/locks")
-                  if line.split()[1] != "->" and int(line.split()[5].rsplit(":", 1)[1]) == ino)
+    """Pids /proc/locks names for the file (an independent reading): its lines with the
+    file's inode number whose process has the file open, each process once. (The number
+    alone is not enough: another filesystem's file may have it, and a process that locks
+    that one, as sqlite does, once named this test's process twice.)"""
+    ino, real = os.stat(lockfile).st_ino, os.path.realpath(lockfile)
+
+    def has_open(pid):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            return False
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == real:
+                    return True
+            except OSError:
+                continue
+        return False
+
+    pids = {int(line.split()[4]) for line in open("/proc/locks")
+            if line.split()[1] != "->" and int(line.split()[5].rsplit(":", 1)[1]) == ino}
+    return sorted(pid for pid in pids if has_open(pid))
 
 
 def scan_real(tmp_path, lockfile, **kw):
