@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import time
 
 import pytest
 
@@ -61,6 +62,32 @@ def test_a_replica_printing_many_times_a_pipe_between_cells_never_blocks(pipes):
     finally:
         channel.close()
     assert channel.notes(0) == []  # closed: nothing waits
+
+
+def test_printed_holds_what_was_written_before_it_though_the_reader_is_slow(pipes,
+                                                                          monkeypatch):
+    """What the pipes held when printed() was called is in its answer, however slowly the
+    reader handles it (it did not wait for that: it looked whether the pipes were empty,
+    and they are once the reader has read, before it has kept the lines; seen in CI's
+    load, the last C-level line missing)."""
+    def slow(handle):
+        def handled_late(self, *args):
+            time.sleep(0.05)  # (read from the pipe, not kept yet)
+            handle(self, *args)
+        return handled_late
+
+    for name in ("_frame", "_c_output"):
+        monkeypatch.setattr(SessionChannel, name, slow(getattr(SessionChannel, name)))
+    channel = SessionChannel(pipes)
+    try:
+        for round_ in range(3):
+            _write(pipes, f"python {round_}\n", f"c {round_}\nhalf {round_}")
+            printed = channel.printed(settle=10)
+            assert printed[-1] == f"[process 0] half {round_}", printed
+            assert any(line.endswith(f"c {round_}") for line in printed)  # (after a half)
+            assert f"[replica 0] python {round_}" in printed
+    finally:
+        channel.close()
 
 
 def test_notes_wait_at_most_as_long_as_asked(pipes):

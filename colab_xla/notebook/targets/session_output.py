@@ -38,7 +38,7 @@ KEPT_LINES = 40
 # between cells that cost the notebook ~40 ms of CPU a second).
 _IDLE_SECONDS = 0.1
 # The reader's commands, a byte each on its control pipe.
-_LEND, _GIVE_BACK, _CLOSE = b"l", b"g", b"c"
+_LEND, _GIVE_BACK, _CLOSE, _READ = b"l", b"g", b"c", b"r"
 
 
 class SessionChannel:
@@ -55,6 +55,8 @@ class SessionChannel:
         self._changed = threading.Condition()
         self._lent = False  # a cell reads the pipes (the reader has let go of them)
         self._closed = False
+        # printed()'s passes over the pipes: asked of the reader, and done by it
+        self._reads_asked = self._reads_done = 0
         self._control_r, self._control_w = os.pipe()
         pipes.begin(self._frame, self._c_output)
         self._thread = threading.Thread(target=self._read, name="colab_xla-session-output",
@@ -76,18 +78,19 @@ class SessionChannel:
 
     def printed(self, settle: float = 0.5) -> List[str]:
         """The last lines the replicas printed outside any cell, an unended one last; what
-        the pipes hold is read first (for up to ``settle`` seconds)."""
+        the pipes hold now is read first (a pass of the reader's, waited for up to
+        ``settle`` seconds; none while a cell holds them)."""
         deadline = time.monotonic() + settle
-        while (time.monotonic() < deadline and self._thread.is_alive() and not self._lent
-               and not self._closed):  # (closed: the pipes may be too, their fds reused)
-            try:
-                fds = [self.pipes.read_fd, *self.pipes.fd_sources]
-                if not select.select(fds, [], [], 0)[0]:
-                    break  # drained
-            except (OSError, ValueError):  # closed
-                break
-            time.sleep(0.01)  # (the reader thread takes it)
         with self._changed:
+            if not (self._lent or self._closed) and self._thread.is_alive():
+                self._reads_asked += 1
+                asked = self._reads_asked
+                os.write(self._control_w, _READ)
+                while self._reads_done < asked and self._thread.is_alive():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._changed.wait(left)
             return list(self._lines) + [f"{_label(origin)}{text}"
                                         for origin, text in self._partial.items() if text]
 
@@ -149,6 +152,17 @@ class SessionChannel:
                     with self._changed:
                         reading, self._lent = False, True
                         self._changed.notify_all()
+                    continue
+                if command == _READ:  # printed(): what was written before now, handled
+                    try:
+                        if reading:
+                            pipes.read_written()
+                    except OSError:  # closed under it: the session is ending
+                        return
+                    finally:
+                        with self._changed:
+                            self._reads_done += 1
+                            self._changed.notify_all()
                     continue
                 reading = True  # (_GIVE_BACK: begun again by give_back)
                 continue
