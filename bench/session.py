@@ -433,7 +433,7 @@ def render(results: List[dict], info: dict, seconds: float, args) -> str:
             saved = paired(by["before"], by["now"])
             lines.append(f"| {r['replicas']} | {cell} | {_cell(before)} | {_cell(now)} "
                          f"| {now['median'] / before['median']:.2f}× | {_signed(saved)} |")
-    floor_rounds = results[0].get("ipc_floor_rounds", FLOOR_ROUNDS) if results else FLOOR_ROUNDS
+    floor_rounds = results[0]["ipc_floor_rounds"]  # (this run's: measure always writes it)
     lines += [
         "",
         "Where a warm trivial cell's CPU goes (issue 35's +2 ms over a plain cell at N=8): "

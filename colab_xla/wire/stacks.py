@@ -147,6 +147,8 @@ def answer_asked() -> None:
 
 
 def _answer_once(side: _Answerer) -> None:
+    """Answer the questions not read yet, if any. The questions are read first: whatever
+    fails after it, the stacks thread's poll does not wake for them again (no spin)."""
     with side.lock:
         try:
             if not os.read(side.asked, 64):
