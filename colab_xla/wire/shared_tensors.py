@@ -160,7 +160,7 @@ def _remove_own(path: str, owner: int) -> None:
 def remove_dir(path: Optional[str]) -> None:
     if path:
         try:
-            os.rmdir(path)  # (most runs' directory is empty by now: a third of rmtree's cost)
+            os.rmdir(path)  # (most runs' directory is empty by now: one call, not rmtree's walk)
         except OSError:
             shutil.rmtree(path, ignore_errors=True)
 

@@ -102,8 +102,9 @@ def ask_path(stacks_file: str) -> str:
 def register(directory: str) -> Optional[str]:
     """In a replica process: answer each question on :func:`ask_path` with the stacks of
     the process's threads, appended to :func:`path`; returns that path (the notebook
-    learns it from the replica's start), or None where its files cannot be made (then the
-    replica's place is not said)."""
+    learns it from the replica's start). Where its files cannot be made, it keeps what it
+    had and returns :func:`registered` (None the first time: the replica's place is not
+    said)."""
     target = path(directory, os.getpid())
     if registered() == target:
         return target
