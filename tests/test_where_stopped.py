@@ -74,6 +74,12 @@ def test_a_dump_says_each_replica_threads_line_function_source_and_call():
     found = stacks.of_threads({10: DUMP}, {0: (10, 0x7f0000000002), 2: (10, 0x7f0000000001),
                                            5: (11, 0x7f0000000002), 6: (10, 0xdead)})
     assert sorted(found) == [0, 2]  # (process 11 did not answer; no thread 0xdead)
+    # Asked: processes 10 and 11 (11 never answered); 12 was not asked (no pipe).
+    asked = stacks.Asked({}, {10: 0, 11: 0}, 0.0)
+    places = stacks.places({10: DUMP}, asked, {0: (10, 0x7f0000000002), 5: (11, 1),
+                                               6: (10, 0xdead), 7: (12, 1)}, CELL, LINES)
+    assert places == {0: waiting, 5: stacks.UNANSWERED}
+    assert stacks.UNANSWERED.startswith("an unknown place: its process did not answer within")
 
 
 @pytest.mark.quick
@@ -337,6 +343,25 @@ def test_a_rank_blocked_in_gloos_native_all_reduce_still_says_where_it_was():
     assert place.startswith("line 5 in step: `dist.all_reduce(t)` (in all_reduce, "
                             "torch/distributed/distributed_c10d.py:"), place
     assert outcome.replicas[1].error.place == "line 7: `time.sleep(1000)`"
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_a_replica_whose_native_code_keeps_pythons_lock_is_said_not_to_have_answered():
+    # Replica 0 sleeps in libc's sleep called through ctypes.PyDLL, which keeps Python's
+    # lock: its stacks thread cannot run, and its place says why it is unknown.
+    outcome = run_cell(textwrap.dedent("""
+        import ctypes, time
+        if index == 0:
+            ctypes.PyDLL(None).sleep(60)
+        time.sleep(1000)
+        """).lstrip("\n"), announce=None, label="Cell In[5]", replicas=2,
+        timeout=SLOW_MACHINE_SECONDS)
+    assert [r.state for r in outcome.replicas.values()] == [STOPPED, STOPPED]
+    assert outcome.replicas[0].error.place == stacks.UNANSWERED
+    assert outcome.replicas[1].error.place == "line 5: `time.sleep(1000)`"
+    said = str(XlaSpawnError(outcome))
+    assert f"  replica 0 at {stacks.UNANSWERED}" in said, said
 
 
 # -- the stall notice while a run goes on ----------------------------------------------------

@@ -277,9 +277,8 @@ class Supervisor:
         if asked is None:
             return {}
         threads, request = asked
-        found = stacks.of_threads(stacks.collect(request), threads)
-        return {o: stacks.place(frames, self.cell.path, self.cell.lines)
-                for o, frames in found.items()}
+        return stacks.places(stacks.collect(request), request, threads, self.cell.path,
+                             self.cell.lines)
 
     def _c_output(self, fd: int, rank: int, kind: int, data: bytes) -> None:
         """C-level output read from pipe ``fd`` of process ``rank``: its ended lines now, the

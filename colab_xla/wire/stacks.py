@@ -22,8 +22,8 @@ thread does as the interrupt that follows the question arrives (a probe that ask
 interrupted a sleeping main thread in a loop died within a few hundred rounds, on Python
 3.11, 3.12 and 3.13). The thread answers whenever Python's lock is free: when the replica
 runs Python, or waits in native code that lets go of it, as collectives, sleeps and XLA's
-waits do. A replica whose native code keeps the lock does not answer, and its place is
-not said.
+waits do. A replica whose native code keeps the lock does not answer, and its place says
+so (:data:`UNANSWERED`).
 
 Example::
 
@@ -58,6 +58,10 @@ TAKE_SECONDS = 1.0
 POLL_SECONDS = 0.002
 # What closes each dump: the notebook reads one only once it is whole.
 END = "-- end of stacks --\n"
+# The place of a replica whose process was asked and did not answer in time.
+UNANSWERED = (f"an unknown place: its process did not answer within {TAKE_SECONDS:g} s "
+              "(native code that keeps Python's lock, such as a C extension's long loop, "
+              "keeps it from answering)")
 # The innermost frames of a thread a dump gives at most (faulthandler's gave 100).
 MAX_FRAMES = 500
 
@@ -324,6 +328,20 @@ def grouped(places: Mapping[int, str]) -> List[Tuple[str, List[int]]]:
     for ordinal in sorted(places):
         groups.setdefault(places[ordinal], []).append(ordinal)
     return list(groups.items())
+
+
+def places(answers: Mapping[int, str], asked: Asked, threads: Mapping[int, Tuple[int, int]],
+           cell_file: str, cell_lines: Sequence[str]) -> Dict[int, str]:
+    """``{ordinal: place}`` of each replica (``threads``: ordinal -> (pid, thread ident))
+    whose process answered (``answers``: :func:`collect`'s), and :data:`UNANSWERED` for one
+    whose process was asked and did not answer. A replica whose process answered without
+    its thread (it ended meanwhile) or was not asked (its pipe could not be made) has
+    none."""
+    found = {o: place(frames, cell_file, cell_lines)
+             for o, frames in of_threads(answers, threads).items()}
+    found.update({o: UNANSWERED for o, (pid, _) in threads.items()
+                  if pid in asked.sizes and pid not in answers})
+    return found
 
 
 def of_threads(dumps: Mapping[int, str],
