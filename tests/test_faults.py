@@ -1,5 +1,9 @@
 """Fault injection in real kernels: what a hostile (or unlucky) user does, and what must
-hold afterwards. Each test failed before the fix it guards (issue #12)."""
+hold afterwards. Each test failed before the fix it guards (issue #12).
+
+The tests that need no fresh kernel (a killed one, the first import of torch_xla, the
+first run's device checks) share one, as cells of one notebook do (a kernel's first run
+costs ~9 s of CPU, most of it importing torch_xla)."""
 
 from __future__ import annotations
 
@@ -24,6 +28,14 @@ def wait_for_files(paths, timeout: float = 120, kernel: Kernel = None, msg_id=No
         assert time.monotonic() < deadline, f"no replica wrote {paths} in {timeout} s"
         time.sleep(0.05)
     return [Path(p).read_text() for p in paths]
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """A kernel with colab_xla loaded, for the module's tests in turn."""
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        yield k
 
 
 def pid_cell(tmp_path, line: str, then: str = "time.sleep(600)") -> str:
@@ -73,73 +85,68 @@ DATASET = """class {name}(torch.utils.data.Dataset):
 
 
 @pytest.mark.parametrize("start_method", ["fork", "forkserver", "spawn"])
-def test_dataloader_workers_work_over_any_dataset_under_every_start_method(start_method):
+def test_dataloader_workers_work_over_any_dataset_under_every_start_method(kernel, start_method):
     """A Dataset class of the cell (a worker must not run the cell again) and one of an
     earlier notebook cell (not importable in a worker), with worker processes."""
-    with Kernel() as k:
-        assert k.run("%load_ext colab_xla\nimport torch\n"
-                     + DATASET.format(name="Cubes", power=3)).status == "ok"
-        cell = (f"%%xla_spawn -n 2 --no-widget --start-method {start_method} -o r\n"
-                "import torch\n" + DATASET.format(name="Squares", power=2)
-                + "def batches(ds):\n"
-                "    loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=1)\n"
-                "    return [b.flatten().tolist() for b in loader]\n"
-                "(batches(Squares()), batches(Cubes()), index)")
-        reply = k.run(cell)
-        assert reply.status == "ok", reply.text
-        check = k.run("assert r == {i: ([[0, 1, 4], [9, 16, 25]], [[0, 1, 8], [27, 64, 125]], i)"
-                      " for i in range(2)}, r")
-        assert check.status == "ok", check.text
+    k = kernel
+    assert k.run("import torch\n" + DATASET.format(name="Cubes", power=3)).status == "ok"
+    cell = (f"%%xla_spawn -n 2 --no-widget --start-method {start_method} -o r\n"
+            "import torch\n" + DATASET.format(name="Squares", power=2)
+            + "def batches(ds):\n"
+            "    loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=1)\n"
+            "    return [b.flatten().tolist() for b in loader]\n"
+            "(batches(Squares()), batches(Cubes()), index)")
+    reply = k.run(cell)
+    assert reply.status == "ok", reply.text
+    check = k.run("assert r == {i: ([[0, 1, 4], [9, 16, 25]], [[0, 1, 8], [27, 64, 125]], i)"
+                  " for i in range(2)}, r")
+    assert check.status == "ok", check.text
 
 
 @pytest.mark.stacks("colab")
-def test_ipython_magics_inside_the_cell_run_in_every_replica():
-    with Kernel() as k:
-        assert k.run("%load_ext colab_xla").status == "ok"
-        reply = k.run("%%xla_spawn -n 4 --no-widget -o r\n%time y = index * 2\n"
-                      "%env COLAB_XLA_TEST=set\nimport os\n(y, os.environ['COLAB_XLA_TEST'])")
-        assert reply.status == "ok", reply.text
-        assert k.run("assert r == {i: (2 * i, 'set') for i in range(4)}, r").status == "ok"
-        for i in range(4):  # %time's report is the replica's own output
-            assert f"[replica {i}] Wall time:" in reply.stdout, reply.stdout
+def test_ipython_magics_inside_the_cell_run_in_every_replica(kernel):
+    k = kernel
+    reply = k.run("%%xla_spawn -n 4 --no-widget -o r\n%time y = index * 2\n"
+                  "%env COLAB_XLA_TEST=set\nimport os\n(y, os.environ['COLAB_XLA_TEST'])")
+    assert reply.status == "ok", reply.text
+    assert k.run("assert r == {i: (2 * i, 'set') for i in range(4)}, r").status == "ok"
+    for i in range(4):  # %time's report is the replica's own output
+        assert f"[replica {i}] Wall time:" in reply.stdout, reply.stdout
 
 
 @pytest.mark.stacks("colab")
 @pytest.mark.parametrize("start_method", ["forkserver"])
-def test_ipython_magics_inside_the_cell_run_in_replicas_that_do_not_fork(start_method):
-    with Kernel() as k:
-        assert k.run("%load_ext colab_xla").status == "ok"
-        reply = k.run(f"%%xla_spawn -n 2 --no-widget --start-method {start_method} -o r\n"
-                      "%time y = index * 2\n%env COLAB_XLA_TEST=set\nimport os\n"
-                      "(y, os.environ['COLAB_XLA_TEST'])")
-        assert reply.status == "ok", reply.text
-        assert k.run("assert r == {i: (2 * i, 'set') for i in range(2)}, r").status == "ok"
-        assert "[replica 1] Wall time:" in reply.stdout, reply.stdout
+def test_ipython_magics_inside_the_cell_run_in_replicas_that_do_not_fork(kernel, start_method):
+    k = kernel
+    reply = k.run(f"%%xla_spawn -n 2 --no-widget --start-method {start_method} -o r\n"
+                  "%time y = index * 2\n%env COLAB_XLA_TEST=set\nimport os\n"
+                  "(y, os.environ['COLAB_XLA_TEST'])")
+    assert reply.status == "ok", reply.text
+    assert k.run("assert r == {i: (2 * i, 'set') for i in range(2)}, r").status == "ok"
+    assert "[replica 1] Wall time:" in reply.stdout, reply.stdout
 
 
 @pytest.mark.parametrize("reader", [
     pytest.param("input('your name? ')", marks=pytest.mark.stacks("colab")),
     "getpass.getpass()", "sys.stdin.readline()", "breakpoint()"])
-def test_reading_the_notebooks_input_in_a_replica_fails_at_once_with_the_way_out(reader):
-    with Kernel() as k:
-        assert k.run("%load_ext colab_xla").status == "ok"
-        reply = k.run(f"%%xla_spawn -n 2 --no-widget\nimport getpass, sys\n{reader}",
-                      timeout=120)
-        assert reply.status == "error" and reply.ename == "XlaSpawnError", reply.text
-        assert "2 failed" in reply.text, reply.text
-        assert "a replica cannot read the notebook's input" in reply.text, reply.text
-        # The traceback is the cell's: the stand-in that raised is colab_xla's plumbing.
-        assert "line 3" in reply.text and "colab_xla/replica" not in reply.text, reply.text
-        assert k.run("1 + 1").status == "ok"  # the kernel was never left waiting
+def test_reading_the_notebooks_input_in_a_replica_fails_at_once_with_the_way_out(kernel, reader):
+    k = kernel
+    reply = k.run(f"%%xla_spawn -n 2 --no-widget\nimport getpass, sys\n{reader}",
+                  timeout=120)
+    assert reply.status == "error" and reply.ename == "XlaSpawnError", reply.text
+    assert "2 failed" in reply.text, reply.text
+    assert "a replica cannot read the notebook's input" in reply.text, reply.text
+    # The traceback is the cell's: the stand-in that raised is colab_xla's plumbing.
+    assert "line 3" in reply.text and "colab_xla/replica" not in reply.text, reply.text
+    assert k.run("1 + 1").status == "ok"  # the kernel was never left waiting
 
 
-def test_c_level_reads_of_stdin_in_a_replica_see_an_empty_input():
-    with Kernel() as k:
-        assert k.run("%load_ext colab_xla").status == "ok"
-        reply = k.run("%%xla_spawn -n 2 --no-widget -o r\nimport os\nos.read(0, 10)",
-                      timeout=120)
-        assert reply.status == "ok", reply.text
-        assert k.run("assert r == {0: b'', 1: b''}, r").status == "ok"
+def test_c_level_reads_of_stdin_in_a_replica_see_an_empty_input(kernel):
+    k = kernel
+    reply = k.run("%%xla_spawn -n 2 --no-widget -o r\nimport os\nos.read(0, 10)",
+                  timeout=120)
+    assert reply.status == "ok", reply.text
+    assert k.run("assert r == {0: b'', 1: b''}, r").status == "ok"
 
 
 # `with lock`: replicas on CPU are threads of one process, and a fork by one thread while
@@ -160,27 +167,26 @@ with lock:
 
 
 @pytest.mark.parametrize("ending", ["ok", "raises", "interrupted"])
-def test_nothing_a_run_started_outlives_it_however_short(tmp_path, ending):
+def test_nothing_a_run_started_outlives_it_however_short(kernel, tmp_path, ending):
     then = {"ok": "index", "raises": "raise ValueError('the cell fails')",
             "interrupted": "time.sleep(600)"}[ending]
-    with Kernel() as k:
-        assert k.run("%load_ext colab_xla").status == "ok"
-        msg_id = k.submit("%%xla_spawn -n 2 --no-widget\n"
-                          + BACKGROUND.format(tmp=str(tmp_path), then=then))
-        files = [tmp_path / f"{kind}{i}" for kind in ("popen", "system", "fork") for i in (0, 1)]
-        pids = [int(text) for text in wait_for_files(files)]
-        if ending == "interrupted":
-            k.interrupt()
-        reply = k.wait(msg_id)
-        assert reply.status == ("ok" if ending == "ok" else "error"), reply.text
-        procs = []
-        for pid in pids:
-            try:
-                procs.append(psutil.Process(pid))
-            except psutil.NoSuchProcess:
-                pass
-        alive = wait_until_gone(procs, timeout=5)
-        assert alive == [], [(p.pid, p.cmdline(), p.ppid()) for p in alive]
+    k = kernel
+    msg_id = k.submit("%%xla_spawn -n 2 --no-widget\n"
+                      + BACKGROUND.format(tmp=str(tmp_path), then=then))
+    files = [tmp_path / f"{kind}{i}" for kind in ("popen", "system", "fork") for i in (0, 1)]
+    pids = [int(text) for text in wait_for_files(files)]
+    if ending == "interrupted":
+        k.interrupt()
+    reply = k.wait(msg_id)
+    assert reply.status == ("ok" if ending == "ok" else "error"), reply.text
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    alive = wait_until_gone(procs, timeout=5)
+    assert alive == [], [(p.pid, p.cmdline(), p.ppid()) for p in alive]
 
 
 def test_a_device_this_machine_lacks_is_named_before_anything_starts():
@@ -203,14 +209,14 @@ def test_a_device_this_machine_lacks_is_named_before_anything_starts():
         assert k.run("%%xla_spawn -n 2 --no-widget\nindex").status == "ok"  # it goes on
 
 
-def test_an_interrupted_rerun_keeps_the_earlier_result(tmp_path):
-    with Kernel() as k:
-        assert k.run("%load_ext colab_xla").status == "ok"
-        assert k.run("%%xla_spawn -n 2 -o res\nindex + 100").status == "ok"
-        msg_id = k.submit(pid_cell(tmp_path, "-n 2 -o res --no-widget"))
-        wait_for_files([tmp_path / "pid0", tmp_path / "pid1"], kernel=k, msg_id=msg_id)
-        k.interrupt()
-        reply = k.wait(msg_id)
-        assert reply.ename == "KeyboardInterrupt", reply.text
-        assert "colab_xla: -o res kept its earlier value" in reply.stdout, reply.stdout
-        assert k.run("assert res == {0: 100, 1: 101}, res").status == "ok"
+def test_an_interrupted_rerun_keeps_the_earlier_result(kernel, tmp_path):
+    k = kernel
+    assert k.run("%%xla_spawn -n 2 -o res\nindex + 100").status == "ok"
+    msg_id = k.submit(pid_cell(tmp_path, "-n 2 -o res --no-widget"))
+    wait_for_files([tmp_path / "pid0", tmp_path / "pid1"], kernel=k, msg_id=msg_id)
+    k.interrupt()
+    reply = k.wait(msg_id)
+    assert reply.ename == "KeyboardInterrupt", reply.text
+    assert "colab_xla: -o res kept its earlier value" in reply.stdout, reply.stdout
+    assert k.run("assert res == {0: 100, 1: 101}, res").status == "ok"
+

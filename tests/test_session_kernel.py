@@ -1,5 +1,8 @@
 """``%xla_session`` in a real kernel: the notebook's Interrupt keeps the session and its
-state, and a killed kernel leaves none of its processes."""
+state, and a killed kernel leaves none of its processes.
+
+The tests but the killed kernel's share one kernel (each of its first cells costs ~9 s of
+CPU, most of it importing torch_xla): each starts the session it needs and stops it."""
 
 from __future__ import annotations
 
@@ -18,17 +21,36 @@ def session_pids(reply_text: str):
     return sorted(int(p) for p in re.findall(r"replica \d+: pid (\d+)", reply_text))
 
 
+@pytest.fixture(scope="module")
+def kernel():
+    """A kernel (text view) with colab_xla loaded, for the module's tests in turn."""
+    with Kernel(env={"COLAB_XLA_VIEW": "text"}) as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        yield k
+
+
+@contextlib.contextmanager
+def session_kernel(k: Kernel, replicas: int, start: str = ""):
+    """``k`` with a session of ``replicas`` started (its reply in ``k.started``), and
+    stopped afterwards."""
+    started = k.run(f"%xla_session start -n {replicas} {start}".rstrip())
+    assert started.status == "ok", started.text
+    k.started = started
+    try:
+        yield k
+    finally:
+        stopped = k.run("%xla_session stop")
+        assert stopped.status == "ok", stopped.text
+
+
 @pytest.mark.parametrize("replicas, wait", [(2, "time.sleep(600)"), (1, "time.sleep(600)"),
                                            (1, "while True:\n    pass")])
-def test_an_interrupt_stops_the_cell_and_keeps_the_session_and_its_state(tmp_path, replicas,
-                                                                          wait):
+def test_an_interrupt_stops_the_cell_and_keeps_the_session_and_its_state(kernel, tmp_path,
+                                                                          replicas, wait):
     """At N=1 the replica ran in a thread of torch_xla's (xmp.spawn's one CPU process): a
     sleep there cannot be interrupted, and every Interrupt ended the session (issue 31)."""
-    with Kernel() as k:
-        assert k.run("%load_ext colab_xla").status == "ok"
-        started = k.run(f"%xla_session start -n {replicas}")
-        assert started.status == "ok", started.text
-        pids = session_pids(started.stdout)
+    with session_kernel(kernel, replicas) as k:
+        pids = session_pids(k.started.stdout)
         assert len(pids) == replicas
         assert k.run("%%xla_spawn --no-widget\nstate = index * 7").status == "ok"
         msg_id = k.submit("%%xla_spawn --no-widget\nimport os, time\n"
@@ -61,19 +83,8 @@ def test_a_killed_kernel_leaves_no_session_process():
         assert alive == [], [(p.pid, " ".join(p.cmdline())[:120]) for p in alive]
 
 
-@contextlib.contextmanager
-def session_kernel(replicas: int, start: str = ""):
-    """A kernel (text view) with colab_xla loaded and a session of ``replicas`` started."""
-    with Kernel(env={"COLAB_XLA_VIEW": "text"}) as k:
-        assert k.run("%load_ext colab_xla").status == "ok"
-        started = k.run(f"%xla_session start -n {replicas} {start}".rstrip())
-        assert started.status == "ok", started.text
-        k.started = started
-        yield k
-
-
-def test_auto_mode_in_a_kernel_keeps_state_on_the_replicas_and_off_runs_in_the_notebook():
-    with session_kernel(2, "--auto") as k:
+def test_auto_mode_in_a_kernel_keeps_state_on_the_replicas_and_off_runs_in_the_notebook(kernel):
+    with session_kernel(kernel, 2, "--auto") as k:
         assert "auto: on" in k.started.stdout, k.started.text
         # Three cells without a magic, on the replicas, one building on the other.
         assert k.run("total = index").status == "ok"
@@ -94,8 +105,8 @@ def test_auto_mode_in_a_kernel_keeps_state_on_the_replicas_and_off_runs_in_the_n
         assert here.stdout.strip() == "False", here.text  # the notebook never had it
 
 
-def test_a_kernels_complete_request_offers_a_replica_name_and_its_objects_attribute():
-    with session_kernel(2) as k:
+def test_a_kernels_complete_request_offers_a_replica_name_and_its_objects_attribute(kernel):
+    with session_kernel(kernel, 2) as k:
         defined = k.run("%%xla_spawn\nimport types\n"
                         "net = types.SimpleNamespace(fc=types.SimpleNamespace(weight_decay=1))")
         assert defined.status == "ok", defined.text
@@ -103,9 +114,9 @@ def test_a_kernels_complete_request_offers_a_replica_name_and_its_objects_attrib
         assert "net.fc.weight_decay" in k.complete("net.fc.we")
 
 
-def test_what_a_session_replica_displays_reaches_the_cells_view():
+def test_what_a_session_replica_displays_reaches_the_cells_view(kernel):
     # (In a kernel: a terminal shell's display formatter makes text/plain only.)
-    with session_kernel(2) as k:
+    with session_kernel(kernel, 2) as k:
         shown = k.run("%%xla_spawn --targets 1\nfrom IPython.display import HTML, display\n"
                       "display(HTML('<i>shown</i>'))")
         assert shown.status == "ok", shown.text
@@ -113,8 +124,8 @@ def test_what_a_session_replica_displays_reaches_the_cells_view():
         assert "[replica 1] (displayed text/html: the widget view" in shown.stdout
 
 
-def test_targets_in_a_kernel_run_the_chosen_replicas_only():
-    with session_kernel(3) as k:
+def test_targets_in_a_kernel_run_the_chosen_replicas_only(kernel):
+    with session_kernel(kernel, 3) as k:
         assert k.run("%%xla_spawn\nseen = 0").status == "ok"
         chosen = k.run("%%xla_spawn --targets 0,2\nseen += 1\nprint('ran on', index)")
         assert chosen.status == "ok", chosen.text
