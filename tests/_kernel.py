@@ -88,6 +88,16 @@ class Kernel:
         self.descendants()
         return self.kc.execute(code, stop_on_error=False)
 
+    def began(self, msg_id: str, timeout: float = 60) -> None:
+        """Wait until the kernel has begun running ``msg_id``'s cell (its busy status on
+        iopub): an Interrupt sent before then would find it idle, not in the cell."""
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.kc.get_iopub_msg(timeout=max(1.0, deadline - time.monotonic()))
+            if (msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status"
+                    and msg["content"]["execution_state"] == "busy"):
+                return
+
     def wait(self, msg_id: str, timeout: float = 180, *, first: bool = False) -> Reply:
         """The reply to ``msg_id`` and everything the cell printed or displayed.
         ``first``: see :meth:`reply`."""

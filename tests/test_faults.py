@@ -64,6 +64,7 @@ def test_an_interrupt_while_the_first_run_imports_torch_xla_leaves_the_kernel_us
         assert k.run("%load_ext colab_xla\nimport sys\n'torch' in sys.modules").status == "ok"
         assert k.run("import sys; assert 'torch' not in sys.modules").status == "ok"
         msg_id = k.submit("%%xla_spawn -n 2 --no-widget\nindex")
+        k.began(msg_id)
         time.sleep(delay)  # the fault: an Interrupt while torch/torch_xla import (~3 s)
         k.interrupt()
         first = k.wait(msg_id)
