@@ -20,6 +20,7 @@ from colab_xla.notebook import launch, state
 from colab_xla.runtimes import torch_xla as torch_xla_runtime
 from colab_xla.wire import shared_tensors
 from colab_xla.notebook.launch import Launch
+from colab_xla.notebook.views import text as text_view
 from colab_xla.wire.names import UnsendableNames
 from colab_xla.notebook.outcome import DONE
 from colab_xla.wire.reports import RETURN_PLAIN_DATA
@@ -60,7 +61,7 @@ def test_without_fork_the_cell_gets_the_notebook_names_it_mentions(method):
     ns = notebook_namespace()
     ns["unrelated"] = threading.Lock()  # not mentioned: not sent, so no error
     outcome = run(CELL_USING_NOTEBOOK_NAMES, 2, user_ns=ns, launch=Launch(method))
-    assert outcome.ok, [r.error for r in outcome.replicas.values()]
+    assert outcome.ok, text_view.render(outcome)
     for o, value in outcome.results().items():
         assert type(value) is ns["Point"] and value.x == o * 10 + 2  # the notebook's class
         assert outcome.replicas[o].text.startswith(f"replica {o} pid ")
@@ -460,5 +461,5 @@ def test_replicas_run_parallel_cpu_ops_after_the_notebook_ran_some(how):
     torch.empty_like(big).copy_(big)  # a parallel op in this (the "notebook's") thread
     outcome = run("import torch\nfloat(torch.full((16 << 20,), 2.0).sum())",
                   None if how.debug_single else 2, launch=how, timeout=60)
-    assert outcome.ok, [r.error for r in outcome.replicas.values()]
+    assert outcome.ok, text_view.render(outcome)
     assert set(outcome.results().values()) == {float(2 * (16 << 20))}

@@ -18,6 +18,7 @@ import pytest
 from colab_xla import runtimes
 from colab_xla.errors import OptionError
 from colab_xla.notebook.launch import Launch
+from colab_xla.notebook.views import text as text_view
 from colab_xla.notebook.outcome import DONE, FAILED, STOPPED
 from colab_xla.notebook.targets import run_cell
 from colab_xla.runtimes import torch as torch_runtime
@@ -142,7 +143,7 @@ def test_each_process_has_torchruns_variables_and_the_group_made():
         ({n: os.environ[n] for n in names}, dist.is_initialized(), dist.get_backend(),
          dist.get_rank(), str(device))
         """, replicas=3)
-    assert outcome.ok, [r.error for r in outcome.replicas.values()]
+    assert outcome.ok, text_view.render(outcome)
     values = outcome.results()
     ports = {v[0]["MASTER_PORT"] for v in values.values()}
     assert len(ports) == 1
@@ -169,7 +170,7 @@ def test_a_cell_written_as_a_torchrun_script_runs_unchanged():
         dist.destroy_process_group()
         t.item()
         """)
-    assert outcome.ok, [r.error for r in outcome.replicas.values()]
+    assert outcome.ok, text_view.render(outcome)
     assert outcome.results() == {0: 3.0, 1: 3.0}
     refused = cell("import torch.distributed as dist\ndist.init_process_group('nccl')")
     error = refused.replicas[0].error
@@ -194,7 +195,7 @@ def test_ddp_training_leaves_every_rank_the_same_weights():
             opt.zero_grad(); loss.backward(); opt.step()
         torch.cat([p.detach().flatten() for p in model.parameters()])
         """, replicas=4)
-    assert outcome.ok, [r.error for r in outcome.replicas.values()]
+    assert outcome.ok, text_view.render(outcome)
     weights = outcome.results()
     assert all(w.equal(weights[0]) for w in weights.values())
 
