@@ -61,7 +61,8 @@ END = "-- end of stacks --\n"
 # The place of a replica whose process was asked and did not answer in time.
 UNANSWERED = (f"an unknown place: its process did not answer within {TAKE_SECONDS:g} s "
               "(native code that keeps Python's lock, such as a C extension's long loop, "
-              "keeps it from answering)")
+              "keeps it from answering; a native profiler on its process while it runs, "
+              "such as `py-spy dump --native --pid PID`, shows where)")
 # The innermost frames of a thread a dump gives at most (faulthandler's gave 100).
 MAX_FRAMES = 500
 
