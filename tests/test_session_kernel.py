@@ -31,13 +31,12 @@ def kernel():
 
 @contextlib.contextmanager
 def session_kernel(k: Kernel, replicas: int, start: str = ""):
-    """``k`` with a session of ``replicas`` started (its reply in ``k.started``), and
+    """``k`` with a session of ``replicas`` started, as ``(k, the start's reply)``, and
     stopped afterwards."""
     started = k.run(f"%xla_session start -n {replicas} {start}".rstrip())
     assert started.status == "ok", started.text
-    k.started = started
     try:
-        yield k
+        yield k, started
     finally:
         stopped = k.run("%xla_session stop")
         assert stopped.status == "ok", stopped.text
@@ -49,8 +48,8 @@ def test_an_interrupt_stops_the_cell_and_keeps_the_session_and_its_state(kernel,
                                                                           replicas, wait):
     """At N=1 the replica ran in a thread of torch_xla's (xmp.spawn's one CPU process): a
     sleep there cannot be interrupted, and every Interrupt ended the session (issue 31)."""
-    with session_kernel(kernel, replicas) as k:
-        pids = session_pids(k.started.stdout)
+    with session_kernel(kernel, replicas) as (k, started):
+        pids = session_pids(started.stdout)
         assert len(pids) == replicas
         assert k.run("%%xla_spawn --no-widget\nstate = index * 7").status == "ok"
         msg_id = k.submit("%%xla_spawn --no-widget\nimport os, time\n"
@@ -84,8 +83,8 @@ def test_a_killed_kernel_leaves_no_session_process():
 
 
 def test_auto_mode_in_a_kernel_keeps_state_on_the_replicas_and_off_runs_in_the_notebook(kernel):
-    with session_kernel(kernel, 2, "--auto") as k:
-        assert "auto: on" in k.started.stdout, k.started.text
+    with session_kernel(kernel, 2, "--auto") as (k, started):
+        assert "auto: on" in started.stdout, started.text
         # Three cells without a magic, on the replicas, one building on the other.
         assert k.run("total = index").status == "ok"
         assert k.run("total += 10").status == "ok"
@@ -106,7 +105,7 @@ def test_auto_mode_in_a_kernel_keeps_state_on_the_replicas_and_off_runs_in_the_n
 
 
 def test_a_kernels_complete_request_offers_a_replica_name_and_its_objects_attribute(kernel):
-    with session_kernel(kernel, 2) as k:
+    with session_kernel(kernel, 2) as (k, started):
         defined = k.run("%%xla_spawn\nimport types\n"
                         "net = types.SimpleNamespace(fc=types.SimpleNamespace(weight_decay=1))")
         assert defined.status == "ok", defined.text
@@ -116,7 +115,7 @@ def test_a_kernels_complete_request_offers_a_replica_name_and_its_objects_attrib
 
 def test_what_a_session_replica_displays_reaches_the_cells_view(kernel):
     # (In a kernel: a terminal shell's display formatter makes text/plain only.)
-    with session_kernel(kernel, 2) as k:
+    with session_kernel(kernel, 2) as (k, started):
         shown = k.run("%%xla_spawn --targets 1\nfrom IPython.display import HTML, display\n"
                       "display(HTML('<i>shown</i>'))")
         assert shown.status == "ok", shown.text
@@ -125,7 +124,7 @@ def test_what_a_session_replica_displays_reaches_the_cells_view(kernel):
 
 
 def test_targets_in_a_kernel_run_the_chosen_replicas_only(kernel):
-    with session_kernel(kernel, 3) as k:
+    with session_kernel(kernel, 3) as (k, started):
         assert k.run("%%xla_spawn\nseen = 0").status == "ok"
         chosen = k.run("%%xla_spawn --targets 0,2\nseen += 1\nprint('ran on', index)")
         assert chosen.status == "ok", chosen.text
