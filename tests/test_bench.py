@@ -54,17 +54,17 @@ def run_script(warm: WarmRunner, tmp_path: Path, script: str, args) -> None:
     # views on one)
     ("output_throughput.py", ["--lines", "300", "--plain-lines", "20", "--replicas", "2",
                               "--view-repeats", "1", "--targets", "one-off,session"]),
-    ("start_methods.py", ["--repeats", "2", "--spawn-repeats", "2", "--replicas", "2"]),
-    ("simulation.py", ["--repeats", "1", "--replicas", "2", "--steps", "4"]),
+    ("start_methods.py", ["--repeats", "2", "--spawn-repeats", "2", "--replicas", "1"]),
+    ("simulation.py", ["--repeats", "1", "--replicas", "1", "--steps", "4"]),
     ("result_return.py", ["--mib", "2", "--replicas", "2", "--repeats", "2"]),
-    ("session.py", ["--replicas", "2", "--repeats", "2", "--train-repeats", "1",
+    ("session.py", ["--replicas", "1", "--repeats", "2", "--train-repeats", "1",
                     "--steps", "2", "--batch", "8", "--way-repeats", "2",
                     "--cpu-cells", "5"]),
     ("after_interrupt.py", ["--repeats", "1", "--loop", "10000", "--stacks", "dev"]),
-    ("peers.py", ["--replicas", "2", "--repeats", "2", "--latency-repeats", "1",
-                  "--throughput-replicas", "2", "--lines", "200", "--slow-lines", "10",
-                  "--throughput-repeats", "1", "--return-replicas", "2", "--return-mib", "1",
-                  "--return-repeats", "2", "--interrupt-replicas", "2", "--interrupts", "1",
+    ("peers.py", ["--replicas", "1", "--repeats", "2", "--latency-repeats", "1",
+                  "--throughput-replicas", "1", "--lines", "200", "--slow-lines", "10",
+                  "--throughput-repeats", "1", "--return-replicas", "1", "--return-mib", "1",
+                  "--return-repeats", "2", "--interrupt-replicas", "1", "--interrupts", "1",
                   "--interrupt-cap", "1", "--no-groups"]),
     ("cluster.py", ["--repeats", "2", "--latency-repeats", "1", "--interrupts", "1",
                     "--no-one-host"]),
@@ -132,8 +132,8 @@ def test_output_throughput_refuses_unknown_targets_before_any_work(tmp_path, arg
 
 def test_peer_groups_run_and_write_their_section(tmp_path, warm):
     """peers.py's section 6 alone (the warm groups: %xla_session, ipyparallel, nbdistributed,
-    jupyter-distributed, each in a kernel of its own) at N=2, tiny sizes: its own section."""
-    args = ["--only-groups", "--replicas", "2", "--group-starts", "1", "--group-repeats", "1",
+    jupyter-distributed, each in a kernel of its own) at N=1, tiny sizes: its own section."""
+    args = ["--only-groups", "--replicas", "1", "--group-starts", "1", "--group-repeats", "1",
             "--group-lines", "50", "--group-lines-repeats", "1", "--group-raise-repeats", "1",
             "--group-interrupts", "1", "--interrupt-cap", "2", "--group-next-deadline", "5"]
     run_script(warm, tmp_path, "peers.py", [*args, "--out", str(tmp_path)])
@@ -141,7 +141,7 @@ def test_peer_groups_run_and_write_their_section(tmp_path, warm):
     assert "<!-- section:peer_groups -->" in results and "Machine:" in results
     assert "<!-- section:peers -->" not in results
     raw = json.loads((tmp_path / "results" / "peer_groups.json").read_text())
-    assert [r["replicas"] for r in raw["per_n"]] == [2]
+    assert [r["replicas"] for r in raw["per_n"]] == [1]
 
 
 def test_memcpy_reference_is_the_faster_of_two_copies_that_both_copy(monkeypatch):
