@@ -1,5 +1,6 @@
 """``%%xla_spawn`` in a real ipykernel driven by nbclient: what a saved notebook holds."""
 
+import json
 import os
 import re
 
@@ -28,9 +29,22 @@ def execute(*sources, env=None):
     return nb
 
 
-def widget_models(nb):
+def widget_models(nb, cell=None):
+    """The saved widget models by id: the notebook's, or only those ``cell``'s displays
+    draw (its view's models and every model they refer to, ``IPY_MODEL_<id>``)."""
     state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
-    return {model_id: m for model_id, m in state.items()}
+    if cell is None:
+        return dict(state)
+    todo = [o["data"][WIDGET_VIEW]["model_id"] for o in cell.outputs
+            if o.output_type == "display_data" and WIDGET_VIEW in o["data"]]
+    drawn = {}
+    while todo:
+        model_id = todo.pop()
+        if model_id in drawn or model_id not in state:
+            continue
+        drawn[model_id] = state[model_id]
+        todo += re.findall(r"IPY_MODEL_(\w+)", json.dumps(state[model_id]["state"]))
+    return drawn
 
 
 def tab_titles(state):
@@ -53,8 +67,17 @@ if index == 2:
 index * 2"""
 
 
-def test_widget_state_and_static_summary_are_saved_in_the_cell():
-    nb = execute(CELL, "print('next cell', r)")
+TEXT_CELL = "%%xla_spawn -n 2 --no-widget\nprint('line from', index)\nindex"
+
+
+@pytest.fixture(scope="module")
+def notebook():
+    """The two tests' cells, run in one kernel one after another (as a user would)."""
+    return execute(CELL, "print('next cell', r)", TEXT_CELL)
+
+
+def test_widget_state_and_static_summary_are_saved_in_the_cell(notebook):
+    nb = notebook
     magic, after = nb.cells[1], nb.cells[2]
     displays = [o for o in magic.outputs if o.output_type == "display_data"]
     assert len(displays) == 1  # one display, updated in place to its final form
@@ -66,7 +89,7 @@ def test_widget_state_and_static_summary_are_saved_in_the_cell():
     assert "Out: 2" in data["text/plain"] and "ValueError: replica two fails" in data["text/plain"]
     assert "<table>" in data["text/html"] and "replica two fails" in data["text/html"]
     # The live widget's final model state.
-    models = widget_models(nb)
+    models = widget_models(nb, magic)
     assert data[WIDGET_VIEW]["model_id"] in models
     tabs = [m["state"] for m in models.values() if m["model_name"] == "TabModel"]
     assert tabs and tab_titles(tabs[0]) == ["all", "0 ✓", "1 ✓", "2 ✗"]
@@ -87,12 +110,12 @@ def test_widget_state_and_static_summary_are_saved_in_the_cell():
     assert stream_text(after) == "next cell {0: 0, 1: 2}\n"
 
 
-def test_text_view_streams_lines_labelled_by_replica():
-    nb = execute("%%xla_spawn -n 2 --no-widget\nprint('line from', index)\nindex")
-    text = stream_text(nb.cells[1])
+def test_text_view_streams_lines_labelled_by_replica(notebook):
+    cell = notebook.cells[3]
+    text = stream_text(cell)
     assert "[replica 0] line from 0" in text and "[replica 1] line from 1" in text
     assert "2 replicas on CPU: 2 done" in text and "Out: 1" in text
-    assert not [o for o in nb.cells[1].outputs if o.output_type == "display_data"]
+    assert not [o for o in cell.outputs if o.output_type == "display_data"]
 
 
 def test_environment_selects_the_text_view():

@@ -1,6 +1,10 @@
 """What replicas display (``display(...)``, matplotlib's ``plt.show()``) reaches the notebook:
 in a real kernel, in each view and in the saved notebook, under the replica that showed it,
-in order with its lines."""
+in order with its lines.
+
+The kernel tests' cells are one notebook, run once in one kernel (the ``notebook`` fixture,
+:data:`CELLS`), as a user would run them one after another: each test reads its own cell
+and the widgets that cell draws."""
 
 from __future__ import annotations
 
@@ -31,10 +35,17 @@ def _rows(summary_html: str):
     return {int(row.split("</td>")[0].rsplit(">", 1)[-1].split()[-1]): row for row in rows}
 
 
+@pytest.fixture(scope="module")
+def notebook():
+    """:data:`CELLS`, run in one kernel: name -> (the executed notebook, that cell)."""
+    nb = execute(*CELLS.values())
+    return {name: (nb, nb.cells[1 + i]) for i, name in enumerate(CELLS)}  # (1: %load_ext)
+
+
 @pytest.mark.xla
-def test_a_replicas_figure_and_html_are_drawn_under_it_in_order_in_widget_and_saved_notebook():
-    nb = execute(PLOTS.format(flags=""))
-    cell = nb.cells[1]
+def test_a_replicas_figure_and_html_are_drawn_under_it_in_order_in_widget_and_saved_notebook(
+        notebook):
+    nb, cell = notebook["plots"]
     assert not [o for o in cell.outputs if o.output_type == "error"], cell.outputs
     [shown] = [o for o in cell.outputs if o.output_type == "display_data"]
     rows = _rows(shown["data"]["text/html"])
@@ -46,7 +57,7 @@ def test_a_replicas_figure_and_html_are_drawn_under_it_in_order_in_widget_and_sa
     assert "data:image" not in rows[0] and "from-replica" not in rows[0]
     assert "[an image: image/png]" in shown["data"]["text/plain"]
     # The live widget: replica 1's tab draws them as display data, between its lines.
-    tab = [m["state"]["outputs"] for m in widget_models(nb).values()
+    tab = [m["state"]["outputs"] for m in widget_models(nb, cell).values()
            if m["model_name"] == "OutputModel"
            and any("image/png" in o.get("data", {}) for o in m["state"]["outputs"])]
     assert len(tab) == 1, "one tab (replica 1's) has the figure"
@@ -57,9 +68,9 @@ def test_a_replicas_figure_and_html_are_drawn_under_it_in_order_in_widget_and_sa
 
 
 @pytest.mark.xla
-def test_the_text_view_shows_a_displays_text_form_and_says_where_it_is_drawn():
-    nb = execute(PLOTS.format(flags=" --no-widget"))
-    text = stream_text(nb.cells[1])
+def test_the_text_view_shows_a_displays_text_form_and_says_where_it_is_drawn(notebook):
+    _, cell = notebook["plots text"]
+    text = stream_text(cell)
     assert "[replica 1] [an image: image/png]" in text, text
     assert ("[replica 1] (displayed image/png: the widget view and the saved notebook draw "
             "it)") in text
@@ -89,17 +100,16 @@ print("trained", index)
 """
 
 
-def _html_values(nb):
-    return [m["state"].get("value", "") for m in widget_models(nb).values()
+def _html_values(nb, cell):
+    return [m["state"].get("value", "") for m in widget_models(nb, cell).values()
             if m["model_name"] == "HTMLModel"]
 
 
 @pytest.mark.xla
-def test_a_tqdm_loop_is_a_bar_per_replica_that_reaches_its_total_never_a_flood():
-    nb = execute(BARS.format(flags=""))
-    cell = nb.cells[1]
+def test_a_tqdm_loop_is_a_bar_per_replica_that_reaches_its_total_never_a_flood(notebook):
+    nb, cell = notebook["bars"]
     assert not [o for o in cell.outputs if o.output_type == "error"], cell.outputs
-    values = _html_values(nb)
+    values = _html_values(nb, cell)
     for o in range(2):  # each replica's tab: its bar, left as it ended, at its total
         [state] = [v for v in values if v.startswith(f"replica {o} · ")]
         assert "<progress value='1.000' max='1'" in state, state
@@ -114,9 +124,9 @@ def test_a_tqdm_loop_is_a_bar_per_replica_that_reaches_its_total_never_a_flood()
 
 
 @pytest.mark.xla
-def test_the_text_view_prints_a_bar_line_at_each_tenth_not_each_update():
-    nb = execute(BARS.format(flags=" --no-widget"))
-    text = stream_text(nb.cells[1])
+def test_the_text_view_prints_a_bar_line_at_each_tenth_not_each_update(notebook):
+    _, cell = notebook["bars text"]
+    text = stream_text(cell)
     for o in range(2):
         lines = [line for line in text.splitlines() if line.startswith(f"[replica {o}] train {o}:")]
         assert 1 <= len(lines) <= 12, lines  # tenths, then the last line
@@ -137,9 +147,8 @@ Picture() if index == 0 else fig'''
 
 
 @pytest.mark.xla
-def test_figures_show_at_the_cells_end_without_show_and_a_pictures_value_is_drawn():
-    nb = execute(PICTURES)
-    cell = nb.cells[1]
+def test_figures_show_at_the_cells_end_without_show_and_a_pictures_value_is_drawn(notebook):
+    _, cell = notebook["pictures"]
     assert not [o for o in cell.outputs if o.output_type == "error"], cell.outputs
     [shown] = [o for o in cell.outputs if o.output_type == "display_data"]
     rows = _rows(shown["data"]["text/html"])
@@ -147,3 +156,8 @@ def test_figures_show_at_the_cells_end_without_show_and_a_pictures_value_is_draw
     # its value is one of them, shown once.
     assert rows[0].count("data:image/png;base64,") == 3, rows[0]
     assert rows[1].count("data:image/png;base64,") == 2, rows[1]
+
+
+CELLS = {"plots": PLOTS.format(flags=""), "plots text": PLOTS.format(flags=" --no-widget"),
+         "bars": BARS.format(flags=""), "bars text": BARS.format(flags=" --no-widget"),
+         "pictures": PICTURES}
