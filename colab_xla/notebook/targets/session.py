@@ -148,6 +148,10 @@ class Session(Target):
         self._pipes: Optional[RunPipes] = None
         self._outside: Optional[SessionChannel] = None
         self._modules_dir = directory  # where its cells' files go (see run)
+        # A cell holds the pipes (cell_pipes to cell_pipes_back). Not the channel's own
+        # "lent" (SessionChannel._lent, its reader let go of them): a cell also holds the
+        # pipes of a session that ended, which have no channel (see cell_pipes), and stop
+        # must then leave their closing to the cell.
         self._cell_pipes_lent = False
         self._asked = 0  # questions for Tab completion (each its own pipe)
 
