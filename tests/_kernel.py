@@ -51,6 +51,14 @@ class Reply:
         return self.stdout + plain + f"{self.ename}: {self.evalue}\n" + "\n".join(self.traceback)
 
 
+@contextlib.contextmanager
+def loaded_kernel(env: Optional[Dict[str, str]] = None):
+    """A :class:`Kernel` (``env``: see it) with ``%load_ext colab_xla`` run in it."""
+    with Kernel(env=env) as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        yield k
+
+
 class Kernel:
     def __init__(self, env: Optional[Dict[str, str]] = None, kernel_name: str = "python3"):
         kernel_env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from _kernel import Kernel, shell_msg_ready, wait_until_gone  # tests/ is on sys.path
+from _kernel import Kernel, loaded_kernel, shell_msg_ready, wait_until_gone  # tests/ is on sys.path
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
@@ -33,8 +33,7 @@ def wait_for_files(paths, timeout: float = 120, kernel: Kernel = None, msg_id=No
 @pytest.fixture(scope="module")
 def kernel():
     """A kernel with colab_xla loaded, for the module's tests in turn."""
-    with Kernel() as k:
-        assert k.run("%load_ext colab_xla").status == "ok"
+    with loaded_kernel() as k:
         yield k
 
 

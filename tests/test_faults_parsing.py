@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from _kernel import Kernel  # tests/ is on sys.path
+from _kernel import loaded_kernel  # tests/ is on sys.path
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300), pytest.mark.stacks("colab")]
 
@@ -13,8 +13,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(300), pytest.mark.stacks("
 @pytest.fixture(scope="module")
 def kernel():
     """One kernel with colab_xla loaded for both tests (its first run: ~9 s of CPU)."""
-    with Kernel() as k:
-        assert k.run("%load_ext colab_xla").status == "ok"
+    with loaded_kernel() as k:
         yield k
 
 

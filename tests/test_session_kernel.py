@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from _kernel import Kernel, wait_until_gone  # tests/ is on sys.path
+from _kernel import Kernel, loaded_kernel, wait_until_gone  # tests/ is on sys.path
 from test_faults import wait_for_files
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300), pytest.mark.stacks("colab")]
@@ -24,8 +24,7 @@ def session_pids(reply_text: str):
 @pytest.fixture(scope="module")
 def kernel():
     """A kernel (text view) with colab_xla loaded, for the module's tests in turn."""
-    with Kernel(env={"COLAB_XLA_VIEW": "text"}) as k:
-        assert k.run("%load_ext colab_xla").status == "ok"
+    with loaded_kernel(env={"COLAB_XLA_VIEW": "text"}) as k:
         yield k
 
 
