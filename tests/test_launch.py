@@ -147,6 +147,19 @@ def test_forkserver_is_reused_and_survives_an_interrupted_run(tmp_path):
     assert "again: {0: 0, 1: 3}" in out, out + err
 
 
+def test_waiting_for_the_forkserver_returns_once_it_has_imported_torch_xla():
+    # (what a cluster's host agent waits for before it says it is up)
+    script = textwrap.dedent("""
+        from colab_xla.notebook.launch import wait_forkserver, warm_forkserver
+        pid, started = warm_forkserver()
+        wait_forkserver()
+        with open(f"/proc/{pid}/maps") as maps:
+            print("started", started, "torch_xla", "_XLAC" in maps.read(), flush=True)
+        """)
+    done = subprocess.run(_PY + [script], capture_output=True, text=True, timeout=180)
+    assert "started True torch_xla True" in done.stdout, done.stdout + done.stderr
+
+
 def test_forkserver_replicas_get_each_runs_environment_not_the_servers():
     for n, extra in ((2, "one"), (3, "two")):
         outcome = run("""

@@ -15,6 +15,7 @@ import pytest
 from _runs import LABEL, run  # tests/ is on sys.path
 
 from colab_xla.notebook import replicas, supervisor
+from colab_xla.notebook.launch import Launch
 from colab_xla.runtimes import torch_xla as torch_xla_runtime
 from colab_xla.replica import execution as replica_execution
 from colab_xla.notebook.outcome import DONE, FAILED, XlaSpawnError
@@ -187,6 +188,27 @@ def test_no_process_of_a_run_outlives_it():
     outcome = run("import os\nos.getpid()", 2)
     pid = outcome.results()[0]
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.quick
+def test_a_driver_that_never_ends_is_waited_for_once_a_run_not_at_each_release(monkeypatch):
+    # A cut run is released when it is stopped and again when it ends; a driver blocked
+    # on a forkserver that is still importing must not be waited for at each of them.
+    monkeypatch.setattr(replicas, "_DRIVER_JOIN_SECONDS", 0.3)
+    fresh = replicas.FreshReplicas("test-release", Launch("fork"), plan=None)
+    kills = []
+    monkeypatch.setattr(fresh.processes, "kill", lambda: kills.append(True))
+    stuck = threading.Event()
+    driver = threading.Thread(target=stuck.wait, daemon=True)
+    driver.start()
+    try:
+        fresh.release(driver)  # kills until the 0.3 s are over, every 50 ms
+        first = len(kills)
+        fresh.release(driver)  # the time is over: one kill more, no wait
+    finally:
+        stuck.set()
+        driver.join()
+    assert first > 1 and len(kills) == first + 1
 
 
 # --- output capture ---------------------------------------------------------------------------

@@ -209,6 +209,18 @@ def warm_forkserver() -> Tuple[int, bool]:
     return now, now != before
 
 
+def wait_forkserver() -> None:
+    """Return once the forkserver (started by :func:`warm_forkserver`) has imported what
+    it preloads: it forks nothing before, so one empty process started through it and
+    reaped is the sign. A run started after this does not wait for the imports, which
+    nothing can cut short (a stop would wait for them: its launcher is blocked reading
+    the forkserver's answer)."""
+    empty = multiprocessing.get_context("forkserver").Process(
+        target=os._exit, args=(0,), name="colab_xla-forkserver-warm")
+    empty.start()
+    empty.join()
+
+
 def forkserver_pid() -> Optional[int]:
     """The forkserver's pid if colab_xla (or anything) started it, else None."""
     from multiprocessing import forkserver

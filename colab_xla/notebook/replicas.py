@@ -8,6 +8,7 @@ process of it killed when it ends). A session's replicas, kept across cells, are
 from __future__ import annotations
 
 import threading
+import time
 from typing import List, Optional
 
 from . import processes
@@ -16,7 +17,8 @@ from .pipes import RunPipes
 from ..wire.job import ReplicaJob
 from ..runtimes.plan import ReplicaPlan
 
-# After a kill, how long to wait for the driver thread to see its pool broken.
+# After a kill, how long to wait for the driver thread to see its pool broken (in all:
+# a run that was cut is released twice, when stopped and when it ends).
 _DRIVER_JOIN_SECONDS = 5.0
 # How long a one-off run's replicas have to start: the processes' start-up and the
 # runtime's launch (TorchTPU's may wait up to 300 s for the chips) come first.
@@ -95,6 +97,7 @@ class FreshReplicas(Replicas):
         self.launch, self.plan = launch, plan
         self.inherit = launch.start_method == "fork"
         self.processes = processes.RunProcesses(run_id)
+        self._release_by: Optional[float] = None  # when release stops waiting for the driver
 
     def begin(self) -> None:
         self.processes.begin()
@@ -121,5 +124,9 @@ class FreshReplicas(Replicas):
     def release(self, driver: threading.Thread) -> None:
         """Kill the run's processes until the driver has seen them end: the launcher may
         still be starting replicas when the run is stopped (a short --timeout, an error
-        in a view), and a process it starts after a kill must not outlive the run."""
-        self.processes.kill_until_ended(driver, _DRIVER_JOIN_SECONDS)
+        in a view), and a process it starts after a kill must not outlive the run. A
+        driver that does not end (blocked on a forkserver still importing) is waited for
+        :data:`_DRIVER_JOIN_SECONDS` in all, however often this is called."""
+        if self._release_by is None:
+            self._release_by = time.monotonic() + _DRIVER_JOIN_SECONDS
+        self.processes.kill_until_ended(driver, max(0.0, self._release_by - time.monotonic()))

@@ -83,14 +83,19 @@ class HostAgent:
             self.rank = dataclasses.replace(rank, store=f"{rank.address}:{self._store.port}")
         from ..torch_xla_import import import_torch_xla
 
-        import_torch_xla()  # warm: every cell's replicas start from here
         if start_method == "forkserver":
             # Started now, not by a cell's run (which would end it with the run). Replicas
             # must not fork from this process: Ray's threads may hold libc's locks (a
             # child forked here was seen stuck in getnameinfo, making its gloo store).
-            from ..launch import warm_forkserver
+            from ..launch import wait_forkserver, warm_forkserver
 
-            warm_forkserver()
+            warm_forkserver()  # (it imports torch_xla beside this process's import)
+        import_torch_xla()  # warm: every cell's replicas start from here
+        if start_method == "forkserver":
+            # Waited for here, not by the first cell: a cell cut while its replicas wait
+            # for the forkserver's imports would wait for them too, and under load that
+            # is longer than the notebook gives a host to stop (a host taken as gone).
+            wait_forkserver()
         self._runs: Dict[str, _HostedRun] = {}
         self._lock = threading.Lock()
         self._session = None  # this host's warm replicas (targets.session.Session), if up
@@ -100,7 +105,10 @@ class HostAgent:
         """What the notebook shows of this host."""
         import torch_xla
 
-        return {"host": self.rank.host, "pid": os.getpid(), "hostname": socket.gethostname(),
+        from ..launch import forkserver_pid
+
+        return {"host": self.rank.host, "pid": os.getpid(), "forkserver": forkserver_pid(),
+                "hostname": socket.gethostname(),
                 "address": self.rank.address, "device": self.device,
                 "replicas": self.rank.replicas, "store": self.rank.store,
                 "env": dict(self.env),
