@@ -160,6 +160,34 @@ def test_waiting_for_the_forkserver_returns_once_it_has_imported_torch_xla():
     assert "started True torch_xla True" in done.stdout, done.stdout + done.stderr
 
 
+def test_an_interrupt_while_the_forkserver_imports_starts_no_replica(tmp_path):
+    # The first forkserver run waits for the server's imports before anything starts:
+    # an Interrupt then ends the cell before the run (KeyboardInterrupt, as while the
+    # notebook imports torch_xla), not a run cut while its launcher waits for the
+    # server, and the server, once warm, runs no replica of it.
+    script = textwrap.dedent(f"""
+        import os, signal, threading
+        from colab_xla.notebook.targets import run_cell
+        from colab_xla.notebook.launch import Launch, wait_forkserver
+
+        def announce(note):
+            if "starting the forkserver" in note:  # Interrupt while it imports
+                threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+        cell = "open({str(tmp_path)!r} + '/ran' + str(index), 'w').close()"
+        try:
+            run_cell(cell, replicas=2, announce=announce, launch=Launch("forkserver"))
+        except KeyboardInterrupt:
+            wait_forkserver()  # (warm now: what it was asked before is done)
+            print("interrupted before the run", flush=True)
+        else:
+            print("the run started", flush=True)
+        """)
+    done = subprocess.run(_PY + [script], capture_output=True, text=True, timeout=180)
+    assert "interrupted before the run" in done.stdout, done.stdout + done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_forkserver_replicas_get_each_runs_environment_not_the_servers():
     for n, extra in ((2, "one"), (3, "two")):
         outcome = run("""

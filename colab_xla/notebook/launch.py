@@ -212,13 +212,21 @@ def warm_forkserver() -> Tuple[int, bool]:
 def wait_forkserver() -> None:
     """Return once the forkserver (started by :func:`warm_forkserver`) has imported what
     it preloads: it forks nothing before, so one empty process started through it and
-    reaped is the sign. A run started after this does not wait for the imports, which
-    nothing can cut short (a stop would wait for them: its launcher is blocked reading
-    the forkserver's answer)."""
+    reaped is the sign (once per forkserver: at once after that). A run started after
+    this does not wait for the imports, which its stop could not cut short (its launcher
+    would be blocked reading the forkserver's answer); here, in the caller's thread,
+    an Interrupt ends the wait."""
+    global _warm_forkserver
+    if _warm_forkserver is not None and _warm_forkserver == forkserver_pid():
+        return
     empty = multiprocessing.get_context("forkserver").Process(
         target=os._exit, args=(0,), name="colab_xla-forkserver-warm")
     empty.start()
     empty.join()
+    _warm_forkserver = forkserver_pid()
+
+
+_warm_forkserver: Optional[int] = None  # the forkserver wait_forkserver saw warm
 
 
 def forkserver_pid() -> Optional[int]:

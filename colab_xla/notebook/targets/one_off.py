@@ -32,7 +32,7 @@ from typing import Mapping, Optional, Sequence, Tuple
 from .. import chosen, hardware, interrupts, options, preflight, processes, state, torch_xla_import
 from ...wire.cell import Cell, CellModule
 from ..defaults import Defaults
-from ..launch import Launch, replica_environ, warm_forkserver
+from ..launch import Launch, replica_environ, wait_forkserver, warm_forkserver
 from ..outcome import RunObserver, RunOutcome
 from ..request import DEFAULT_STALL_SECONDS, CellRequest, LaunchAsked
 from ..supervisor import RunRequest, Supervisor
@@ -182,6 +182,8 @@ def say_notes(plan: ReplicaPlan, launch: Launch, problems, announce) -> int:
     for note in filter(None, notes):
         if announce:
             announce(note)
+    if launch.start_method == "forkserver":
+        wait_forkserver()  # (before the run: an Interrupt now starts nothing)
     return parent_pid
 
 
