@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -104,6 +105,16 @@ def test_this_env_holds_its_stacks_pins():
     assert have == pins
     python = re.search(r"^# python: *(\S+)", (REPO / "stacks" / f"{STACK}.txt").read_text(), re.M)
     assert "%d.%d" % sys.version_info[:2] == python.group(1)
+
+
+@pytest.mark.skipif(not Path(tempfile.gettempdir()).name.startswith("colab_xla-tests-"),
+                    reason="run by hand, not by scripts/test (which unsets the variable)")
+def test_the_processes_of_a_test_run_write_their_bytecode():
+    # scripts/env compiles no .pyc at install: the first process that imports a module
+    # writes it. With PYTHONDONTWRITEBYTECODE set (these machines set it), every kernel,
+    # replica and forkserver would compile torch's sources again: nothing else would fail,
+    # the run would only be slower.
+    assert "PYTHONDONTWRITEBYTECODE" not in os.environ and not sys.dont_write_bytecode
 
 
 @pytest.mark.notebook
