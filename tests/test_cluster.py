@@ -370,6 +370,22 @@ def test_every_replica_of_every_host_runs_the_cell_with_its_global_ordinal(local
 @needs_ray
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
+def test_each_hosts_replicas_fork_from_its_warm_forkserver_not_from_its_ray_worker(local):
+    # (a child forked from the agent, a Ray worker with threads, may hang in libc; the
+    # server was warm before the connection was up: see HostAgent)
+    servers = [d["forkserver"] for d in local.described]
+    assert None not in servers and len(set(servers)) == HOSTS
+    for pid in servers:
+        with open(f"/proc/{pid}/maps") as maps:
+            assert "_XLAC" in maps.read()  # torch_xla imported
+    outcome = on_cluster("import os\nos.getppid()", local)
+    assert outcome.ok, text_view.render(outcome)
+    assert outcome.results() == {o: servers[h] for o, h in outcome.hosts.items()}
+
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
 @pytest.mark.skipif(importlib.util.find_spec("rfc3987_syntax") is None,
                     reason="rfc3987_syntax is not installed: nothing to leave out")
 def test_the_local_clusters_replicas_run_without_rfc3987_syntax(local):
