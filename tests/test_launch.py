@@ -188,6 +188,26 @@ def test_an_interrupt_while_the_forkserver_imports_starts_no_replica(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_forkserver_that_dies_while_it_imports_refuses_the_run_saying_what_to_do(tmp_path):
+    (tmp_path / "dies_on_import.py").write_text("import os\nos._exit(3)\n")
+    script = textwrap.dedent(f"""
+        import os
+        os.environ["PYTHONPATH"] = {str(tmp_path)!r}  # (the forkserver's: it imports it)
+        from colab_xla.errors import SetupError
+        from colab_xla.notebook import launch
+        from colab_xla.notebook.targets import run_cell
+        launch.FORKSERVER_PRELOAD = launch.FORKSERVER_PRELOAD[:2] + ("dies_on_import",)
+        try:
+            run_cell("index", replicas=2, announce=None, launch=launch.Launch("forkserver"))
+        except SetupError as exc:
+            print("refused:", exc, flush=True)
+        """)
+    done = subprocess.run(_PY + [script], capture_output=True, text=True, timeout=180)
+    assert "refused: the forkserver ended while it imported torch and torch_xla (EOFError" \
+        in done.stdout, done.stdout + done.stderr
+    assert "nothing started" in done.stdout and "--start-method fork or spawn" in done.stdout
+
+
 def test_forkserver_replicas_get_each_runs_environment_not_the_servers():
     for n, extra in ((2, "one"), (3, "two")):
         outcome = run("""

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple, Union
 
 from .. import runtimes
-from ..errors import OptionError
+from ..errors import OptionError, SetupError
 from ..replica import entry as replica_entry
 
 # What replicas run (the launcher's entry, the notebook's one way into the replica side):
@@ -221,7 +221,14 @@ def wait_forkserver() -> None:
         return
     empty = multiprocessing.get_context("forkserver").Process(
         target=os._exit, args=(0,), name="colab_xla-forkserver-warm")
-    empty.start()
+    try:
+        empty.start()
+    except (EOFError, OSError) as exc:  # it ended before it could fork
+        raise SetupError(
+            f"the forkserver ended while it imported torch and torch_xla ({type(exc).__name__}"
+            f": {exc}); nothing started. Its error is in this process's stderr (a notebook "
+            "kernel's log). Run the cell again to start a new one, or use --start-method "
+            "fork or spawn.") from None
     empty.join()
     _warm_forkserver = forkserver_pid()
 
