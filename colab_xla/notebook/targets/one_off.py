@@ -167,7 +167,8 @@ def planned(cell: Optional[Cell], *, replicas, launch: Launch, env, simulate,
 
 def say_notes(plan: ReplicaPlan, launch: Launch, problems, announce) -> int:
     """Say what a person should know before the replicas start (once per notebook
-    process; leftover processes on every run), warming the forkserver if it is used.
+    process; leftover processes on every run), warming the forkserver if it is used and
+    then waiting for its imports (:func:`colab_xla.notebook.launch.wait_forkserver`).
     Return the replica processes' parent pid: this process's, or the forkserver's."""
     notes = [said_once(plan.note), said_once(_start_note(launch))]
     parent_pid = os.getpid()  # of the replica processes (each checks it)
