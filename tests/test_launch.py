@@ -164,7 +164,8 @@ def test_an_interrupt_while_the_forkserver_imports_starts_no_replica(tmp_path):
     # The first forkserver run waits for the server's imports before anything starts:
     # an Interrupt then ends the cell before the run (KeyboardInterrupt, as while the
     # notebook imports torch_xla), not a run cut while its launcher waits for the
-    # server, and the server, once warm, runs no replica of it.
+    # server. (The cell's files are looked for too, though a replica forked after its
+    # run ended would not find the cell's module either.)
     script = textwrap.dedent(f"""
         import os, signal, threading
         from colab_xla.notebook.targets import run_cell
