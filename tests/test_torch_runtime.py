@@ -135,6 +135,30 @@ def cell(source: str, **kw):
 
 @pytest.mark.xla
 @pytest.mark.timeout(300)
+def test_no_rank_starts_its_cell_before_every_rank_has_made_the_group(monkeypatch, tmp_path):
+    # Rank 0 is made slow just after its side of gloo's connections (the processes fork
+    # from here). A rank that went on before it could end and close its connections while
+    # rank 0 still read them ("Connection closed by peer", a failure seen in this suite).
+    import torch.distributed.distributed_c10d as c10d
+
+    made = tmp_path / "rank0"
+
+    class SlowRankZero(c10d.ProcessGroupGloo):
+        def __init__(self, store, rank, *args, **kwargs):
+            super().__init__(store, rank, *args, **kwargs)
+            if rank == 0:
+                time.sleep(1.0)
+                made.write_text(repr(time.time()))
+
+    monkeypatch.setattr(c10d, "ProcessGroupGloo", SlowRankZero)
+    outcome = cell("import time\ntime.time()", replicas=3)
+    assert outcome.ok, text_view.render(outcome)
+    assert all(started >= float(made.read_text())
+               for started in outcome.results().values()), outcome.results()
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
 def test_each_process_has_torchruns_variables_and_the_group_made():
     outcome = cell("""
         import os, torch.distributed as dist

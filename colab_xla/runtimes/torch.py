@@ -332,10 +332,29 @@ def initialize() -> None:
     store = dist.TCPStore(_membership["MASTER_ADDR"], int(_membership["MASTER_PORT"]), world,
                           is_master=rank == 0, timeout=COLLECTIVE_TIMEOUT)
     _store[:] = [store]
-    with _gloo_banner_hidden():
+    with _gloo_banner_hidden(), _init_barrier():
         _real["init"](backend(), store=dist.PrefixStore(f"colab_xla/{_run_name}", store),
                       rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
     _initialized = dist.is_initialized()
+
+
+@contextlib.contextmanager
+def _init_barrier():
+    """The group is made on every rank before any rank goes on (torch's own store-based
+    barrier after the group, off by default since torch 2.1). Without it, a rank that made
+    its side of gloo's connections first could end its trivial cell and close them while
+    another rank still read its handshake there, which failed with "Gloo connectFullMesh
+    failed ... Connection closed by peer" (seen in this project's tests, and with bare
+    torch processes that exit right after init_process_group)."""
+    saved = os.environ.get("TORCH_DIST_INIT_BARRIER")
+    os.environ["TORCH_DIST_INIT_BARRIER"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TORCH_DIST_INIT_BARRIER", None)
+        else:
+            os.environ["TORCH_DIST_INIT_BARRIER"] = saved
 
 
 @contextlib.contextmanager
