@@ -185,6 +185,22 @@ def test_a_replica_s_end_wakes_the_reader_even_while_it_does_not_ask(channel):
     assert _pipe_kinds(channel.pipe_r) == []
 
 
+def test_a_replica_s_start_never_wakes_the_reader_the_next_frame_that_does_brings_it(channel):
+    """Nobody waits for a replica's start: it does not wake the reader even while the reader
+    asks (a warm session's cell of 8 replicas woke the notebook 16 times, 8 for starts), and
+    the reader's request stays for the frame after it, which brings both."""
+    channel.use()
+    reader = channel.reader()
+    assert _pipe_kinds(channel.pipe_r) == [ring.RING]
+    reader.waiting(True)
+    channel.writer.send(frames.START, 0, b"{}")
+    assert _pipe_kinds(channel.pipe_r) == []  # asked, but a start: no wake-up
+    channel.writer.send(frames.STDOUT, 0, b"a line\n")
+    assert _pipe_kinds(channel.pipe_r) == [ring.WAKE]  # the request was still there
+    got = frames.FrameDecoder().feed(reader.read(), merge=True)
+    assert [(f.kind, f.ordinal) for f in got] == [(frames.START, 0), (frames.STDOUT, 0)]
+
+
 def test_a_ring_without_room_for_its_pages_is_not_made_and_frames_go_to_the_pipe(channel,
                                                                                 monkeypatch):
     """On a full file system the ring's pages are refused at once (ENOSPC), not later as a

@@ -159,9 +159,12 @@ class ChannelWriter:
                     if kind in STREAMS and _ring.RUN_END not in payload:
                         ring.append_run((kind, ordinal), payload, _run_opening, self._wake)
                     else:
-                        # (a replica's end always wakes the reader: RingWriter.append)
+                        # A replica's end always wakes the reader; its start never does:
+                        # nobody waits for it, and it comes with what the replica sends
+                        # next (a warm session's cell of 8 replicas woke the notebook 16
+                        # times, 8 of them for starts). See RingWriter.append.
                         ring.append(_HEADER.pack(kind, ordinal, _PID, len(payload)) + payload,
-                                    self._wake, urgent=kind == END)
+                                    self._wake, urgent=kind == END, lazy=kind == START)
                 else:  # (a long line: a ring's room at most at a time)
                     parts = self._frames(kind, ordinal, payload)
                     step = 2 * max(1, ring.size // (4 * PIPE_BUF))

@@ -79,15 +79,17 @@ class RingWriter:
         self._lock = threading.Lock()
         self.pid = os.getpid()
 
-    def append(self, data: bytes, wake, urgent: bool = False) -> None:
+    def append(self, data: bytes, wake, urgent: bool = False, lazy: bool = False) -> None:
         """Append ``data`` (whole frames, at most ``size`` bytes); call ``wake()`` if the
         reader is waiting for output, or if ``urgent`` (a frame the reader waits for: while
-        output flows it looks only every few milliseconds, without asking for a wake-up).
-        Raises :class:`RingClosed` once the reader is gone."""
+        output flows it looks only every few milliseconds, without asking for a wake-up);
+        never if ``lazy`` (a frame nobody waits for: read with the next one that wakes the
+        reader, or at its next look, within its poll). Raises :class:`RingClosed` once the
+        reader is gone."""
         with self._lock:
             if self._run is not None:
                 data = RUN_END + data
-            self._append(data, wake, None, urgent)
+            self._append(data, wake, None, urgent, lazy)
 
     def append_run(self, key, payload: bytes, opening, wake) -> None:
         """Append ``payload`` (no RUN_END in it) to the run of ``key``: as it is if the
@@ -98,7 +100,8 @@ class RingWriter:
                 payload = (b"" if self._run is None else RUN_END) + opening(key) + payload
             self._append(payload, wake, key)
 
-    def _append(self, data: bytes, wake, run, urgent: bool = False) -> None:
+    def _append(self, data: bytes, wake, run, urgent: bool = False,
+                lazy: bool = False) -> None:
         need = len(data)
         if need > self.size:
             raise ValueError(f"{need} bytes do not fit in a ring of {self.size}")
@@ -121,7 +124,7 @@ class RingWriter:
         self._room -= need
         self._run = run
         self._pos[_WRITE] = written
-        if (m[_WAITING] or urgent) and not m[_CLOSED]:  # (closed: nobody to wake)
+        if (m[_WAITING] or urgent) and not (lazy or m[_CLOSED]):  # (closed: nobody to wake)
             m[_WAITING] = 0
             wake()
 
