@@ -913,6 +913,29 @@ def test_a_replica_whose_cell_pipes_closed_before_its_end_was_written_serves_on(
     assert live.up and session_pids(live) == pids
 
 
+@pytest.mark.xla
+@pytest.mark.timeout(600)
+def test_a_sessions_cell_starts_no_thread_in_the_notebook_a_one_off_run_its_driver(live):
+    """A session's replicas wait for their cell: the notebook's own thread sends it and
+    reads what comes back, with no driver thread (started and joined for every cell, it
+    cost a warm cell ~0.3 ms at 8 replicas); a one-off run's driver thread starts the
+    run's processes and waits for them."""
+    from colab_xla.notebook.outcome import RunObserver
+
+    class Drivers(RunObserver):
+        def __init__(self):
+            self.seen = []
+
+        def finished(self, outcome, ordinal):
+            self.seen.append([t.name for t in threading.enumerate()
+                              if t.name == "colab_xla-driver"])
+
+    on_session, one_off = Drivers(), Drivers()
+    assert cell("index", live, observer=on_session).ok
+    assert run_cell("index", replicas=1, observer=one_off, announce=None).ok
+    assert on_session.seen == [[], []] and one_off.seen == [["colab_xla-driver"]]
+
+
 @pytest.mark.quick
 @pytest.mark.stacks("colab", "kaggle")
 def test_an_interrupt_that_comes_before_its_cell_started_interrupts_it_as_it_starts():

@@ -26,7 +26,7 @@ import secrets
 import select
 import threading
 import time
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from . import draw_pacing, endings, interrupts, shared_lock, state
 from ..errors import SetupError
@@ -60,6 +60,54 @@ class RunRequest:
     hosted: Optional[interrupts.Remote] = None
     # The replicas that run the cell (a session's, by ordinal: --targets); None: all.
     chosen: Optional[Tuple[int, ...]] = None
+
+
+class _Driver:
+    """What drives a run's replicas (:meth:`Replicas.drive`): a thread of its own, or the
+    run's own thread for replicas that are only sent the cell (:attr:`Replicas.threaded`).
+    It is alive until the drive calls :meth:`over`, which wakes the run's read loop
+    (``done_w``); a thread, until it ends too. Once :meth:`close`d, ``over`` writes nothing
+    (``done_w`` is closed with the run's pipes)."""
+
+    def __init__(self, target: Callable[[], None], done_w: int, threaded: bool):
+        self._target, self._done_w = target, done_w
+        self._over = threading.Event()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = (threading.Thread(target=target, name="colab_xla-driver", daemon=True)
+                        if threaded else None)
+
+    def start(self) -> None:
+        if self._thread is not None:
+            self._thread.start()
+        else:
+            self._target()
+
+    def over(self) -> None:
+        """Every replica has ended the run (or it cannot go on): once, whoever calls."""
+        with self._lock:
+            if self._over.is_set() or self._closed:
+                return
+            self._over.set()
+            os.write(self._done_w, b"x")
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            # (its target is the run's method: a cycle that kept the run, its outcome and
+            # the values the replicas sent until a garbage collection)
+            self._target = None
+
+    def is_alive(self) -> bool:
+        if self._thread is not None:
+            return self._thread.is_alive()
+        return not self._over.is_set()
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        else:
+            self._over.wait(timeout)
 
 
 class Supervisor:
@@ -103,6 +151,7 @@ class Supervisor:
         self._stall_said: Optional[float] = None  # when the view was last told
         self._interrupts = interrupts.Interrupts(None)  # held while the run goes on
         self._pipes: Optional[RunPipes] = None  # made by run
+        self._driver: Optional[_Driver] = None  # made by run
 
     # -- the run --------------------------------------------------------------------------
 
@@ -131,8 +180,8 @@ class Supervisor:
             cell=None if forked else self.cell, names=None if forked else opts.names,
             cache_dir=opts.cache_dir, pull=opts.pull, pull_from=opts.pull_from,
             shm_dir=self._shm_dir, ring_dir=pipes.directory, chosen=opts.chosen)
-        driver = threading.Thread(target=self._drive, args=(job, pipes.done_w, pipes.write_fd),
-                                  name="colab_xla-driver", daemon=True)
+        driver = self._driver = _Driver(lambda: self._drive(job, pipes.write_fd), pipes.done_w,
+                                        threaded=self._replicas.threaded)
         # From here on an Interrupt is a flag the read loop checks (see
         # colab_xla.notebook.interrupts): a second one during the clean-up cannot break it
         # either.
@@ -170,6 +219,8 @@ class Supervisor:
                 # Nothing of the run outlives it, whatever happened: after an error above,
                 # the driver may still be starting replica processes.
                 self._replicas.release(driver)
+                driver.close()  # (before the pipes go back: done_w is closed with them)
+                self._driver = None
                 if self._shm_dir is not None:  # tensors already mapped stay valid
                     shared_tensors.remove_dir(self._shm_dir)
                 self._replicas.done_with(pipes)
@@ -180,18 +231,17 @@ class Supervisor:
                 self._driver_error = None
         return self.outcome
 
-    def _drive(self, job: ReplicaJob, done_w: int, write_fd: int) -> None:
+    def _drive(self, job: ReplicaJob, write_fd: int) -> None:
         writer = frames.ChannelWriter(write_fd)
 
         def ended(ordinal: int, code: int) -> None:  # told after its own frames
             writer.send(frames.NOTE, ordinal, json.dumps({"ended": code}).encode())
 
         try:
-            self._replicas.drive(job, ended)
+            self._replicas.drive(job, ended, self._driver.over)
         except BaseException as exc:  # noqa: BLE001 - reported through the outcome
             self._driver_error = exc  # (let go of when the run ends: see run)
-        finally:
-            os.write(done_w, b"x")
+            self._driver.over()
 
     def _read_until_done(self, until: Optional[float] = None) -> None:
         """Read until the driver is done, the run is cut, or (once it was cut, while the

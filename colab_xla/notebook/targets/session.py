@@ -131,7 +131,7 @@ class Session(Target):
         self._last_cell: Optional[CellModule] = None  # (its file is named as its label)
         self.start_seconds: Optional[float] = None  # how long its start took (new_session)
         self.ended: Optional[str] = None  # why the session ended, once it has
-        self._lock = threading.Condition()
+        self._lock = threading.RLock()
         self._commands = CommandPipes(directory)
         self.known = KnownNames()  # the notebook names the replicas have
         # On a cluster's host (started by its agent): where its replicas count globally.
@@ -205,7 +205,7 @@ class Session(Target):
                 if self.ended is None:
                     self.ended = self.death_reason or (
                         _PROCESSES_ENDED if self._stopping else self._how_processes_ended())
-                self._lock.notify_all()
+            self._end_cell()
 
     def _how_processes_ended(self) -> str:
         """Why the session ended when its launcher (xmp.spawn's pool) saw its processes
@@ -266,11 +266,11 @@ class Session(Target):
         with self._lock:
             if self.ended in (None, _PROCESSES_ENDED):
                 self.ended = self.death_reason or reason
-            self._lock.notify_all()
         if self._launcher is not None:
             self.processes.kill_until_ended(self._launcher, KILL_SECONDS)
         else:
             self.processes.kill()
+        self._end_cell()
         self._commands.close()
         if self._outside is not None:
             self._outside.close()
@@ -452,7 +452,6 @@ class Session(Target):
                 self._died[index] = code
                 self._death_notes[index] = killed_while(code, memory)
             cell = self._cell
-            self._lock.notify_all()
         if cell is not None and index not in cell.finished:
             cell.ended(index, code)
 
@@ -494,12 +493,14 @@ class Session(Target):
 
     # -- cells ------------------------------------------------------------------------------
 
-    def dispatch(self, job: ReplicaJob, ended: Callable[[int, int], None]) -> None:
-        """In the supervisor's driver thread: run ``job`` on every replica, and return when
-        every one has sent its end, or the session has ended."""
+    def dispatch(self, job: ReplicaJob, ended: Callable[[int, int], None],
+                 over: Callable[[], None]) -> None:
+        """Send ``job`` to every replica (the chosen ones: ``--targets``), and return.
+        ``over()`` is called once every one has sent its end (by the run's thread, in
+        :meth:`finished`), or once the session has ended (by the thread that ended it)."""
         command = job_command(job, job.run_dir)
         chosen = sorted(self.replicas) if job.chosen is None else list(job.chosen)
-        cell = _CellRun(job.run_id, ended, chosen)
+        cell = _CellRun(job.run_id, ended, chosen, over)
         with self._lock:
             if self.ended is not None:
                 raise self._ended_error()
@@ -509,27 +510,37 @@ class Session(Target):
             # but before the cell was here to be told: told now, as a death in the cell
             # (it would be waited for forever: it never ends the cell).
             dead = dict(self._died)
-        try:
-            for index, code in dead.items():
-                ended(index, code)
-            self._commands.send(command, chosen)
-            with self._lock:
-                while len(cell.finished) < len(chosen) and self.ended is None:
-                    self._lock.wait(0.5)
-                if self.ended is not None:  # the replicas that never ended died with it
-                    codes = self.processes.exit_codes() or [-signal.SIGKILL]  # (killed here)
-                    for index in chosen:
-                        if index not in cell.finished:
-                            ended(index, self._died.get(index, codes[0]))
-        finally:
-            with self._lock:
-                self._cell = None
+        for index, code in dead.items():
+            ended(index, code)
+        self._commands.send(command, chosen)
+        with self._lock:
+            ended_meanwhile = self.ended is not None
+        if ended_meanwhile or not chosen:
+            self._end_cell()
 
     def finished(self, run_id: str, ordinal: int) -> None:
         with self._lock:
-            if self._cell is not None and self._cell.run_id == run_id:
-                self._cell.finished.add(ordinal)
-                self._lock.notify_all()
+            cell = self._cell
+            if cell is None or cell.run_id != run_id:
+                return
+            cell.finished.add(ordinal)
+            if len(cell.finished) < len(cell.chosen):
+                return
+            self._cell = None
+        cell.over()
+
+    def _end_cell(self) -> None:
+        """The cell running now (if one is) is over: the session has ended, and its
+        replicas that had not ended the cell died with it."""
+        with self._lock:
+            cell, self._cell = self._cell, None
+        if cell is None:
+            return
+        codes = self.processes.exit_codes() or [-signal.SIGKILL]  # (killed here)
+        for index in cell.chosen:
+            if index not in cell.finished:
+                cell.ended(index, self._died.get(index, codes[0]))
+        cell.over()
 
     def still_running(self) -> List[int]:
         """The replicas (global ordinals) that have not ended the cell running now."""
@@ -646,6 +657,7 @@ class _CellRun:
     run_id: str
     ended: Callable[[int, int], None]
     chosen: List[int]  # the replicas that run it (--targets), by index
+    over: Callable[[], None]  # (Session.dispatch)
     finished: set = dataclasses.field(default_factory=set)
 
 

@@ -49,12 +49,20 @@ class SessionReplicas(Replicas):
     def done_with(self, pipes: RunPipes) -> None:
         self.session.cell_pipes_back()
 
-    def drive(self, job: ReplicaJob, ended) -> None:
+    threaded = False  # (it sends the cell to replicas that wait for it)
+
+    def drive(self, job: ReplicaJob, ended, over) -> None:
         self.run_id = job.run_id
-        try:
-            self.session.dispatch(job, ended)
-        finally:
+
+        def cell_over() -> None:
             self._returned.set()
+            over()
+
+        try:
+            self.session.dispatch(job, ended, cell_over)
+        except BaseException:
+            self._returned.set()
+            raise
 
     def started(self, pid: int) -> None:
         self.session.processes.track(pid)
