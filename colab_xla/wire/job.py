@@ -138,8 +138,20 @@ def command_job(verb: str, arg: str) -> ReplicaJob:
 
 
 def command_path(session_dir: str, index: int) -> str:
-    """The named pipe of replica ``index``'s commands."""
+    """The named pipe of replica ``index``'s commands between cells (a cell, ``debug``,
+    ``stop``): read by the replica's own thread as it waits for the next cell."""
     return os.path.join(session_dir, f"commands-{index}")
+
+
+def urgent_path(session_dir: str, index: int) -> str:
+    """The named pipe of replica ``index``'s commands that cannot wait for its cell to
+    end (``interrupt``, ``complete``): read by a thread of the replica's own."""
+    return os.path.join(session_dir, f"urgent-{index}")
+
+
+# The commands that go to a replica's urgent pipe (urgent_path); the others to its
+# command pipe (command_path).
+URGENT_VERBS = ("interrupt", "complete")
 
 
 def failure_path(session_dir: str, index: int) -> str:
