@@ -335,7 +335,7 @@ def test_a_short_run_as_large_as_the_retired_one_sends_no_tab_and_no_title(widge
     monkeypatch.setattr(widgets.Widget, "notify_change", notify_change)
     view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
     view.opened(outcome)
-    _start(view, outcome, 2, line=None)
+    _start(view, outcome, 2)  # (a line each: with nothing printed, no widget is drawn)
     for rep in outcome.replicas.values():
         rep.state, rep.elapsed = "done", 0.1
     outcome.elapsed = 0.2
@@ -369,6 +369,43 @@ def test_a_run_is_displayed_at_its_first_draw_or_ended_if_it_ends_before(widget_
             assert first[text].startswith("2 replicas on CPU: 2 done") and not updates
 
 
+def test_a_run_that_ends_before_its_first_draw_having_printed_nothing_is_its_summary_alone(
+        widget_view):
+    """A warm cell such as ``x = 1``: no replica printed, displayed or showed a bar, and it
+    ended before its first draw. Its summary (text and HTML, what a saved notebook and an
+    older run show) says all its widget would: it is displayed alone, with no widget made,
+    made over or retired. A run that printed, or was drawn before it ended, is a widget."""
+    widget_view, handles = widget_view
+    for _ in range(widget_view.LIVE_RUNS):
+        _one_run(widget_view, 2)
+    before, live = set(widget_view._registry()), list(widget_view._live)
+    shown, updates = len(handles), [len(h.shown) for h in handles]
+    view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
+    view.opened(outcome)
+    _start(view, outcome, 2, line=None)
+    for o, rep in outcome.replicas.items():
+        rep.state, rep.elapsed, rep.value_repr = "done", 0.1, repr(o)
+    outcome.elapsed = 0.2
+    view.closed(outcome)
+    assert set(widget_view._registry()) == before and list(widget_view._live) == live
+    assert len(handles) == shown + 1  # one display, and no older run's updated (retired)
+    assert [len(h.shown) for h in handles[:shown]] == updates
+    summary = handles[-1].shown[0]
+    assert set(summary) == {"text/plain", "text/html"}
+    assert summary["text/plain"] == text_view.render(outcome)
+    assert "Out: 1" in summary["text/plain"] and "<code>1</code>" in summary["text/html"]
+    for printed, drawn in ((True, False), (False, True)):
+        view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
+        view.opened(outcome)
+        _start(view, outcome, 1, line="a line" if printed else None)
+        if drawn:
+            view.tick(outcome)
+        outcome.replicas[0].state, outcome.replicas[0].elapsed = "done", 0.1
+        outcome.elapsed = 0.2
+        view.closed(outcome)
+        assert "application/vnd.jupyter.widget-view+json" in handles[-1].shown[-1]
+
+
 def test_a_run_with_more_replicas_than_the_retired_run_makes_only_the_widgets_it_lacks(
         widget_view):
     widget_view, _ = widget_view
@@ -385,6 +422,8 @@ def test_a_replicas_tab_comes_when_it_starts_and_makes_only_its_own_widgets(widg
     before = set(widget_view._registry())
     view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
     view.opened(outcome)
+    assert set(widget_view._registry()) == before  # (its widgets come at its first draw)
+    view.tick(outcome)
     made = set(widget_view._registry()) - before
     for started in ([0, 2], [1]):  # replica 1 starts after 2
         _start(view, outcome, started, line=None)

@@ -5,12 +5,14 @@ Every update is a trait assignment made in the thread that runs the cell, at mos
 per tick: never ``with output:`` from another thread (ipywidgets#2358, #4020), and never
 ``append_stdout`` per line (it re-sends every output each call).
 
-The widget is displayed once it is drawn: at the run's first draw (at once when output
-comes, else a quarter second in: ``TICK_SECONDS``), or at its end for a run that ends
-before. When the run ends, the display is (or is made with) a bundle of the widget, a
-text/plain and a text/html summary, so a saved notebook shows per-replica results without
-widget state. A short cell is thus one display and no update, and a retired run's widgets
-made over for it are drawn before they show: each message is one more the cell waits for.
+The widget is made and displayed once it is drawn: at the run's first draw (at once when
+output comes, else a quarter second in: ``TICK_SECONDS``), or at its end for a run that
+ends before; a run that ends before with nothing printed, displayed or shown as a bar has
+no widget, only its summary (below), which says all a widget would. When the run ends,
+the display is (or is made with) a bundle of the widget, a text/plain and a text/html
+summary, so a saved notebook shows per-replica results without widget state. A short
+cell is thus one display and no update, and a retired run's widgets made over for it are
+drawn before they show: each message is one more the cell waits for.
 The widgets of the last :data:`LIVE_RUNS` runs stay live; an older run's display becomes its
 summary, and its widgets are made over for the next run (one run's, at most) or closed (see
 :func:`_retire_old_views`), so a long session does not pile up widget models, and a cell does
@@ -128,6 +130,8 @@ class WidgetView(RunObserver):
         self._pending: Deque[tuple] = collections.deque(maxlen=PENDING_LINES)  # (origin, line)
         self._skipped = 0  # lines that left _pending undrawn (a flood between two draws)
         self._started = time.monotonic()
+        self._opened = False
+        self._had_output = False  # a replica printed or displayed (output)
         self._handle = None
         self._stall: Optional[str] = None  # where the replicas are, while none prints
         self._output_sent: Dict[int, float] = {}  # replica -> when its output was last sent
@@ -135,21 +139,27 @@ class WidgetView(RunObserver):
     # -- RunObserver ------------------------------------------------------------------------
 
     def opened(self, outcome: RunOutcome) -> None:
+        self._opened = True
+        self._started = time.monotonic()
+        # Its widgets come at the first draw (tick), and are displayed once drawn: a run
+        # that ends before with nothing to show live has none (see closed).
+
+    def _take_widgets(self) -> None:
+        """This run's widgets, at its first draw: a retired run's made over, or new ones;
+        it is one of the live runs from now on (the oldest retires)."""
         _retire_old_views(keep=LIVE_RUNS - 1)
         self._before = set(_registry())
         self._widgets = _spare.popleft().cleared() if _spare else _RunWidgets()
         self.header, self.combined = self._widgets.header, self._widgets.combined
         self.tabs, self.box = self._widgets.tabs, self._widgets.box
         _live.append(self)
-        self._started = time.monotonic()
-        # Displayed at the first draw (tick), once drawn: not yet, as it may still show the
-        # last run that had these widgets.
 
     # A replica's tab is made at the next tick (see _ensure_tabs), with those of the other
     # replicas that started by then: one change of the Tab's children, not one per replica.
 
     def output(self, outcome: RunOutcome, origin, lines: List[str]) -> None:
         # Called by the read loop for every piece of output: only kept for the next draw.
+        self._had_output = True
         self._skipped += max(0, len(self._pending) + len(lines) - PENDING_LINES)
         self._pending.extend(zip(itertools.repeat(origin), lines))
 
@@ -178,6 +188,8 @@ class WidgetView(RunObserver):
         self._pending.clear()
 
     def tick(self, outcome: RunOutcome) -> None:
+        if self._widgets is None:
+            self._take_widgets()
         self._draw_header(outcome)
         self._ensure_tabs(outcome)
         shown = self._shown_replica()
@@ -197,9 +209,18 @@ class WidgetView(RunObserver):
         self._stall = stall.notice(outcome) if stall else None  # (drawn at the next tick)
 
     def closed(self, outcome: RunOutcome) -> None:
-        if self.box is None:
-            return
+        if not self._opened:
+            return  # (never opened, or closed already)
+        self._opened = False
         self._stall = None  # (the run is over: the summary says where stopped ones were)
+        if self._widgets is None and not self._had_output and _no_bars(outcome):
+            # Ended before its first draw, with no replica's output to page through: its
+            # summary is all the widget would show, and is shown alone, as a saved notebook
+            # or an older run shows it (no widgets made or made over, none retired: most
+            # of a warm cell's cost in the widget view).
+            display({"text/plain": text_view.render(outcome),
+                     "text/html": html_view.render(outcome)}, raw=True)
+            return
         self.tick(outcome)
         # Every widget made in this thread since the run opened is this view's, also one
         # an Interrupt cut off halfway through making (registered, never in the tree).
@@ -360,6 +381,10 @@ class WidgetView(RunObserver):
                                  for s in sorted(sources, key=str))
             rows.append(f"[{label}] {text}")
         return rows
+
+
+def _no_bars(outcome: RunOutcome) -> bool:
+    return not any(rep.progress for rep in outcome.replicas.values())
 
 
 def _retire_old_views(keep: int) -> None:
