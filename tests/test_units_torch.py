@@ -4,7 +4,6 @@ shared-memory tensors. Kept apart from test_units.py so a missing torch skips on
 import errno
 import os
 import pickle
-import queue
 
 import pytest
 
@@ -251,28 +250,37 @@ def test_kept_mappings_of_files_the_notebook_removed_are_let_go(run_dir, keeping
 
 
 def test_a_session_replica_waiting_for_its_next_cell_lets_go_each_check_period(monkeypatch):
+    import collections
+    import select
+
     from colab_xla.replica import serve
 
-    waits = []
+    waits, real_select = [], select.select
 
-    class Recorded(queue.Queue):
-        def get(self, block=True, timeout=None):
-            waits.append(timeout)
-            return super().get(block, timeout)
+    def recorded(rlist, wlist, xlist, timeout=None):
+        waits.append(timeout)
+        return real_select(rlist, wlist, xlist, timeout)
 
-    commands = object.__new__(serve._Commands)  # (without its reading thread)
-    commands._queue = Recorded()
+    commands = object.__new__(serve._Commands)  # (without its urgent pipe's thread)
+    read_fd, write_fd = os.pipe()
+    commands._fd, commands._buffered, commands._lines = read_fd, b"", collections.deque()
     checks = []
 
     def let_go_removed():
         checks.append(1)
-        if len(checks) == 3:  # the next cell's job comes after the third check
-            commands._queue.put("job")
+        if len(checks) == 3:  # the next command comes after the third check
+            os.write(write_fd, b"debug answers output\n")
 
+    monkeypatch.setattr(select, "select", recorded)
     monkeypatch.setattr(shared_tensors, "let_go_removed", let_go_removed)
     monkeypatch.setattr(shared_tensors, "KEPT_CHECK_SECONDS", 0.01)
-    assert commands.next() == "job" and len(checks) == 3
-    assert waits == [0.01] * 4  # each wait as long as the check period, and no longer
+    try:
+        assert commands.next() == serve.DebugRequest("answers", "output")
+        assert len(checks) == 3
+        assert waits == [0.01] * 4  # each wait as long as the check period, and no longer
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
 
 
 def test_a_file_removed_before_the_cell_ended_is_not_mapped(run_dir, keeping):
