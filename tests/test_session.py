@@ -958,6 +958,25 @@ def test_a_replica_reads_its_cells_in_its_own_thread_and_interrupts_in_another(t
 
 @pytest.mark.xla
 @pytest.mark.timeout(600)
+def test_a_cell_the_session_could_not_send_fails_and_the_next_one_runs(live, monkeypatch):
+    """Sending the cell failed (here, writing to the replicas' command pipes): the cell ends
+    at once, saying why, with nothing left running on the session, which serves the next."""
+    def broken(command, ordinals):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(live._commands, "send", broken)
+    failed = cell("index", live)
+    shown = text_view.render(failed)
+    assert not failed.ok and failed.replicas == {}, shown  # (no replica ran it, none died)
+    assert shown.startswith("0 replicas on CPU: not started (OSError)"), shown
+    assert "No space left on device" in failed.launch_error.render()
+    assert live.still_running() == [] and live.up
+    monkeypatch.undo()
+    assert cell("index", live).results() == {0: 0, 1: 1}
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(600)
 def test_a_sessions_cell_starts_no_thread_in_the_notebook_a_one_off_run_its_driver(live):
     """A session's replicas wait for their cell: the notebook's own thread sends it and
     reads what comes back, with no driver thread (started and joined for every cell, it

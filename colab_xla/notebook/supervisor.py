@@ -111,9 +111,10 @@ class _Driver:
 
 
 class Supervisor:
-    """One run, from the notebook's side: start the replicas in a driver thread, read what
-    they send until they end (or the run is cut), settle every replica in the outcome, and
-    leave nothing running. Call :meth:`run` once."""
+    """One run, from the notebook's side: start the replicas (in a driver thread; a
+    session's are sent the cell), read what they send until they end (or the run is cut),
+    settle every replica in the outcome, and leave nothing running. Call :meth:`run`
+    once."""
 
     def __init__(self, options: RunRequest, plan: ReplicaPlan, run_dir: str,
                  user_ns: Dict[str, Any], observer: RunObserver, timeout: Optional[float],
@@ -204,9 +205,12 @@ class Supervisor:
                 else:
                     driver.join()
                 self._drain()
-                refused = (isinstance(self._driver_error, SetupError)
-                           and not self.outcome.replicas)
-                if not refused:  # (a refusal before any process: no replica to settle)
+                # A refusal before any process, or a session's cell that could not be sent:
+                # no replica ran it, none to settle (its processes did not die).
+                unsent = (self._driver_error is not None and not self.outcome.replicas
+                          and (isinstance(self._driver_error, SetupError)
+                               or self._replicas.running))
+                if not unsent:
                     self._settle_unreported()
                 if (self._driver_error is not None and not self.outcome.replicas
                         and not self._deadlines.stop):

@@ -510,9 +510,15 @@ class Session(Target):
             # but before the cell was here to be told: told now, as a death in the cell
             # (it would be waited for forever: it never ends the cell).
             dead = dict(self._died)
-        for index, code in dead.items():
-            ended(index, code)
-        self._commands.send(command, chosen)
+        try:
+            for index, code in dead.items():
+                ended(index, code)
+            self._commands.send(command, chosen)
+        except BaseException:  # (the run says why): the cell is not running
+            with self._lock:
+                if self._cell is cell:
+                    self._cell = None
+            raise
         with self._lock:
             ended_meanwhile = self.ended is not None
         if ended_meanwhile or not chosen:
