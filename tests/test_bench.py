@@ -144,6 +144,30 @@ def test_peer_groups_run_and_write_their_section(tmp_path, warm):
     assert [r["replicas"] for r in raw["per_n"]] == [1]
 
 
+def test_versus_measures_two_commits_in_two_kernels_and_writes_its_section(tmp_path, warm):
+    """versus.py against HEAD at N=1, tiny sizes: two kernels, each importing colab_xla
+    from its own tree (the benchmark checks where each imported it from), its section."""
+    base = subprocess.run(["git", "-C", str(BENCH.parent), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    run_script(warm, tmp_path, "versus.py", ["--base", "HEAD", "--replicas", "1",
+                                             "--repeats", "2", "--out", str(tmp_path)])
+    results = (tmp_path / "results.md").read_text()
+    assert "<!-- section:versus -->" in results and f"from `{base}` (" in results
+    raw = json.loads((tmp_path / "results" / "versus.json").read_text())
+    [n1] = raw["results"]
+    assert raw["base"]["commit"] == base and n1["replicas"] == 1
+    assert all(len(n1["samples_ms"][arm][cell]) == 2
+               for arm in ("base", "now") for cell in ("plain", "xla", "xla_widget"))
+
+
+def test_versus_refuses_a_base_that_is_no_commit_before_any_work(tmp_path):
+    done = subprocess.run([sys.executable, str(BENCH / "versus.py"), "--base", "no-such-rev",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "--base no-such-rev: not a commit here" in done.stderr
+    assert not (tmp_path / "results.md").exists()
+
+
 def test_memcpy_reference_is_the_faster_of_two_copies_that_both_copy(monkeypatch):
     """`_results.Memcpy`, the reference of every result-return share: each of its two ways
     copies every tensor (three over two threads: shares of unequal length), it gives the
