@@ -20,7 +20,6 @@ Writes the "versus" section of results.md and results/versus.json.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import subprocess
@@ -37,6 +36,8 @@ if BENCH_DIR not in sys.path:
 from _results import (REPO, bench_parser, machine_info, machine_line, paired,  # noqa: E402
                       publish, replica_counts, rotated, stats)
 from peers import WARM_ROUNDS, SessionGroup  # noqa: E402
+
+from colab_xla.notebook.launch import environ  # noqa: E402
 
 NAME = "versus"
 ARMS = ("base", "now")
@@ -60,22 +61,9 @@ def extract(commit: str, into: str) -> str:
     return into
 
 
-@contextlib.contextmanager
-def pythonpath(path: str):
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = path
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
-
-
 def start(n: int, tree: str) -> SessionGroup:
     """A kernel importing colab_xla from ``tree``, with a warm session of ``n``."""
-    with pythonpath(tree):
+    with environ({"PYTHONPATH": tree}):
         group = SessionGroup(n)
     try:
         where = group.run("import colab_xla, os\nprint(os.path.dirname(colab_xla.__file__))")
