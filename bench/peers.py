@@ -1014,10 +1014,10 @@ def measure_groups_once(n: int, args) -> dict:
                 out["start_s"][name].append(groups[name].restart())
         variants = GROUP_ROWS["warm"]
         warm: Dict[str, List[float]] = {v: [] for v in variants}
-        # Warm-up rounds until the widget view is warm too: the first WARM_ROUNDS widget
-        # cells of a kernel make their run's widgets (a comm message each: 30 at 8
-        # replicas), later ones make a retired run's over (widget.LIVE_RUNS). Those first
-        # cells are kept as a row of their own.
+        # Warm-up rounds, kept as a row of their own: a kernel's first widget cells made
+        # their run's widgets (a comm message each: 30 at 8 replicas) before a cell that
+        # prints nothing and ends before its first draw, as `x = 1`, was shown as its
+        # summary alone (no widget); later ones made a retired run's over.
         first: List[float] = []
         for i in range(WARM_ROUNDS):
             for v in rotated(variants, i):
@@ -1220,11 +1220,12 @@ def render_groups(res: dict, info: dict, seconds: float, args) -> str:
             _st(r["stats"]["start_s"][g], 2) for r in per) + " |")
     L += ["", f"**Warm cell** `x = 1`: ms from `execute_request` to `idle` "
               f"({args.group_repeats} runs per peer after {WARM_ROUNDS} warm-up rounds). "
-              f"The session's first {WARM_ROUNDS} widget-view cells in a kernel make their "
-              "run's widgets (a comm message each: 6, and 3 per replica), and later ones "
-              "make a retired run's widgets over (the widgets of the last "
-              f"{WARM_ROUNDS} runs stay live): those first cells are the last row, and "
-              "not in the goals.", "", head, rule]
+              f"The session's first {WARM_ROUNDS} widget-view cells in a kernel are the last "
+              "row, not in the goals: a widget cell that prints makes its run's widgets "
+              "there (a comm message each: 6, and 3 per replica), and later ones make a "
+              f"retired run's over (the widgets of the last {WARM_ROUNDS} runs stay live); "
+              "`x = 1`, which prints nothing and ends before its first draw, is shown as its "
+              "summary alone and makes none.", "", head, rule]
     for v in GROUP_ROWS["warm"]:
         L.append(f"| {lab[v]} | " + " | ".join(
             _st(r["stats"]["warm_ms"][v], 1) for r in per) + " |")
