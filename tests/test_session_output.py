@@ -176,3 +176,43 @@ def test_a_cell_takes_the_pipes_without_waiting_for_the_reader_thread_to_wake(pi
     finally:
         woken.set()
         channel.close()
+
+
+def test_a_reader_thread_that_saw_the_pipes_readable_before_a_whole_cell_does_not_block(
+        pipes, monkeypatch):
+    """The reader's select saw a pipe readable; before it read, a cell took the pipes, read
+    them and gave them back (a reader thread the OS did not run for a whole warm cell).
+    The pipe is empty now: the reader must not read it (a read of an empty pipe blocks, and
+    held the pipes: the next cell waited for it, and its replicas for the next cell)."""
+    import select
+    import threading
+
+    real, saw, go_on = select.select, threading.Event(), threading.Event()
+
+    def reader_paused_after_select(*args):
+        readable = real(*args)
+        if (threading.current_thread().name == "colab_xla-session-output"
+                and pipes.read_fd in readable[0] and not saw.is_set()):
+            saw.set()
+            go_on.wait(30)
+        return readable
+
+    monkeypatch.setattr(select, "select", reader_paused_after_select)
+    channel = SessionChannel(pipes)
+    try:
+        _write(pipes, "between cells\n", "")
+        assert saw.wait(10)  # the reader saw it, and has not read it
+        channel.lend()  # a whole cell: what the pipes held is read, as the session's
+        pipes.begin(lambda frame: None, lambda *args: None)
+        pipes.end()
+        channel.give_back()
+        go_on.set()
+        lender = threading.Thread(target=channel.lend)  # the next cell
+        lender.start()
+        lender.join(10)
+        assert not lender.is_alive()  # (the reader blocked in a read, holding the pipes)
+        assert channel.printed(0) == ["[replica 0] between cells"]
+        channel.give_back()
+    finally:
+        go_on.set()
+        channel.close()

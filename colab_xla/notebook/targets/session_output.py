@@ -58,6 +58,7 @@ class SessionChannel:
         # busy cores, that round trip cost a warm cell 0.1-0.4 ms).
         self._reading = threading.Lock()
         self._lent = False  # a cell reads the pipes (changed holding _reading)
+        self._lends = 0  # how many times a cell took them
         self._closed = False
         # printed()'s passes over the pipes: asked of the reader, and done by it
         self._reads_asked = self._reads_done = 0
@@ -107,6 +108,7 @@ class SessionChannel:
                 self.pipes.end()
                 os.write(self._control_w, _LEND)  # (the reader: no more select on them)
             self._lent = True
+            self._lends += 1
         return self.pipes
 
     def give_back(self) -> None:
@@ -136,7 +138,7 @@ class SessionChannel:
         pipes = self.pipes
         while True:
             with self._reading:
-                reading = not self._lent
+                reading, lends = not self._lent, self._lends
                 now = time.monotonic()
                 wake = (pipes.look(now, now + _IDLE_SECONDS, poll=_IDLE_SECONDS) if reading
                         else None)
@@ -163,7 +165,9 @@ class SessionChannel:
                             self._changed.notify_all()
                 continue  # (_LEND, _GIVE_BACK: look again at who reads the pipes)
             with self._reading:
-                if self._lent:  # a cell took them meanwhile: what they hold is its
+                # A cell took them since the select (and may have read them and given them
+                # back): what it saw readable may be empty now, and a read would block.
+                if self._lent or self._lends != lends:
                     continue
                 for fd in readable:
                     try:
