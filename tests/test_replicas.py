@@ -500,3 +500,37 @@ def test_an_error_in_a_view_ends_the_run_cleanly(monkeypatch):
         run("import time\ntime.sleep(30)", 8, observer=Broken())
     assert thread_errors == []  # the driver thread saw its pool end; it did not crash
     assert set(psutil.Process().children(recursive=True)) <= before
+
+
+@pytest.mark.parametrize("simulate", ["processes", "threads"])
+def test_a_notebook_whose_print_ray_replaced_forks_replicas_that_print(simulate, monkeypatch):
+    """Ray's driver replaces the notebook's ``print`` with its tqdm_ray.safe_print, which
+    takes a lock of Ray's (seen: after a host's actor died). Held by another thread as the
+    notebook forks, that lock was never free in a replica, whose first print waited for
+    ever; a replica prints with Python's own print."""
+    import builtins
+
+    tqdm_ray = pytest.importorskip("ray.experimental.tqdm_ray")
+    manager = tqdm_ray.instance()  # (what Ray's driver calls; the first time in a process,
+    monkeypatch.setattr(builtins, "print", tqdm_ray.safe_print)  # it also does this)
+    held, let_go = threading.Event(), threading.Event()
+
+    def hold():
+        with manager.lock:
+            held.set()
+            let_go.wait(120)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert held.wait(10)
+    try:
+        outcome = run("""
+            print('printed', index)
+            index
+            """, 2, simulate=simulate, timeout=60)
+    finally:
+        let_go.set()
+        holder.join(10)
+    assert outcome.results() == {0: 0, 1: 1}, outcome
+    assert sorted(t for rep in outcome.replicas.values() for _, t in rep.log.tail) == [
+        "printed 0", "printed 1"]

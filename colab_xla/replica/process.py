@@ -94,6 +94,7 @@ class ReplicaProcess:
     def __init__(self, job: ReplicaJob):
         die_with_parent(job.parent_pid)
         adopt_orphans()
+        _python_print()
         self.active: set = set()
         self.rank = int(os.environ.get("PJRT_LOCAL_PROCESS_RANK", "0"))
         self.host_rank = HostRank.from_environ(os.environ)  # on a cluster of hosts, or None
@@ -203,6 +204,21 @@ class ReplicaProcess:
             if type(old).__module__.startswith("ipykernel"):
                 old.write, old.flush = new.write, new.flush
         replica_display(*streams)
+
+
+def _python_print() -> None:
+    """Python's own ``print`` in the replica, not Ray's.
+
+    Ray's driver replaces ``builtins.print`` in the notebook with its
+    ``tqdm_ray.safe_print`` the first time it prints a message of Ray's (a host's actor that
+    died is one). That print takes a lock of Ray's, which a thread of Ray's may hold as the
+    notebook forks: a forked replica's first ``print`` then waited for ever, and one that
+    got through ran Ray's bar code around every line."""
+    import builtins
+
+    tqdm_ray = sys.modules.get("ray.experimental.tqdm_ray")
+    if tqdm_ray is not None and builtins.print is getattr(tqdm_ray, "safe_print", None):
+        builtins.print = tqdm_ray._print
 
 
 def _report_exits(process: ReplicaProcess) -> None:
