@@ -543,13 +543,13 @@ def test_timeout_and_interrupt_stop_every_host_and_leave_no_replica(local, runti
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_an_interrupt_on_a_cluster_says_where_each_hosts_replicas_were(local):
-    from test_where_stopped import waiting
+    from test_where_stopped import AT_RENDEZVOUS, waiting
 
     stopped = on_cluster(waiting(3, 1000), local, observer=InterruptWhenAllPrinted("ready"))
     assert [r.state for r in stopped.replicas.values()] == [STOPPED] * 4
     said = str(XlaSpawnError(stopped))
-    assert ("  host 0 · replica 0, host 0 · replica 1, host 1 · replica 2 at line 9: "
-            "`xm.rendezvous('ready')` (in rendezvous, torch_xla/core/xla_model.py:") in said, said
+    assert ("  host 0 · replica 0, host 0 · replica 1, host 1 · replica 2 "
+            + AT_RENDEZVOUS) in said, said
     assert "  host 1 · replica 3 at line 5 in slow_load: `time.sleep(1000)`" in said, said
 
 
@@ -831,7 +831,7 @@ def test_torch_processes_of_every_host_are_one_job_with_global_ranks(local):
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_a_stall_on_a_cluster_says_where_every_hosts_replicas_are(local):
-    from test_where_stopped import Notices, waiting
+    from test_where_stopped import RENDEZVOUS_LINE, Notices, waiting
 
     notices = Notices()
     outcome = on_cluster(waiting(3, 6, then="print('after', flush=True)\n"), local,
@@ -840,7 +840,8 @@ def test_a_stall_on_a_cluster_says_where_every_hosts_replicas_are(local):
     said = [n for kind, n in notices.seen if kind == "notice" and n]
     assert any("host 1 · replica 3 at line 5 in slow_load: `time.sleep(6)`" in n
                for n in said), said
-    assert any("host 0 · replica 0" in n and "at line 9: `xm.rendezvous('ready')`" in n
+    rendezvous = f"at line {RENDEZVOUS_LINE}: `xm.rendezvous('ready')`"
+    assert any("host 0 · replica 0" in n and rendezvous in n
                for n in said), said
     assert notices.seen[-1] != ("notice", said[-1])  # it went when output came again
 

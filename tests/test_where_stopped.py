@@ -243,13 +243,31 @@ def test_a_process_registered_again_elsewhere_answers_there_alone(tmp_path):
 
 def waiting(sleeper: int, seconds: int, then: str = "") -> str:
     """A cell whose replica ``sleeper`` sleeps ``seconds`` in a function (line 5) while the
-    others wait for it in a rendezvous (line 9); each prints ``ready`` first."""
+    others wait for it in a rendezvous (line :data:`RENDEZVOUS_LINE`). Each says ``ready``
+    once it is there: a thread of its own prints it when the cell's thread is in
+    ``slow_load`` or in the rendezvous, so that an Interrupt sent once every replica said
+    it finds each at its place, never still on its way (a print of the cell's own thread
+    just before the call raced it: a replica cut as it returned from the print, seen on a
+    loaded machine)."""
     return textwrap.dedent(f"""
-        import time
+        import sys, threading, time
         import torch_xla.core.xla_model as xm
         def slow_load():
             time.sleep({seconds})
-        print('ready', flush=True)
+        def say_ready_once_there(cell_thread, replica):
+            from colab_xla.replica.thread import current
+            current.ordinal = replica  # (a thread the cell starts is no replica's)
+            def calls():
+                frame = sys._current_frames().get(cell_thread)
+                while frame is not None:
+                    yield frame.f_code.co_name
+                    frame = frame.f_back
+            while cell_thread in sys._current_frames() and not (
+                    {{'slow_load', 'rendezvous'}} & set(calls())):
+                time.sleep(0.001)
+            print('ready', flush=True)
+        threading.Thread(target=say_ready_once_there, daemon=True,
+                         args=(threading.get_ident(), index)).start()
         if index == {sleeper}:
             slow_load()
         xm.rendezvous('ready')
@@ -257,7 +275,8 @@ def waiting(sleeper: int, seconds: int, then: str = "") -> str:
 
 
 HUNG = waiting(2, 1000)
-AT_RENDEZVOUS = ("at line 9: `xm.rendezvous('ready')` "
+RENDEZVOUS_LINE = 2 + HUNG.splitlines().index("xm.rendezvous('ready')")  # (line 1: the magic's)
+AT_RENDEZVOUS = (f"at line {RENDEZVOUS_LINE}: `xm.rendezvous('ready')` "
                  "(in rendezvous, torch_xla/core/xla_model.py:")
 IN_SLOW_LOAD = "replica 2 at line 5 in slow_load: `time.sleep(1000)`"
 
@@ -393,8 +412,7 @@ def test_a_stall_says_where_each_replica_is_stops_nothing_and_goes_when_output_r
     assert outcome.ok  # nothing was stopped
     said = [n for kind, n in notices.seen if kind == "notice"]
     assert said and re.match(r"No output for \d+ s; where each replica is now:\n", said[0]), said
-    assert ("replica 0 at line 9: `xm.rendezvous('ready')` (in rendezvous, "
-            "torch_xla/core/xla_model.py:") in said[0]
+    assert f"replica 0 {AT_RENDEZVOUS}" in said[0]
     assert "replica 1 at line 5 in slow_load: `time.sleep(6)`" in said[0]
     assert len([n for n in said if n]) >= 2  # refreshed while it lasted
     # It went when output came again: the first line after it clears it.
@@ -447,7 +465,7 @@ def test_the_text_view_in_a_kernel_prints_the_stall_notice_and_a_cut_runs_places
         reply = k.run("%%xla_spawn -n 2 --no-widget --stall 1\n" + STALLS, timeout=200)
         assert reply.status == "ok", reply.text
         assert re.search(r"\[colab_xla\] No output for \d+ s; where each replica is now:\n"
-                         r"\[colab_xla\] replica 0 at line 9: `xm.rendezvous\('ready'\)`",
+                         r"\[colab_xla\] replica 0 " + re.escape(AT_RENDEZVOUS),
                          reply.stdout), reply.stdout
         cut = k.run("%%xla_spawn -n 4 --no-widget --timeout 10\n" + HUNG, timeout=200)
         assert cut.status == "error" and "replica 2 at line 5 in slow_load" in cut.text, cut.text
