@@ -919,7 +919,8 @@ def test_a_replica_reads_its_cells_in_its_own_thread_and_interrupts_in_another(t
     which the replica's own thread reads as it waits for the next cell (no reader thread
     handing each cell over: that cost a warm cell ~0.1-0.2 ms a replica); interrupts and
     completions on the urgent pipe, which a thread of the replica reads even while a cell
-    runs (here none reads the command pipe, as in a replica busy in its cell)."""
+    runs (here none reads the command pipe, as in a replica busy in its cell). A line it
+    does not know is passed over: only ``stop`` or the notebook gone ends the replica."""
     import queue
 
     from colab_xla.notebook.targets.session_commands import CommandPipes
@@ -947,6 +948,7 @@ def test_a_replica_reads_its_cells_in_its_own_thread_and_interrupts_in_another(t
         assert interrupts.got.get(timeout=10) == (
             "cell-1 in colab_xla-session-commands")
         assert commands.next() == job  # in this thread, the replica's
+        pipes.send("a-verb-of-later-versions 1 2", [0])  # passed over, as an unknown line
         pipes.send("debug answers output", [0])
         pipes.send("stop", [0])
         assert commands.next() == DebugRequest("answers", "output")

@@ -331,8 +331,23 @@ class _Commands:
                          name="colab_xla-session-commands", daemon=True).start()
 
     def next(self) -> Union[ReplicaJob, DebugRequest, None]:
-        """The next cell's job (or a debugger to run); None when the session ends. While
-        it waits, the pages of results the notebook has removed are let go of."""
+        """The next cell's job (or a debugger to run); None when the session ends (``stop``,
+        or the notebook gone). A line of a verb this replica does not know is passed over,
+        as the urgent pipe's are. While it waits, the pages of results the notebook has
+        removed are let go of."""
+        while True:
+            line = self._next_line()
+            if line is None:  # the notebook is gone
+                return None
+            verb, _, arg = line.decode().partition(" ")
+            if verb in ("job", "run"):
+                return command_job(verb, arg)
+            if verb == "debug":
+                return DebugRequest(*arg.split(" ", 1))
+            if verb == "stop":
+                return None
+
+    def _next_line(self) -> Optional[bytes]:
         while not self._lines:
             if not select.select([self._fd], [], [], shared_tensors.KEPT_CHECK_SECONDS)[0]:
                 shared_tensors.let_go_removed()
@@ -341,16 +356,11 @@ class _Commands:
                 data = os.read(self._fd, 4096)
             except OSError:
                 data = b""
-            if not data:  # the notebook is gone
+            if not data:
                 return None
             *lines, self._buffered = (self._buffered + data).split(b"\n")
             self._lines.extend(lines)
-        verb, _, arg = self._lines.popleft().decode().partition(" ")
-        if verb in ("job", "run"):
-            return command_job(verb, arg)
-        if verb == "debug":
-            return DebugRequest(*arg.split(" ", 1))
-        return None  # stop
+        return self._lines.popleft()
 
     def _read_urgent(self, fd: int) -> None:
         buffered = b""
