@@ -972,6 +972,10 @@ def test_a_cell_the_session_could_not_send_fails_and_the_next_one_runs(live, mon
     assert not failed.ok and failed.replicas == {}, shown  # (no replica ran it, none died)
     assert shown.startswith("0 replicas on CPU: not started (OSError)"), shown
     assert "No space left on device" in failed.launch_error.render()
+    said = str(XlaSpawnError(failed))
+    assert said.startswith("the cell could not be sent to the session's replicas (OSError: "
+                           "[Errno 28] No space left on device): none ran it, and the session "
+                           "is still up; run the cell again"), said
     assert live.still_running() == [] and live.up
     monkeypatch.undo()
     assert cell("index", live).results() == {0: 0, 1: 1}

@@ -132,10 +132,14 @@ def native_crash(logs) -> Optional[Tuple[Optional[str], Optional[str]]]:
     return (signal_name, message) if signal_name or message else None
 
 
-def launch_error(exc: BaseException) -> ReplicaError:
-    """xmp.spawn failed before any replica started: its exception, as data."""
+def launch_error(exc: BaseException, *, session: bool = False) -> ReplicaError:
+    """The run never started, its exception as data: kind ``"launch"``, the launcher
+    failed before any replica said a word (xmp.spawn, the runtime's set-up of the run's
+    processes); with ``session``, kind ``"unsent"``, the cell could not be sent to a
+    session's replicas, which are still up and waiting for the next cell."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return ReplicaError("launch", type(exc).__name__, str(exc) or repr(exc), text)
+    return ReplicaError("unsent" if session else "launch", type(exc).__name__,
+                        str(exc) or repr(exc), text)
 
 
 def whereabouts(rep) -> str:

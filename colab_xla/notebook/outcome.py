@@ -71,8 +71,9 @@ class RunOutcome:
     # threads the cell started), by process label such as "process 0".
     processes: Dict[str, OutputLog] = dataclasses.field(default_factory=dict)
     log_dir: Optional[str] = None  # where the full logs are
-    # Why no replica started at all (xmp.spawn itself failed: a device this machine does
-    # not have, a broken torch_xla), as kind "launch"; None when replicas started.
+    # Why no replica started at all: xmp.spawn itself failed (a device this machine does
+    # not have, a broken torch_xla), as kind "launch"; or a session's cell could not be
+    # sent to its replicas, as kind "unsent". None when replicas started.
     launch_error: Optional[ReplicaError] = None
     # Run on a session (colab_xla.notebook.targets.session) that ended during the cell: why;
     # else None.
@@ -261,8 +262,12 @@ class XlaSpawnError(Exception):
             return ", ".join(sorted({out.replicas[o].error.ename for o in ordinals}))
 
         parts = []
-        if out.launch_error is not None:
-            error = out.launch_error
+        error = out.launch_error
+        if error is not None and error.kind == "unsent":
+            parts.append(f"the cell could not be sent to the session's replicas ({error.ename}: "
+                         f"{error.evalue}): none ran it, and the session is still up; run "
+                         "the cell again (%xla_session restart if this comes again)")
+        elif error is not None:
             parts.append(f"the replicas could not be started ({error.ename}: {error.evalue}): "
                          "xmp.spawn failed before any replica ran; the traceback below says "
                          "where (a PJRT_DEVICE this torch_xla cannot start, a broken install)")

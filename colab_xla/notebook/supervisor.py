@@ -216,7 +216,8 @@ class Supervisor:
                         and not self._deadlines.stop):
                     # The launcher failed before any replica said a word (xmp.spawn, or
                     # the runtime's set-up of the run's processes): the run never started.
-                    self.outcome.launch_error = endings.launch_error(self._driver_error)
+                    self.outcome.launch_error = endings.launch_error(
+                        self._driver_error, session=self._replicas.running)
                 # Replicas arrive in any order; the outcome a person reads is by ordinal.
                 self.outcome.replicas = dict(sorted(self.outcome.replicas.items()))
             finally:

@@ -21,6 +21,7 @@ class ReplicaError:
     name could not be sent back or loaded), ``"names"`` (the notebook names sent to a
     replica that does not fork could not be loaded there), ``"died"`` (the replica's process
     ended without a report), ``"launch"`` (no replica started: see ``RunOutcome.launch_error``),
+    ``"unsent"`` (a session's cell could not be sent to its replicas, which are still up),
     ``"interrupted"``, ``"timeout"`` or ``"stopped"`` (the run was cut while it ran: by
     Interrupt, ``--timeout``, or because another replica failed or did not start), or
     ``"unstarted"`` (the replica had not started the cell within its bound: a session's
