@@ -217,8 +217,11 @@ def _python_print() -> None:
     import builtins
 
     tqdm_ray = sys.modules.get("ray.experimental.tqdm_ray")
-    if tqdm_ray is not None and builtins.print is getattr(tqdm_ray, "safe_print", None):
-        builtins.print = tqdm_ray._print
+    if tqdm_ray is None or builtins.print is not getattr(tqdm_ray, "safe_print", None):
+        return
+    replaced = getattr(tqdm_ray, "_print", None)  # (what it replaced: private to Ray)
+    if callable(replaced):
+        builtins.print = replaced
 
 
 def _report_exits(process: ReplicaProcess) -> None:

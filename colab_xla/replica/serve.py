@@ -348,6 +348,7 @@ class _Commands:
                 return None
 
     def _next_line(self) -> Optional[bytes]:
+        """The command pipe's next line; None once the notebook is gone (its end closed)."""
         while not self._lines:
             if not select.select([self._fd], [], [], shared_tensors.KEPT_CHECK_SECONDS)[0]:
                 shared_tensors.let_go_removed()
