@@ -173,7 +173,8 @@ def descriptors(k: Kernel) -> Counter:
 
 
 def fds(k: Kernel) -> int:
-    return sum(descriptors(k).values())
+    """How many descriptors the kernel has (see descriptors)."""
+    return descriptors(k).total()
 
 
 def settled_descriptors(k: Kernel, before: Counter, seconds: float = 10.0) -> Counter:
@@ -184,7 +185,7 @@ def settled_descriptors(k: Kernel, before: Counter, seconds: float = 10.0) -> Co
     deadline = time.monotonic() + seconds
     while True:
         now = descriptors(k)
-        if sum(now.values()) <= sum(before.values()) + FD_SLACK or time.monotonic() > deadline:
+        if now.total() <= before.total() + FD_SLACK or time.monotonic() > deadline:
             return now
 
 
@@ -231,12 +232,11 @@ def run_stream(tmp_path: Path, target: str) -> None:
             assert k.run("%xla_cluster stop", timeout=120).status == "ok"
         after = settled_descriptors(k, before)
         left = ours_left(k)
-        fd_counts = (sum(before.values()), sum(after.values()))
-        print(stream.report(), "; fds {} -> {}".format(*fd_counts),
-              f"(came: {dict(after - before)}, went: {dict(before - after)}); left: {left}")
+        came_went = f"came: {dict(after - before)}, went: {dict(before - after)}"
+        print(stream.report(), f"; fds {before.total()} -> {after.total()} ({came_went});",
+              f"left: {left}")
     assert left == {"processes": [], "shm": [], "work": []}, left
-    # (what came and went, by kind, if the count grew)
-    assert fd_counts[1] <= fd_counts[0] + FD_SLACK, (fd_counts, after - before, before - after)
+    assert after.total() <= before.total() + FD_SLACK, came_went
     assert max(seconds for _, seconds in stream.answers) < ANSWER_SECONDS
 
 

@@ -511,8 +511,9 @@ def test_a_notebook_whose_print_ray_replaced_forks_replicas_that_print(simulate,
     import builtins
 
     tqdm_ray = pytest.importorskip("ray.experimental.tqdm_ray")
-    manager = tqdm_ray.instance()  # (what Ray's driver calls; the first time in a process,
-    monkeypatch.setattr(builtins, "print", tqdm_ray.safe_print)  # it also does this)
+    # What Ray's driver does: its manager, and (the first time in a process) its print.
+    manager = tqdm_ray.instance()
+    monkeypatch.setattr(builtins, "print", tqdm_ray.safe_print)
     held, let_go = threading.Event(), threading.Event()
 
     def hold():

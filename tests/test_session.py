@@ -187,6 +187,7 @@ def test_a_session_replica_writes_freed_pages_again_through_its_own_mapping_then
     deadline = time.monotonic() + 60
     while len(_kept_maps(session_pids(live))) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
+    assert len(_kept_maps(session_pids(live))) == 2
     del first  # free: the pages go to the pool, where the replicas claim them again
     second = cell("""
         before = written()
@@ -1007,7 +1008,8 @@ def test_a_sessions_cell_starts_no_thread_in_the_notebook_a_one_off_run_its_driv
 
     monkeypatch.setattr(threading.Thread, "start", counted)
     assert cell("index", live).ok
-    on_session, started[:] = list(started), []
+    on_session = list(started)
+    started.clear()
     assert run_cell("index", replicas=1, announce=None).ok
     monkeypatch.undo()
     assert "colab_xla-driver" not in on_session, on_session
