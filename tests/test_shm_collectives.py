@@ -75,6 +75,11 @@ def _work(rank, group, root, work, out, stderr):
             tensors = [_input(rank, int(torch.Size(s).numel()), dtype, seed + i).view(s)
                        for i, s in enumerate(shapes)]
             out.append([t.clone() for t in group.all_reduce(op, tensors)])
+        elif kind == "reduce_scaled":  # a list of mixed dtypes, as optimizer_step's
+            shapes_and_dtypes, scale, seed = args
+            tensors = [_input(rank, int(torch.Size(s).numel()), dtype, seed + i).view(s)
+                       for i, (s, dtype) in enumerate(shapes_and_dtypes)]
+            out.append([t.clone() for t in group.all_reduce("sum", tensors, scale=scale)])
         elif kind == "reduce_and_write":  # a result written in place, then the next
             first = group.all_reduce("sum", [_input(rank, args, torch.float32, 0)])[0]
             first += rank  # (after every replica has its result: the next call's barriers)
@@ -165,7 +170,9 @@ def test_every_reduction_of_every_dtype_matches_one_process_on_every_replica(wor
               ("and", torch.int32), ("or", torch.uint8)]
     # sizes: several chunks with a part of one (float32: 1024 a chunk), less than one
     # element a replica, a scalar, nothing; and a list of mixed shapes and dtypes
-    sizes = [[(2600,)], [(5,)], [()], [(0,)], [(3, 7), (1000,), ()]]
+    # and a list whose tensors cross chunks, one of them empty
+    sizes = [[(2600,)], [(5,)], [()], [(0,)], [(3, 7), (1000,), ()],
+             [(700,), (0,), (900,), (5, 300)]]
     work = [("reduce", (op, shapes, dtype, seed))
             for seed, ((op, dtype), shapes) in enumerate(
                 (case, shapes) for case in cases for shapes in sizes)]
@@ -186,6 +193,31 @@ def test_every_reduction_of_every_dtype_matches_one_process_on_every_replica(wor
                 # one reduction, copied: every replica has the same bits
                 assert torch.equal(got, results[0][i][t])
     assert summed or world == 1  # (the one-pass sum was taken)
+
+
+@pytest.mark.parametrize("world", [3])
+def test_a_scaled_sum_is_the_sum_times_the_scale_and_leaves_integers_unscaled(world, root,
+                                                                           tmp_path):
+    f32, i64, f64 = torch.float32, torch.int64, torch.float64
+    calls = [  # floats of a chunk or more in all (through a result file), parts crossing
+        # chunks, an empty one, integers between them; then small (copied out of a slot)
+        ([((1500,), f32), ((1200,), i64), ((0,), f32), ((2, 800), f32)], 0.25),
+        ([((5,), f64), ((3,), i64), ((), f64)], 0.5)]
+    work = [("reduce_scaled", (parts, scale, 10 * i)) for i, (parts, scale) in enumerate(calls)]
+    results = _run(world, work, root, tmp_path)
+    for i, (parts, scale) in enumerate(calls):
+        for t, (shape, dtype) in enumerate(parts):
+            numel = int(torch.Size(shape).numel())
+            fold = _expected("sum", [_input(r, numel, dtype, 10 * i + t) for r in range(world)])
+            want = (fold * scale if dtype.is_floating_point else fold).view(shape)
+            for rank in range(world):
+                got = results[rank][i][t]
+                assert got.dtype == dtype and got.shape == torch.Size(shape)
+                if i == 0 and dtype.is_floating_point:  # (torch.sum's association)
+                    assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+                else:
+                    assert torch.equal(got, want), (i, t, rank)
+                assert torch.equal(got, results[0][i][t])  # the same bits everywhere
 
 
 @pytest.mark.parametrize("world", [2, 5])
@@ -325,7 +357,8 @@ def test_a_group_without_room_for_a_slot_goes_through_gloo_and_says_why(root, tm
 def test_a_group_of_some_replicas_goes_through_gloo(root, tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(gloo_collectives.GlooGroup, "all_reduce",
-                        lambda self, op, tensors, members=None: calls.append(members) or
+                        lambda self, op, tensors, members=None, scale=1.0:
+                        calls.append(members) or
                         [t.clone() for t in tensors])
     group = shm_collectives.ShmGroup(None, 0, 4, root=root)
     group.all_reduce("sum", [torch.ones(3)], members=[0, 1])

@@ -173,6 +173,12 @@ def test_every_collective_between_replica_processes_gives_what_a_tpu_gives():
     xm.all_reduce(xm.REDUCE_OR, flags)                       # a list: in place
     out["or"] = flags[0].cpu().tolist()
     out["pairs"] = xm.all_reduce(xm.REDUCE_SUM, x, groups=[[0, 1], [2, 3]]).cpu().tolist()
+    out["pairs_scaled"] = xm.all_reduce(xm.REDUCE_SUM, x, scale=0.5,
+                                        groups=[[0, 1], [2, 3]]).cpu().tolist()
+    grads = [torch.full((3,), float(index), device=device),
+             torch.tensor([index], device=device)]
+    xm.all_reduce(xm.REDUCE_SUM, grads, scale=0.25)          # as optimizer_step: in place
+    out["grads"] = [g.cpu().tolist() for g in grads]
     out["gather"] = xm.all_gather(x.view(1, 1), dim=1).cpu().tolist()
     rs = xm.reduce_scatter(xm.REDUCE_SUM, torch.arange(8.0, device=device), 1.0 / n, 0, n)
     out["reduce_scatter"] = rs.cpu().tolist()
@@ -200,6 +206,8 @@ def test_every_collective_between_replica_processes_gives_what_a_tpu_gives():
         assert out["max"] == [4.0] and out["mul_scaled"] == [12.0]
         assert out["or"] == [True]
         assert out["pairs"] == ([3.0] if o < 2 else [7.0])
+        assert out["pairs_scaled"] == ([1.5] if o < 2 else [3.5])  # (through gloo)
+        assert out["grads"] == [[1.5] * 3, [6]]  # (0 + 1 + 2 + 3) / 4; integers unscaled
         assert out["gather"] == [[1.0, 2.0, 3.0, 4.0]]
         assert out["reduce_scatter"] == [2.0 * o, 2.0 * o + 1]  # 4 x arange(8) / 4, its shard
         assert out["all_to_all"] == [o + 0.0, o + 10.0, o + 20.0, o + 30.0]

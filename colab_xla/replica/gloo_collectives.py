@@ -90,7 +90,10 @@ class GlooGroup:
 
     # -- the operations, on CPU tensors ------------------------------------------------------
 
-    def all_reduce(self, reduce_type: str, tensors: List, members=None) -> List:
+    def all_reduce(self, reduce_type: str, tensors: List, members=None,
+                   scale: float = 1.0) -> List:
+        """``tensors`` (CPU) reduced over ``members``, then, floating point ones, times
+        ``scale`` (as XLA applies it), in new tensors."""
         import torch
         import torch.distributed as dist
 
@@ -102,6 +105,8 @@ class GlooGroup:
             bool_ = tensor.dtype == torch.bool
             work = tensor.to(torch.uint8) if bool_ else tensor.contiguous().clone()
             pg.allreduce([work], options).wait()
+            if scale != 1.0 and work.is_floating_point():
+                work.mul_(scale)
             results.append(work.to(torch.bool) if bool_ else work)
         return results
 
@@ -301,8 +306,8 @@ class _Collectives:
         single = isinstance(inputs, torch.Tensor)
         tensors = [inputs] if single else list(inputs)
         with self._on_cpu():
-            results = [_scaled(r, scale) for r in self._group.all_reduce(
-                reduce_type, self._cpu(tensors), self._group.members(groups))]
+            results = self._group.all_reduce(reduce_type, self._cpu(tensors),
+                                             self._group.members(groups), scale)
             if single:
                 return self._back(results[0], inputs)
             for tensor, result in zip(tensors, results):
@@ -331,9 +336,9 @@ class _Collectives:
         members = self._group.members(groups)
         position = self._group.position(members)
         with self._on_cpu():
-            reduced = self._group.all_reduce(reduce_type, self._cpu(inputs), members)
-            shards = [self._back(_scaled(r, scale).chunk(shard_count, dim=scatter_dim)[position],
-                                 i) for r, i in zip(reduced, inputs)]
+            reduced = self._group.all_reduce(reduce_type, self._cpu(inputs), members, scale)
+            shards = [self._back(r.chunk(shard_count, dim=scatter_dim)[position], i)
+                      for r, i in zip(reduced, inputs)]
             return _into(output, shards, single)
 
     def all_to_all(self, value, split_dimension, concat_dimension, split_count, groups=None,
@@ -370,11 +375,6 @@ def _dlpack_dtypes() -> frozenset:
 
     return frozenset((torch.float32, torch.float64, torch.float16, torch.bfloat16,
                       torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8))
-
-
-def _scaled(result, scale: float):
-    """A reduction's result times ``scale``, as XLA applies it (to floating point)."""
-    return result * scale if scale != 1.0 and result.is_floating_point() else result
 
 
 def _into(output, results: List, single: bool):

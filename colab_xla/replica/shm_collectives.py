@@ -27,6 +27,12 @@ one of 1 KiB ~26 ms. Processes of one machine can read each other's memory inste
   ~6.5 ms to allocate, and every replica a fault per page of its piece: reused, the call
   went from ~60 to ~42 ms), and XLA writing into its buffer writes into a page of its own.
   A smaller one, or one with no free file, is reduced into replica 0's slot and copied out.
+  A call's tensors of one dtype (a model's gradients, as ``xm.optimizer_step`` reduces
+  them) are one run of elements, each copied into the slots from where it lies, not
+  concatenated first; and a scale (``1 / N`` there) multiplies each piece as it is reduced,
+  not the results in a pass of their own. Each was a copy of every byte in new memory: the
+  16 MiB of 16 gradients at 8 replicas took ~13 ms of CPU a replica, ~6 without them
+  (~65 against ~30 ms a call).
 * ``all_gather``: each copies its chunk in; a barrier; each copies every slot out.
 * A barrier is a byte written to a FIFO and read from another (replica 0 counts the
   arrivals, then releases everyone): a replica waiting sleeps in ``read`` (a busy wait
@@ -53,8 +59,10 @@ removes the directory with the group, and the next run removes one whose replica
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
+import itertools
 import mmap
 import os
 import shutil
@@ -106,10 +114,11 @@ class ShmGroup(GlooGroup):
             self._no_room = self._shared is None
         return self._shared
 
-    def all_reduce(self, reduce_type: str, tensors: List, members=None) -> List:
+    def all_reduce(self, reduce_type: str, tensors: List, members=None,
+                   scale: float = 1.0) -> List:
         shared = self._whole(members)
         if shared is None:
-            return super().all_reduce(reduce_type, tensors, members)
+            return super().all_reduce(reduce_type, tensors, members, scale)
         import torch
 
         reduce = _reducer(reduce_type)
@@ -120,9 +129,10 @@ class ShmGroup(GlooGroup):
         for dtype, indices in by_dtype.items():
             parts = [tensors[i].to(torch.uint8) if dtype == torch.bool else tensors[i]
                      for i in indices]
-            flat = (parts[0].reshape(-1) if len(parts) == 1
-                    else torch.cat([p.reshape(-1) for p in parts]))
-            reduced = shared.all_reduce(flat.contiguous(), reduce)
+            # (the tensors of a dtype are reduced as one run of elements, read from each
+            # where it lies: not concatenated first, a copy of every byte)
+            reduced = shared.all_reduce(_Input([p.contiguous().view(-1) for p in parts]),
+                                        reduce, scale if dtype.is_floating_point else 1.0)
             offset = 0
             for i, part in zip(indices, parts):
                 result = reduced[offset:offset + part.numel()].view(part.shape)
@@ -236,13 +246,14 @@ class _Shared:
             while not os.read(self._release[self.rank], 1):
                 pass
 
-    def _chunks(self, tensor):
-        """``(start, stop, half)`` of each chunk of flat ``tensor``, its half taken in turn."""
-        per_chunk = max(1, self.chunk_bytes // tensor.element_size())
-        for start in range(0, tensor.numel(), per_chunk):
+    def _chunks(self, numel: int, itemsize: int):
+        """``(start, stop, half)`` of each chunk of ``numel`` elements of ``itemsize``
+        bytes, its half taken in turn."""
+        per_chunk = max(1, self.chunk_bytes // itemsize)
+        for start in range(0, numel, per_chunk):
             half = self._turn
             self._turn ^= 1
-            yield start, min(start + per_chunk, tensor.numel()), half
+            yield start, min(start + per_chunk, numel), half
 
     def _slot(self, rank: int, half: int, dtype, count: int):
         return self._halves[rank, half].view(dtype)[:count]
@@ -251,28 +262,29 @@ class _Shared:
         """Elements ``[lo, hi)`` of every slot's ``half``, as one (world, hi - lo) tensor."""
         return self._halves[:, half].view(dtype)[:, lo:hi]
 
-    def all_reduce(self, flat, reduce: Callable) -> "object":
-        """``flat`` (1-D, contiguous) reduced over the group, in a new tensor: a
-        copy-on-write mapping of the call's result file for a chunk or more (see the
-        module's docstring), else a copy."""
-        nbytes = flat.numel() * flat.element_size()
+    def all_reduce(self, flat: "_Input", reduce: Callable, scale: float = 1.0) -> "object":
+        """``flat``'s elements reduced over the group (then times ``scale``, unless it is
+        1), in a new 1-D tensor: a copy-on-write mapping of the call's result file for a
+        chunk or more (see the module's docstring), else a copy."""
+        nbytes = flat.numel * flat.itemsize
         large = nbytes >= self.chunk_bytes
         if large and self.rank == 0:  # (before the first barrier: every replica reads it)
             self.pool.choose(nbytes)
         result = _Result(self.pool if large else None)
         try:
-            self._reduce_into(flat, reduce, result)
+            self._reduce_into(flat, reduce, scale, result)
             return result.tensor(flat)
         finally:
             result.close()
 
-    def _reduce_into(self, flat, reduce: Callable, result: "_Result") -> None:
+    def _reduce_into(self, flat: "_Input", reduce: Callable, scale: float,
+                     result: "_Result") -> None:
         import torch
 
         summed = reduce is _sum and flat.dtype in _summed_in_order()
-        for start, stop, half in self._chunks(flat):
+        for start, stop, half in self._chunks(flat.numel, flat.itemsize):
             count = stop - start
-            self._slot(self.rank, half, flat.dtype, count).copy_(flat[start:stop])
+            flat.copy_into(self._slot(self.rank, half, flat.dtype, count), start, stop)
             self.barrier()
             if start == 0:  # (replica 0 chose the result file before)
                 result.open(flat)
@@ -280,21 +292,25 @@ class _Shared:
             if hi > lo:  # (one reduction of each piece: every replica gets the same bits)
                 pieces = self._pieces(half, flat.dtype, lo, hi)
                 if result.shared is None:
+                    total = pieces[0]
                     for other in pieces[1:]:
-                        reduce(pieces[0], other)
+                        reduce(total, other)
                 elif summed:
                     # one pass over every slot, 0 to world - 1 (not a copy, then a pass
                     # per slot: ~30% of the reduction's time)
-                    torch.sum(pieces, dim=0, out=result.piece(start + lo, start + hi))
+                    total = result.piece(start + lo, start + hi)
+                    torch.sum(pieces, dim=0, out=total)
                 else:
                     total = result.piece(start + lo, start + hi)
                     total.copy_(pieces[0])
                     for other in pieces[1:]:
                         reduce(total, other)
+                if scale != 1.0:  # (while the piece is in the cache: not a pass of its own)
+                    total.mul_(scale)
             if result.shared is None:  # every piece reduced into slot 0 first
                 self.barrier()
                 result.copied[start:stop].copy_(self._slot(0, half, flat.dtype, count))
-            elif stop == flat.numel():
+            elif stop == flat.numel:
                 # The last barrier: the result is whole, and every replica has opened its
                 # file (at the first chunk), so a new one's name goes before any returns.
                 # (None before: a half is written again two chunks on, after the next
@@ -308,7 +324,7 @@ class _Shared:
         flat = tensor.reshape(-1)
         outs = [torch.empty_like(tensor) for _ in range(self.world)]
         flats = [o.view(-1) for o in outs]
-        for start, stop, half in self._chunks(flat):
+        for start, stop, half in self._chunks(flat.numel(), flat.element_size()):
             count = stop - start
             self._slot(self.rank, half, flat.dtype, count).copy_(flat[start:stop])
             self.barrier()
@@ -345,6 +361,36 @@ def _size(nbytes: int) -> str:
     return f"{nbytes / 2**20:.0f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.0f} KiB"
 
 
+class _Input:
+    """The call's tensors of one dtype (1-D, contiguous), as one run of elements, without
+    concatenating them."""
+
+    def __init__(self, parts: List):
+        self.parts = parts
+        self.starts = list(itertools.accumulate([p.numel() for p in parts], initial=0))
+        self.numel = self.starts[-1]
+        self.dtype = parts[0].dtype
+        self.itemsize = parts[0].element_size()
+
+    def copy_into(self, out, start: int, stop: int) -> None:
+        """Elements ``[start, stop)`` of the run into ``out`` (1-D, ``stop - start``)."""
+        i = bisect.bisect_right(self.starts, start) - 1
+        written = 0
+        while start < stop:
+            end = min(stop, self.starts[i + 1])
+            if end > start:
+                at = start - self.starts[i]
+                out[written:written + end - start].copy_(self.parts[i][at:at + end - start])
+                written += end - start
+                start = end
+            i += 1
+
+    def empty(self):
+        import torch
+
+        return torch.empty(self.numel, dtype=self.dtype)
+
+
 class _Result:
     """Where one replica's all_reduce puts its result: the result file the call uses (of
     the group's pool), mapped shared while the replicas reduce into it, then copy-on-write
@@ -357,30 +403,30 @@ class _Result:
         self.copied = None  # the tensor of a result copied out
         self._file: Optional[_File] = None
 
-    def open(self, flat) -> None:
+    def open(self, flat: _Input) -> None:
         """Take the call's result file if it has one; else make a tensor for a copy."""
         import torch
 
         self._file = self.pool.take() if self.pool is not None else None
         if self._file is None:
-            self.copied = torch.empty_like(flat)
+            self.copied = flat.empty()
             return
         self.shared = torch.frombuffer(self._file.shared, dtype=flat.dtype,
-                                       count=flat.numel())
+                                       count=flat.numel)
 
     def piece(self, lo: int, hi: int):
         return self.shared[lo:hi]
 
-    def tensor(self, flat):
+    def tensor(self, flat: _Input):
         """The result: the copy, or the result file mapped copy-on-write (XLA writing
         into its buffer writes into pages of its own); the file is this replica's until
         that mapping is gone."""
         import torch
 
         if self._file is None:
-            return self.copied if self.copied is not None else torch.empty_like(flat)
+            return self.copied if self.copied is not None else flat.empty()
         self.shared = None
-        mine = self.pool.own(self._file, flat.numel() * flat.element_size())
+        mine = self.pool.own(self._file, flat.numel * flat.itemsize)
         self._file = None
         return torch.frombuffer(mine, dtype=flat.dtype)  # (it keeps the mapping alive)
 
