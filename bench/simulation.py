@@ -12,10 +12,11 @@ In one process, for each replica count N and each model, interleaved (the order 
   replicas runs one, without a collective): the floor of the simulation;
 * all_reduce of 1 KiB and of 16 MiB: median time of one ``xm.all_reduce`` made to happen
   (synced and waited for: its result on the device), in the replica (before issue 35 its
-  result was also copied to the CPU, torch_xla's own transfer: ~45 ms for 16 MiB); and the
-  memory-bandwidth floor of the 16 MiB one: N copies of 16 MiB in this process
-  (``_results.Memcpy``, the faster of torch's ``copy_`` and a tensor per thread): every
-  all-reduce reads N inputs and writes N results.
+  result was also copied to the CPU, torch_xla's own transfer: ~45 ms for 16 MiB); the
+  same for a model's gradients as ``xm.optimizer_step`` reduces them: a list of 16 tensors
+  of 1 MiB, scaled by 1/N; and the memory-bandwidth floor of the 16 MiB ones: N copies of
+  16 MiB in this process (``_results.Memcpy``, the faster of torch's ``copy_`` and a
+  tensor per thread): every all-reduce reads N inputs and writes N results.
 
 Reported: medians in ms, and ratios. Writes the "simulation" section of results.md and
 results/simulation.json.
@@ -85,6 +86,23 @@ assert r.cpu()[0].item() == xr.world_size()  # it really reduced
 sorted(times[1:])[len(times[1:]) // 2] * 1e3
 '''
 
+# A model's gradients, as xm.optimizer_step reduces them (xm.reduce_gradients): one call
+# for a list of tensors, summed and scaled by 1 / N, each gradient updated in place.
+GRADIENTS_CELL = '''
+import time, torch, torch_xla, torch_xla.core.xla_model as xm, torch_xla.runtime as xr
+xlac = torch_xla._XLAC
+grads = [torch.ones(1 << 18, device=device) for _ in range(16)]  # 16 x 1 MiB
+times = []
+for _ in range(REPEATS):
+    t0 = time.perf_counter()
+    xm.all_reduce(xm.REDUCE_SUM, grads, scale=1.0 / xr.world_size())
+    torch_xla.sync()
+    xlac._xla_wait_device_ops(devices=xlac._xla_real_devices([str(device)]))
+    times.append(time.perf_counter() - t0)
+assert grads[-1].cpu()[0].item() == 1.0  # every call sums N ones and scales by 1 / N
+sorted(times[1:])[len(times[1:]) // 2] * 1e3
+'''
+
 
 class FirstOutput(RunObserver):
     def __init__(self):
@@ -117,8 +135,8 @@ def _step_cell(steps: int, replay: int) -> str:
 def measure(n: int, repeats: int, steps: int) -> dict:
     samples: Dict[str, Dict[str, List[float]]] = {
         m: {"launch": [], "first_output": [], "step": [], "all_reduce_1k": [],
-            "all_reduce_16m": []} for m in MODELS}
-    floor: Dict[str, List[float]] = {"step": [], "all_reduce_16m": []}
+            "all_reduce_16m": [], "all_reduce_grads": []} for m in MODELS}
+    floor: Dict[str, List[float]] = {"step": [], "all_reduce_16m": [], "all_reduce_grads": []}
     for i in range(repeats):
         for model in (LAUNCH_MODELS if i % 2 == 0 else LAUNCH_MODELS[::-1]):
             s = samples[model]
@@ -143,9 +161,11 @@ def measure(n: int, repeats: int, steps: int) -> dict:
             for key, elements in (("all_reduce_1k", 256), ("all_reduce_16m", 4 << 20)):
                 slow(model, key, COLLECTIVE_CELL.replace("ELEMENTS", str(elements))
                      .replace("REPEATS", "6"))
+            slow(model, "all_reduce_grads", GRADIENTS_CELL.replace("REPEATS", "6"))
         floor["step"].append(_run(_step_cell(steps, n), 1, "processes").results()[0])
-        floor["all_reduce_16m"].append(statistics.median(
-            memcpy.seconds() for _ in range(5)) * 1e3)
+        copies = statistics.median(memcpy.seconds() for _ in range(5)) * 1e3
+        floor["all_reduce_16m"].append(copies)
+        floor["all_reduce_grads"].append(copies)  # (the same bytes)
     medians = {m: {k: statistics.median(v) for k, v in s.items() if v}
                for m, s in samples.items()}
     floors = {k: statistics.median(v) for k, v in floor.items()}
@@ -158,7 +178,8 @@ SLOW_REPEATS = 2
 
 ROWS = (("launch", "launch, trivial cell"), ("first_output", "first output drawn"),
         ("step", "MNIST-shaped step with xm.optimizer_step"),
-        ("all_reduce_1k", "xm.all_reduce, 1 KiB"), ("all_reduce_16m", "xm.all_reduce, 16 MiB"))
+        ("all_reduce_1k", "xm.all_reduce, 1 KiB"), ("all_reduce_16m", "xm.all_reduce, 16 MiB"),
+        ("all_reduce_grads", "xm.all_reduce, 16 gradients of 1 MiB, scaled 1/N"))
 
 
 def _ms(value, failed: bool = False) -> str:
@@ -187,7 +208,10 @@ def render(results: List[dict], info: dict, seconds: float, repeats: int) -> str
         "and first output over the repeats, the rest measured inside the replicas (replica "
         f"0), {SLOW_REPEATS} runs each. *Floor*: the MNIST steps' work done by one process "
         "(N steps where each replica runs one, no collective); for all_reduce, N copies of "
-        "16 MiB in one process (every all-reduce reads N inputs and writes N results).",
+        "16 MiB in one process (every all-reduce reads N inputs and writes N results). The "
+        "gradients' row: one `xm.all_reduce(REDUCE_SUM, grads, scale=1/N)` of a list of 16 "
+        "tensors of 1 MiB, updated in place, as `xm.optimizer_step` reduces a model's "
+        "gradients.",
         "",
         "| replicas | measure | processes (shared memory) | processes (gloo) | threads "
         "| floor | shared memory / gloo | shared memory / floor | processes / threads |",
