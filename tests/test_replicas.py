@@ -232,6 +232,33 @@ def test_c_level_writes_are_captured_for_the_process_not_lost():
     assert [outcome.replicas[o].text for o in range(2)] == ["python 0", "python 1"]
 
 
+THREADS_PRINT = """
+    import threading
+    def grandchild():
+        print("grandchild of", index)
+    def child():
+        print("child of", index)
+        t = threading.Thread(target=grandchild)
+        t.start()
+        t.join()
+    t = threading.Thread(target=child)
+    t.start()
+    t.join()
+    print("python", index)
+    """
+
+
+@pytest.mark.parametrize("simulate", ["threads", "processes"])
+def test_a_thread_a_cell_starts_prints_as_its_replica_even_beside_others_in_a_process(
+        simulate):
+    outcome = run(THREADS_PRINT, 2, simulate=simulate)
+    assert outcome.ok
+    assert not any(p.tail_text() for p in outcome.processes.values())  # none as "process 0"
+    for o in range(2):
+        assert outcome.replicas[o].text.splitlines() == [
+            f"child of {o}", f"grandchild of {o}", f"python {o}"]
+
+
 def test_c_level_writes_of_replica_processes_go_each_to_its_replica():
     outcome = run(C_WRITES, 2)
     assert outcome.ok and outcome.processes == {}

@@ -254,9 +254,7 @@ def waiting(sleeper: int, seconds: int, then: str = "") -> str:
         import torch_xla.core.xla_model as xm
         def slow_load():
             time.sleep({seconds})
-        from colab_xla.replica.thread import current
-        def say_ready_once_there(cell_thread, replica):
-            current.ordinal = replica  # (a thread the cell starts is no replica's)
+        def say_ready_once_there(cell_thread):  # (it prints as the cell's replica)
             def calls():
                 frame = sys._current_frames().get(cell_thread)
                 while frame is not None:
@@ -267,7 +265,7 @@ def waiting(sleeper: int, seconds: int, then: str = "") -> str:
                 time.sleep(0.001)
             print('ready', flush=True)
         threading.Thread(target=say_ready_once_there, daemon=True,
-                         args=(threading.get_ident(), current.ordinal)).start()
+                         args=(threading.get_ident(),)).start()
         if index == {sleeper}:
             slow_load()
         xm.rendezvous('ready')

@@ -68,7 +68,7 @@ class RunOutcome:
     elapsed: Optional[float] = None
     interrupted: bool = False
     # Output no single replica owns (C-level writes of a process running several replicas,
-    # threads the cell started), by process label such as "process 0".
+    # its threads no replica started), by process label such as "process 0".
     processes: Dict[str, OutputLog] = dataclasses.field(default_factory=dict)
     log_dir: Optional[str] = None  # where the full logs are
     # Why no replica started at all: xmp.spawn itself failed (a device this machine does

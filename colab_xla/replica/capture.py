@@ -25,7 +25,7 @@ from typing import Any, Optional, Protocol, Tuple
 
 from ..wire import displays
 from ..wire.frames import DISPLAY, MAX_PAYLOAD
-from .thread import current
+from .thread import replica
 
 
 class _Process(Protocol):
@@ -80,7 +80,7 @@ class ReplicaStream(io.TextIOBase):
             self._send(pending)
 
     def _send(self, text: str) -> None:
-        ordinal = current.ordinal
+        ordinal = replica()
         if ordinal is None:
             ordinal = self._process.default_ordinal()
         self._process.writer.send(self._kind, ordinal, text.encode("utf-8", "replace"))
@@ -251,7 +251,7 @@ def replica_display(stdout: ReplicaStream, stderr: ReplicaStream) -> None:
             bundle = displays.kept(data)
             process = stdout._process
             if any(m != "text/plain" for m in bundle) and process.run_dir:
-                ordinal = current.ordinal
+                ordinal = replica()
                 # What it printed before comes first: the streams' frames go ahead.
                 stdout.flush()
                 stderr.flush()
@@ -265,7 +265,7 @@ def replica_display(stdout: ReplicaStream, stderr: ReplicaStream) -> None:
             shown = not displays.says_nothing(text)
             if shown:
                 stdout.write(text.rstrip("\n") + "\n")
-            ordinal = getattr(current, "ordinal", None)
+            ordinal = replica()
             who = f"replica {ordinal}" if ordinal is not None else "a thread of a replica"
             for mime in data:
                 drawn_only = mime.startswith(("image/", "application/vnd.jupyter"))

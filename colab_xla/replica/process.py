@@ -36,7 +36,7 @@ from . import progress
 from .capture import (ReplicaStream, capture_fds, flush_all, no_stdin, replica_display,
                       streams_per_thread)
 from . import runtime_clients
-from .thread import current
+from . import thread
 
 if TYPE_CHECKING:
     from ..wire.job import ReplicaJob
@@ -107,6 +107,7 @@ class ReplicaProcess:
         self.user_ns: Dict[str, Any] = {}
         self.received: Dict[str, Any] = {}  # what the run being served received
         self.open_run(job)
+        thread.inherit()  # (output of a thread a cell starts is its replica's)
         self._capture_streams()
         no_stdin()
         progress.install(self)  # tqdm bars drawn by the notebook
@@ -235,7 +236,7 @@ def _report_exits(process: ReplicaProcess) -> None:
     real_exit = os._exit
 
     def reported_exit(code):
-        ordinal = getattr(current, "ordinal", None)
+        ordinal = thread.replica()
         if ordinal is not None:
             with contextlib.suppress(Exception):
                 flush_all()

@@ -20,7 +20,7 @@ import sys
 import types
 
 from ..wire.frames import NOTE
-from .thread import current
+from .thread import replica
 
 
 def install(process) -> None:
@@ -44,7 +44,7 @@ def install(process) -> None:
     real_close = bar_class.close
 
     def send(bar, **final) -> None:
-        ordinal = current.ordinal
+        ordinal = replica()
         if ordinal is None:
             ordinal = process.default_ordinal()
         fmt = bar.format_dict

@@ -12,7 +12,8 @@ During a run, a replica process writes its frames to its output ring instead
 ring and wakes the reader.
 
 A frame is ``kind, ordinal, pid, length`` then ``length`` payload bytes. ``ordinal`` is
--1 for output that cannot be tied to one replica (a thread the cell started, say).
+-1 for output that cannot be tied to one replica (a thread of a process running several
+replicas that no replica started, say; a thread a replica started is that replica's).
 
 Example::
 
