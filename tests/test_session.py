@@ -181,11 +181,12 @@ def test_a_session_replica_writes_freed_pages_again_through_its_own_mapping_then
     mapped = {o: {files[p] for p, rep in first.replicas.items() if rep.pid == mine.pid}
               for o, mine in first.replicas.items()}
     # Each process maps the files it wrote once each replica's cell is over, off the
-    # cell's time: wait for it (replicas that are threads of one process each map what
-    # the process wrote so far; one may still be at it as the next cell starts, and a file
+    # cell's time, having let go of those the notebook removed (the last test's, dropped
+    # above): wait for it (replicas that are threads of one process each map what the
+    # process wrote so far; one may still be at it as the next cell starts, and a file
     # claimed then is written by pwrite).
     deadline = time.monotonic() + 60
-    while len(_kept_maps(session_pids(live))) < 2 and time.monotonic() < deadline:
+    while len(_kept_maps(session_pids(live))) != 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(_kept_maps(session_pids(live))) == 2
     del first  # free: the pages go to the pool, where the replicas claim them again

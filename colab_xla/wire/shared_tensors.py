@@ -255,9 +255,11 @@ def _copy_into_kept(fd: int, address: int, nbytes: int) -> bool:
 
 
 def map_written() -> None:
-    """The replica side, once its cell has ended: map the files it wrote in the cell and
-    populate their page tables (off the cell's time), and let go of the kept mappings of
-    files the notebook removed."""
+    """The replica side, once its cell has ended: let go of the kept mappings of files the
+    notebook removed (first: the process never maps more than the files it may claim),
+    then map the files it wrote in the cell and populate their page tables (off the cell's
+    time)."""
+    let_go_removed()
     with _kept_lock:
         fds, _to_map[:] = list(_to_map), []
     for fd in fds:
@@ -286,7 +288,6 @@ def map_written() -> None:
             continue
         with _kept_lock:
             _kept[st.st_ino] = kept
-    let_go_removed()
 
 
 def let_go_removed() -> None:
