@@ -107,7 +107,7 @@ class ReplicaProcess:
         self.user_ns: Dict[str, Any] = {}
         self.received: Dict[str, Any] = {}  # what the run being served received
         self.open_run(job)
-        thread.inherit()  # (output of a thread a cell starts is its replica's)
+        thread.claim_started_threads()  # (output of a thread a cell starts: its replica's)
         self._capture_streams()
         no_stdin()
         progress.install(self)  # tqdm bars drawn by the notebook

@@ -4,7 +4,8 @@ On CPU (and TPU v2/v3) several replicas are threads of one process: whatever rou
 replica (output lines, notes, the in-memory rendezvous of CPU replicas) asks here.
 ``current.ordinal`` is the replica's ordinal in its own thread, None elsewhere. A thread
 started from a replica's thread (or from a thread such a thread started) belongs to that
-replica: :func:`replica` says which, in a process where :func:`inherit` has run.
+replica: :func:`replica` says which, in a process where :func:`claim_started_threads`
+has run.
 """
 
 import functools
@@ -25,14 +26,15 @@ current = _Current()
 
 def replica() -> Optional[int]:
     """The replica the calling thread runs, or whose thread started it; None for a thread
-    no replica started (the process's own, or one started before :func:`inherit`)."""
+    no replica started (the process's own, or one started before
+    :func:`claim_started_threads`)."""
     ordinal = current.ordinal
     if ordinal is None:
         ordinal = getattr(threading.current_thread(), _STARTER, None)
     return ordinal
 
 
-def inherit() -> None:
+def claim_started_threads() -> None:
     """From now on, a thread started in this process belongs to the replica of the
     thread that starts it (``threading.Thread.start`` notes it; once per process)."""
     start = threading.Thread.start
