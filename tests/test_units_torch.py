@@ -249,6 +249,27 @@ def test_kept_mappings_of_files_the_notebook_removed_are_let_go(run_dir, keeping
     assert _kept_bytes() == 0 and shared_tensors._kept == {}
 
 
+def test_a_cell_end_lets_go_of_removed_files_before_it_maps_what_the_cell_wrote(
+        run_dir, keeping, monkeypatch):
+    rebuild, args = shared_tensors.reduce_tensor(torch.ones(1 << 20), run_dir)
+    shared_tensors.map_written()
+    back = rebuild(*args)
+    del back
+    assert shared_tensors.drop_free_pages(os.path.dirname(run_dir)) == 4 << 20  # removed
+    shared_tensors.reduce_tensor(torch.ones(1 << 20), run_dir)  # the next cell's: a new file
+    kept_when_mapping = []
+    real_mmap = shared_tensors.mmap.mmap
+
+    def mapping(*a, **k):
+        kept_when_mapping.append(_kept_bytes())
+        return real_mmap(*a, **k)
+
+    monkeypatch.setattr(shared_tensors.mmap, "mmap", mapping)
+    shared_tensors.map_written()
+    assert kept_when_mapping == [0]  # the removed file's mapping went first
+    assert _kept_bytes() == 4 << 20
+
+
 def test_a_session_replica_waiting_for_its_next_cell_lets_go_each_check_period(monkeypatch):
     import collections
     import select
