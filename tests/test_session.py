@@ -163,6 +163,11 @@ def _kept_maps(pids):
     return lines
 
 
+def _kept_inodes(pids):
+    """The inodes of the files :func:`_kept_maps` lists, sorted."""
+    return sorted(int(line.split()[4]) for line in _kept_maps(pids))
+
+
 @pytest.mark.xla
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm here")
@@ -182,13 +187,16 @@ def test_a_session_replica_writes_freed_pages_again_through_its_own_mapping_then
               for o, mine in first.replicas.items()}
     # Each process maps the files it wrote once each replica's cell is over, off the
     # cell's time, having let go of those the notebook removed (the last test's, dropped
-    # above): wait for it (replicas that are threads of one process each map what the
-    # process wrote so far; one may still be at it as the next cell starts, and a file
-    # claimed then is written by pwrite).
+    # above, are still mapped as the cell returns): wait until the processes map this
+    # cell's files and no others (replicas that are threads of one process each map what
+    # the process wrote so far; one may still be at it as the next cell starts, and a file
+    # claimed then is written by pwrite). A count of two was not enough: two old files
+    # still mapped made it (CI), as did one old and one new.
+    want = sorted(files.values())
     deadline = time.monotonic() + 60
-    while len(_kept_maps(session_pids(live))) != 2 and time.monotonic() < deadline:
+    while _kept_inodes(session_pids(live)) != want and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert len(_kept_maps(session_pids(live))) == 2
+    assert _kept_inodes(session_pids(live)) == want
     del first  # free: the pages go to the pool, where the replicas claim them again
     second = cell("""
         before = written()
