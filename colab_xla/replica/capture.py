@@ -34,7 +34,7 @@ class _Process(Protocol):
 
     writer: Any  # its colab_xla.wire.frames.ChannelWriter
 
-    def default_ordinal(self) -> int: ...
+    def ordinal(self) -> int: ...
 
 
 class ReplicaStream(io.TextIOBase):
@@ -80,10 +80,8 @@ class ReplicaStream(io.TextIOBase):
             self._send(pending)
 
     def _send(self, text: str) -> None:
-        ordinal = replica()
-        if ordinal is None:
-            ordinal = self._process.default_ordinal()
-        self._process.writer.send(self._kind, ordinal, text.encode("utf-8", "replace"))
+        self._process.writer.send(self._kind, self._process.ordinal(),
+                                  text.encode("utf-8", "replace"))
 
     def isatty(self) -> bool:
         return False
@@ -251,13 +249,11 @@ def replica_display(stdout: ReplicaStream, stderr: ReplicaStream) -> None:
             bundle = displays.kept(data)
             process = stdout._process
             if any(m != "text/plain" for m in bundle) and process.run_dir:
-                ordinal = replica()
                 # What it printed before comes first: the streams' frames go ahead.
                 stdout.flush()
                 stderr.flush()
                 name = displays.save(process.run_dir, bundle)
-                process.writer.send(DISPLAY, process.default_ordinal() if ordinal is None
-                                    else ordinal, name.encode())
+                process.writer.send(DISPLAY, process.ordinal(), name.encode())
                 data = {m: v for m, v in data.items() if m not in bundle}
                 if not data:
                     return

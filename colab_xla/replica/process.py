@@ -186,8 +186,13 @@ class ReplicaProcess:
             self.active.discard(ordinal)
             return was_in and not self.active
 
-    def default_ordinal(self) -> int:
-        """Where output of a thread that is not a replica goes: its process's replica."""
+    def ordinal(self) -> int:
+        """Whose the calling thread's output is: its replica's (or that of the replica
+        whose thread started it: :func:`.thread.replica`); else, for a thread no replica
+        started, the process's one replica running, or -1 (the process's own)."""
+        ordinal = thread.replica()
+        if ordinal is not None:
+            return ordinal
         active = self.active
         return next(iter(active)) if len(active) == 1 else -1
 

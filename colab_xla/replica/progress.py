@@ -20,7 +20,6 @@ import sys
 import types
 
 from ..wire.frames import NOTE
-from .thread import replica
 
 
 def install(process) -> None:
@@ -44,9 +43,7 @@ def install(process) -> None:
     real_close = bar_class.close
 
     def send(bar, **final) -> None:
-        ordinal = replica()
-        if ordinal is None:
-            ordinal = process.default_ordinal()
+        ordinal = process.ordinal()
         fmt = bar.format_dict
         state = {"bar": f"{os.getpid()}-{id(bar)}", "n": fmt.get("n"), "total": fmt.get("total"),
                  "desc": fmt.get("prefix") or "", "text": bar.format_meter(**fmt), **final}
