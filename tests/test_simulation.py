@@ -263,7 +263,7 @@ def test_collectives_take_every_dtype_layout_and_size_xla_gives_them():
 
 
 def test_a_large_all_reduce_comes_back_through_a_result_file_right_and_each_replicas_own():
-    """A result of a chunk (4 MiB) or more is a copy-on-write mapping of one file every
+    """A result of a chunk (1 MiB) or more is a copy-on-write mapping of one file every
     replica reduced into (tests/test_shm_collectives.py: written in place, it stays the
     others' as it was): the result and its list form (parts of one tensor, not all aligned
     as XLA needs) come back right, and a replica's in-place change is its own."""
