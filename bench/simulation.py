@@ -11,8 +11,8 @@ In one process, for each replica count N and each model, interleaved (the order 
   and the same total work in one process (one replica running N steps where each of N
   replicas runs one, without a collective): the floor of the simulation;
 * all_reduce of 1 KiB and of 16 MiB: median time of one ``xm.all_reduce`` made to happen
-  (synced and waited for: its result on the device), in the replica, over 7 calls after 3
-  that make what a loop then reuses (:data:`WARM_CALLS`) (before issue 35 its
+  (synced and waited for: its result on the device), in the replica, over the calls after
+  the first :data:`WARM_CALLS`, which make what a loop then reuses (before issue 35 its
   result was also copied to the CPU, torch_xla's own transfer: ~45 ms for 16 MiB); the
   same for a model's gradients as ``xm.optimizer_step`` reduces them: a list of 16 tensors
   of 1 MiB, scaled by 1/N; and the memory-bandwidth floor of the 16 MiB ones: N copies of
