@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
@@ -158,6 +159,47 @@ def test_versus_measures_two_commits_in_two_kernels_and_writes_its_section(tmp_p
     assert raw["base"]["commit"] == base and n1["replicas"] == 1
     assert all(len(n1["samples_ms"][arm][cell]) == 2
                for arm in ("base", "now") for cell in ("plain", "xla", "xla_widget"))
+    # The CPU each cell took in now's kernel and in its session's replica (1 process): every
+    # cell some in the kernel; a cell of the magic some in the replica, which ran it.
+    cpu = n1["cpu_ms"]
+    assert n1["session_processes"] == 1
+    assert all(len(cpu[cell][part]) == 2 for cell in cpu for part in ("kernel", "session"))
+    assert all(ms > 0 for cell in cpu for ms in cpu[cell]["kernel"]), cpu
+    assert all(ms > 0 for cell in ("xla", "xla_widget") for ms in cpu[cell]["session"]), cpu
+    assert "| least wall over plain on " in results
+
+
+def test_versus_counts_the_cpu_of_every_thread_of_a_process_and_a_gone_one_as_none(
+        monkeypatch):
+    """versus.py's CPU figures: a child that spins 0.2 s in a second thread (its main one
+    waits) is counted 0.2 s more; one that has ended, nothing, without an error."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import versus
+
+    spin = ("import threading, time, sys\ndone = threading.Event()\n"
+            "def spin():\n    end = time.thread_time() + 0.2\n"
+            "    while time.thread_time() < end: pass\n"
+            "    done.wait()\n"  # (alive: an ended thread's CPU leaves the count)
+            "sys.stdin.readline()\nt = threading.Thread(target=spin); t.start()\n"
+            "sys.stdin.readline()\ndone.set(); t.join()\n")
+    child = subprocess.Popen([sys.executable, "-c", spin], stdin=subprocess.PIPE, text=True)
+    try:
+        proc = psutil.Process(child.pid)
+        before = versus._cpu_ms([proc])
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        deadline = time.monotonic() + 30
+        while versus._cpu_ms([proc]) - before < 200 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        spun = versus._cpu_ms([proc]) - before
+        assert 200 <= spun < 1000, spun
+        child.stdin.write("end\n")
+        child.stdin.flush()
+        child.wait(timeout=30)
+        assert versus._cpu_ms([proc]) == 0
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_versus_refuses_a_base_that_is_no_commit_before_any_work(tmp_path):
