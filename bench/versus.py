@@ -15,8 +15,9 @@ same round, in the same kernel).
 And the CPU each cell kind takes, now's kernel: the kernel's process and the session's
 processes (its replicas), each read before and after every timed cell (the threads'
 schedstat, in ns), the mean over the cells. What a view's cell takes over the
-plain cell, spread over the machine's cores, is the least wall time the magic can add at
-that N on this machine, however its work overlaps.
+plain cell, spread over the machine's cores, is about the least wall time the magic can
+add at that N on this machine, however well its work overlaps: that work all falls within
+the magic's call, between the kernel's own steps for the cell.
 
 Not in ``bench/run``: it measures a change, named by the commit it is measured against.
 Writes the "versus" section of results.md and results/versus.json.
@@ -90,7 +91,7 @@ def start(n: int, tree: str) -> SessionGroup:
 def _cpu_ms(procs: List[psutil.Process]) -> float:
     """CPU the processes' threads have run, in ms, to the nanosecond: the sum of each
     thread's ``/proc/PID/task/TID/schedstat`` (the clock-tick counts of ``cpu_times`` were
-    too coarse for a cell of a few ms: a mean over 60 cells still moved by ~0.3 ms a
+    too coarse for a cell of a few ms: a mean over 60 cells still moved by ~0.2 ms a
     process). A thread that ends between two reads drops out of the second: the session's
     cells start none in these processes."""
     total = 0
@@ -176,8 +177,9 @@ def render(results: List[dict], info: dict, base: dict, seconds: float, repeats:
     cores = info.get("cores_usable") or info.get("cores") or 1
     lines += ["", f"CPU a cell in now's kernel, ms, the mean over its {repeats} cells: the "
               "kernel's process and the session's processes; over the plain cell; and that "
-              f"excess spread over the machine's {cores} cores, the least wall time the "
-              "magic can add here however its work overlaps.", "",
+              f"excess spread over the machine's {cores} cores: about the least wall time "
+              "the magic can add here, however well its work overlaps (it all falls within "
+              "the magic's call).", "",
               "| N | cell | kernel | session's processes | over plain: kernel + session "
               f"| least wall over plain on {cores} cores |",
               "|---:|---|---:|---:|---:|---:|"]
@@ -200,8 +202,8 @@ def render(results: List[dict], info: dict, base: dict, seconds: float, repeats:
                 got = r["over_plain"]["now"][v]["median"]
                 least = _cpu_over_plain(r, v) / cores
                 lines.append(f"- {LABEL[v]}: +{got:.1f} ms "
-                             f"({'met' if got <= 2.0 else 'not met'}); the least its CPU "
-                             f"allows on {cores} cores: +{least:.1f} ms.")
+                             f"({'met' if got <= 2.0 else 'not met'}); about the least its "
+                             f"CPU allows on {cores} cores: +{least:.1f} ms.")
     lines += ["", machine_line(info, NAME, seconds,
                                f"{repeats} cells per cell kind and kernel after "
                                f"{WARM_ROUNDS} warm-up rounds")]
