@@ -10,6 +10,7 @@ at a time never clobber each other's figures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import datetime
 import importlib.metadata
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH_DIR)
@@ -126,6 +127,22 @@ def stats(ms: List[float]) -> Optional[Dict[str, float]]:
     deciles = statistics.quantiles(ms, n=10, method="inclusive")
     return {"median": statistics.median(ms), "p10": deciles[0], "p90": deciles[-1],
             "min": min(ms), "max": max(ms)}
+
+
+def schedstat_ms(pids: List[int]) -> Tuple[float, float]:
+    """``(on a CPU, waiting for one)``, ms, summed over every thread of ``pids`` (each
+    thread's ``/proc/PID/task/TID/schedstat``: nanoseconds, where ``cpu_times``' clock ticks
+    are too coarse for a cell of a few ms). A thread or process that is gone counts
+    nothing: one that ends between two reads drops out of the second."""
+    run = wait = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError, ValueError), \
+                        open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                    on_cpu, waiting, _ = f.read().split()
+                    run, wait = run + int(on_cpu), wait + int(waiting)
+    return run / 1e6, wait / 1e6
 
 
 class Memcpy:

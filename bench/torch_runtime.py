@@ -69,7 +69,7 @@ if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
 from _results import (bench_parser, machine_info, machine_line, paired,  # noqa: E402
-                      publish, replica_counts, rotated, stats)
+                      publish, replica_counts, rotated, schedstat_ms, stats)
 
 NAME = "torch_runtime"
 LAUNCH_GOAL_RATIO = 1.5  # one-off %%xla_spawn / bare fork launch, every N
@@ -273,15 +273,7 @@ def _cpu_ms(pids: Optional[List[int]]) -> Dict[str, float]:
     out = {"notebook": time.process_time() * 1e3,
            "children": (children.ru_utime + children.ru_stime) * 1e3}
     if pids is not None:
-        run = wait = 0
-        for pid in pids:
-            with contextlib.suppress(OSError):
-                for task in os.listdir(f"/proc/{pid}/task"):
-                    with contextlib.suppress(OSError, ValueError), \
-                            open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                        on_cpu, waiting, _ = f.read().split()
-                        run, wait = run + int(on_cpu), wait + int(waiting)
-        out.update(processes=run / 1e6, runqueue=wait / 1e6)
+        out["processes"], out["runqueue"] = schedstat_ms(pids)
     return out
 
 

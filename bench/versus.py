@@ -27,7 +27,6 @@ Writes the "versus" section of results.md and results/versus.json.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import statistics
@@ -38,14 +37,12 @@ import tempfile
 import time
 from typing import Dict, List
 
-import psutil
-
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
 from _results import (REPO, bench_parser, machine_info, machine_line, paired,  # noqa: E402
-                      publish, replica_counts, rotated, stats)
+                      publish, replica_counts, rotated, schedstat_ms, stats)
 from peers import WARM_ROUNDS, SessionGroup  # noqa: E402
 
 from colab_xla.notebook.launch import environ  # noqa: E402
@@ -88,20 +85,10 @@ def start(n: int, tree: str) -> SessionGroup:
     return group
 
 
-def _cpu_ms(procs: List[psutil.Process]) -> float:
-    """CPU the processes' threads have run, in ms, to the nanosecond: the sum of each
-    thread's ``/proc/PID/task/TID/schedstat`` (the clock-tick counts of ``cpu_times`` were
-    too coarse for a cell of a few ms: a mean over 60 cells still moved by ~0.2 ms a
-    process). A thread that ends between two reads drops out of the second: the session's
-    cells start none in these processes."""
-    total = 0
-    for proc in procs:
-        with contextlib.suppress(OSError):
-            for tid in os.listdir(f"/proc/{proc.pid}/task"):
-                with contextlib.suppress(OSError), \
-                        open(f"/proc/{proc.pid}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0])
-    return total / 1e6
+def _cpu_ms(pids: List[int]) -> float:
+    """CPU ms the processes' threads have run (:func:`_results.schedstat_ms`: the
+    session's cells start no thread in these processes)."""
+    return schedstat_ms(pids)[0]
 
 
 def measure(n: int, trees: Dict[str, str], repeats: int) -> dict:
@@ -119,8 +106,8 @@ def measure(n: int, trees: Dict[str, str], repeats: int) -> dict:
         for i in range(WARM_ROUNDS):
             for arm, v in rotated(cells, i):
                 groups[arm].run(groups[arm].cell(v, "x = 1"), deadline=60)
-        kernel = [psutil.Process(groups["now"].k.pid)]
-        session = list(groups["now"].descendants().values())
+        kernel = [groups["now"].k.pid]
+        session = list(groups["now"].descendants())
         for i in range(repeats):
             for arm, v in rotated(cells, i):
                 if arm == "now":

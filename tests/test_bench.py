@@ -170,12 +170,13 @@ def test_versus_measures_two_commits_in_two_kernels_and_writes_its_section(tmp_p
     assert "| least wall over plain on " in results
 
 
-def test_versus_counts_the_cpu_of_every_thread_of_a_process_and_a_gone_one_as_none(
+def test_schedstat_counts_the_cpu_of_every_thread_of_a_process_and_a_gone_one_as_none(
         monkeypatch):
-    """versus.py's CPU figures: a child that spins 0.2 s in a second thread (its main one
-    waits) is counted 0.2 s more; one that has ended, nothing, without an error."""
+    """The CPU figures of versus.py and torch_runtime.py (``_results.schedstat_ms``): a
+    child that spins 0.2 s in a second thread (its main one waits) is counted 0.2 s more;
+    one that has ended, nothing, without an error."""
     monkeypatch.syspath_prepend(str(BENCH))
-    import versus
+    import _results
 
     spin = ("import threading, time, sys\ndone = threading.Event()\n"
             "def spin():\n    end = time.thread_time() + 0.2\n"
@@ -185,19 +186,21 @@ def test_versus_counts_the_cpu_of_every_thread_of_a_process_and_a_gone_one_as_no
             "sys.stdin.readline()\ndone.set(); t.join()\n")
     child = subprocess.Popen([sys.executable, "-c", spin], stdin=subprocess.PIPE, text=True)
     try:
-        proc = psutil.Process(child.pid)
-        before = versus._cpu_ms([proc])
+        def on_cpu():
+            return _results.schedstat_ms([child.pid])[0]
+
+        before = on_cpu()
         child.stdin.write("go\n")
         child.stdin.flush()
         deadline = time.monotonic() + 30
-        while versus._cpu_ms([proc]) - before < 200 and time.monotonic() < deadline:
+        while on_cpu() - before < 200 and time.monotonic() < deadline:
             time.sleep(0.01)
-        spun = versus._cpu_ms([proc]) - before
+        spun = on_cpu() - before
         assert 200 <= spun < 1000, spun
         child.stdin.write("end\n")
         child.stdin.flush()
         child.wait(timeout=30)
-        assert versus._cpu_ms([proc]) == 0
+        assert on_cpu() == 0
     finally:
         child.kill()
         child.wait()
