@@ -170,9 +170,9 @@ def measure(n: int, repeats: int, steps: int, slow_repeats: int = 5) -> dict:
             slow(model, "step", _step_cell(steps, 1))
             for key, elements in (("all_reduce_1k", 256), ("all_reduce_16m", 4 << 20)):
                 if key == "all_reduce_16m" and model == "processes":
-                    # The copies' floor right before the runs it is the floor of: the
-                    # machine's slower spells (whole runs of 16 MiB at ~24 ms, not ~15)
-                    # then fall on both or on neither.
+                    # The copies' floor right before the runs it is the floor of: a slower
+                    # spell of the machine's (whole runs of 16 MiB at ~24 ms, not ~15)
+                    # that slows copies too then falls on both, not on one.
                     copies = statistics.median(memcpy.seconds() for _ in range(5)) * 1e3
                     floor["all_reduce_16m"].append(copies)
                     floor["all_reduce_grads"].append(copies)  # (the same bytes)

@@ -42,12 +42,13 @@ one of 1 KiB ~26 ms. Processes of one machine can read each other's memory inste
   replica has read the chunk before the previous one: two barriers per chunk where the
   result is copied out of slot 0 (after every piece is reduced into it), one per chunk
   and one at the end where it is reduced into a result file.
-* A chunk is 1 MiB: what 8 replicas copy in for one chunk (8 MiB) is still in the cache
-  when they reduce it (with 4 MiB chunks, 32 MiB: the whole L3 of the machine measured),
-  and each chunk's views of the slots are made once per dtype (a view costs
-  microseconds). At 8 replicas on 2 cores, against 4 MiB chunks, in the benchmark's cell
-  (medians of 5 interleaved runs): 16 MiB, 19.2 -> 16.3 ms a call; a model's gradients,
-  25.3 -> 23.6 ms; 2 MiB (now through a result file, not copied out), 9.3 -> 4.9 ms.
+* A chunk is 1 MiB, and each chunk's views of the slots are made once per dtype (a view
+  costs microseconds). The likely reason the smaller chunk is faster: what 8 replicas copy
+  in for one chunk (8 MiB) fits in the cache until they reduce it (with 4 MiB chunks,
+  32 MiB: the whole L3 of the machine measured). At 8 replicas on 2 cores, against 4 MiB
+  chunks, in the benchmark's cell (medians of 5 interleaved runs): 16 MiB, 19.2 -> 16.3 ms
+  a call; a model's gradients, 25.3 -> 23.6 ms; 2 MiB (now through a result file, not
+  copied out), 9.3 -> 4.9 ms.
 
 A slot's pages are taken when the group is made (``posix_fallocate`` of its range of the
 file, by its replica): a page first touched on a full ``/dev/shm`` would kill the replica
