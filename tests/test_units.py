@@ -3,6 +3,7 @@
 import multiprocessing
 import os
 import pickle
+import re
 import select
 import stat
 import sys
@@ -92,13 +93,40 @@ def test_a_file_planted_at_the_module_path_is_never_written_through(tmp_path, mo
     import itertools
 
     monkeypatch.setattr("colab_xla.wire.cell._counter", itertools.count(1))
-    monkeypatch.setattr("colab_xla.wire.cell.secrets.token_hex", lambda n: "feed")
+    monkeypatch.setattr("colab_xla.wire.ids._token", "feed")
     target = tmp_path / "victim"
     target.write_text("untouched")
     (tmp_path / "xla_cell_1_feed.py").symlink_to(target)
     with pytest.raises(FileExistsError):
         CellModule.create(Cell("x = 1\n"), str(tmp_path))
     assert target.read_text() == "untouched"
+
+
+def test_names_differ_from_cell_to_cell_and_from_a_forked_process_without_a_new_token(
+        tmp_path):
+    """A cell's module name and a run's id are a count and this process's token (drawn
+    once: see colab_xla.wire.ids); a process forked from this one draws its own."""
+    from colab_xla.wire import ids
+
+    first = CellModule.create(Cell("x = 1\n"), str(tmp_path))
+    second = CellModule.create(Cell("x = 1\n"), str(tmp_path))
+    assert first.name != second.name
+    assert first.name.endswith("_" + ids.token()) and second.name.endswith("_" + ids.token())
+    assert re.fullmatch(r"[0-9a-f]{8}", ids.token())
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its token, to the parent
+        try:
+            os.write(w, ids.token().encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        child = os.read(r, 64).decode()
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    assert re.fullmatch(r"[0-9a-f]{8}", child) and child != ids.token()
 
 
 # --- the channel -------------------------------------------------------------------------
@@ -449,6 +477,29 @@ def test_a_runs_log_directory_is_made_at_its_first_logged_line_and_the_last_ten_
                                         for d in dirs[-state.KEEP_LOGS_OF_RUNS:]]
     with open(os.path.join(dirs[-1], "replica-0.log")) as f:
         assert f.read() == f"line {len(dirs) - 1}\n"
+
+
+def test_a_quiet_run_makes_no_log_directory_and_one_made_after_a_cleaner_removed_it(
+        private_state):
+    """next_log_dir makes nothing (a warm cell asks for a run's log directory and most never
+    log a line); make_log_dir makes this notebook process's directory of logs when it is
+    not there, its first log or after a cleaner of /tmp removed it."""
+    import shutil
+
+    from colab_xla.notebook import state
+
+    first = state.next_log_dir()
+    mine = os.path.dirname(first)
+    assert not os.path.exists(mine)
+    assert state.make_log_dir(first) == first and os.path.isdir(first)
+    assert oct(os.stat(mine).st_mode & 0o777) == "0o700"
+    shutil.rmtree(mine)
+    later = state.next_log_dir()
+    assert os.path.dirname(later) == mine and not os.path.exists(mine)
+    assert state.make_log_dir(later) == later and os.listdir(mine) == [os.path.basename(later)]
+    elsewhere = os.path.join(str(private_state), "no-such-dir", "run-00001")
+    with pytest.raises(FileNotFoundError):  # (not a path of next_log_dir: not made)
+        state.make_log_dir(elsewhere)
 
 
 def test_the_sweep_of_gone_notebooks_work_leaves_what_is_not_a_notebooks_and_goes_on(

@@ -127,20 +127,25 @@ def new_log_dir() -> str:
 def next_log_dir() -> str:
     """Where the next run's full logs go, under this notebook process's own directory:
     made by :func:`make_log_dir` once the run has a line to log (a warm cell that prints
-    nothing makes and removes no directory)."""
+    nothing makes, removes and looks for no directory: no system call)."""
     global _run_number
     _run_number += 1
-    return os.path.join(own_dir("logs"), f"run-{_run_number:05d}")
+    return os.path.join(state_dir(), "logs", kernel_key(), f"run-{_run_number:05d}")
 
 
 def make_log_dir(path: str) -> str:
     """Make ``path`` (of :func:`next_log_dir`), unless another replica's log of the run made
     it; the call that makes it removes the logs of all but the last
-    :data:`KEEP_LOGS_OF_RUNS` runs that logged."""
+    :data:`KEEP_LOGS_OF_RUNS` runs that logged. This notebook process's directory of logs
+    is made first if it is not there (its first log, or a cleaner of /tmp removed it)."""
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         return path
+    except FileNotFoundError:
+        if os.path.dirname(path) != own_dir("logs"):
+            raise
+        return make_log_dir(path)
     mine = os.path.dirname(path)
     for old in sorted(os.listdir(mine))[:-KEEP_LOGS_OF_RUNS]:
         shutil.rmtree(os.path.join(mine, old), ignore_errors=True)

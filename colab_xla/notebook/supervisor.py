@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 import json
 import os
-import secrets
+import itertools
 import select
 import threading
 import time
@@ -39,8 +39,11 @@ from .partial_lines import PartialLines
 from .pipes import STARTUP, STARTUP_LABEL, RunPipes
 from .replicas import FreshReplicas, Replicas
 from ..wire.job import ReplicaJob
-from ..wire import displays, frames, shared_tensors, stacks, values
+from ..wire import displays, frames, ids, shared_tensors, stacks, values
 from ..runtimes.plan import ReplicaPlan
+
+_runs = itertools.count(1)
+
 
 @dataclasses.dataclass(frozen=True)
 class RunRequest:
@@ -123,7 +126,7 @@ class Supervisor:
         self.plan, self.run_dir, self.observer = plan, run_dir, observer
         self.timeout = timeout
         self.user_ns = user_ns
-        self.run_id = secrets.token_hex(8)
+        self.run_id = f"{ids.token()}{next(_runs):08x}"  # (see colab_xla.wire.ids)
         self.outcome = RunOutcome(device_type=plan.device_type, log_dir=state.next_log_dir())
         if options.chosen is not None and plan.replicas:
             self.outcome.idle = sorted(set(range(plan.replicas)) - set(options.chosen))

@@ -86,32 +86,35 @@ _kept_lock = threading.Lock()
 _keeping: Optional[int] = None  # the pid of the process that keeps them (not its children)
 
 
+_PREFIX = f"colab_xla-{os.getuid()}-"  # (os.getuid() is a system call)
+
+
 def _prefix() -> str:
-    return f"colab_xla-{os.getuid()}-"
+    return _PREFIX
 
 
 def make_dir(run_id: str, root: str = SHM_ROOT) -> Optional[str]:
     """The notebook side: a private directory for one run's tensors, or None where
-    shared memory is not available (then every tensor is pickled inline)."""
-    if not os.path.isdir(root):
-        return None
+    shared memory is not available (then every tensor is pickled inline). It runs for
+    every warm session cell: one ``mkdir`` then, besides a prune a minute (and the page
+    directory's, once)."""
     now = time.monotonic()
     if now - _pruned.get(root, -PRUNE_SECONDS) >= PRUNE_SECONDS:  # (not at every warm cell)
         _pruned[root] = now
         prune(root)
-    path = os.path.join(root, f"{_prefix()}{os.getpid()}-{run_id}")
+    path = os.path.join(root, f"{_PREFIX}{os.getpid()}-{run_id}")
     try:
         os.mkdir(path, 0o700)
-    except OSError:
+    except OSError:  # (no such root, say)
         return None
     pages = pages_dir(path)
-    try:
-        os.mkdir(pages, 0o700)
-    except FileExistsError:
-        pass
-    except OSError:  # no page reuse: tensors work as before
-        return path
-    if pages not in _exit_registered:
+    if pages not in _exit_registered:  # (removed when this process exits)
+        try:
+            os.mkdir(pages, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:  # no page reuse: tensors work as before
+            return path
         _exit_registered.add(pages)
         atexit.register(_remove_own, pages, os.getpid())
     return path

@@ -154,6 +154,7 @@ class Session(Target):
         # must then leave their closing to the cell.
         self._cell_pipes_lent = False
         self._asked = 0  # questions for Tab completion (each its own pipe)
+        self._cell_dir_made = False  # (see cell_dir)
 
     # -- start and stop ---------------------------------------------------------------------
 
@@ -376,13 +377,15 @@ class Session(Target):
 
     def cell_dir(self) -> str:
         """The directory every cell of the session runs in (its job; the reports too large
-        for a frame and the displays its replicas write), emptied as each cell ends: made
-        and removed for every cell, it cost ~0.3 ms a cell in a disk's /tmp (removing a
-        directory there, mostly). Its name is no module's: the session's directory is on
-        the replicas' ``sys.path``."""
+        for a frame and the displays its replicas write), made by the first cell and
+        emptied as each cell ends: made and removed for every cell, it cost ~0.3 ms a cell
+        in a disk's /tmp (removing a directory there, mostly). Its name is no module's: the
+        session's directory is on the replicas' ``sys.path``."""
         path = os.path.join(self.directory, "cell-files")
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)
+        if not self._cell_dir_made:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, 0o700)
+            self._cell_dir_made = True
         return path
 
     def cell_pipes(self) -> RunPipes:

@@ -63,7 +63,7 @@ class SessionChannel:
         # printed()'s passes over the pipes: asked of the reader, and done by it
         self._reads_asked = self._reads_done = 0
         self._control_r, self._control_w = os.pipe()
-        pipes.begin(self._frame, self._c_output)
+        pipes.begin(self._frame, self._c_output, driven=False)
         self._thread = threading.Thread(target=self._read, name="colab_xla-session-output",
                                         daemon=True)
         self._thread.start()
@@ -118,7 +118,7 @@ class SessionChannel:
                 return
             self._lent = False
             if not self._closed and self._thread.is_alive():
-                self.pipes.begin(self._frame, self._c_output)
+                self.pipes.begin(self._frame, self._c_output, driven=False)
                 os.write(self._control_w, _GIVE_BACK)
 
     def close(self) -> None:
