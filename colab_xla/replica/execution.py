@@ -21,7 +21,7 @@ import types
 import cloudpickle
 
 from .. import runtimes
-from ..wire import stacks
+from ..wire import frames, stacks
 from ..wire.cell import CellModule
 from ..wire.reports import RETURN_PLAIN_DATA, ReplicaError, ReplicaReport
 from ..wire.lifetime import end_descendants
@@ -50,7 +50,7 @@ def serve_run(index: int, job: ReplicaJob, make_globals, end_started: bool = Tru
     process.enter(index)
     try:
         process.writer.send(START, index, json.dumps({
-            "pid": os.getpid(), "rank": process.rank, "thread": threading.get_ident(),
+            "pid": frames.own_pid(), "rank": process.rank, "thread": threading.get_ident(),
             "stacks": stacks.registered()}).encode())
         report = _run_cell(index, job, process, make_globals)
         report.elapsed = time.perf_counter() - started
@@ -105,7 +105,7 @@ def _replica_module(cell: CellModule, ordinal: int, ns: dict) -> types.ModuleTyp
     name = module_name(cell, ordinal)
     directory = os.path.dirname(cell.path)
     path = os.path.join(directory, name + ".py")
-    if not os.path.exists(path):
+    with contextlib.suppress(FileExistsError):  # (a cell this replica ran before)
         os.link(cell.path, path)
     if directory not in sys.path:
         sys.path.insert(0, directory)
@@ -141,7 +141,7 @@ def cell_globals(ns: ReplicaGlobals, index: int, job: ReplicaJob,
 
 def _run_cell(index: int, job: ReplicaJob, process: "ReplicaProcess",
               make_globals) -> ReplicaReport:
-    report = ReplicaReport(ordinal=index, pid=os.getpid(), elapsed=0.0)
+    report = ReplicaReport(ordinal=index, pid=frames.own_pid(), elapsed=0.0)
     if process.names_error is not None:
         report.error = process.names_error
         return report

@@ -101,6 +101,11 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
+def own_pid() -> int:
+    """This process's pid, without a system call."""
+    return _PID
+
+
 class ChannelWriter:
     """The replica side: ``send`` never interleaves with another writer's frames.
 
