@@ -12,12 +12,13 @@ ratios hold where the milliseconds of another day would not. The magic's cost ov
 cell is the median of the paired differences (a view's cell minus the plain cell of the
 same round, in the same kernel).
 
-And the CPU each cell kind takes, now's kernel: the kernel's process and the session's
+And the CPU each cell kind takes, in each kernel: the kernel's process and the session's
 processes (its replicas), each read before and after every timed cell (the threads'
 schedstat, in ns), the mean over the cells. What a view's cell takes over the
 plain cell, spread over the machine's cores, is about the least wall time the magic can
 add at that N on this machine, however well its work overlaps: that work all falls within
-the magic's call, between the kernel's own steps for the cell.
+the magic's call, between the kernel's own steps for the cell. The CPU of the two commits
+side by side shows a change of a tenth of a millisecond that the wall times' noise hides.
 
 Not in ``bench/run``: it measures a change, named by the commit it is measured against.
 Writes the "versus" section of results.md and results/versus.json.
@@ -95,9 +96,10 @@ def measure(n: int, trees: Dict[str, str], repeats: int) -> dict:
     groups: Dict[str, SessionGroup] = {}
     cells = [(arm, v) for arm in ARMS for v in VARIANTS]
     samples: Dict[str, Dict[str, List[float]]] = {a: {v: [] for v in VARIANTS} for a in ARMS}
-    # now's kernel: CPU ms each timed cell took in the kernel and in the session's processes
-    cpu: Dict[str, Dict[str, List[float]]] = {v: {"kernel": [], "session": []}
-                                              for v in VARIANTS}
+    # CPU ms each timed cell took in its kernel and in that kernel's session's processes
+    cpu: Dict[str, Dict[str, Dict[str, List[float]]]] = {
+        a: {v: {"kernel": [], "session": []} for v in VARIANTS} for a in ARMS}
+    processes: Dict[str, List[List[int]]] = {}
     try:
         for arm in ARMS:
             groups[arm] = start(n, trees[arm])
@@ -106,22 +108,21 @@ def measure(n: int, trees: Dict[str, str], repeats: int) -> dict:
         for i in range(WARM_ROUNDS):
             for arm, v in rotated(cells, i):
                 groups[arm].run(groups[arm].cell(v, "x = 1"), deadline=60)
-        kernel = [groups["now"].k.pid]
-        session = list(groups["now"].descendants())
+        for arm in ARMS:
+            processes[arm] = [[groups[arm].k.pid], list(groups[arm].descendants())]
         for i in range(repeats):
             for arm, v in rotated(cells, i):
-                if arm == "now":
-                    before = _cpu_ms(kernel), _cpu_ms(session)
+                kernel, session = processes[arm]
+                before = _cpu_ms(kernel), _cpu_ms(session)
                 r = groups[arm].run(groups[arm].cell(v, "x = 1"), deadline=60)
                 samples[arm][v].append(r["idle_s"] * 1e3)
-                if arm == "now":
-                    cpu[v]["kernel"].append(_cpu_ms(kernel) - before[0])
-                    cpu[v]["session"].append(_cpu_ms(session) - before[1])
+                cpu[arm][v]["kernel"].append(_cpu_ms(kernel) - before[0])
+                cpu[arm][v]["session"].append(_cpu_ms(session) - before[1])
     finally:
         for group in groups.values():
             group.close()
     return {"replicas": n, "samples_ms": samples, "cpu_ms": cpu,
-            "session_processes": len(session),
+            "session_processes": {a: len(p[1]) for a, p in processes.items()},
             "stats": {a: {v: stats(x) for v, x in s.items()} for a, s in samples.items()},
             "over_plain": {a: {v: paired(s[v], s["plain"]) for v in VARIANTS if v != "plain"}
                            for a, s in samples.items()}}
@@ -131,13 +132,14 @@ def _ms(s: dict) -> str:
     return f"{s['median']:.1f} ({s['p10']:.1f}–{s['p90']:.1f})"
 
 
-def _cpu_means(r: dict, variant: str) -> Dict[str, float]:
-    return {k: statistics.fmean(x) for k, x in r["cpu_ms"][variant].items()}
+def _cpu_means(r: dict, arm: str, variant: str) -> Dict[str, float]:
+    return {k: statistics.fmean(x) for k, x in r["cpu_ms"][arm][variant].items()}
 
 
-def _cpu_over_plain(r: dict, variant: str) -> float:
-    """CPU ms a cell of ``variant`` took over the plain cell, kernel and session together."""
-    m, plain = _cpu_means(r, variant), _cpu_means(r, "plain")
+def _cpu_over_plain(r: dict, arm: str, variant: str) -> float:
+    """CPU ms a cell of ``variant`` took over the plain cell in ``arm``'s kernel, kernel
+    and session together."""
+    m, plain = _cpu_means(r, arm, variant), _cpu_means(r, arm, "plain")
     return sum(m[k] - plain[k] for k in m)
 
 
@@ -162,32 +164,35 @@ def render(results: List[dict], info: dict, base: dict, seconds: float, repeats:
             lines.append(f"| {r['replicas']} | {LABEL[v]} | {_ms(b)} | {_ms(n)} | "
                          f"{n['median'] / b['median']:.2f}× | {extra[0]} | {extra[1]} |")
     cores = info.get("cores_usable") or info.get("cores") or 1
-    lines += ["", f"CPU a cell in now's kernel, ms, the mean over its {repeats} cells: the "
-              "kernel's process and the session's processes; over the plain cell; and that "
-              f"excess spread over the machine's {cores} cores: about the least wall time "
-              "the magic can add here, however well its work overlaps (it all falls within "
-              "the magic's call).", "",
-              "| N | cell | kernel | session's processes | over plain: kernel + session "
+    lines += ["", f"CPU a cell, ms, the mean over each kernel's {repeats} cells: the "
+              "kernel's process and the session's processes (base → now); over the plain "
+              f"cell; and that excess spread over the machine's {cores} cores: about the "
+              "least wall time the magic can add here, however well its work overlaps (it "
+              "all falls within the magic's call).", "",
+              "| N | cell | kernel | session's processes (a process, now) "
+              "| over plain: kernel + session "
               f"| least wall over plain on {cores} cores |",
               "|---:|---|---:|---:|---:|---:|"]
     for r in results:
         for v in VARIANTS:
-            m = _cpu_means(r, v)
-            per = m["session"] / max(1, r["session_processes"])
-            row = (f"| {r['replicas']} | {LABEL[v]} | {m['kernel']:.2f} | {m['session']:.2f} "
-                   f"({r['session_processes']} × {per:.2f}) |")
+            m = {a: _cpu_means(r, a, v) for a in ARMS}
+            per = m["now"]["session"] / max(1, r["session_processes"]["now"])
+            row = (f"| {r['replicas']} | {LABEL[v]} | {m['base']['kernel']:.2f} → "
+                   f"{m['now']['kernel']:.2f} | {m['base']['session']:.2f} → "
+                   f"{m['now']['session']:.2f} ({r['session_processes']['now']} × {per:.2f}) |")
             if v == "plain":
                 lines.append(row + " – | – |")
                 continue
-            extra = _cpu_over_plain(r, v)
-            lines.append(row + f" +{extra:.2f} | +{extra / cores:.2f} |")
+            extra = {a: _cpu_over_plain(r, a, v) for a in ARMS}
+            lines.append(row + f" +{extra['base']:.2f} → +{extra['now']:.2f} | "
+                         f"+{extra['base'] / cores:.2f} → +{extra['now'] / cores:.2f} |")
     lines += ["", "Goal (issue 35), at the median: a warm cell within +2 ms of the plain cell "
               "at N=8."]
     for r in results:
         if r["replicas"] == 8:
             for v in ("xla", "xla_widget"):
                 got = r["over_plain"]["now"][v]["median"]
-                least = _cpu_over_plain(r, v) / cores
+                least = _cpu_over_plain(r, "now", v) / cores
                 lines.append(f"- {LABEL[v]}: +{got:.1f} ms "
                              f"({'met' if got <= 2.0 else 'not met'}); about the least its "
                              f"CPU allows on {cores} cores: +{least:.1f} ms.")

@@ -160,13 +160,15 @@ def test_versus_measures_two_commits_in_two_kernels_and_writes_its_section(tmp_p
     assert raw["base"]["commit"] == base and n1["replicas"] == 1
     assert all(len(n1["samples_ms"][arm][cell]) == 2
                for arm in ("base", "now") for cell in ("plain", "xla", "xla_widget"))
-    # The CPU each cell took in now's kernel and in its session's replica (1 process): every
+    # The CPU each cell took in each kernel and in its session's replica (1 process): every
     # cell some in the kernel; a cell of the magic some in the replica, which ran it.
-    cpu = n1["cpu_ms"]
-    assert n1["session_processes"] == 1
-    assert all(len(cpu[cell][part]) == 2 for cell in cpu for part in ("kernel", "session"))
-    assert all(ms > 0 for cell in cpu for ms in cpu[cell]["kernel"]), cpu
-    assert all(ms > 0 for cell in ("xla", "xla_widget") for ms in cpu[cell]["session"]), cpu
+    assert n1["session_processes"] == {"base": 1, "now": 1}
+    for arm, cpu in n1["cpu_ms"].items():
+        assert all(len(cpu[cell][part]) == 2 for cell in cpu for part in ("kernel", "session"))
+        assert all(ms > 0 for cell in cpu for ms in cpu[cell]["kernel"]), (arm, cpu)
+        assert all(ms > 0 for cell in ("xla", "xla_widget")
+                   for ms in cpu[cell]["session"]), (arm, cpu)
+    assert sorted(n1["cpu_ms"]) == ["base", "now"]
     assert "| least wall over plain on " in results
 
 
