@@ -154,3 +154,21 @@ def test_the_readme_stays_short():
     size = (ROOT / "README.md").stat().st_size
     assert size <= README_LIMIT, (f"README.md is {size} bytes (at most {README_LIMIT}): move "
                                   "the detail to a page of docs/ and link it")
+
+
+def test_the_simulation_page_says_the_shared_memory_sizes_the_code_uses():
+    """docs/simulation.md writes shm_collectives' sizes out in words (when a result goes
+    through a file, how many files a group keeps, the room it leaves, a replica's slot):
+    each as the code has it now."""
+    from colab_xla.replica import shm_collectives as shm
+
+    def mib(nbytes: int) -> str:
+        return f"{nbytes >> 20} MiB"
+
+    text = " ".join((ROOT / "docs" / "simulation.md").read_text().split())
+    said = (f"all_reduce of {mib(shm.CHUNK_BYTES)} or more is reduced into one file",
+            f"keeps up to {shm.POOL_FILES} such files",
+            f"less than {mib(shm.ROOM_LEFT_BYTES)} of `/dev/shm` free",
+            f"has no room for {mib(2 * shm.CHUNK_BYTES)} a replica")
+    missing = [s for s in said if s not in text]
+    assert not missing, f"docs/simulation.md does not say: {missing}"
