@@ -341,6 +341,27 @@ def _alive(pids):
 
 @pytest.mark.xla
 @pytest.mark.timeout(600)
+def test_a_stopped_session_leaves_nothing_of_its_collectives_in_shared_memory():
+    """The replicas' group of collectives has a directory in /dev/shm (replica 0's); its
+    processes end without closing the group: the session removes it as it ends."""
+    session = new_session(SessionOptions(replicas=2), {}, announce=None)
+    try:
+        procs = [psutil.Process(p) for p in session_pids(session)]
+        summed = cell("""
+            import torch, torch_xla.core.xla_model as xm
+            xm.all_reduce(xm.REDUCE_SUM, torch.ones(2, device=device)).cpu().tolist()
+            """, session)
+        assert summed.results() == {0: [2.0, 2.0], 1: [2.0, 2.0]}
+        theirs = tuple(f"colab_xla-{os.getuid()}-{p.pid}-" for p in procs)
+        assert [n for n in os.listdir("/dev/shm") if n.startswith(theirs)]  # (the group's)
+    finally:
+        session.stop()
+    assert wait_until_gone(procs, timeout=10) == []
+    assert [n for n in os.listdir("/dev/shm") if n.startswith(theirs)] == []
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(600)
 def test_a_replica_stuck_in_a_collective_ends_the_session_with_nothing_left(session):
     procs = [psutil.Process(p) for p in session_pids(session)]
     outcome = cell("""

@@ -14,6 +14,7 @@ from typing import List, Optional
 from . import processes
 from .launch import Launch, environ, run_replica, start
 from .pipes import RunPipes
+from ..wire import shared_tensors
 from ..wire.job import ReplicaJob
 from ..runtimes.plan import ReplicaPlan
 
@@ -108,6 +109,15 @@ class FreshReplicas(Replicas):
 
     def begin(self) -> None:
         self.processes.begin()
+
+    def done_with(self, pipes: RunPipes) -> None:
+        """The run's pipes close, and what its processes left in shared memory goes with
+        them: a collectives group's directory (colab_xla.replica.shm_collectives), which
+        replica 0 removes when the group closes, not when its process ends. (Else it
+        stayed, empty, until a later run's look for the directories of processes that are
+        gone, at most once a minute: after the notebook's last run, for good.)"""
+        super().done_with(pipes)
+        shared_tensors.prune()
 
     def drive(self, job: ReplicaJob, ended, over) -> None:
         with environ(self.plan.env):

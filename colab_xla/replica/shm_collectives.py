@@ -59,9 +59,11 @@ replica learns it, the whole group goes through gloo, and replica 0 says why on 
 Nothing is left on disk but the group's directory, empty between collectives: once every
 replica has opened the group's files, they are removed (a mapping and an open FIFO outlive
 their name), and so is each result file once every replica has opened it (a result file's
-space goes with the group, or when a file of another size takes its place); replica 0
-removes the directory with the group, and the next run removes one whose replica 0 is gone
-(:func:`colab_xla.wire.shared_tensors.prune`).
+space goes with the group, or when a file of another size takes its place); the group
+lives as long as its processes (replica 0 removes the directory in :meth:`_Shared.close`,
+which a replica process does not call as it ends), and the one-off run or the session it
+belonged to removes it once they are gone (:func:`colab_xla.wire.shared_tensors.prune`; a
+later run removes one whose notebook was killed first).
 """
 
 from __future__ import annotations

@@ -280,6 +280,9 @@ class Session(Target):
         if not lent:
             self._close_pipes()
         shutil.rmtree(self.directory, ignore_errors=True)
+        # What its processes left in shared memory (a collectives group's directory: the
+        # group is not closed as a replica process ends), once they are gone.
+        shared_tensors.prune()
         self._launch_error = None  # (its traceback holds the launcher's frames)
 
     @property
