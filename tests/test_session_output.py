@@ -138,6 +138,72 @@ def test_a_lent_pipe_is_the_cells_alone_and_given_back_is_read_again(pipes):
     assert channel.lend() is pipes  # closed: a cell may still take them
 
 
+def test_pipes_given_back_are_read_again_unwoken_and_lent_again_without_a_wake(pipes,
+                                                                            monkeypatch):
+    """give_back writes nothing to the reader (it takes the pipes back at its next look,
+    within _IDLE_SECONDS), and a cell that takes them again before that wakes it neither:
+    what a replica sends after the cell reaches notes(), which does not wake the reader."""
+    commands = []
+    real_write = os.write
+
+    def write(fd, data):
+        if fd == channel._control_w:
+            commands.append(bytes(data))
+        return real_write(fd, data)
+
+    channel = SessionChannel(pipes)
+    monkeypatch.setattr(os, "write", write)
+    try:
+        deadline = time.monotonic() + 10
+        while not channel._watching and time.monotonic() < deadline:  # its first look
+            time.sleep(0.001)
+        channel.lend()
+        assert commands == [b"l"]  # (the reader was watching the pipes: told)
+        channel.give_back()
+        channel.lend()  # taken again at once (cells one after another)
+        channel.give_back()
+        assert commands == [b"l"]
+        writer = frames.ChannelWriter(os.open(pipes.channel_path, os.O_WRONLY))
+        writer.send(frames.NOTE, 0, json.dumps({"after": 1}).encode())
+        os.close(writer.fd)
+        notes = channel.notes(5)
+        assert notes == [{"after": 1, "ordinal": 0}]
+        assert commands == [b"l"]
+    finally:
+        channel.close()
+
+
+def test_pipes_given_back_while_the_reader_waits_without_them_are_read_again_unwoken(
+        pipes, monkeypatch):
+    """The reader, once it waits with the pipes lent (its select on its control pipe
+    alone), takes them back by itself after give_back (which does not wake it)."""
+    import select as real_select
+    import threading
+    import types
+
+    from colab_xla.notebook.targets import session_output
+
+    waits_without_pipes = threading.Event()
+
+    def select(fds, *rest):
+        if len(fds) == 1:  # its control pipe alone
+            waits_without_pipes.set()
+        return real_select.select(fds, *rest)
+
+    monkeypatch.setattr(session_output, "select", types.SimpleNamespace(select=select))
+    channel = SessionChannel(pipes)
+    try:
+        channel.lend()
+        assert waits_without_pipes.wait(10)
+        channel.give_back()
+        writer = frames.ChannelWriter(os.open(pipes.channel_path, os.O_WRONLY))
+        writer.send(frames.NOTE, 0, json.dumps({"after": 2}).encode())
+        os.close(writer.fd)
+        assert channel.notes(5) == [{"after": 2, "ordinal": 0}]
+    finally:
+        channel.close()
+
+
 def test_a_cell_takes_the_pipes_without_waiting_for_the_reader_thread_to_wake(pipes,
                                                                             monkeypatch):
     """lend() reads what the pipes hold (the session's) in the cell's own thread and
