@@ -42,7 +42,8 @@ from ..wire import completions, pdb_pipes, shared_tensors, stacks
 from ..wire.frames import NOTE
 from ..wire.names import REPLICA_NAMES
 from .execution import ReplicaGlobals, cell_globals, serve_run
-from ..wire.job import ReplicaJob, command_job, command_path, failure_path, urgent_path
+from ..wire.job import (JOB_VERBS, ReplicaJob, command_job, command_path, failure_path,
+                        urgent_path)
 from .process import ReplicaProcess
 from .thread import current
 
@@ -340,7 +341,7 @@ class _Commands:
             if line is None:  # the notebook is gone
                 return None
             verb, _, arg = line.decode().partition(" ")
-            if verb in ("job", "run"):
+            if verb in JOB_VERBS:
                 return command_job(verb, arg)
             if verb == "debug":
                 return DebugRequest(*arg.split(" ", 1))
