@@ -326,3 +326,24 @@ def test_cost_curves_fits_a_line_and_writes_out_what_a_slice_would_pay(monkeypat
     assert "Problems" not in text and "none of the 9" in text
     alone = cost_curves.render(replicas, None, info, 1.0, args, {}, no_hosts="ray is missing")
     assert "Not measured: ray is missing." in alone and "cost_curves-" not in alone
+
+
+def test_the_all_reduce_goal_shows_each_runs_ratio_to_the_floor_measured_before_it(
+        monkeypatch):
+    """simulation.py's goal line for the 16 MiB all-reduce: besides the medians' ratio,
+    each run against the floor measured right before it, and how many are within the goal
+    (the machine's slow spells make some runs slow, and the median hides which)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import simulation
+
+    said = simulation._each_run([(15.0, 10.0), (30.0, 7.5), (20.0, 10.0)], 2)
+    assert said == ("; each run against the floor measured right before it: 1.50x, 4.00x, "
+                    "2.00x (2 of 3 within 2x)")
+    assert simulation._each_run([], 2) == ""
+    n8 = {"replicas": 8, "slow_repeats": 1, "failures": [], "floor_ms": {
+        "step": 10.0, "all_reduce_16m": 10.0},
+        "median_ms": {m: {"step": 11.0, "all_reduce_16m": 15.0} for m in simulation.MODELS},
+        "paired_16m_ms": [(15.0, 10.0)]}
+    text = simulation.render([n8], simulation.machine_info(1, 1), 1.0, 1)
+    assert ("within 2x of the memory-bandwidth floor: 1.50x (met); each run against the "
+            "floor measured right before it: 1.50x (1 of 1 within 2x).") in text
