@@ -177,8 +177,9 @@ def measure(n: int, repeats: int, steps: int, slow_repeats: int = 5) -> dict:
                     continue
                 # The copies' floor right before the run it is the floor of, and each run's
                 # own ratio kept: the machine has slow spells (whole runs of 16 MiB at
-                # ~24 ms, not ~15), and in a probe of 40 such pairs the slow runs came
-                # with the fastest copies (6.6-7.5 ms, against ~9), not slower ones.
+                # ~24 ms, not ~15) that do not slow the copies alike (in one probe of 40
+                # such pairs the slow runs came with the fastest copies, 6.6-7.5 ms against
+                # ~9; in another, with copies of 7.5-10 ms).
                 copies = statistics.median(memcpy.seconds() for _ in range(5)) * 1e3
                 floor["all_reduce_16m"].append(copies)
                 floor["all_reduce_grads"].append(copies)  # (the same bytes)
