@@ -241,7 +241,7 @@ def test_nothing_is_left_on_disk_but_the_groups_empty_directory_until_it_closes(
     results = _run(4, work, root, tmp_path)
     left = results[0][2]
     assert len(left) == 1 and os.path.basename(left[0]).startswith(
-        shared_tensors._prefix()), left  # the group's directory, and nothing in it
+        shared_tensors._PREFIX), left  # the group's directory, and nothing in it
     assert all(out[2] == left for out in results)
     assert os.listdir(root) == []  # (the group closed with its processes)
 

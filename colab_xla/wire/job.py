@@ -117,7 +117,7 @@ def capture_startup(path: str) -> None:
 # proxy). A larger one (the notebook names the cell brings) goes as ``run PATH``, the path
 # of a file holding it pickled. (Every replica opened and read the file for every cell, and
 # the notebook wrote it to the disk. A warm cell's replica took ~85 µs to unpickle its job,
-# ~35 to unmarshal it: 8 replicas, ~0.4 ms of the machine's CPU a cell.)
+# ~35 to unmarshal it, cold: at 8 replicas, 0.26-0.28 ms less CPU a cell in bench/versus.py.)
 INLINE_JOB_BYTES = (select.PIPE_BUF - len("jobm \n")) // 4 * 3
 # marshal's format of plain data, which every Python since 3.4 reads alike (a replica may
 # run another Python than the notebook: CellModule.parts says how its code travels).

@@ -86,11 +86,8 @@ _kept_lock = threading.Lock()
 _keeping: Optional[int] = None  # the pid of the process that keeps them (not its children)
 
 
-_PREFIX = f"colab_xla-{os.getuid()}-"  # (os.getuid() is a system call)
-
-
-def _prefix() -> str:
-    return _PREFIX
+# This user's names' start (os.getuid() is a system call: asked once).
+_PREFIX = f"colab_xla-{os.getuid()}-"
 
 
 def make_dir(run_id: str, root: str = SHM_ROOT) -> Optional[str]:
@@ -125,20 +122,20 @@ def make_private_dir(kind: str, root: str = SHM_ROOT) -> str:
     by :func:`prune` once this process is gone if its owner did not remove it."""
     import tempfile
 
-    return tempfile.mkdtemp(prefix=f"{_prefix()}{os.getpid()}-{kind}-", dir=root)
+    return tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-{kind}-", dir=root)
 
 
 def pages_dir(directory: str) -> Optional[str]:
     """The page directory of the notebook process whose run directory is ``directory``
     (None if ``directory`` is not one: then pages are not reused)."""
     root, name = os.path.split(os.path.normpath(directory))
-    pid = name[len(_prefix()):].split("-", 1)[0] if name.startswith(_prefix()) else ""
-    return os.path.join(root, f"{_prefix()}{pid}-pages") if pid.isdigit() else None
+    pid = name[len(_PREFIX):].split("-", 1)[0] if name.startswith(_PREFIX) else ""
+    return os.path.join(root, f"{_PREFIX}{pid}-pages") if pid.isdigit() else None
 
 
 def own_pages_dir(root: str = SHM_ROOT) -> str:
     """This process's page directory (where the pages of its freed results are kept)."""
-    return os.path.join(root, f"{_prefix()}{os.getpid()}-pages")
+    return os.path.join(root, f"{_PREFIX}{os.getpid()}-pages")
 
 
 def drop_free_pages(root: str = SHM_ROOT) -> int:
@@ -175,9 +172,9 @@ def prune(root: str = SHM_ROOT) -> None:
     except OSError:
         return
     for name in names:
-        if not name.startswith(_prefix()):
+        if not name.startswith(_PREFIX):
             continue
-        pid = name[len(_prefix()):].split("-", 1)[0]
+        pid = name[len(_PREFIX):].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 

@@ -154,7 +154,6 @@ class Session(Target):
         # must then leave their closing to the cell.
         self._cell_pipes_lent = False
         self._asked = 0  # questions for Tab completion (each its own pipe)
-        self._cell_dir_made = False  # (see cell_dir)
 
     # -- start and stop ---------------------------------------------------------------------
 
@@ -165,6 +164,7 @@ class Session(Target):
         parent, this process or the forkserver; ``cache_dir`` checked) and wait until every
         one is ready; raise :class:`SessionError` (with what they printed) if they cannot."""
         session = cls(opts, plan, state.new_work_dir("session-"))
+        os.mkdir(session.cell_dir(), 0o700)
         stop_at_exit(session)
         try:
             session._start(parent_pid, cache_dir, dict(user_ns))
@@ -380,16 +380,11 @@ class Session(Target):
 
     def cell_dir(self) -> str:
         """The directory every cell of the session runs in (its job; the reports too large
-        for a frame and the displays its replicas write), made by the first cell and
+        for a frame and the displays its replicas write), made with the session and
         emptied as each cell ends: made and removed for every cell, it cost ~0.3 ms a cell
         in a disk's /tmp (removing a directory there, mostly). Its name is no module's: the
         session's directory is on the replicas' ``sys.path``."""
-        path = os.path.join(self.directory, "cell-files")
-        if not self._cell_dir_made:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(path, 0o700)
-            self._cell_dir_made = True
-        return path
+        return os.path.join(self.directory, "cell-files")
 
     def cell_pipes(self) -> RunPipes:
         """The pipes and output rings the session's replicas write to, lent to one cell at a
