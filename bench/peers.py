@@ -1002,16 +1002,31 @@ def group_lines(variant: str, msgs: List[tuple], n: int, lines: int) -> dict:
     return {**summarize(c, n, lines), "counted_from": "notebook messages"}
 
 
+class _Phases:
+    """Progress on stderr: each phase's seconds as it ends."""
+
+    def __init__(self, what: str):
+        self.what, self.last = what, time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        now = time.perf_counter()
+        print(f"{self.what}: {phase} [{now - self.last:.1f} s]", file=sys.stderr)
+        self.last = now
+
+
 def measure_groups_once(n: int, args) -> dict:
     """Every measure of section 6 at N=n: the four groups up at once, each in its kernel."""
     groups: Dict[str, Group] = {}
     out: dict = {"replicas": n, "start_s": {g: [] for g in GROUPS}}
+    phase = _Phases(f"peers: groups N={n}")
     try:
         for name in GROUPS:
             groups[name] = make_group(name, n)
+        phase("made")
         for i in range(args.group_starts):  # start: time to a ready group of N, rotating
             for name in rotated(GROUPS, i):
                 out["start_s"][name].append(groups[name].restart())
+        phase("starts")
         variants = GROUP_ROWS["warm"]
         warm: Dict[str, List[float]] = {v: [] for v in variants}
         # Warm-up rounds, kept as a row of their own: a kernel's first widget cells made
@@ -1029,13 +1044,19 @@ def measure_groups_once(n: int, args) -> dict:
             for v in rotated(variants, i):
                 warm[v].append(run_variant(groups, v, "x = 1", 60, ok=True)["idle_s"] * 1e3)
         out["warm_ms"] = warm
+        phase("warm cells")
         out["lines"] = measure_group_lines(groups, n, args)
+        phase("lines")
         out["raise"] = measure_group_raise(groups, n, args)
+        phase("raise")
         out["allreduce"] = measure_group_allreduce(groups, n, args)
+        phase("all_reduce")
         out["interrupt"] = measure_group_interrupt(groups, n, args)
+        phase("interrupts")
     finally:
         for g in groups.values():
             g.close()
+        phase("closed")
     out["stats"] = {
         "start_s": {g: stats(v) for g, v in out["start_s"].items()},
         "warm_ms": {v: stats(x) for v, x in out["warm_ms"].items()},
@@ -1115,7 +1136,10 @@ def measure_group_allreduce(groups, n: int, args) -> dict:
             "cannot": CANNOT_ALLREDUCE}
 
 
-def group_interrupt_cycle(groups, variant: str, n: int, args) -> dict:
+def group_interrupt_cycle(groups, variant: str, n: int, args, last: bool = False) -> dict:
+    """One Interrupt of ``variant``'s group in a cell that sleeps on every process, and
+    whether the group survives it (started again if not, unless this is its ``last``
+    cycle: the groups are closed next)."""
     g = groups[VARIANT_GROUP[variant]]
     kc, km = g.k.kc, g.k.km
     marker_dir = tempfile.mkdtemp(prefix="peers-groups-")
@@ -1144,15 +1168,23 @@ def group_interrupt_cycle(groups, variant: str, n: int, args) -> dict:
     with contextlib.suppress(queue.Empty):
         while True:
             kc.get_iopub_msg(timeout=0.05)
-    # The group survives if the next cell works on it, on the same processes.
-    nxt = run_variant(groups, variant, "x = 1", args.group_next_deadline)
-    left = {pid for pid, p in g.descendants().items() if alive(p)}
+    # The group survives if the next cell works on it, on the same processes. One whose
+    # processes are gone already has not: its next cell is not sent (it would wait out its
+    # deadline, and the kernel's recovery after it, for an answer that cannot change it).
+    gone = before - {pid for pid, p in g.descendants().items() if alive(p)}
+    if gone:
+        nxt = {"works": False, "idle_s": None,
+               "text": f"not sent: {len(gone)} process(es) of the group gone"}
+        g.recover()  # (what the next cell's time-out would have done)
+    else:
+        nxt = run_variant(groups, variant, "x = 1", args.group_next_deadline)
+    gone |= before - {pid for pid, p in g.descendants().items() if alive(p)}
     c.update(next_works=nxt["works"], next_s=nxt["idle_s"],
              next_text=nxt["text"][-300:], processes_before=len(before),
-             processes_gone=len(before - left))
-    c["survived"] = bool(nxt["works"]) and not (before - left)
+             processes_gone=len(gone))
+    c["survived"] = bool(nxt["works"]) and not gone
     shutil.rmtree(marker_dir, ignore_errors=True)
-    if not c["survived"]:  # a new group for the next cycles (untimed)
+    if not c["survived"] and not last:  # a new group for the next cycles (untimed)
         g.restart()
     return c
 
@@ -1160,8 +1192,9 @@ def group_interrupt_cycle(groups, variant: str, n: int, args) -> dict:
 def measure_group_interrupt(groups, n: int, args) -> dict:
     variants, runs = GROUP_ROWS["interrupt"], {v: [] for v in GROUP_ROWS["interrupt"]}
     for i in range(args.group_interrupts):
+        last = i == args.group_interrupts - 1
         for v in rotated(variants, i):
-            runs[v].append(group_interrupt_cycle(groups, v, n, args))
+            runs[v].append(group_interrupt_cycle(groups, v, n, args, last))
     return {"runs": runs, "cap_s": args.interrupt_cap,
             "reply_s": {v: stats([x["reply_s"] for x in rs if x["reply_s"] is not None])
                         for v, rs in runs.items()},
