@@ -1,6 +1,7 @@
 """``%%xla_spawn`` through a real IPython InteractiveShell."""
 
 import re
+from pathlib import Path
 
 import pytest
 from IPython.core.error import UsageError
@@ -365,3 +366,92 @@ def test_only_refusals_are_usage_errors_a_bug_keeps_its_type_and_traceback(ip, m
     result = cell(ip, "-n 2 --no-widget", "index")
     assert isinstance(result.error_in_exec, UsageError)
     assert str(result.error_in_exec) == "refused: do this instead"
+
+
+# -- the body's IPython syntax (colab_xla.notebook.ipython_syntax) ------------------------
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+# Bodies where IPython's transform acts, or nearly does: each must come out exactly as
+# shell.transform_cell gives it (the fast path only where that is the body itself).
+TRICKY = [
+    "x = 1\n", "x = 1", "ls\n", "pwd", "x = 1\ny = 2", "x = 1\ny = 2\n",
+    "\nx = 1\ny = 2\n", "   \nx = 1\ny = 2\n", "  x = 1\n  y = 2\n", "\tx = 1\n\ty = 2\n",
+    "x = 1\n%time y = 2\n", "%%time\nx = 1\n", "x = %time 1\ny = 2\n", "x = !echo hi\ny = 2\n",
+    "files = !ls\nprint(files)\n", "!echo hi\nx = 1\n", "x = 1\n  !echo hi\n",
+    "x = 1\nprint?\n", "x = 1\n?print\n", "x = 1\nprint??\n", "x = 1 # why?\ny = 2\n",
+    "s = 'a?b'\nt = 1\n", "x = 1\n/print 1\n", "x = 1\n,print a b\n", "x = 1\n;print a b\n",
+    ">>> x = 1\n>>> y = 2\n", "x = (1,\n... )\ny = 2\n", "x = 1\n... \n",
+    "def f():\n    ...\nf()\n", "def f():\n    >>> 1\n", "In [1]: x = 1\n   ...: y = 2\n",
+    "d = {\n...: 1}\nd\n", "x = 10 % 3\ny = x != 1\n", "x = 5\ny = x%2\n",
+    "s = 'n=%d' % 3\nt = s\n", "v = 3\nprint(f'{v=!r}')\n", "if True:\n    y = 1\n",
+    "x = 1\r\ny = 2\r\n", "x = 1\x0cy = 2\n", "x = [1,\n     2]\nprint(x)\n",
+    "x = 1\n\n\n", "import os\nos.getpid()\n", "x = 1;\ny = 2\n", "x = 1\n# %magic\n",
+]
+
+
+def _tutorial_bodies():
+    import json
+
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        for c in json.loads(path.read_text())["cells"]:
+            source = "".join(c["source"])
+            if c["cell_type"] == "code" and source.startswith("%%xla_spawn"):
+                yield source.split("\n", 1)[1] if "\n" in source else ""
+
+
+def test_a_bodys_ipython_syntax_is_transformed_exactly_as_ipython_does(ip):
+    from colab_xla.notebook import auto_cells, ipython_syntax
+
+    bodies = TRICKY + list(_tutorial_bodies())
+    assert len(bodies) > len(TRICKY) + 10  # (the tutorials' cells were found)
+    fast = 0
+    with auto_cells.suspended():  # as the magic calls it
+        for body in bodies:
+            expected = ip.transform_cell(body)
+            assert ipython_syntax.transform(ip, body, own=(auto_cells.transform,)) == \
+                expected, body
+            fast += ipython_syntax._unchanged_by(ip, body, (auto_cells.transform,))
+    assert fast >= 10  # (the fast path is taken, for most tutorial cells among them)
+
+
+def test_a_body_without_ipython_syntax_is_not_tokenized_and_one_with_it_is(ip, monkeypatch):
+    from colab_xla.notebook import auto_cells, ipython_syntax
+
+    asked = []
+    real = ip.transform_cell
+    monkeypatch.setattr(ip, "transform_cell", lambda body: asked.append(body) or real(body))
+    own = (auto_cells.transform,)  # (the magic's own transformer: it suspends it)
+    plain = "import torch\nt = torch.ones(2) * index\nt.sum()"
+    assert ipython_syntax.transform(ip, plain, own) == plain + "\n" and asked == []
+    assert ipython_syntax.transform(ip, plain) == plain + "\n" and asked == [plain]
+    for body in ("x = 1\n!echo hi\n", "x = 1", "x = 1\ny?\n"):
+        assert ipython_syntax.transform(ip, body, own) == real(body) and asked[-1] == body
+
+
+def test_another_transformer_of_the_shell_is_applied_to_every_body(ip):
+    """An extension's transformer (here one renaming a name) sees every body: no fast path
+    while the shell has one that is not IPython's."""
+    from colab_xla.notebook import auto_cells, ipython_syntax
+
+    def rename(lines):
+        return [line.replace("old_name", "new_name") for line in lines]
+
+    body = "old_name = 1\nprint(old_name)\n"
+    for transformers in (ip.input_transformers_post, ip.input_transformers_cleanup):
+        transformers.append(rename)
+        try:
+            assert ipython_syntax.transform(ip, body, (auto_cells.transform,)) == \
+                "new_name = 1\nprint(new_name)\n"
+        finally:
+            transformers.remove(rename)
+    assert ipython_syntax.transform(ip, body, (auto_cells.transform,)) == body
+
+
+def test_ipython_syntax_in_a_multi_line_body_runs_on_the_replicas(ip):
+    """A magic's line among Python lines (a real run of 1 replica)."""
+
+    result = cell(ip, "-n 1 -o _said", "import os\n%env SAID=from-a-magic\n"
+                  "os.environ['SAID'] + f'-in-{index}'")
+    assert result.error_in_exec is None, result.error_in_exec
+    assert ip.user_ns["_said"] == {0: "from-a-magic-in-0"}
