@@ -1139,7 +1139,7 @@ def measure_group_allreduce(groups, n: int, args) -> dict:
 def group_interrupt_cycle(groups, variant: str, n: int, args, last: bool = False) -> dict:
     """One Interrupt of ``variant``'s group in a cell that sleeps on every process, and
     whether the group survives it (started again if not, unless this is its ``last``
-    cycle: the groups are closed next)."""
+    cycle)."""
     g = groups[VARIANT_GROUP[variant]]
     kc, km = g.k.kc, g.k.km
     marker_dir = tempfile.mkdtemp(prefix="peers-groups-")
@@ -1178,13 +1178,16 @@ def group_interrupt_cycle(groups, variant: str, n: int, args, last: bool = False
         g.recover()  # (what the next cell's time-out would have done)
     else:
         nxt = run_variant(groups, variant, "x = 1", args.group_next_deadline)
-    gone |= before - {pid for pid, p in g.descendants().items() if alive(p)}
+    living = {pid for pid, p in g.descendants().items() if alive(p)}
+    gone |= before - living
     c.update(next_works=nxt["works"], next_s=nxt["idle_s"],
              next_text=nxt["text"][-300:], processes_before=len(before),
              processes_gone=len(gone))
     c["survived"] = bool(nxt["works"]) and not gone
     shutil.rmtree(marker_dir, ignore_errors=True)
-    if not c["survived"] and not last:  # a new group for the next cycles (untimed)
+    # A new group for the next cycles (untimed), unless the recovery made one already
+    # (nbdistributed's starts its workers again) or none is needed (the groups close next).
+    if not c["survived"] and not last and (not gone or len(living) < len(before)):
         g.restart()
     return c
 

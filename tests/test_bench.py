@@ -144,6 +144,15 @@ def test_peer_groups_run_and_write_their_section(tmp_path, warm):
     assert "<!-- section:peers -->" not in results
     raw = json.loads((tmp_path / "results" / "peer_groups.json").read_text())
     assert [r["replicas"] for r in raw["per_n"]] == [1]
+    # The session survives its Interrupt (the next cell ran, on the same processes); a
+    # group with a process gone did not, whether its next cell was sent or not.
+    cycles = raw["per_n"][0]["interrupt"]["runs"]
+    assert all(c["survived"] and c["next_works"] for v in ("xla", "xla_widget")
+               for c in cycles[v]), cycles
+    for c in (c for runs in cycles.values() for c in runs):
+        assert not (c["processes_gone"] and c["survived"]), c
+        if c["next_text"].startswith("not sent"):
+            assert c["processes_gone"] > 0 and c["next_s"] is None and not c["next_works"], c
 
 
 def test_versus_measures_two_commits_in_two_kernels_and_writes_its_section(tmp_path, warm):
@@ -170,6 +179,19 @@ def test_versus_measures_two_commits_in_two_kernels_and_writes_its_section(tmp_p
                    for ms in cpu[cell]["session"]), (arm, cpu)
     assert sorted(n1["cpu_ms"]) == ["base", "now"]
     assert "| least wall over plain on " in results
+
+
+@pytest.mark.parametrize("content, said", [(None, "No such file"), ("\n  \n", "empty")])
+def test_versus_refuses_a_cell_file_it_cannot_use_before_starting_anything(tmp_path, content,
+                                                                          said):
+    cell = tmp_path / "cell.py"
+    if content is not None:
+        cell.write_text(content)
+    done = subprocess.run([sys.executable, str(BENCH / "versus.py"), "--base", "HEAD",
+                           "--cell", str(cell), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and f"--cell {cell}: " in done.stderr and said in done.stderr
+    assert not (tmp_path / "results.md").exists()
 
 
 def test_schedstat_counts_the_cpu_of_every_thread_of_a_process_and_a_gone_one_as_none(
