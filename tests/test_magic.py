@@ -387,6 +387,9 @@ TRICKY = [
     "s = 'n=%d' % 3\nt = s\n", "v = 3\nprint(f'{v=!r}')\n", "if True:\n    y = 1\n",
     "x = 1\r\ny = 2\r\n", "x = 1\x0cy = 2\n", "x = [1,\n     2]\nprint(x)\n",
     "x = 1\n\n\n", "import os\nos.getpid()\n", "x = 1;\ny = 2\n", "x = 1\n# %magic\n",
+    # one line: IPython's prefilter (automagic, autocall, an IPyAutocall such as exit)
+    "exit", "quit\n", "cd /tmp", "env", "x = 1 # c", "print(1); x = 2", "time.sleep", "",
+    "len 'abc'", "who_ls", "x=1", "   ", "\n",
 ]
 
 
@@ -411,8 +414,8 @@ def test_a_bodys_ipython_syntax_is_transformed_exactly_as_ipython_does(ip):
             expected = ip.transform_cell(body)
             assert ipython_syntax.transform(ip, body, own=(auto_cells.transform,)) == \
                 expected, body
-            fast += ipython_syntax._unchanged_by(ip, body, (auto_cells.transform,))
-    assert fast >= 10  # (the fast path is taken, for most tutorial cells among them)
+            fast += ipython_syntax._static_unchanged(ip, body, (auto_cells.transform,))
+    assert fast >= 20  # (the static transforms are skipped: most tutorial cells, one lines)
 
 
 def test_a_body_without_ipython_syntax_is_not_tokenized_and_one_with_it_is(ip, monkeypatch):
@@ -424,9 +427,24 @@ def test_a_body_without_ipython_syntax_is_not_tokenized_and_one_with_it_is(ip, m
     own = (auto_cells.transform,)  # (the magic's own transformer: it suspends it)
     plain = "import torch\nt = torch.ones(2) * index\nt.sum()"
     assert ipython_syntax.transform(ip, plain, own) == plain + "\n" and asked == []
+    assert ipython_syntax.transform(ip, "pwd", own) == real("pwd") and asked == []  # prefilter
     assert ipython_syntax.transform(ip, plain) == plain + "\n" and asked == [plain]
-    for body in ("x = 1\n!echo hi\n", "x = 1", "x = 1\ny?\n"):
+    for body in ("x = 1\n!echo hi\n", "%pwd", "x = 1\ny?\n"):
         assert ipython_syntax.transform(ip, body, own) == real(body) and asked[-1] == body
+
+
+def test_a_shell_class_with_its_own_transform_cell_gets_every_body(ip, monkeypatch):
+    """A shell subclass's transform_cell (a kernel's own syntax) is never bypassed."""
+    from colab_xla.notebook import auto_cells, ipython_syntax
+
+    class Shell(type(ip)):
+        def transform_cell(self, raw_cell):
+            return super().transform_cell(raw_cell.replace("old_name", "new_name"))
+
+    monkeypatch.setattr(ip, "__class__", Shell)
+    body = "old_name = 1\nprint(old_name)\n"
+    assert ipython_syntax.transform(ip, body, (auto_cells.transform,)) == \
+        "new_name = 1\nprint(new_name)\n"
 
 
 def test_another_transformer_of_the_shell_is_applied_to_every_body(ip):

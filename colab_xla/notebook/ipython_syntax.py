@@ -1,16 +1,20 @@
 """A cell body's IPython syntax (``%magic``, ``!command``, ``name?``, pasted prompts)
-made Python, as the notebook's own cells are: IPython's ``shell.transform_cell``, except
-where it could change nothing.
+made Python, as the notebook's own cells are: IPython's ``shell.transform_cell``, without
+the part of it that could change nothing.
 
-IPython's transform tokenizes the whole body to look for its syntax: ~0.5 ms of the
-notebook's time for a cell of 20 lines (warm; more in a kernel between cells), before the
-replicas are sent the cell. Its static transforms act only at a few kinds of place (a
-line's start, an ``=`` followed by ``%`` or ``!``, a ``?``, a first line that is blank or
-indented, a prompt), so a body with none of them is returned as it is, with the newline
-IPython adds. Everything else goes through IPython: a single line (its prefilter, which
-depends on the namespace: automagic, autocall, macros), a body with any such place (in a
-string or a comment too), and any shell whose transformers are not IPython's own (an
-extension's, or this package's auto mode while it is not suspended).
+IPython's transform has two parts: static transforms (``IPython.core.inputtransformer2``),
+which tokenize the whole body to find its syntax, then, for a body of one line, dynamic
+ones (its prefilter: automagic, autocall, macros, which depend on the namespace). The
+static part runs before the replicas are sent the cell: for a cell of 22 lines, it cost
+0.7-0.9 ms of the kernel's CPU and 0.7-1.0 ms of the cell's time (``bench/versus.py
+--cell bench/cells/defines.py``, 1 and 8 replicas). It acts only at a few kinds of place
+(a line's start, an ``=`` followed by ``%`` or ``!``, a ``?``, a first line that is blank
+or indented, a prompt), so for a body with none of them it is skipped, and the rest of
+``transform_cell`` is done as IPython (7.x to 9.x) does it: the newline it adds, the
+prefilter for one line. Everything else goes through ``shell.transform_cell`` itself: a
+body with any such place (in a string or a comment too), a shell whose transformers are
+not IPython's own (an extension's, this package's auto mode while not suspended), and a
+shell class with a ``transform_cell`` of its own.
 """
 
 from __future__ import annotations
@@ -26,19 +30,26 @@ _MAYBE_IPYTHON = re.compile(r"^\s*(?:[%!?,;/]|>>>|\.\.\.|In \[)|\?|=\s*[%!]", re
 
 
 def transform(shell, body: str, own: tuple = ()) -> str:
-    """``shell.transform_cell(body)``: the same text, without IPython's tokenizing where
-    it would return the body unchanged. ``own``: transformers of this package's that
-    change nothing at the moment (auto mode's, suspended)."""
-    if _unchanged_by(shell, body, own):
-        return body if body.endswith("\n") else body + "\n"
-    return shell.transform_cell(body)
+    """``shell.transform_cell(body)``: the same text, without IPython's static transforms
+    where they would change nothing. ``own``: transformers of this package's that change
+    nothing at the moment (auto mode's, suspended)."""
+    if not _static_unchanged(shell, body, own):
+        return shell.transform_cell(body)
+    cell = body if body.endswith("\n") else body + "\n"
+    if len(cell.splitlines()) == 1:  # the dynamic transforms, as transform_cell runs them
+        with shell.builtin_trap:
+            cell = shell.prefilter_manager.prefilter_lines(cell) + "\n"
+    return cell
 
 
-def _unchanged_by(shell, body: str, own: tuple) -> bool:
-    if not body[:1].strip() or len(body.splitlines()) < 2 or _MAYBE_IPYTHON.search(body):
+def _static_unchanged(shell, body: str, own: tuple) -> bool:
+    """Whether IPython's static transforms give ``body`` back as it is (plus a newline),
+    and its ``transform_cell`` is IPython's own, with nothing after them."""
+    if not body[:1].strip() or _MAYBE_IPYTHON.search(body):
         return False
     manager = getattr(shell, "input_transformer_manager", None)
-    if manager is None or getattr(shell, "input_transformers_post", None):
+    if (manager is None or getattr(shell, "input_transformers_post", None)
+            or getattr(type(shell), "transform_cell", None) is not _ipython_transform_cell()):
         return False
     cleanup, line, token = _defaults()
     return (all(t in own or t in cleanup for t in manager.cleanup_transforms)
@@ -54,3 +65,10 @@ def _defaults() -> Tuple[tuple, tuple, tuple]:
     fresh = TransformerManager()
     return (tuple(fresh.cleanup_transforms), tuple(fresh.line_transforms),
             tuple(fresh.token_transformers))
+
+
+@functools.lru_cache(maxsize=None)
+def _ipython_transform_cell():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    return InteractiveShell.transform_cell
