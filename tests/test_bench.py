@@ -181,6 +181,30 @@ def test_versus_measures_two_commits_in_two_kernels_and_writes_its_section(tmp_p
     assert "| least wall over plain on " in results
 
 
+def test_versus_says_the_goal_for_its_own_cell_only(monkeypatch):
+    """The goal line (issue 35's x = 1 at N=8) is rendered for that cell, never for a
+    --cell one, which measures a change; the header names the cell measured."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import versus
+    from _results import paired, stats
+
+    ms = {"plain": [5.0, 5.2, 5.1], "xla": [8.0, 8.4, 8.1], "xla_widget": [7.0, 7.5, 7.1]}
+    cpu = {v: {"kernel": [m - 1 for m in x], "session": [1.0] * 3} for v, x in ms.items()}
+    run = {"replicas": 8, "session_processes": {"base": 8, "now": 8},
+           "stats": {a: {v: stats(x) for v, x in ms.items()} for a in versus.ARMS},
+           "over_plain": {a: {v: paired(ms[v], ms["plain"]) for v in ("xla", "xla_widget")}
+                          for a in versus.ARMS},
+           "cpu_ms": {a: cpu for a in versus.ARMS}}
+    base, info = {"commit": "abc1234", "subject": "s"}, {"cores_usable": 2}
+    monkeypatch.setattr(versus, "machine_line", lambda *a, **k: "Machine: ...")
+    goal = versus.render([run], info, base, 1.0, 3)
+    assert "The cell: `x = 1`" in goal and "Goal (issue 35)" in goal
+    assert "(text view): +3.0 ms (not met)" in goal
+    other = versus.render([run], info, base, 1.0, 3, "a = 1\nb = 2\n", "bench/cells/two.py")
+    assert "The cell: the 2 lines of `bench/cells/two.py`" in other
+    assert "Goal" not in other and "not met" not in other
+
+
 @pytest.mark.parametrize("content, said", [(None, "No such file"), ("\n  \n", "empty")])
 def test_versus_refuses_a_cell_file_it_cannot_use_before_starting_anything(tmp_path, content,
                                                                           said):
