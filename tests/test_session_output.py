@@ -138,6 +138,26 @@ def test_a_lent_pipe_is_the_cells_alone_and_given_back_is_read_again(pipes):
     assert channel.lend() is pipes  # closed: a cell may still take them
 
 
+def reader_selects(monkeypatch, wanted):
+    """An Event set once the session's reader calls select with file descriptors that
+    ``wanted(fds)`` accepts (its select, seen from outside)."""
+    import select as real_select
+    import threading
+    import types
+
+    from colab_xla.notebook.targets import session_output
+
+    seen = threading.Event()
+
+    def select(fds, *rest):
+        if wanted(fds):
+            seen.set()
+        return real_select.select(fds, *rest)
+
+    monkeypatch.setattr(session_output, "select", types.SimpleNamespace(select=select))
+    return seen
+
+
 def test_pipes_given_back_are_read_again_unwoken_and_lent_again_without_a_wake(pipes,
                                                                             monkeypatch):
     """give_back writes nothing to the reader (it takes the pipes back at its next look,
@@ -145,6 +165,8 @@ def test_pipes_given_back_are_read_again_unwoken_and_lent_again_without_a_wake(p
     what a replica sends after the cell reaches notes(), which does not wake the reader."""
     commands = []
     real_write = os.write
+    # the reader's first look: its select takes in its control pipe and the session's pipes
+    watching = reader_selects(monkeypatch, lambda fds: len(fds) > 1)
 
     def write(fd, data):
         if fd == channel._control_w:
@@ -154,9 +176,7 @@ def test_pipes_given_back_are_read_again_unwoken_and_lent_again_without_a_wake(p
     channel = SessionChannel(pipes)
     monkeypatch.setattr(os, "write", write)
     try:
-        deadline = time.monotonic() + 10
-        while not channel._watching and time.monotonic() < deadline:  # its first look
-            time.sleep(0.001)
+        assert watching.wait(10)
         channel.lend()
         assert commands == [b"l"]  # (the reader was watching the pipes: told)
         channel.give_back()
@@ -177,20 +197,8 @@ def test_pipes_given_back_while_the_reader_waits_without_them_are_read_again_unw
         pipes, monkeypatch):
     """The reader, once it waits with the pipes lent (its select on its control pipe
     alone), takes them back by itself after give_back (which does not wake it)."""
-    import select as real_select
-    import threading
-    import types
-
-    from colab_xla.notebook.targets import session_output
-
-    waits_without_pipes = threading.Event()
-
-    def select(fds, *rest):
-        if len(fds) == 1:  # its control pipe alone
-            waits_without_pipes.set()
-        return real_select.select(fds, *rest)
-
-    monkeypatch.setattr(session_output, "select", types.SimpleNamespace(select=select))
+    # its select on its control pipe alone
+    waits_without_pipes = reader_selects(monkeypatch, lambda fds: len(fds) == 1)
     channel = SessionChannel(pipes)
     try:
         channel.lend()
