@@ -175,6 +175,49 @@ def test_the_shared_lock_and_a_private_run_directory():
     assert outcome.replicas[1].text == "holding the lock 1"
 
 
+KILLED_HOLDING_A_LOCK = """
+import os
+from colab_xla.notebook import shared_lock
+with shared_lock.new_lock():
+    print(shared_lock.manager().address, flush=True)
+    os.kill(os.getpid(), 9)  # (a kernel restarted, or shut down at once)
+"""
+
+
+@pytest.mark.quick
+def test_a_notebook_killed_with_a_lock_leaves_no_pymp_directory_and_the_next_sweeps_it():
+    """The lock's manager listens in the notebook process's work directory, which the
+    next notebook process removes once the first is gone: no /tmp/pymp-* left for good."""
+    import shutil
+    import tempfile
+
+    own_tmp = tempfile.mkdtemp(prefix="lock-")  # (this test's own /tmp; tmp_path is too
+    try:  # long a prefix for a socket's path)
+        env = {**os.environ, "TMPDIR": own_tmp}
+        done = subprocess.run([sys.executable, "-c", KILLED_HOLDING_A_LOCK], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == -signal.SIGKILL, done.stderr
+        socket_path = done.stdout.strip()
+        work = os.path.join(own_tmp, f"colab_xla-{os.getuid()}", "work")
+        assert os.path.dirname(os.path.dirname(socket_path)) == work, socket_path
+        assert [name for name in os.listdir(own_tmp) if name.startswith("pymp-")] == []
+        subprocess.run([sys.executable, "-c", "from colab_xla.notebook import state\n"
+                        "state.own_dir('work')"], env=env, check=True, timeout=60)
+        assert not os.path.exists(os.path.dirname(socket_path))  # the dead one's, swept
+    finally:
+        shutil.rmtree(own_tmp, ignore_errors=True)
+
+
+def test_the_locks_manager_listens_in_the_work_directory_unless_the_path_is_too_long(
+        monkeypatch):
+    from colab_xla.notebook import shared_lock, state
+
+    monkeypatch.setattr(state, "own_dir", lambda kind: "/tmp/w")
+    assert shared_lock._address().startswith("/tmp/w/lock-")
+    monkeypatch.setattr(state, "own_dir", lambda kind: "/tmp/" + "w" * 100)
+    assert shared_lock._address() is None  # (multiprocessing's own address, in /tmp)
+
+
 def test_the_lock_is_there_only_for_a_cell_whose_text_names_it():
     # What the README says: a Manager lock costs a few ms per run, so only such cells get one.
     outcome = run("('lo' + 'ck') in globals()", 2)

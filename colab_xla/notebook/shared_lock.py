@@ -1,17 +1,25 @@
 """The lock replicas share (``with lock: print(...)``): a Manager lock, whose proxy pickles
 and works across processes, from one manager process kept for the kernel's life
 (starting one costs ~30 ms, a lock ~1 ms).
+
+The manager listens on a socket in this notebook process's work directory, not in a
+``pymp-*`` directory of its own in /tmp: the manager dies with the notebook's process
+(``die_with_parent``), and when that is killed (a kernel restarted, shut down at once),
+the next notebook process's sweep of the work directories removes the socket with the
+rest (:func:`colab_xla.notebook.state.own_dir`); a ``pymp-*`` directory stayed for good.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import multiprocessing
 import multiprocessing.managers
 import os
 import signal
 from typing import Optional
 
+from . import state
 from ..wire import lifetime
 
 
@@ -27,9 +35,22 @@ def manager() -> multiprocessing.managers.SyncManager:
     """A Manager kept for the kernel's life: starting one costs ~30 ms, a lock ~1 ms."""
     global _manager
     if _manager is None or not _manager._process.is_alive():
-        _manager = multiprocessing.managers.SyncManager(ctx=multiprocessing.get_context("fork"))
+        _manager = multiprocessing.managers.SyncManager(
+            address=_address(), ctx=multiprocessing.get_context("fork"))
         _manager.start(_manager_process_init, (os.getpid(),))
     return _manager
+
+
+_started = itertools.count()
+# A Unix socket's path is at most 107 bytes (Linux): under a longer TMPDIR, multiprocessing
+# picks the address, in a pymp-* directory of its own, as before.
+_MAX_SOCKET_PATH = 107
+
+
+def _address() -> Optional[str]:
+    """Where a new manager listens: in this process's work directory (see the module)."""
+    path = os.path.join(state.own_dir("work"), f"lock-{next(_started)}")
+    return path if len(path.encode()) <= _MAX_SOCKET_PATH else None
 
 
 def _manager_process_init(parent_pid: int) -> None:
