@@ -7,6 +7,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.testing import globalipapp
 
+from colab_xla.notebook import auto_cells, ipython_syntax
 from colab_xla.notebook.outcome import XlaSpawnError
 
 
@@ -371,6 +372,7 @@ def test_only_refusals_are_usage_errors_a_bug_keeps_its_type_and_traceback(ip, m
 # -- the body's IPython syntax (colab_xla.notebook.ipython_syntax) ------------------------
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+OWN = (auto_cells.transform,)  # what the magic passes: auto mode's transformer, suspended
 
 # Bodies where IPython's transform acts, or nearly does: each must come out exactly as
 # shell.transform_cell gives it (the fast path only where that is the body itself).
@@ -404,54 +406,45 @@ def _tutorial_bodies():
 
 
 def test_a_bodys_ipython_syntax_is_transformed_exactly_as_ipython_does(ip):
-    from colab_xla.notebook import auto_cells, ipython_syntax
-
     bodies = TRICKY + list(_tutorial_bodies())
     assert len(bodies) > len(TRICKY) + 10  # (the tutorials' cells were found)
     fast = 0
     with auto_cells.suspended():  # as the magic calls it
         for body in bodies:
             expected = ip.transform_cell(body)
-            assert ipython_syntax.transform(ip, body, own=(auto_cells.transform,)) == \
+            assert ipython_syntax.transform(ip, body, OWN) == \
                 expected, body
-            fast += ipython_syntax._static_unchanged(ip, body, (auto_cells.transform,))
+            fast += ipython_syntax._static_unchanged(ip, body, OWN)
     assert fast >= 20  # (the static transforms are skipped: most tutorial cells, one lines)
 
 
 def test_a_body_without_ipython_syntax_is_not_tokenized_and_one_with_it_is(ip, monkeypatch):
-    from colab_xla.notebook import auto_cells, ipython_syntax
-
     asked = []
     real = ip.transform_cell
     monkeypatch.setattr(ip, "transform_cell", lambda body: asked.append(body) or real(body))
-    own = (auto_cells.transform,)  # (the magic's own transformer: it suspends it)
     plain = "import torch\nt = torch.ones(2) * index\nt.sum()"
-    assert ipython_syntax.transform(ip, plain, own) == plain + "\n" and asked == []
-    assert ipython_syntax.transform(ip, "pwd", own) == real("pwd") and asked == []  # prefilter
+    assert ipython_syntax.transform(ip, plain, OWN) == plain + "\n" and asked == []
+    assert ipython_syntax.transform(ip, "pwd", OWN) == real("pwd") and asked == []  # prefilter
     assert ipython_syntax.transform(ip, plain) == plain + "\n" and asked == [plain]
     for body in ("x = 1\n!echo hi\n", "%pwd", "x = 1\ny?\n"):
-        assert ipython_syntax.transform(ip, body, own) == real(body) and asked[-1] == body
+        assert ipython_syntax.transform(ip, body, OWN) == real(body) and asked[-1] == body
 
 
 def test_a_shell_class_with_its_own_transform_cell_gets_every_body(ip, monkeypatch):
     """A shell subclass's transform_cell (a kernel's own syntax) is never bypassed."""
-    from colab_xla.notebook import auto_cells, ipython_syntax
-
     class Shell(type(ip)):
         def transform_cell(self, raw_cell):
             return super().transform_cell(raw_cell.replace("old_name", "new_name"))
 
     monkeypatch.setattr(ip, "__class__", Shell)
     body = "old_name = 1\nprint(old_name)\n"
-    assert ipython_syntax.transform(ip, body, (auto_cells.transform,)) == \
+    assert ipython_syntax.transform(ip, body, OWN) == \
         "new_name = 1\nprint(new_name)\n"
 
 
 def test_another_transformer_of_the_shell_is_applied_to_every_body(ip):
     """An extension's transformer (here one renaming a name) sees every body: no fast path
     while the shell has one that is not IPython's."""
-    from colab_xla.notebook import auto_cells, ipython_syntax
-
     def rename(lines):
         return [line.replace("old_name", "new_name") for line in lines]
 
@@ -459,11 +452,11 @@ def test_another_transformer_of_the_shell_is_applied_to_every_body(ip):
     for transformers in (ip.input_transformers_post, ip.input_transformers_cleanup):
         transformers.append(rename)
         try:
-            assert ipython_syntax.transform(ip, body, (auto_cells.transform,)) == \
+            assert ipython_syntax.transform(ip, body, OWN) == \
                 "new_name = 1\nprint(new_name)\n"
         finally:
             transformers.remove(rename)
-    assert ipython_syntax.transform(ip, body, (auto_cells.transform,)) == body
+    assert ipython_syntax.transform(ip, body, OWN) == body
 
 
 def test_ipython_syntax_in_a_multi_line_body_runs_on_the_replicas(ip):

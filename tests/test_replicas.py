@@ -2,9 +2,11 @@
 
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -188,9 +190,6 @@ with shared_lock.new_lock():
 def test_a_notebook_killed_with_a_lock_leaves_no_pymp_directory_and_the_next_sweeps_it():
     """The lock's manager listens in the notebook process's work directory, which the
     next notebook process removes once the first is gone: no /tmp/pymp-* left for good."""
-    import shutil
-    import tempfile
-
     own_tmp = tempfile.mkdtemp(prefix="lock-")  # (this test's own /tmp; tmp_path is too
     try:  # long a prefix for a socket's path)
         env = {**os.environ, "TMPDIR": own_tmp}

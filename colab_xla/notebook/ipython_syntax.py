@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Tuple
+from typing import Callable, Tuple
 
 # Every place IPython's static transforms (IPython.core.inputtransformer2, 7.x to 9.x) act
 # at, and more: an escape or a prompt at a line's start (also inside brackets, where
@@ -48,27 +48,22 @@ def _static_unchanged(shell, body: str, own: tuple) -> bool:
     if not body[:1].strip() or _MAYBE_IPYTHON.search(body):
         return False
     manager = getattr(shell, "input_transformer_manager", None)
+    transform_cell, cleanup, line, token = _ipythons_own()
     if (manager is None or getattr(shell, "input_transformers_post", None)
-            or getattr(type(shell), "transform_cell", None) is not _ipython_transform_cell()):
+            or getattr(type(shell), "transform_cell", None) is not transform_cell):
         return False
-    cleanup, line, token = _defaults()
     return (all(t in own or t in cleanup for t in manager.cleanup_transforms)
             and all(t in line for t in manager.line_transforms)
             and all(t in token for t in manager.token_transformers))
 
 
 @functools.lru_cache(maxsize=None)
-def _defaults() -> Tuple[tuple, tuple, tuple]:
-    """IPython's own transformers: a new TransformerManager's (module-level objects)."""
+def _ipythons_own() -> Tuple[Callable, tuple, tuple, tuple]:
+    """IPython's own ``transform_cell``, and its transformers: a new TransformerManager's
+    (module-level objects)."""
     from IPython.core.inputtransformer2 import TransformerManager
-
-    fresh = TransformerManager()
-    return (tuple(fresh.cleanup_transforms), tuple(fresh.line_transforms),
-            tuple(fresh.token_transformers))
-
-
-@functools.lru_cache(maxsize=None)
-def _ipython_transform_cell():
     from IPython.core.interactiveshell import InteractiveShell
 
-    return InteractiveShell.transform_cell
+    fresh = TransformerManager()
+    return (InteractiveShell.transform_cell, tuple(fresh.cleanup_transforms),
+            tuple(fresh.line_transforms), tuple(fresh.token_transformers))
