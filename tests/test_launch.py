@@ -167,13 +167,23 @@ def test_an_interrupt_while_the_forkserver_imports_starts_no_replica(tmp_path):
     # server. (The cell's files are looked for too, though a replica forked after its
     # run ended would not find the cell's module either.)
     script = textwrap.dedent(f"""
-        import os, signal, threading
+        import signal, sys, threading, time, traceback
         from colab_xla.notebook.targets import run_cell
         from colab_xla.notebook.launch import Launch, wait_forkserver
 
+        main = threading.main_thread().ident
+
+        def interrupt_in_the_wait():
+            # Interrupt once the cell waits for the server's imports (its frames say so),
+            # to the main thread itself: its blocked read then ends at once.
+            while not any(f.f_code.co_name == "wait_forkserver" for f, _ in
+                          traceback.walk_stack(sys._current_frames().get(main))):
+                time.sleep(0.01)
+            signal.pthread_kill(main, signal.SIGINT)
+
         def announce(note):
             if "starting the forkserver" in note:  # Interrupt while it imports
-                threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+                threading.Thread(target=interrupt_in_the_wait, daemon=True).start()
 
         cell = "open({str(tmp_path)!r} + '/ran' + str(index), 'w').close()"
         try:
