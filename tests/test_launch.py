@@ -1,11 +1,14 @@
 """Real replicas started every way colab_xla offers: start methods, launchers, one-replica
 debugging, --env, --cache, --pull and shared-memory tensors (issue #6)."""
 
+import multiprocessing
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -158,6 +161,58 @@ def test_waiting_for_the_forkserver_returns_once_it_has_imported_torch_xla():
         """)
     done = subprocess.run(_PY + [script], capture_output=True, text=True, timeout=180)
     assert "started True torch_xla True" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_notebook_killed_with_its_forkserver_up_leaves_no_pymp_directory():
+    # The forkserver's socket goes in the notebook process's work directory, which the
+    # next notebook process sweeps once that one is gone; killed (a kernel restarted at
+    # once), it left a pymp-* directory with the socket for good. multiprocessing's own
+    # directory for the notebook's other uses is not chosen by colab_xla. (A TMPDIR of its
+    # own, short: pytest's tmp_path is too long a place for a socket.)
+    tmp = Path(tempfile.mkdtemp(prefix="fs-"))
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    try:
+        script = textwrap.dedent("""
+            import multiprocessing, os, signal
+            from multiprocessing import forkserver
+            from colab_xla.notebook import state
+            from colab_xla.notebook.launch import warm_forkserver
+            warm_forkserver()
+            print(forkserver._forkserver._forkserver_address, state.own_dir("work"),
+                  "tempdir" in multiprocessing.current_process()._config, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+            """)
+        done = subprocess.run(_PY + [script], capture_output=True, text=True, timeout=180,
+                              env=env)
+        assert done.returncode == -signal.SIGKILL, done.stdout + done.stderr
+        address, work, redirected = done.stdout.split()
+        assert os.path.dirname(address) == work and redirected == "False", done.stdout
+        assert not list(tmp.glob("pymp-*"))
+        swept = subprocess.run(_PY + ["from colab_xla.notebook import state\n"
+                                      "print(state.own_dir('work'))"],
+                               capture_output=True, text=True, timeout=60, env=env)
+        assert swept.returncode == 0 and swept.stdout.strip() != work, swept.stderr
+        assert not os.path.exists(work)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.parametrize("why", ["its own directory already", "no room for a socket's path"])
+def test_the_forkserver_socket_stays_where_multiprocessing_puts_it(why, monkeypatch,
+                                                                  private_state):
+    # Where multiprocessing has its directory already (the socket goes there, as it did),
+    # and where a socket's path in the work directory would be too long (a long TMPDIR).
+    config = multiprocessing.current_process()._config
+    if why == "its own directory already":
+        monkeypatch.setitem(config, "tempdir", "/somewhere/pymp-x")
+    else:
+        monkeypatch.delitem(config, "tempdir", raising=False)
+    fits = why != "no room for a socket's path"
+    monkeypatch.setattr(state, "fits_socket", lambda directory, name: fits)
+    before = dict(config)
+    with launch._multiprocessing_files_in_work_dir():
+        assert config == before
+    assert config == before
 
 
 def test_an_interrupt_while_the_forkserver_imports_starts_no_replica(tmp_path):

@@ -40,6 +40,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple, Union
 
+from . import state
 from .. import runtimes
 from ..errors import OptionError, SetupError
 from ..replica import entry as replica_entry
@@ -203,10 +204,34 @@ def warm_forkserver() -> Tuple[int, bool]:
     from ..wire.job import NOTEBOOK_PID
 
     # PJRT_SELECT_DEFAULT_DEVICE: see torch_xla_import.import_torch_xla.
-    with environ({"PJRT_SELECT_DEFAULT_DEVICE": "0", NOTEBOOK_PID: str(os.getpid())}):
+    with environ({"PJRT_SELECT_DEFAULT_DEVICE": "0", NOTEBOOK_PID: str(os.getpid())}), \
+            _multiprocessing_files_in_work_dir():
         forkserver.ensure_running()  # (starts it again if it died)
     now = forkserver_pid()
     return now, now != before
+
+
+@contextlib.contextmanager
+def _multiprocessing_files_in_work_dir() -> Iterator[None]:
+    """The files multiprocessing makes meanwhile for this process (the forkserver's
+    socket) in this process's work directory, where it has not made its own ``pymp-*``
+    directory in /tmp yet. A process killed with its forkserver up (a kernel restarted or
+    shut down at once; a cluster's host agent, ended by ``ray.kill``) left that directory
+    for good; the next colab_xla process's sweep removes a dead one's work directory
+    (:func:`colab_xla.notebook.state.own_dir`). Only meanwhile: the ``pymp-*`` directory of
+    the notebook's own multiprocessing (the user's managers, queues) stays its own."""
+    # (where multiprocessing.util.get_temp_dir looks for it, and keeps what it made)
+    config = multiprocessing.current_process()._config
+    work = state.own_dir("work")
+    if "tempdir" in config or not state.fits_socket(work, "listener-12345678"):
+        yield
+        return
+    config["tempdir"] = work
+    try:
+        yield
+    finally:
+        if config.get("tempdir") == work:
+            del config["tempdir"]
 
 
 def wait_forkserver() -> None:

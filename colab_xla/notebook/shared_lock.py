@@ -42,15 +42,14 @@ def manager() -> multiprocessing.managers.SyncManager:
 
 
 _started = itertools.count()
-# A Unix socket's path is at most 107 bytes (Linux): under a longer TMPDIR, multiprocessing
-# picks the address, in a pymp-* directory of its own, as before.
-_MAX_SOCKET_PATH = 107
 
 
 def _address() -> Optional[str]:
-    """Where a new manager listens: in this process's work directory (see the module)."""
-    path = os.path.join(state.own_dir("work"), f"lock-{next(_started)}")
-    return path if len(path.encode()) <= _MAX_SOCKET_PATH else None
+    """Where a new manager listens: in this process's work directory (see the module);
+    None under a TMPDIR too long for a socket's path (multiprocessing picks the address,
+    in a pymp-* directory of its own, as before)."""
+    work, name = state.own_dir("work"), f"lock-{next(_started)}"
+    return os.path.join(work, name) if state.fits_socket(work, name) else None
 
 
 def _manager_process_init(parent_pid: int) -> None:

@@ -112,6 +112,16 @@ def own_dir(kind: str) -> str:
     return mine
 
 
+# A Unix socket's path is at most 107 bytes (Linux): a socket whose path in the work
+# directory would be longer (a long TMPDIR) goes where its maker puts it by default.
+MAX_SOCKET_PATH = 107
+
+
+def fits_socket(directory: str, name: str) -> bool:
+    """Whether a Unix socket named like ``name`` fits in ``directory``."""
+    return len(os.path.join(directory, name).encode()) <= MAX_SOCKET_PATH
+
+
 def new_work_dir(prefix: str) -> str:
     """A new directory, mode 0700, for the files of one run or one session (the cell's
     module, pipes, reports), under this notebook process's own: its owner removes it when
