@@ -1,6 +1,7 @@
 """Fixtures shared by several test modules; the repository's tools/ on sys.path (the test
 modules import ``run_notebooks`` from there, as they import helpers from tests/)."""
 
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -39,6 +40,14 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    # The tests interrupt as Jupyter does, and a kernel takes SIGINT as KeyboardInterrupt
+    # while it runs a cell; a shell that starts a command in the background without job
+    # control (`cmd &` in a script) makes it ignore SIGINT, and every process the tests
+    # start then inherited that: a fresh child's Python left it ignored, and tests whose
+    # processes rely on Python's own handler (no handler of colab_xla's) waited for an
+    # interrupt that never came. Taken back here, in the controller and in each worker.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     name = config.getoption("--users-stack")
     if name and not (STACKS_DIR / f"{name}.txt").is_file():
         known = sorted(p.stem for p in STACKS_DIR.glob("*.txt"))
