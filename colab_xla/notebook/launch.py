@@ -223,6 +223,7 @@ def _multiprocessing_files_in_work_dir() -> Iterator[None]:
     # (where multiprocessing.util.get_temp_dir looks for it, and keeps what it made)
     config = multiprocessing.current_process()._config
     work = state.own_dir("work")
+    # (the socket's name: "listener-" and the 8 characters of a tempfile name)
     if "tempdir" in config or not state.fits_socket(work, "listener-12345678"):
         yield
         return
