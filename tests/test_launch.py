@@ -168,8 +168,9 @@ def test_a_notebook_killed_with_its_forkserver_up_leaves_no_pymp_directory():
     # next notebook process sweeps once that one is gone; killed (a kernel restarted at
     # once), it left a pymp-* directory with the socket for good. multiprocessing's own
     # directory for the notebook's other uses is not chosen by colab_xla. (A TMPDIR of its
-    # own, short: pytest's tmp_path is too long a place for a socket.)
-    tmp = Path(tempfile.mkdtemp(prefix="fs-"))
+    # own, short: pytest's tmp_path, or a long TMPDIR, is too long a place for a socket.)
+    base = tempfile.gettempdir()
+    tmp = Path(tempfile.mkdtemp(prefix="fs-", dir=base if len(base) <= 40 else "/tmp"))
     env = {**os.environ, "TMPDIR": str(tmp)}
     try:
         script = textwrap.dedent("""
