@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import tempfile
 import textwrap
 import threading
 
@@ -345,6 +346,24 @@ def on_cluster(source: str, c, **kw):
 
     return run_on_cluster(c, textwrap.dedent(source).lstrip("\n"), announce=None,
                           label="Cell In[3]", **kw)
+
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_each_hosts_forkserver_listens_in_its_agents_work_directory(local):
+    # %xla_cluster stop ends the agents with ray.kill: a socket in a pymp-* directory of
+    # their own stayed for good; in the agent's work directory, the next colab_xla
+    # process's sweep removes it (docs/architecture.md).
+    if len(tempfile.gettempdir()) > 40:
+        pytest.skip("a TMPDIR too long for a socket's path in the work directory")
+    for host in local.described:
+        paths = [c.laddr for c in psutil.Process(host["forkserver"]).net_connections("unix")
+                 if c.laddr]
+        work = [os.path.dirname(path) for path in paths]
+        assert paths and all(os.path.basename(os.path.dirname(w)) == "work"
+                             and os.path.basename(w).startswith(f"{host['pid']}-")
+                             for w in work), (host["pid"], paths)
 
 
 # Defined as a notebook defines them (in __main__, which the hosts cannot import).
