@@ -10,6 +10,7 @@ cluster gone).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -364,6 +365,78 @@ def test_each_hosts_forkserver_listens_in_its_agents_work_directory(local):
         assert paths and all(os.path.basename(os.path.dirname(w)) == "work"
                              and os.path.basename(w).startswith(f"{host['pid']}-")
                              for w in work), (host["pid"], paths)
+
+
+def _cluster_processes(c) -> list:
+    """The local cluster's keeper and every process it started (Ray's, the agents, ...)."""
+    keeper = psutil.Process(c.local._keeper.pid)
+    return [keeper] + keeper.children(recursive=True)
+
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_a_local_cluster_takes_its_token_only_and_keeps_its_files_in_a_private_directory(
+        local, tmp_path):
+    """Ray's token authentication is on for the head, every node, every host's worker and
+    this driver, with a token of this cluster's in a 0600 file of a 0700 directory of this
+    user's; Ray's sessions, sockets and address file are in that directory (not in Ray's
+    default /tmp/ray), and its processes listen on 127.0.0.1 only. A driver without the
+    token is refused."""
+    import ray
+    from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+    from colab_xla.notebook import state
+    from colab_xla.notebook.cluster.connection import token_auth_on
+
+    directory = local.local.directory
+    info = os.lstat(directory)
+    assert info.st_uid == os.getuid() and oct(info.st_mode & 0o777) == "0o700"
+    assert os.path.dirname(directory) in (state.state_dir(), "/tmp"), directory
+    token = os.lstat(local.local.token_path)
+    assert os.path.dirname(local.local.token_path) == directory
+    assert token.st_uid == os.getuid() and oct(token.st_mode & 0o777) == "0o600"
+    with open(local.local.token_path) as f:
+        assert len(f.read()) == 64
+    assert is_token_auth_enabled() and os.environ["RAY_AUTH_TOKEN_PATH"] == local.local.token_path
+    assert token_auth_on(ray, local.agents)  # every host's node, asked of its agent
+
+    # Ray's files: the session, the address file ray.init("auto") reads, every socket.
+    assert ray.get_runtime_context().get_temp_dir() == os.path.join(directory, "ray")
+    with open(os.path.join(directory, "ray", "ray_current_cluster")) as f:
+        assert f.read().strip() == local.address
+    processes = _cluster_processes(local)
+    agents = {d["pid"] for d in local.described}
+    stores = {int(d["store"].rsplit(":", 1)[1]) for d in local.described if d["store"]}
+    work = os.path.join(state.state_dir(), "work")  # the agents' forkservers' (a test above)
+    sockets, listening = [], []
+    for proc in processes:
+        with contextlib.suppress(psutil.Error):
+            for conn in proc.net_connections("unix"):
+                if conn.laddr and not conn.laddr.startswith(work):
+                    sockets.append(conn.laddr)
+            for conn in proc.net_connections("inet"):
+                # (the host agents' TCPStore is agent.py's, not Ray's)
+                if conn.status == psutil.CONN_LISTEN and not (
+                        proc.pid in agents and conn.laddr.port in stores):
+                    listening.append((proc.name(), conn.laddr))
+    assert len({s for s in sockets if "/sockets/plasma_store" in s}) == HOSTS + 1, sockets
+    assert all(s.startswith(directory + os.sep) for s in sockets), sockets
+    assert listening and {addr.ip.removeprefix("::ffff:") for _, addr in listening} == {
+        "127.0.0.1"}, listening  # (as an IPv4 address, or mapped in an IPv6 one)
+
+    # A driver without the token (another user's, who read the address) is refused.
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    refused = subprocess.run(
+        [sys.executable, "-c", f"import ray; ray.init(address={local.address!r}); "
+         "print(ray.get(ray.remote(lambda: 'ran').remote()))"],
+        env={**env, "HOME": str(tmp_path), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
+        capture_output=True, text=True, timeout=180)
+    assert refused.returncode != 0 and "ran" not in refused.stdout
+    assert "AuthenticationError" in refused.stderr, refused.stderr[-2000:]
 
 
 # Defined as a notebook defines them (in __main__, which the hosts cannot import).

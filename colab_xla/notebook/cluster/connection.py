@@ -90,6 +90,8 @@ class Cluster:
                          "(each imports torch_xla once; a few seconds)")
             agents = _start_agents(ray, placements, members, replicas, start_method, layout)
             described = _describe(ray, agents)
+            if announce and local is None and not token_auth_on(ray, agents):
+                announce(AUTH_OFF_WARNING.format(address=address or "auto"))
         except BaseException:
             for placement in placements:
                 _release(ray, placement)
@@ -149,6 +151,37 @@ class Cluster:
                          f"{d['replicas'] or '?'} {d['device']} replicas · agent pid "
                          f"{d['pid']} · torch_xla {d['torch_xla']}")
         return "\n".join(lines)
+
+
+AUTH_OFF_WARNING = (
+    "colab_xla: warning: this Ray cluster ({address}) has token authentication off: anyone "
+    "who can reach it can run code on its hosts as their owner (docs/clusters.md#security)")
+
+
+def token_auth_on(ray, agents) -> bool:
+    """Whether the cluster refuses Ray calls without its token: this notebook joined with
+    a token (Ray's ``RAY_AUTH_MODE=token``; a cluster with authentication on refuses a
+    driver without one), and every host's node runs with token authentication on (asked
+    of its agent; a node inherits it from ``ray start``'s environment)."""
+    try:
+        from ray._private.authentication.authentication_utils import is_token_auth_enabled
+    except ImportError:  # a Ray without token authentication
+        return False
+    if not is_token_auth_enabled():
+        return False
+    try:
+        return all(ray.get([a.__ray_call__.remote(_host_token_auth) for a in agents],
+                           timeout=AGENT_START_SECONDS))
+    except Exception:  # noqa: BLE001 - not told: said as off
+        return False
+
+
+def _host_token_auth(agent) -> bool:
+    """In a host's agent (through Ray's ``__ray_call__``): whether its node has token
+    authentication on."""
+    from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+    return is_token_auth_enabled()
 
 
 def _reserve_slice(ray, found: TpuSlice):
