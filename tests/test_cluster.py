@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import shutil
 import signal
 import tempfile
 import textwrap
@@ -76,6 +77,75 @@ def test_a_local_clusters_ray_processes_leave_out_rfc3987_syntax_and_keep_the_pa
     done = subprocess.run([sys.executable, "-c", advice], env=environ, capture_output=True,
                           text=True, timeout=120)
     assert done.stdout.split() == ["True"], done.stderr
+
+
+def test_the_directories_of_local_clusters_whose_notebook_is_gone_are_swept(tmp_path):
+    """A keeper killed with its notebook (SIGKILL: no clean-up) leaves its cluster's
+    directory; the next local cluster removes it, and nothing that is not such a directory
+    of a notebook that is gone: a live notebook's, one without the file that names its
+    notebook, a link."""
+    from colab_xla.notebook import state
+    from colab_xla.notebook.cluster import local
+
+    parent = state.state_dir()
+
+    def made(name, key=None):
+        path = os.path.join(parent, name)
+        os.mkdir(path, 0o700)
+        if key is not None:
+            with open(os.path.join(path, "notebook"), "w") as f:
+                f.write(key)
+        return path
+
+    gone = made("ray-test-gone", "1-1.00")  # pid 1 did not start at that time
+    alive = made("ray-test-alive", state.kernel_key())
+    unnamed = made("ray-test-unnamed")
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "notebook").write_text("1-1.00")
+    link = os.path.join(parent, "ray-test-link")
+    os.symlink(target, link)
+    try:
+        local.sweep()
+        assert not os.path.exists(gone)
+        assert os.path.isdir(alive) and os.path.isdir(unnamed)
+        assert os.path.islink(link) and (target / "notebook").exists()
+    finally:
+        for path in (gone, alive, unnamed):
+            shutil.rmtree(path, ignore_errors=True)
+        os.unlink(link)
+
+
+def test_a_local_clusters_directory_is_private_named_and_short_enough_for_rays_sockets(
+        monkeypatch, tmp_path):
+    """Ray's longest socket in the directory fits a Unix socket's path (107 bytes) where
+    the state directory is short; where it is too long, the directory is made in /tmp,
+    private all the same."""
+    from colab_xla.notebook import state
+    from colab_xla.notebook.cluster import local
+
+    tail = "/ray/session_2026-12-01_20-53-13_910160_" + str(local._pid_max()) \
+        + "/sockets/plasma_store.12"
+    made, parents = [], (state.state_dir(), str(tmp_path / ("x" * 60)))
+    for parent in parents:
+        os.makedirs(parent, mode=0o700, exist_ok=True)
+        monkeypatch.setattr(state, "state_dir", lambda parent=parent: parent)
+        directory = local.private_directory(hosts=12)
+        made.append(directory)
+        info = os.lstat(directory)
+        assert oct(info.st_mode & 0o777) == "0o700" and info.st_uid == os.getuid()
+        assert len((directory + tail).encode()) <= state.MAX_SOCKET_PATH, directory
+        with open(os.path.join(directory, "notebook")) as f:
+            assert f.read() == state.kernel_key()
+    try:
+        if len(made[0]) + len(tail) <= state.MAX_SOCKET_PATH:  # a TMPDIR short enough
+            assert os.path.dirname(made[0]) == parents[0]
+            assert os.path.basename(made[0]).startswith(local.DIRECTORY_PREFIX)
+        assert os.path.dirname(made[1]) == "/tmp"
+        assert os.path.basename(made[1]).startswith(local.FALLBACK_PREFIX)
+    finally:
+        for directory in made:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def test_a_tpu_slice_is_ordered_by_worker_id_not_by_how_ray_lists_it():
