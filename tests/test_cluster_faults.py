@@ -45,6 +45,9 @@ def test_a_host_that_is_gone_mid_cell_fails_its_replicas_stops_the_others_and_en
     finally:
         cluster.stop()
         c.stop()
+    # Ray's files and the token went with the cluster; this process's token settings too.
+    assert not os.path.exists(c.local.directory)
+    assert "RAY_AUTH_TOKEN_PATH" not in os.environ and "RAY_AUTH_MODE" not in os.environ
 
 
 def test_a_ray_node_lost_during_a_session_cell_ends_the_session_and_leaves_nothing_of_it():
@@ -90,7 +93,7 @@ c = cluster.start_local(2, 1, announce=None)
 outcome = run_on_cluster(c, "index", announce=None)
 pids = [p.pid for p in psutil.Process().children(recursive=True)]
 print(json.dumps({"pids": pids + [r.pid for r in outcome.replicas.values()],
-                  "ok": outcome.ok}), flush=True)
+                  "ok": outcome.ok, "directory": c.local.directory}), flush=True)
 sys.stdin.read()
 """
 
@@ -108,6 +111,7 @@ def test_nothing_of_a_local_cluster_outlives_a_killed_notebook_process():
     started = [psutil.Process(p) for p in said["pids"] if psutil.pid_exists(p)]
     assert len(said["pids"]) > HOSTS + 3  # keeper, Ray's head and nodes, agents, replicas
     assert wait_until_gone(started, timeout=30) == []
+    assert os.path.isabs(said["directory"]) and not os.path.exists(said["directory"])
 
 
 @pytest.mark.faults

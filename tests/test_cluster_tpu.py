@@ -128,10 +128,10 @@ def keeper(tmp_path_factory):
         yield started
 
 
-def _connect(keeper: Keeper, **kw):
+def _connect(keeper: Keeper, announce=None, **kw):
     from colab_xla.notebook.cluster.connection import Cluster
 
-    return Cluster.connect(keeper.address, announce=None, **kw)
+    return Cluster.connect(keeper.address, announce=announce, **kw)
 
 
 def _children() -> set:
@@ -202,9 +202,15 @@ def test_a_slice_is_found_reserved_and_ranked_by_worker_id_with_each_hosts_envir
     workers = keeper.add_tpu_hosts(HOSTS)
     assert sorted(workers.values()) == list(range(HOSTS))
     started = time.monotonic()
-    connected = _connect(keeper)
+    said = []
+    connected = _connect(keeper, announce=said.append)
     try:
         connect_seconds = time.monotonic() - started
+        # This keeper's cluster runs without Ray's token authentication: said, in one line.
+        from colab_xla.notebook.cluster.connection import AUTH_OFF_WARNING
+
+        assert said[-1] == AUTH_OFF_WARNING.format(address=keeper.address), said
+        assert "\n" not in said[-1] and "token authentication off" in said[-1]
         # The slice Ray made of the nodes' variables, its hosts ranked by worker id.
         assert connected.slice_name == SLICE
         hosts = connected.hosts

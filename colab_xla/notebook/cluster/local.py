@@ -110,7 +110,7 @@ class LocalCluster:
                 self._keeper.wait()
         self._keeper.stdout.close()
         self.record.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        _remove(self.directory)
         if self._driver is not None:
             _set_token_settings(self._driver)
             self._driver = None
@@ -190,6 +190,17 @@ def _owner(path: str):
         return None
 
 
+def _remove(directory: str, seconds: float = 10.0) -> None:
+    """Remove ``directory``, again while a Ray process that was killed but has not yet
+    ended still writes in it (a loaded machine), for at most ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        shutil.rmtree(directory, ignore_errors=True)
+        if not os.path.lexists(directory) or time.monotonic() > deadline:
+            return
+        time.sleep(0.1)
+
+
 def _pid_max() -> int:
     try:
         with open("/proc/sys/kernel/pid_max") as f:
@@ -256,7 +267,7 @@ def _keep(hosts: int, notebook_pid: int, directory: str) -> None:
 
     def end(signum, frame):
         lifetime.end_descendants()
-        shutil.rmtree(directory, ignore_errors=True)
+        _remove(directory)
         os._exit(0)
 
     signal.signal(signal.SIGTERM, end)
@@ -272,6 +283,7 @@ def _keep(hosts: int, notebook_pid: int, directory: str) -> None:
     except BaseException as exc:  # noqa: BLE001 - said to the notebook
         os.write(answer, f"{type(exc).__name__}: {exc}\n".encode())
         end(None, None)
+    signal.signal(signal.SIGTERM, end)  # again: Ray's nodes put a handler of their own
     os.write(answer, (json.dumps({"address": cluster.address}) + "\n").encode())
     os.close(answer)
     while True:
