@@ -58,7 +58,8 @@ def pytest_configure(config):
 # Each module's tests run in one worker (its module-scoped fixtures are made once), but the
 # modules that start a local Ray cluster share one worker: two clusters starting at once on
 # two cores time out (and Ray's dashboard port is one per machine).
-RAY_MODULES = {"test_cluster", "test_cluster_faults", "test_cluster_tpu", "test_cluster_tutorial"}
+RAY_MODULES = {"test_cluster", "test_cluster_faults", "test_cluster_tpu", "test_cluster_tutorial",
+               "test_shared_machine_ray"}
 # Modules without module-scoped fixtures whose tests are long and independent: each test a
 # group of its own, so both workers share them (TorchTPU's: a child process or two each).
 SPREAD_MODULES = {"test_torch_tpu"}
