@@ -341,6 +341,29 @@ def _alive(pids):
 
 @pytest.mark.xla
 @pytest.mark.timeout(600)
+def test_the_notebooks_environment_stays_its_own_while_a_session_is_up(monkeypatch):
+    """The replicas' variables (CPU_NUM_DEVICES=1 for one replica a process) are theirs:
+    left in the notebook for the session's life, a --fresh cell without -n ran 1 replica,
+    and %xla_doctor said "CPU: 1 replicas by default"."""
+    from colab_xla.notebook import hardware
+
+    monkeypatch.delenv("CPU_NUM_DEVICES", raising=False)
+    before = dict(os.environ)
+    session = new_session(SessionOptions(replicas=2), {}, announce=None)
+    try:
+        theirs = set(session.plan.env)
+        assert "CPU_NUM_DEVICES" in theirs
+        assert {k: os.environ.get(k) for k in theirs} == {k: before.get(k) for k in theirs}
+        assert hardware.detect().cpu_num_devices is None
+        assert cell("import os\nos.environ.get('CPU_NUM_DEVICES')", session).results() == {
+            0: "1", 1: "1"}  # (the replicas still have theirs)
+        assert {k: os.environ.get(k) for k in theirs} == {k: before.get(k) for k in theirs}
+    finally:
+        session.stop()
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(600)
 def test_a_stopped_session_leaves_nothing_of_its_collectives_in_shared_memory():
     """The replicas' group of collectives has a directory in /dev/shm (replica 0's); its
     processes end without closing the group: the session removes it as it ends."""
