@@ -315,6 +315,24 @@ def test_a_retired_runs_widgets_are_made_over_for_the_next_run_showing_only_its_
     assert all("<b>done</b>" in page[0] for page in pages)
 
 
+@pytest.mark.parametrize("replicas", [4, (0, 2)])
+def test_a_retired_runs_widgets_made_over_open_on_the_all_tab(widget_view, replicas):
+    """The last run's person looked at replica 2's tab: a new run (of as many replicas, or
+    of replicas 0 and 2: ``--targets 0,2``) opened on its replica 2's tab, or on replica
+    0's."""
+    widget_view, _ = widget_view
+    views = [_one_run(widget_view, 4) for _ in range(widget_view.LIVE_RUNS)]
+    views[0].tabs.selected_index = 3  # replica 2's tab ("all" is 0)
+    first_box = views[0].box
+    view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
+    view.opened(outcome)
+    _start(view, outcome, replicas)
+    view.tick(outcome)
+    assert view.box is first_box  # (made over)
+    assert view.tabs.selected_index == 0
+    assert view._shown_replica() is None  # the combined tab's
+
+
 def test_a_short_run_as_large_as_the_retired_one_sends_no_tab_and_no_title(widget_view,
                                                                             monkeypatch):
     """Its widgets keep the last run's tabs and titles until it draws them over: a short

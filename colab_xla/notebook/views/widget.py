@@ -100,12 +100,15 @@ class _RunWidgets:
         return state, out, page
 
     def cleared(self) -> "_RunWidgets":
-        """These widgets, for a new run: no lines in the combined tab. Their header, tabs
-        and titles are the last run's until the new run's first draw, which comes before
-        they are displayed: drawn over, only what changes is sent (a run of as many
-        replicas as the last sends no tab or title), and a replica's widgets show its new
-        state and output as its tab comes back."""
+        """These widgets, for a new run: no lines in the combined tab, which is the one
+        shown (the last run's person may have left it on a replica's tab, which in this
+        run may be another replica's, or none). Their header, tabs and titles are the last
+        run's until the new run's first draw, which comes before they are displayed: drawn
+        over, only what changes is sent (a run of as many replicas as the last sends no tab
+        or title), and a replica's widgets show its new state and output as its tab comes
+        back."""
         self.combined.outputs = ()
+        self.tabs.selected_index = 0
         return self
 
     def all(self) -> List[widgets.Widget]:
