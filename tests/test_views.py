@@ -539,6 +539,38 @@ def test_the_widget_view_merges_a_line_printed_by_every_replica_across_draws(wid
     assert rows[-2:] == ["[all 3] step 1", "[replica 2] mine"]
 
 
+def test_the_all_tab_draws_each_replicas_own_plot_under_its_label_and_a_shared_one_once(
+        widget_view):
+    """Four replicas' different plots were one row, ``[all 4] [an image: image/png]``: their
+    text forms are alike, so they read as one image, and none was drawn."""
+    from colab_xla.wire.displays import Display
+
+    widget_view, _ = widget_view
+    view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
+    view.opened(outcome)
+    _start(view, outcome, 4, line=None)
+
+    def plot(data):
+        return Display.of({"text/plain": "<Figure size 640x480 with 1 Axes>",
+                           "image/png": data})
+
+    for shown in ([plot(f"PLOT{o}") for o in range(4)], [plot("SHARED")] * 4, ["done"] * 4):
+        for o in range(4):  # (each step's output of every replica, in turn)
+            view.output(outcome, o, [shown[o]])
+    view.tick(outcome)
+    outputs = view.combined.outputs
+    drawn = [o["data"]["image/png"] for o in outputs if o["output_type"] == "display_data"]
+    assert drawn == ["PLOT0", "PLOT1", "PLOT2", "PLOT3", "SHARED"]
+    rows = [o["text"] if o["output_type"] == "stream" else o["data"]["image/png"]
+            for o in outputs]
+    assert rows == ["[replica 0] [an image: image/png]\n", "PLOT0",
+                    "[replica 1] [an image: image/png]\n", "PLOT1",
+                    "[replica 2] [an image: image/png]\n", "PLOT2",
+                    "[replica 3] [an image: image/png]\n", "PLOT3",
+                    "[all 4] [an image: image/png]\n", "SHARED", "[all 4] done\n"]
+    view.retire()
+
+
 def test_the_header_says_where_replicas_are_while_none_prints_and_where_stopped_ones_were(
         widget_view):
     from colab_xla.notebook.outcome import Stall

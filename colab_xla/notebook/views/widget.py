@@ -179,9 +179,10 @@ class WidgetView(RunObserver):
             itertools.islice(reversed(self._lines), _MERGE_WINDOW), maxlen=_MERGE_WINDOW)
         recent.reverse()
         for origin, line in self._pending:
-            line = shorten(line)
+            line = line if _drawn(line) else shorten(line)
             for entry in reversed(recent):
-                if entry[0] == line and entry[1] is not None and origin not in entry[1]:
+                if (entry[1] is not None and origin not in entry[1]
+                        and _same_output(entry[0], line)):
                     entry[1].add(origin)
                     break
             else:
@@ -203,7 +204,7 @@ class WidgetView(RunObserver):
                                or now - self._output_sent.get(ordinal, 0.0)
                                >= HIDDEN_OUTPUT_SECONDS)
         if self._pending:  # (_combined_rows merges them)
-            self.combined.outputs = (_stream("\n".join(self._combined_rows(outcome)) + "\n"),)
+            self.combined.outputs = _combined_outputs(self._combined_rows(outcome))
         self._draw_titles(outcome)
         if self._handle is None and outcome.elapsed is None:
             self._display({"text/plain": LIVE_TEXT})
@@ -368,6 +369,11 @@ class WidgetView(RunObserver):
             self.tabs._titles = {str(i): title for i, title in enumerate(titles)}
 
     def _combined_rows(self, outcome: RunOutcome) -> List[str]:
+        """The combined tab's rows: each line once, after the replicas that printed it
+        (``[all 4]``, ``[replicas 0-1]``, ``[replica 2]``). A displayed object's row is a
+        :class:`~colab_xla.wire.displays.Display` (drawn under it): one row for the
+        replicas that showed the same one, a row each for different ones (their text forms,
+        an image's ``[an image: image/png]``, may be alike)."""
         self._merge_pending()
         n = len(outcome.replicas)
         rows = []
@@ -382,8 +388,43 @@ class WidgetView(RunObserver):
             else:
                 label = " ".join(outcome.label(s) if isinstance(s, int) else str(s)
                                  for s in sorted(sources, key=str))
-            rows.append(f"[{label}] {text}")
+            row = f"[{label}] {text}"
+            if _drawn(text):
+                row = Display(row)
+                row.bundle = text.bundle
+            rows.append(row)
         return rows
+
+
+def _drawn(line) -> bool:
+    """Whether ``line`` is a displayed object the widget draws."""
+    return isinstance(line, Display) and line.drawn
+
+
+def _same_output(kept, line) -> bool:
+    """Whether ``line`` is the output a combined row ``kept`` shows: the same text, and for
+    a displayed object, the same object (its bundle: the image itself, not its text form)."""
+    if kept != line:
+        return False
+    if _drawn(kept) or _drawn(line):
+        return getattr(kept, "bundle", None) == getattr(line, "bundle", None)
+    return True
+
+
+def _combined_outputs(rows: List[str]) -> tuple:
+    """The combined tab's rows as outputs: text in stream outputs, each displayed object
+    drawn under its row."""
+    outputs: List[dict] = []
+    text: List[str] = []
+    for row in rows:
+        text.append(row)
+        if _drawn(row):
+            outputs.append(_stream("\n".join(text) + "\n"))
+            outputs.append({"output_type": "display_data", "data": row.bundle, "metadata": {}})
+            text = []
+    if text:
+        outputs.append(_stream("\n".join(text) + "\n"))
+    return tuple(outputs)
 
 
 def _no_bars(outcome: RunOutcome) -> bool:
