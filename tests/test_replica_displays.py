@@ -126,8 +126,12 @@ def test_a_tqdm_loop_is_a_bar_per_replica_that_reaches_its_total_never_a_flood(n
     for o in range(2):  # each replica's tab: its bar, left as it ended, at its total
         [state] = [v for v in values if v.startswith(f"replica {o} · ")]
         assert "<progress value='1.000' max='1'" in state, state
-        assert f"train {o} 40/40" in state, state  # (its whole line: in the output)
-    # Its output has the bar's last line once, not a line per update.
+        assert state.count(f"train {o}: 100%") == 1 and "40/40" in state, state
+    # Not again in its tab's output (as stderr, under the drawn bar).
+    outputs = [o for m in widget_models(nb, cell).values() if m["model_name"] == "OutputModel"
+               for o in m["state"]["outputs"] if o["output_type"] == "stream"]
+    assert [o["text"] for o in outputs if o["name"] == "stderr"] == [], outputs
+    # The summary has the bar's last line once, not a line per update.
     [shown] = [o for o in cell.outputs if o.output_type == "display_data"]
     summary = shown["data"]["text/plain"]
     for o in range(2):

@@ -571,6 +571,33 @@ def test_the_all_tab_draws_each_replicas_own_plot_under_its_label_and_a_shared_o
     view.retire()
 
 
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_a_left_tqdm_bar_is_drawn_once_in_its_replicas_tab_not_again_as_stderr(widget_view):
+    """The tab's state draws a left bar as it ended; its last line came again under it, as
+    stderr (the frontend's pink error background). Every other view keeps that line among
+    the replica's output: it is all they show of the bar."""
+    from _runs import run  # tests/ is on sys.path
+
+    widget_view, _ = widget_view
+    view = widget_view.WidgetView()
+    outcome = run("""
+        from tqdm.auto import tqdm
+        for _ in tqdm(range(5), desc=f"bar{index}", mininterval=0):
+            pass
+        print("after", index)
+        """, 2, observer=view)
+    view.closed(outcome)
+    assert outcome.ok, outcome
+    for o in range(2):
+        state, out, _ = view._widgets.replicas[o]
+        assert [x.get("name") for x in out.outputs] == ["stdout"], out.outputs
+        assert out.outputs[0]["text"] == f"after {o}\n"
+        assert state.value.count(f"bar{o}: 100%") == 1 and "5/5" in state.value, state.value
+        assert text_view.render(outcome).count(f"bar{o}: 100%") == 1
+    view.retire()
+
+
 def test_the_header_says_where_replicas_are_while_none_prints_and_where_stopped_ones_were(
         widget_view):
     from colab_xla.notebook.outcome import Stall

@@ -34,7 +34,7 @@ from IPython.display import display
 from . import html as html_view, text as text_view
 from ..outcome import RunObserver, RunOutcome, Stall, counted, format_ordinals, fraction
 from ...wire.displays import Display
-from ..output_log import shorten
+from ..output_log import BarLine, shorten
 
 COMBINED_LINES = 400
 # Look back this far for the same line from other replicas (merged into one row).
@@ -355,7 +355,7 @@ class WidgetView(RunObserver):
         if rep.pulled:
             result += f" · Pulled: <code>{html.escape(rep.pulled_summary())}</code>"
         return (f"{html.escape(outcome.label(ordinal))} · <b>{rep.state}</b> · {took:.1f} s"
-                f"{result}{''.join(_bar(bar, bar.get('closed')) for bar in rep.progress.values())}")
+                f"{result}{''.join(_bar(bar) for bar in rep.progress.values())}")
 
     def _draw_titles(self, outcome: RunOutcome) -> None:
         titles = ["all"] + [f"{o} {html_view.state_mark(outcome.replicas[o].state)}"
@@ -458,8 +458,7 @@ def widget_bundle(widget: widgets.Widget) -> dict:
 
 def _bar(bar: dict, compact: bool = False) -> str:
     """A tqdm bar of a replica as HTML: a progress bar (none without a total), then tqdm's
-    own line (compact: its description and count only; so is a closed bar, whose line is
-    among the replica's output)."""
+    own line (compact: its description and count only)."""
     done = fraction(bar)
     meter = (f"<progress value='{done:.3f}' max='1' style='width:{8 if compact else 16}em;"
              "vertical-align:middle'></progress> " if done is not None else "")
@@ -477,9 +476,12 @@ def _stream(text: str, name: str = "stdout") -> dict:
 
 def _log_outputs(log) -> tuple:
     """The log's tail as stream outputs, stderr apart so the frontend shows it as such,
-    and what the replica displayed as display data, in their order."""
+    and what the replica displayed as display data, in their order. A left bar's last line
+    is not among them: the tab's state draws the bar, that line with it."""
     runs: List[dict] = []
     for stream, line in list(log.tail) + log.partial():
+        if isinstance(line, BarLine):
+            continue
         if isinstance(line, Display) and line.drawn:
             runs.append({"output_type": "display_data", "data": line.bundle, "metadata": {}})
             continue
