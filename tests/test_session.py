@@ -1167,6 +1167,34 @@ def test_auto_mode_runs_plain_cells_on_the_replicas_until_it_is_turned_off(ip, c
         auto_cells.state.on = False
 
 
+@pytest.mark.xla
+@pytest.mark.timeout(600)
+def test_auto_mode_numbers_a_cells_lines_as_the_person_wrote_them(ip, capsys):
+    """The %%xla_spawn line auto mode adds is not the cell's line 1: a traceback said "line
+    3" for the cell's second line, and the cell's module (what pdb lists) began with a
+    ``# %%xla_spawn`` line the person never wrote."""
+    from colab_xla.notebook import auto_cells
+
+    ip.run_line_magic("xla_session", "start -n 2 --auto")
+    try:
+        failed = run_magic(ip, "x = 1\nraise ValueError(f'second line {x}')")
+        said = str(failed.error_in_exec)
+        assert re.search(r"Cell In\[\d+\], line 2\b", said), said
+        assert "line 3" not in said, said
+        assert "raise ValueError" in said, said
+        live = targets.local_session()
+        assert live._last_cell.lines[1] == "raise ValueError(f'second line {x}')"
+        capsys.readouterr()
+        assert run_magic(ip, "import sys\nprint('at', sys._getframe().f_lineno)").success
+        assert "[replica 0] at 2\n" in capsys.readouterr().out
+        # A cell the person began with %%xla_spawn: its line 1 is the magic's, as before.
+        failed = run_magic(ip, "%%xla_spawn --no-widget\nraise ValueError('second line')")
+        said = str(failed.error_in_exec)
+        assert re.search(r"Cell In\[\d+\], line 2\b", said), said
+    finally:
+        auto_cells.state.on = False
+
+
 @pytest.mark.parametrize("kind, magic, line, said", [
     ("line", "xla_session", "auto", "no session is up.*start --auto"),
     ("line", "xla_session", "stop off", "on and off are for %xla_session auto"),
