@@ -152,6 +152,7 @@ class XlaMagics(Magics):
             import torch, torch_xla.core.xla_model as xm
             xm.all_reduce(xm.REDUCE_SUM, torch.ones(2, device=device) * index).cpu()
         """
+        auto = auto_cells.made_here(line, cell)  # (first: the body's transform is next)
         args = _parse(self.xla_spawn, line, "%%xla_spawn")
         defaults = Defaults.read()
         try:
@@ -169,7 +170,7 @@ class XlaMagics(Magics):
             body = ipython_syntax.transform(self.shell, cell, own=(auto_cells.transform,))
         request = CellRequest(
             Cell(body, label=f"Cell In[{self._cell_number()}]",
-                 header=f"# %%xla_spawn {line}".rstrip()),
+                 header=None if auto else f"# %%xla_spawn {line}".rstrip()),
             user_ns=self.shell.user_ns, replicas=args.replicas, launch=launch, env=env,
             cache_dir=args.cache, simulate=args.simulate, timeout=args.timeout, stall=args.stall,
             pull=tuple(pull), pull_from=args.pull_from, targets=chosen, defaults=defaults)
