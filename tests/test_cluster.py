@@ -204,9 +204,10 @@ def test_a_jax_process_on_a_host_is_its_global_ordinal_among_every_hosts_process
     local_rank = {"PJRT_LOCAL_PROCESS_RANK": "2", "PJRT_LOCAL_PROCESS_COUNT": "3"}
     jax_runtime.join({**HostRank(1, 2, 3, "10.0.0.3").environ(), **local_rank,
                       jax_runtime.COORDINATOR: "10.0.0.2:1234"})
-    assert jax_runtime._membership == ("10.0.0.2:1234", 6, 5)  # host 1's third of 2 x 3
-    jax_runtime.join({**local_rank, jax_runtime.COORDINATOR: "127.0.0.1:99"})  # one host
-    assert jax_runtime._membership == ("127.0.0.1:99", 3, 2)
+    # host 1's third of 2 x 3; gloo listens on the host's address (its peers are on others)
+    assert jax_runtime._membership == ("10.0.0.2:1234", 6, 5, "10.0.0.3")
+    jax_runtime.join({**local_rank, jax_runtime.COORDINATOR: "unix:/run/c"})  # one host
+    assert jax_runtime._membership == ("unix:/run/c", 3, 2, "127.0.0.1")
 
     slice_ = SimpleNamespace(described=[{"device": "TPU", "replicas": 4}] * 2)
     asked = []
@@ -224,7 +225,7 @@ def test_a_jax_process_on_a_host_is_its_global_ordinal_among_every_hosts_process
     tpu.rank = HostRank(1, 2, 4, "10.0.0.3")
     env = tpu._environ("run", jax)
     jax_runtime.join({**env, "PJRT_LOCAL_PROCESS_RANK": "0", "PJRT_LOCAL_PROCESS_COUNT": "1"})
-    assert jax_runtime._membership == ("10.0.0.2:5", 2, 1)  # one process per TPU host
+    assert jax_runtime._membership[:3] == ("10.0.0.2:5", 2, 1)  # one process per TPU host
     assert tpu._launch(jax).runtime is jax_runtime.RUNTIME
     assert tpu._launch(jax) == Launch("fork", runtime="jax")
     # A torch_xla cell's: the host's own replicas and rank, as before there was a runtime.
