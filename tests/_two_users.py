@@ -4,7 +4,7 @@ The ``two_users`` fixture makes two fresh users, a *victim* and an *attacker*, a
 namespace in which both see a /tmp and a /dev/shm of their own (empty tmpfs, mode 1777 as
 the real ones): the tests plant and probe names there without touching the machine's.
 Everything else (processes, ports, /proc, the network) is the machine's, as on a shared
-JupyterHub host. The users are removed, with their homes, when the module's tests end.
+JupyterHub host. The users are removed, with their homes and processes, when the test ends.
 
 It needs root (``useradd``, ``unshare``, ``nsenter``): run by another user, the layer says
 so and skips. The checkout and its ``.venv`` must be reachable by the two users; a directory
@@ -13,19 +13,22 @@ replaced, in the namespace only, by one that shows just the path needed.
 
 Example::
 
-    def test_neighbour_cannot_read(two_users):
+    def test_neighbour_cannot_read(two_users):     # the fixture is tests/conftest.py's
         m = two_users
-        m.python(m.victim, "open('/tmp/mine', 'w', opener=private).write('x')")
+        m.python(m.victim, "import os; os.close(os.open('/tmp/mine', os.O_CREAT, 0o600))")
         assert m.python(m.attacker, "open('/tmp/mine')", check=False).returncode != 0
+        book = m.notebook(m.victim)                      # colab_xla loaded in IPython
+        assert book.run("%%xla_spawn -n 2 -o outs\nindex", then="outs")["value"] == {
+            "0": 0, "1": 1}
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import secrets
 import shutil
-import stat
 import subprocess
 import sys
 import textwrap
@@ -33,9 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
+SHM_SIZE = "2g"  # the namespace's /dev/shm
 
 # Run as root in the new namespace: mount the private /tmp and /dev/shm, make the needed
 # paths reachable, say "ready", then hold the namespace until stdin closes.
@@ -44,15 +46,15 @@ import ctypes, os, stat, subprocess, sys
 
 libc = ctypes.CDLL(None, use_errno=True)
 MS_BIND, MS_REC = 4096, 16384
-needed = sys.argv[1:]
+SHM_SIZE, needed = sys.argv[1], sys.argv[2:]
 kept = {}  # an overmounted directory -> a descriptor of what was there before
 
 def run(*args, **kw):
     subprocess.run(args, check=True, **kw)
 
-def overmount(path, mode):
+def overmount(path, mode, size=""):
     kept[path] = os.open(path, os.O_PATH | os.O_DIRECTORY)
-    run("mount", "-t", "tmpfs", "-o", f"mode={mode:o}", "colab_xla-test", path)
+    run("mount", "-t", "tmpfs", "-o", f"mode={mode:o}{size}", "colab_xla-test", path)
 
 def show(path):
     # The overmounted directory under which `path` lies, if any: recreate the way down
@@ -70,8 +72,8 @@ def show(path):
             raise OSError(ctypes.get_errno(), f"bind {rel} of {top} on {path}")
         return
 
-for shared in ("/tmp", "/dev/shm"):
-    overmount(shared, 0o1777)
+overmount("/tmp", 0o1777)
+overmount("/dev/shm", 0o1777, f",size={SHM_SIZE}")  # (small enough for a test to fill)
 for path in needed:
     show(path)
 for _ in range(8):  # a locked directory on the way (each pass unlocks the topmost one left)
@@ -101,6 +103,53 @@ class User:
     home: str
 
 
+# The victim's notebook: an IPython shell with colab_xla loaded that runs the cells it is
+# sent, one JSON line each ({"cell": ..., "then": an expression to give back}), and answers
+# each with a JSON line: its pid first.
+NOTEBOOK = r"""
+import contextlib, io, json, os, sys
+from IPython.core.interactiveshell import InteractiveShell
+ip = InteractiveShell.instance()
+ip.run_line_magic("load_ext", "colab_xla")
+print(json.dumps({"pid": os.getpid()}), flush=True)
+for line in sys.stdin:
+    ask = json.loads(line)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        result = ip.run_cell(ask["cell"])
+        value = eval(ask["then"], ip.user_ns) if ask.get("then") and result.success else None
+    print(json.dumps({"ok": result.success, "out": out.getvalue(), "err": err.getvalue(),
+                      "error": repr(result.error_in_exec or result.error_before_exec),
+                      "value": value}), flush=True)
+"""
+
+
+class Notebook:
+    """A notebook process of one of the users (see NOTEBOOK): ``run(cell, then)`` runs a
+    cell and gives back what it printed, whether it succeeded, and the value of ``then``
+    (an expression, in the notebook's names) as JSON."""
+
+    def __init__(self, machine, user):
+        self.proc = machine.popen(user, NOTEBOOK)
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"the notebook did not start: {self.proc.stderr.read()}")
+        self.pid = json.loads(line)["pid"]
+
+    def run(self, cell: str, then: str = "") -> dict:
+        self.proc.stdin.write(json.dumps({"cell": textwrap.dedent(cell).lstrip("\n"),
+                                           "then": then}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"the notebook ended: {self.proc.stderr.read()}")
+        return json.loads(line)
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(60)
+
+
 class SharedMachine:
     """Two users and the namespace they share; see the module's docstring."""
 
@@ -110,7 +159,7 @@ class SharedMachine:
         self.attacker = _add_user(f"cxa{tag}")
         self._holder = subprocess.Popen(
             ["unshare", "--mount", "--propagation", "private", "--",
-             sys.executable, "-c", _HOLDER, *_needed_paths()],
+             sys.executable, "-c", _HOLDER, SHM_SIZE, *_needed_paths()],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self._holder.stdout.readline()
         if line.strip() != "ready":
@@ -160,6 +209,10 @@ class SharedMachine:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         self._started.append(proc)
         return proc
+
+    def notebook(self, user: User) -> "Notebook":
+        """A notebook process of ``user``'s, with colab_xla loaded."""
+        return Notebook(self, user)
 
     def close(self) -> None:
         for proc in getattr(self, "_started", ()):
@@ -218,21 +271,3 @@ def why_not() -> Optional[str]:
     if missing:
         return f"needs {', '.join(missing)} (util-linux, passwd)"
     return None
-
-
-@pytest.fixture(scope="module")
-def two_users():
-    reason = why_not()
-    if reason:
-        pytest.skip(f"the shared-machine layer {reason}")
-    machine = SharedMachine()
-    try:
-        yield machine
-    finally:
-        machine.close()
-
-
-def is_private(path: str) -> bool:
-    """Whether ``path`` is a directory or file no one but its owner can enter or read."""
-    info = os.lstat(path)
-    return not stat.S_IMODE(info.st_mode) & 0o077
