@@ -766,11 +766,19 @@ def test_jax_processes_of_every_host_are_one_job_with_global_devices_and_collect
         gathered = multihost_utils.process_allgather(np.array([index]))
         mine = jnp.arange(3) * index
         print("process", jax.process_index(), "of", jax.process_count())
+        import os, psutil
+        listening = {c.laddr.ip.removeprefix("::ffff:")  # (gRPC's: IPv4 in IPv6)
+                     for c in psutil.Process().net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN}
         (jax.process_index(), jax.process_count(), [d.process_index for d in jax.devices()], host,
-         local_index, float(summed), gathered.ravel().tolist(), mine)
+         local_index, float(summed), gathered.ravel().tolist(), mine,
+         (os.environ["COLAB_XLA_CLUSTER_ADDRESS"], sorted(listening)))
         """, local, runtime="jax", pull=("mine",), pull_from=3)
     assert outcome.ok, text_view.render(outcome)
     results = outcome.results()
+    # The coordinator (process 0's) and gloo's listen on the host's address, not [::].
+    assert {o: r[8][1] for o, r in results.items()} == {
+        o: [r[8][0]] for o, r in results.items()}
     assert {o: r[:7] for o, r in results.items()} == {
         h * PER_HOST + i: (h * PER_HOST + i, 4, [0, 1, 2, 3], h, i, 10.0, [0, 1, 2, 3])
         for h in range(HOSTS) for i in range(PER_HOST)}
