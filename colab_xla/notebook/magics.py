@@ -309,7 +309,8 @@ class XlaMagics(Magics):
             return ("auto: on (every cell runs on the session's replicas as if it began with "
                     "%%xla_spawn; %xla_ magics and %%xla_local cells run in the notebook; "
                     "%xla_session auto off ends it).")
-        return "auto: off (%xla_session auto: every cell on the replicas)."
+        return ("auto: off (cells run in the notebook; %xla_session auto sends every cell "
+                "to the replicas).")
 
     @cell_magic
     def xla_local(self, line, cell):

@@ -594,6 +594,7 @@ class Session(Target):
             os.mkfifo(path, 0o600)
         try:
             self._commands.send("debug " + " ".join(pipes), [ordinal])
+            show(debugger.opening(f"replica {ordinal}"))
             cell = self._last_cell
             named = show if cell is None else (  # "> Cell In[3](4)f()", as tracebacks name it
                 lambda text: show(text.replace(cell.path, cell.label)))
