@@ -150,6 +150,7 @@ class OutputLog:
         if self._file is None:
             if not self.written:  # the run's first line logged: its directory
                 state.make_log_dir(os.path.dirname(self.path))
-            self._file = open(self.path, "a", encoding="utf-8", errors="replace")
+            self._file = open(self.path, "a", encoding="utf-8", errors="replace",
+                              opener=state.private_file)
             self.written = True
         self._file.write(text)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 # What install() replaces or sets in torch_xla: private names are checked first.
@@ -188,6 +189,8 @@ def file_store(path: str, world: int):
     """The store of the replica processes of one host: a file every one of them can open."""
     import torch.distributed as dist
 
+    # Made 0600 before torch opens it (each process does, so whichever is first makes it).
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
     return dist.FileStore(path, world)
 
 

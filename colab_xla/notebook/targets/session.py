@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import secrets
 import shutil
@@ -348,11 +349,7 @@ class Session(Target):
         cell, user_ns = request.cell, request.user_ns
         run_dir = self.cell_dir()
         try:
-            # The cell's file lives as long as the session (what it defines is called
-            # later), beside its pipes: in shared memory where there is some. (In a disk's
-            # /tmp, making a new file cost the notebook 0.16-1.2 ms of CPU a cell here, more
-            # as the session's files grew, against ~0.02 ms in /dev/shm.)
-            module = CellModule.create(cell, self._modules_dir)
+            module = self._cell_module(cell, request.announce)
             problems = preflight.check(cell, os.environ)
             for problem in problems["fatal"]:
                 raise preflight.refusal(problem)
@@ -377,6 +374,24 @@ class Session(Target):
             return outcome
         finally:
             _empty(run_dir)
+
+    def _cell_module(self, cell, announce: Optional[Callable[[str], None]]) -> CellModule:
+        """The cell written as a module. Its file lives as long as the session (what it
+        defines is called later), beside its pipes: in shared memory where there is some
+        (making a file in a disk's /tmp costs more). Where that is full, in the session's
+        directory from then on, said once."""
+        try:
+            return CellModule.create(cell, self._modules_dir)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or (
+                    self._modules_dir == self.directory):
+                raise
+            full = self._modules_dir
+        self._modules_dir = self.directory
+        if announce:
+            announce(f"colab_xla: {os.path.dirname(full)} is full: this session's cells are "
+                     f"written to {self.directory} from now on.")
+        return CellModule.create(cell, self._modules_dir)
 
     def cell_dir(self) -> str:
         """The directory every cell of the session runs in (its job; the reports too large
