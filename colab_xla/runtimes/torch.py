@@ -412,7 +412,9 @@ def _meeting_store(rank: int, world: int):
     import torch.distributed as dist
 
     if _store_path is not None:
-        return dist.FileStore(_store_path, world)
+        from ..replica.gloo_collectives import file_store
+
+        return file_store(_store_path, world)  # (0600, as the simulation's)
     address, port = _membership["MASTER_ADDR"], int(_membership["MASTER_PORT"])
     if rank == 0:
         return listening_store(address, port, world)
