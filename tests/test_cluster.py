@@ -858,6 +858,34 @@ def test_torch_processes_of_every_host_are_one_job_with_global_ranks(local):
 @needs_ray
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
+def test_the_stores_hosts_meet_at_listen_on_host_0s_address_alone_their_keys_under_a_secret(
+        local):
+    # A TCP store has no authentication, and torch's own listens on every interface.
+    from _listeners import LISTENING
+
+    host0 = local.described[0]
+    where, _, secret = host0["store"].partition("/")  # (the CPU simulation's: the agent's)
+    port = int(where.rpartition(":")[2])
+    agent = [(c.laddr.ip, c.laddr.port) for c in
+             psutil.Process(host0["pid"]).net_connections("tcp")
+             if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+    assert agent == [(host0["address"], port)] and len(secret) == 32, (agent, secret)
+    outcome = on_cluster(LISTENING + textwrap.dedent("""
+        import os, torch, torch.distributed as dist
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), _listening(),
+         "COLAB_XLA_TORCH_STORE_SECRET" in os.environ, t.item())
+        """), local, runtime="torch")
+    assert outcome.ok, text_view.render(outcome)
+    (address, master_port, listening, secret_left, total) = outcome.results()[0]
+    assert [a for a in listening if a[1] == master_port] == [(address, master_port)], listening
+    assert (address, secret_left, total) == (host0["address"], False, HOSTS * PER_HOST)
+
+
+@needs_ray
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
 def test_a_stall_on_a_cluster_says_where_every_hosts_replicas_are(local):
     from test_where_stopped import RENDEZVOUS_LINE, Notices, waiting
 
