@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -39,11 +40,13 @@ def _tail(path: Path, chars: int = 4000) -> str:
 
 
 class JupyterLabServer:
-    """``jupyter lab`` on 127.0.0.1 without token or password, serving ``root_dir``."""
+    """``jupyter lab`` on 127.0.0.1 serving ``root_dir``, with a random token (``url``
+    carries it: another local user reaches the port, but without the token runs nothing)."""
 
     def __init__(self, root_dir: Path, state_dir: Path, env: Mapping[str, str]):
         self.root_dir, self.state_dir = Path(root_dir), Path(state_dir)
         self.port = free_port()
+        self.token = secrets.token_urlsafe(24)
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = self.state_dir / "jupyter-lab.log"
         self._env = dict(env)
@@ -65,7 +68,8 @@ class JupyterLabServer:
         notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
         cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1",
                f"--port={self.port}",
-               "--ServerApp.port_retries=0", "--ServerApp.token=", "--ServerApp.password=",
+               "--ServerApp.port_retries=0", f"--ServerApp.token={self.token}",
+               "--ServerApp.password=",
                "--ServerApp.disable_check_xsrf=True", "--allow-root",
                f"--ServerApp.root_dir={self.root_dir}",
                "--LabApp.news_url=None",
@@ -84,7 +88,7 @@ class JupyterLabServer:
                 raise RuntimeError(f"jupyter lab exited with {self._proc.returncode} before "
                                    f"answering:\n{_tail(self.log_path)}")
             try:
-                with urllib.request.urlopen(f"{self.url}/api", timeout=5) as r:
+                with urllib.request.urlopen(f"{self.url}/api?token={self.token}", timeout=5) as r:
                     if r.status == 200:
                         return
             except (OSError, urllib.error.URLError) as e:
@@ -130,7 +134,7 @@ def jupyterlab(root_dir: Path, state_dir: Path,
 
 
 class ClassicNotebookServer(JupyterLabServer):
-    """``jupyter notebook`` (classic, 6.x) on 127.0.0.1 without token or password.
+    """``jupyter notebook`` (classic, 6.x) on 127.0.0.1, with a random token as above.
 
     ``nbextensions``: a directory whose ``share/jupyter`` comes first on JUPYTER_PATH, for
     the widget frontend to serve (see tests/test_browser_classic.py).
@@ -151,7 +155,8 @@ class ClassicNotebookServer(JupyterLabServer):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
             env[var] = str(self.state_dir / sub)
         cmd = [sys.executable, "-m", "notebook", "--no-browser", "--ip=127.0.0.1",
-               f"--port={self.port}", "--NotebookApp.port_retries=0", "--NotebookApp.token=",
+               f"--port={self.port}", "--NotebookApp.port_retries=0",
+               f"--NotebookApp.token={self.token}",
                "--NotebookApp.password=", "--NotebookApp.disable_check_xsrf=True",
                "--allow-root", f"--notebook-dir={self.root_dir}"]
         self._log = open(self.log_path, "wb")
@@ -188,8 +193,8 @@ _KERNEL_READY_JS = """() => {
 
 def open_notebook(page, server: JupyterLabServer, name: str, timeout_s: float = 120) -> None:
     """Open ``name`` in a fresh workspace and wait for its kernel to be connected and idle."""
-    page.goto(f"{server.url}/lab/tree/{name}?reset", wait_until="domcontentloaded",
-              timeout=timeout_s * 1000)
+    page.goto(f"{server.url}/lab/tree/{name}?reset&token={server.token}",
+              wait_until="domcontentloaded", timeout=timeout_s * 1000)
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=timeout_s * 1000)
     page.wait_for_function(_KERNEL_READY_JS, timeout=timeout_s * 1000, polling=100)
 

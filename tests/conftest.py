@@ -24,6 +24,22 @@ def private_state(tmp_path, monkeypatch):
     monkeypatch.setattr(state, "_state_dir", None)
 
 
+@pytest.fixture
+def two_users():
+    """Two fresh Unix users sharing a private /tmp and /dev/shm (tests/_two_users.py), for
+    one test: what one test planted or left is not the next one's."""
+    from _two_users import SharedMachine, why_not
+
+    reason = why_not()
+    if reason:
+        pytest.skip(f"the shared-machine layer {reason}")
+    machine = SharedMachine()
+    try:
+        yield machine
+    finally:
+        machine.close()
+
+
 # --- which tests a users' stack runs ---------------------------------------------------------
 # The dev env runs every test; a users' stack of stacks/ (scripts/test passes --users-stack
 # NAME there) runs only those that its versions change: the tests whose closest

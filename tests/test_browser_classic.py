@@ -87,7 +87,8 @@ def test_widget_in_the_classic_notebook_under_ipywidgets_7(tmp_path):
 
         page.on("websocket", watch)
         try:
-            page.goto(f"{server.url}/notebooks/widget.ipynb", wait_until="domcontentloaded")
+            page.goto(f"{server.url}/notebooks/widget.ipynb?token={server.token}",
+                      wait_until="domcontentloaded")
             page.wait_for_function(_CONNECTED_JS, timeout=120_000, polling=200)
             # The widget manager restores the kernel's widgets once the kernel is connected
             # (jupyter.widget.control, which ipywidgets 7.7 lacks, then comm_info_request), and

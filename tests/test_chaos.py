@@ -147,15 +147,21 @@ def ours_left(k: Kernel, keep=()) -> dict:
     uid, pid = os.getuid(), k.process.pid
     procs = [p for p in k.process.children(recursive=True)
              if p.pid not in keep and p.status() != psutil.STATUS_ZOMBIE]
-    # The kernel's pool of free pages (shared_tensors) lives as long as the kernel; what
-    # is in it is not: empty, it holds no memory.
+    # The kernel's own directory and its pool of free pages (shared_tensors) live as long
+    # as the kernel; what is in them is not: empty, they hold no memory.
     shm = [n for n in os.listdir("/dev/shm") if n.startswith(f"colab_xla-{uid}-{pid}-")
-           and not (n.endswith("-pages") and not os.listdir(f"/dev/shm/{n}"))]
+           and _walk(f"/dev/shm/{n}") != ["pages"]]
     mine = Path(tempfile.gettempdir(), f"colab_xla-{uid}", "work",  # (state.own_dir's)
                 f"{pid}-{k.process.create_time():.2f}")
     work = sorted(str(p) for p in mine.iterdir()) if mine.exists() else []
     return {"processes": [(p.pid, " ".join(p.cmdline())[:80]) for p in procs],
             "shm": shm, "work": work}
+
+
+def _walk(top: str) -> list:
+    """Every path under ``top``, relative to it."""
+    return sorted(os.path.relpath(os.path.join(d, n), top)
+                  for d, dirs, files in os.walk(top) for n in dirs + files)
 
 
 def descriptors(k: Kernel) -> Counter:

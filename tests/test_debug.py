@@ -61,8 +61,9 @@ def test_the_debugger_opens_at_the_failing_line_of_the_lowest_failed_replica(fai
     person = Person("p secret", "w", "up", "p kept", "q")
     assert failed_session.debug(None, ask=person.ask, show=person.show) == "ended"
     said = person.text
-    assert said.startswith("ZeroDivisionError: division by zero\n> Cell In[3](4)load()\n"
-                           "-> return 1 / d\n"), said
+    assert said.startswith(  # which replica it opened, then where it raised
+        "colab_xla: pdb on replica 1's last exception (q ends it; the session goes on).\n"
+        "ZeroDivisionError: division by zero\n> Cell In[3](4)load()\n-> return 1 / d\n"), said
     assert "(Pdb) p secret\n42\n" in said  # replica 1's local, alive in its frame
     assert "(Pdb) p kept\n10\n" in said  # one frame up: the cell's globals
     # The session goes on, its globals as they were.
@@ -75,10 +76,12 @@ def test_the_debugger_opens_at_the_failing_line_of_the_lowest_failed_replica(fai
 def test_another_replica_or_none_at_all_is_said_and_a_silent_replica_is_left(failed_session):
     person = Person("p secret", "q")
     assert failed_session.debug(2, ask=person.ask, show=person.show) == "ended"
+    assert person.text.startswith("colab_xla: pdb on replica 2's last exception")
     assert "(Pdb) p secret\n43\n" in person.text
     quiet = Person()
     assert failed_session.debug(0, ask=quiet.ask, show=quiet.show) == "ended"
-    assert quiet.text == "This replica's last cell raised nothing: no exception to debug.\n"
+    assert quiet.text == (debugger.opening("replica 0")
+                          + "This replica's last cell raised nothing: no exception to debug.\n")
     with pytest.raises(debugger.DebugError, match="this session's replicas are 0-2"):
         failed_session.debug(5, ask=quiet.ask, show=quiet.show)
     # A command that takes longer than the answer's bound: the debugger is left, the

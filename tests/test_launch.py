@@ -513,8 +513,12 @@ def test_a_runs_pipes_are_made_in_its_shared_memory_directory_else_in_its_own(
 
 
 def _run_dirs():
-    return [d for d in os.listdir("/dev/shm")
-            if d.startswith(f"colab_xla-{os.getuid()}-{os.getpid()}-") and not d.endswith("-pages")]
+    """This process's directories in /dev/shm but its own (which it keeps while it lives,
+    with its pages), and the runs' directories in its own."""
+    own = shared_tensors.own_dir()
+    return [d for d in os.listdir("/dev/shm") if d.startswith(
+        f"colab_xla-{os.getuid()}-{os.getpid()}-") and f"/dev/shm/{d}" != own] + [
+        d for d in os.listdir(own) if d != "pages"]
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm here")

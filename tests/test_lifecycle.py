@@ -64,13 +64,37 @@ def test_a_cell_that_spawns_replicas_itself_is_refused_with_its_line(call):
 
 
 
-def test_state_dir_is_private_and_a_foreign_one_is_refused(private_state):
+def test_state_dir_is_private_and_a_foreign_one_is_never_used(private_state, monkeypatch,
+                                                              capsys):
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     path = state.state_dir()
-    assert oct(os.stat(path).st_mode & 0o777) == "0o700"
+    assert oct(os.stat(path).st_mode & 0o777) == "0o700" and capsys.readouterr().err == ""
     state._state_dir = None
     os.chmod(path, 0o777)  # someone could have pre-created it, writable by all
-    with pytest.raises(state.UnsafeStateDir, match="not a private directory"):
-        state.state_dir()
+    elsewhere = state.state_dir()
+    assert elsewhere != path and os.path.dirname(elsewhere) == os.path.dirname(path)
+    assert state.private(elsewhere) and os.path.basename(elsewhere).startswith(
+        os.path.basename(path) + "-")
+    said = capsys.readouterr().err
+    assert f"{path} is not a private directory" in said and elsewhere in said
+    state._state_dir = None  # a later process finds the same one again
+    assert state.state_dir() == elsewhere
+    os.chmod(elsewhere, 0o755)  # ... if it is still private
+    state._state_dir = None
+    assert state.state_dir() not in (path, elsewhere)
+
+
+def test_a_squatted_state_dir_gives_way_to_the_users_runtime_dir(private_state, monkeypatch):
+    runtime = private_state / "run-user"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    squatted = private_state / f"colab_xla-{os.getuid()}"
+    squatted.symlink_to(runtime)  # a link is refused even to a private directory
+    assert state.state_dir() == str(runtime / "colab_xla")
+    assert state.private(state.state_dir())
+    state._state_dir = None
+    os.chmod(runtime, 0o755)  # a runtime directory open to others is not used either
+    assert os.path.dirname(state.state_dir()) == str(private_state)
 
 
 def _dead_kernel_key():

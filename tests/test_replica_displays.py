@@ -56,14 +56,24 @@ def test_a_replicas_figure_and_html_are_drawn_under_it_in_order_in_widget_and_sa
     assert marks == sorted(marks), one
     assert "data:image" not in rows[0] and "from-replica" not in rows[0]
     assert "[an image: image/png]" in shown["data"]["text/plain"]
-    # The live widget: replica 1's tab draws them as display data, between its lines.
-    tab = [m["state"]["outputs"] for m in widget_models(nb, cell).values()
-           if m["model_name"] == "OutputModel"
-           and any("image/png" in o.get("data", {}) for o in m["state"]["outputs"])]
-    assert len(tab) == 1, "one tab (replica 1's) has the figure"
-    kinds = [o["output_type"] if o["output_type"] != "display_data" else
-             next(m for m in o["data"] if m != "text/plain") for o in tab[0]]
-    assert kinds == ["stream", "image/png", "text/html", "stream"], kinds
+    # The live widget: replica 1's tab draws them as display data, between its lines; the
+    # all tab too, each under its labelled row.
+    tabs = [m["state"]["outputs"] for m in widget_models(nb, cell).values()
+            if m["model_name"] == "OutputModel"
+            and any("image/png" in o.get("data", {}) for o in m["state"]["outputs"])]
+    assert len(tabs) == 2, "replica 1's tab and the all tab have the figure"
+    [tab] = [t for t in tabs if t[0]["text"].startswith("before 1")]
+    [combined] = [t for t in tabs if t is not tab]
+
+    def kinds(outputs):
+        return [o["output_type"] if o["output_type"] != "display_data" else
+                next(m for m in o["data"] if m != "text/plain") for o in outputs]
+
+    assert kinds(tab) == ["stream", "image/png", "text/html", "stream"], kinds(tab)
+    assert kinds(combined) == ["stream", "image/png", "stream", "text/html", "stream"], \
+        kinds(combined)
+    assert combined[0]["text"].endswith("[replica 1] [an image: image/png]\n"), combined
+    assert combined[2]["text"] == "[replica 1] [a display: text/html]\n", combined
     assert WIDGET_VIEW in shown["data"]
 
 
@@ -116,8 +126,12 @@ def test_a_tqdm_loop_is_a_bar_per_replica_that_reaches_its_total_never_a_flood(n
     for o in range(2):  # each replica's tab: its bar, left as it ended, at its total
         [state] = [v for v in values if v.startswith(f"replica {o} · ")]
         assert "<progress value='1.000' max='1'" in state, state
-        assert f"train {o} 40/40" in state, state  # (its whole line: in the output)
-    # Its output has the bar's last line once, not a line per update.
+        assert state.count(f"train {o}: 100%") == 1 and "40/40" in state, state
+    # Not again in its tab's output (as stderr, under the drawn bar).
+    outputs = [o for m in widget_models(nb, cell).values() if m["model_name"] == "OutputModel"
+               for o in m["state"]["outputs"] if o["output_type"] == "stream"]
+    assert [o["text"] for o in outputs if o["name"] == "stderr"] == [], outputs
+    # The summary has the bar's last line once, not a line per update.
     [shown] = [o for o in cell.outputs if o.output_type == "display_data"]
     summary = shown["data"]["text/plain"]
     for o in range(2):

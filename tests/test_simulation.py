@@ -1,13 +1,15 @@
 """The CPU simulation's two models through real runs: one process per replica (the default,
 like a TPU v4 or later host) and threads of one process (``--simulate threads``, like v2/v3).
 What a replica sees of the runtime, what it owns alone, and how a replica whose process
-dies ends the run."""
+dies ends the run; and that a replica process listens on loopback alone."""
 
+import json
 import os
 from importlib.metadata import version
 
 import pytest
 
+from _listeners import LISTENING, not_loopback, run_with_hostname_elsewhere
 from _runs import run
 
 pytestmark = [pytest.mark.xla, pytest.mark.timeout(300), pytest.mark.stacks("colab", "kaggle")]
@@ -313,3 +315,35 @@ def test_each_replica_process_gets_its_share_of_the_cores_unless_omp_num_threads
     before = torch.get_num_threads()
     threads = _ok(run(cell, 2))
     assert set(threads.values()) == {before}, threads
+
+
+WHERE_REPLICAS_MEET = LISTENING + '''
+import torch, torch_xla.core.xla_model as xm
+t = torch.ones(1, device=device)
+total = xm.all_reduce(xm.REDUCE_SUM, t).item()
+xm.all_reduce(xm.REDUCE_SUM, [t], groups=[[0], [1]])  # (groups of some replicas: gloo)
+(total, _listening())
+'''
+
+
+def test_replica_processes_of_one_machine_listen_on_loopback_alone():
+    # Another user of the machine sees every listening socket (/proc/net/tcp): a TCP store
+    # (no authentication) or gloo on the machine's address would be theirs to reach.
+    for o, (total, listening) in _ok(run(WHERE_REPLICAS_MEET, 2)).items():
+        assert total == 2.0 and listening and not_loopback(listening) == [], (o, listening)
+
+
+def test_where_the_hostname_resolves_elsewhere_replica_processes_listen_on_loopback_alone():
+    # (on a TPU VM or in a container the hostname is the machine's address, where gloo's
+    # default device listens)
+    code = ("import json\nfrom colab_xla.notebook.targets import run_cell\n"
+            f"outcome = run_cell({WHERE_REPLICAS_MEET!r}, replicas=2, announce=None)\n"
+            "print('RESULT', json.dumps(outcome.results() if outcome.ok else repr(\n"
+            "    [r.error for r in outcome.replicas.values()])))\n")
+    done = run_with_hostname_elsewhere(code)
+    results = [json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines()
+               if line.startswith("RESULT ")]
+    assert len(results) == 1 and isinstance(results[0], dict), (done.stdout[-3000:],
+                                                                 done.stderr[-3000:])
+    for o, (total, listening) in results[0].items():
+        assert total == 2.0 and listening and not_loopback(listening) == [], (o, listening)

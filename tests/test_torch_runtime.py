@@ -3,17 +3,21 @@
 Units of its plan and of torchrun's variables, then real processes on gloo (this machine
 has no GPU and no TPU): ranks and variables, a cell written as a torchrun script, DDP
 training that leaves every rank the same weights, fail-fast while the others wait in a
-collective, and a session that keeps a model across cells and survives an Interrupt.
+collective, a session that keeps a model across cells and survives an Interrupt, and where
+the processes meet: nothing another user could reach (a file on one host, loopback alone).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import textwrap
 import time
 
 import pytest
+
+from _listeners import LISTENING, not_loopback, other_address, run_with_hostname_elsewhere
 
 from colab_xla import runtimes
 from colab_xla.errors import OptionError
@@ -89,12 +93,38 @@ def test_torchruns_variables_from_the_launchers_rank_and_a_clusters_host():
             on_host["NODE_RANK"], on_host["MASTER_ADDR"], on_host["MASTER_PORT"]) == (
         "3", "1", "4", "1", "10.0.0.2", "5555")
     cpu_hosts = [{"device": "CPU", "address": a} for a in ("10.0.0.2", "10.0.0.3")]
-    assert TORCH.cluster_environ(cpu_hosts, lambda: "10.0.0.2:5555") == {
-        torch_runtime.MASTER: "10.0.0.2:5555"}
+    environ = TORCH.cluster_environ(cpu_hosts, lambda: "10.0.0.2:5555")
+    secret = environ.pop(torch_runtime.STORE_SECRET)
+    assert environ == {torch_runtime.MASTER: "10.0.0.2:5555"}
+    # (the store's keys under a secret of each run's: anyone can reach host 0's address)
+    assert re.fullmatch("[0-9a-f]{32}", secret) and secret != TORCH.cluster_environ(
+        cpu_hosts, lambda: "10.0.0.2:5555")[torch_runtime.STORE_SECRET]
     # TPU hosts: TorchTPU's worker list, host 0 first (its NODE_RANK is the host's).
     tpu_hosts = [{"device": "TPU", "address": a} for a in ("10.0.0.2", "10.0.0.3")]
-    assert TORCH.cluster_environ(tpu_hosts, lambda: "10.0.0.2:5555") == {
-        torch_runtime.MASTER: "10.0.0.2:5555", "TPU_WORKER_HOSTNAMES": "10.0.0.2,10.0.0.3"}
+    environ = TORCH.cluster_environ(tpu_hosts, lambda: "10.0.0.2:5555")
+    environ.pop(torch_runtime.STORE_SECRET)
+    assert environ == {torch_runtime.MASTER: "10.0.0.2:5555",
+                       "TPU_WORKER_HOSTNAMES": "10.0.0.2,10.0.0.3"}
+
+
+@pytest.mark.quick
+def test_the_store_rank_0_serves_listens_on_its_address_alone():
+    import torch.distributed as dist
+
+    scope: dict = {}
+    exec(LISTENING, scope)  # noqa: S102 - the cells' own probe, on this process
+    store = torch_runtime.listening_store("127.0.0.1", 0, wait_for_workers=False)
+    try:
+        # (torch's own master listens on "::", every interface, whatever host it is given)
+        assert [a for a in scope["_listening"]() if a[1] == store.port] == [
+            ("127.0.0.1", store.port)]
+        client = dist.TCPStore("127.0.0.1", store.port, is_master=False)
+        client.set("k", "v")
+        assert store.get("k") == b"v"
+    finally:
+        del store
+    with pytest.raises(OSError):  # (an address not this machine's: refused, nothing left)
+        torch_runtime.listening_store("192.0.2.123", 0, wait_for_workers=False)
 
 
 @pytest.mark.quick
@@ -183,6 +213,65 @@ def test_each_process_has_torchruns_variables_and_the_group_made():
     assert [r.log.tail_text() for r in from_c.replicas.values()] == ["from C 0", "from C 1"]
 
 
+WHERE_THEY_MEET = LISTENING + """
+import os, torch, torch.distributed as dist
+t = torch.ones(1)
+dist.all_reduce(t)  # (gloo's connections made)
+store = dist.distributed_c10d._get_default_store()
+while isinstance(store, dist.PrefixStore):
+    store = store.underlying_store
+(type(store).__name__, _listening(),
+ int(os.environ["MASTER_PORT"]), os.environ.get("GLOO_SOCKET_IFNAME"), t.item())
+"""
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_on_one_host_the_processes_meet_through_a_file_and_listen_on_loopback_alone():
+    # A TCP store has no authentication, and torch's listened on every interface: any
+    # user of the machine could set a key this run's ranks then read.
+    outcome = cell(WHERE_THEY_MEET, replicas=3)
+    assert outcome.ok, text_view.render(outcome)
+    for rank, (store, listening, master_port, ifname, total) in outcome.results().items():
+        assert (store, ifname, total) == ("FileStore", "lo", 3.0), rank
+        assert listening and not_loopback(listening) == [], (rank, listening)  # (gloo's)
+        assert master_port not in {port for _, port in listening}, rank
+
+
+IN_A_NAMESPACE = """
+import json
+from colab_xla.notebook.launch import Launch
+from colab_xla.notebook.targets import run_cell
+for env in ({}, {"GLOO_SOCKET_IFNAME": IFNAME}):
+    outcome = run_cell(CELL, replicas=2, launch=Launch(runtime="torch"), announce=None,
+                       env=env)
+    print("RESULT", json.dumps(outcome.results() if outcome.ok else repr(
+        [r.error for r in outcome.replicas.values()])))
+"""
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_where_the_hostname_resolves_elsewhere_gloo_listens_on_loopback_unless_asked():
+    # On a TPU VM or in a container the hostname is the machine's address, where gloo's
+    # default device listens; one host's processes need none but loopback.
+    ifname, address = other_address() or (None, None)
+    done = run_with_hostname_elsewhere(f"CELL = {WHERE_THEY_MEET!r}\nIFNAME = {ifname!r}\n"
+                                       + IN_A_NAMESPACE)
+    results = [json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines()
+               if line.startswith("RESULT ")]
+    assert len(results) == 2, (done.stdout[-3000:], done.stderr[-3000:])
+    mine, asked = results
+    assert isinstance(mine, dict) and isinstance(asked, dict), results
+    for store, listening, _, ifname_seen, _ in mine.values():
+        assert (store, ifname_seen) == ("FileStore", "lo")
+        assert listening and not_loopback(listening) == [], listening
+    # A GLOO_SOCKET_IFNAME of the user's is theirs: gloo listens where it says.
+    for _, listening, _, ifname_seen, total in asked.values():
+        assert (ifname_seen, total) == (ifname, 2.0)
+        assert [a for a, _ in not_loopback(listening)] == [address], listening
+
+
 @pytest.mark.xla
 @pytest.mark.timeout(300)
 def test_a_cell_written_as_a_torchrun_script_runs_unchanged():
@@ -266,7 +355,10 @@ def test_a_session_keeps_its_model_and_group_across_cells_and_an_interrupt():
                          timeout=1)
         assert [r.state for r in slept.replicas.values()] == [STOPPED, STOPPED]
         assert slept.session_ended is None and session.up
-        kept = run_cell("w = model.weight.detach().clone()\ndist.all_reduce(w)\n"
+        # (a group made in a later cell meets through the store of the first: the
+        # session's, kept as long as its processes)
+        kept = run_cell("w = model.weight.detach().clone()\n"
+                        "dist.all_reduce(w, group=dist.new_group([0, 1]))\n"
                         "(dist.get_world_size(), w.sum().item() / 2, "
                         "model.weight.sum().item())", session=session, announce=None)
         assert kept.ok, [r.error for r in kept.replicas.values()]

@@ -79,7 +79,13 @@ def run_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(shared_tensors, "POOL_FRACTION", 1 / 8)
     path = shared_tensors.make_dir("run", root=str(tmp_path))
     yield path
-    shared_tensors.remove_dir(shared_tensors.pages_dir(path))
+    shared_tensors.remove_dir(os.path.dirname(path))  # the notebook process's own, in tmp_path
+
+
+def _root(run_dir):
+    """The shared-memory root a run directory was made in (its parent is the notebook
+    process's own directory there)."""
+    return os.path.dirname(os.path.dirname(run_dir))
 
 
 def _listing(path):
@@ -122,8 +128,7 @@ def test_free_pages_can_be_given_back(run_dir):
     back = [_returned(torch.ones(1 << 20), run_dir), _returned(torch.ones(1 << 20), run_dir)]
     kept = back[0]
     del back
-    root = os.path.dirname(run_dir)
-    assert shared_tensors.drop_free_pages(root) == 4 << 20
+    assert shared_tensors.drop_free_pages(_root(run_dir)) == 4 << 20
     assert _listing(shared_tensors.pages_dir(run_dir)) == ["held"] and float(kept[0]) == 1
 
 
@@ -176,7 +181,7 @@ def test_the_page_directory_goes_when_the_notebook_process_exits(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
                          text=True, check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert out.stdout.strip() == "1"  # held while it lived
-    assert [n for n in os.listdir(tmp_path) if n.endswith("-pages")] == []  # gone at exit
+    assert os.listdir(tmp_path) == []  # its own directory, pages and all, gone at exit
 
 
 # --- a session replica's kept mappings ---------------------------------------------------------
@@ -244,7 +249,7 @@ def test_kept_mappings_of_files_the_notebook_removed_are_let_go(run_dir, keeping
     del back
     shared_tensors.let_go_removed()
     assert _kept_bytes() == 4 << 20  # free in the pool: kept
-    assert shared_tensors.drop_free_pages(os.path.dirname(run_dir)) == 4 << 20
+    assert shared_tensors.drop_free_pages(_root(run_dir)) == 4 << 20
     shared_tensors.let_go_removed()
     assert _kept_bytes() == 0 and shared_tensors._kept == {}
 
@@ -255,7 +260,7 @@ def test_a_cell_end_lets_go_of_removed_files_before_it_maps_what_the_cell_wrote(
     shared_tensors.map_written()
     back = rebuild(*args)
     del back
-    assert shared_tensors.drop_free_pages(os.path.dirname(run_dir)) == 4 << 20  # removed
+    assert shared_tensors.drop_free_pages(_root(run_dir)) == 4 << 20  # removed
     shared_tensors.reduce_tensor(torch.ones(1 << 20), run_dir)  # the next cell's: a new file
     kept_when_mapping = []
     real_mmap = shared_tensors.mmap.mmap

@@ -47,6 +47,11 @@ def chosen(asked: Optional[int], failed, replicas) -> int:
     return asked
 
 
+def opening(replica: str) -> str:
+    """The line that says which replica's debugger opens (``replica``: "replica 2")."""
+    return f"colab_xla: pdb on {replica}'s last exception (q ends it; the session goes on).\n"
+
+
 def converse(answers_path: str, output_path: str, ask: Callable[[str], str],
              show: Callable[[str], None], answer_seconds: float = ANSWER_SECONDS) -> str:
     """The notebook's end of one debugger: what it writes to ``output_path`` is shown

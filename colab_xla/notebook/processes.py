@@ -54,7 +54,7 @@ class RunRecord:
         with contextlib.suppress(psutil.Error):
             self._processes[proc.pid] = _identity(proc)
             tmp = self.path + ".tmp"
-            with open(tmp, "w") as f:
+            with open(tmp, "w", opener=state.private_file) as f:
                 json.dump({"kernel": state.kernel_key(),
                            "processes": list(self._processes.values())}, f)
             os.replace(tmp, self.path)

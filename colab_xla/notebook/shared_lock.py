@@ -56,6 +56,7 @@ def _manager_process_init(parent_pid: int) -> None:
     # The notebook's Interrupt reaches its whole process group; the manager must outlive it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     lifetime.die_with_parent(parent_pid)
+    os.umask(0o077)  # (before the manager binds its socket: no one else's to connect to)
 
 
 def shutdown() -> None:

@@ -3,8 +3,12 @@
 sessions under way, each kept under the notebook process it belongs to (its pid and start
 time, so a recycled pid is never mistaken for it) and removed once that process is gone.
 
-The directory is ``$TMPDIR/colab_xla-<uid>``, created mode 0700 and refused if someone
-else owns it or can write to it (a predictable path another user could pre-create).
+The directory is ``$TMPDIR/colab_xla-<uid>``, made mode 0700. That name can be guessed, so
+another user may have made it first: one that is not a directory of this user's at 0700 (its
+owner, its mode, a link) is never used. colab_xla then takes, and says so once, a private
+place of the user's own: ``$XDG_RUNTIME_DIR/colab_xla``, else a directory
+``$TMPDIR/colab_xla-<uid>-XXXXXXXX`` of a random name (one that an earlier process made, and
+which is this user's at 0700, is found again by its prefix).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import functools
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from typing import Optional
 
@@ -25,24 +30,66 @@ _state_dir: Optional[str] = None
 
 
 class UnsafeStateDir(SetupError):
-    """The state directory is not private to this user: colab_xla will not use it."""
+    """No private directory for colab_xla's state could be had."""
 
 
 def state_dir() -> str:
     """The private per-user directory (made on first use)."""
     global _state_dir
     if _state_dir is None:
-        path = os.path.join(tempfile.gettempdir(), f"colab_xla-{os.getuid()}")
+        default = os.path.join(tempfile.gettempdir(), f"colab_xla-{os.getuid()}")
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(default, 0o700)
+        if private(default):
+            _state_dir = default
+        else:
+            _state_dir = _elsewhere(default)
+            print(f"colab_xla: {default} is not a private directory of this user (another "
+                  f"user may have made it): using {_state_dir} instead.", file=sys.stderr)
+    return _state_dir
+
+
+def private(path: str) -> bool:
+    """Whether ``path`` is a directory (not a link to one) of this user's, which no one else
+    may enter or write to."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return (stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+            and not stat.S_IMODE(info.st_mode) & 0o077)
+
+
+def private_file(path: str, flags: int) -> int:
+    """An ``opener`` for :func:`open`: the file made mode 0600, never through a link (the
+    directories are private too; this holds under a TMPDIR that is not)."""
+    return os.open(path, flags | os.O_NOFOLLOW, 0o600)
+
+
+def _elsewhere(squatted: str) -> str:
+    """A private state directory where the default one is not private."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and private(runtime):
+        path = os.path.join(runtime, "colab_xla")
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
-        info = os.lstat(path)
-        if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
-                or stat.S_IMODE(info.st_mode) & 0o077):
-            raise UnsafeStateDir(
-                f"{path} is not a private directory of this user (owner, mode or a link); "
-                "colab_xla will not use it. Remove it, or set TMPDIR to a private directory.")
-        _state_dir = path
-    return _state_dir
+        if private(path):
+            return path
+    parent, name = os.path.split(squatted)
+    try:
+        earlier = sorted(n for n in os.listdir(parent) if n.startswith(name + "-"))
+    except OSError:
+        earlier = []
+    for candidate in earlier:
+        if private(os.path.join(parent, candidate)):
+            return os.path.join(parent, candidate)
+    try:
+        return tempfile.mkdtemp(prefix=name + "-", dir=parent)
+    except OSError as exc:
+        raise UnsafeStateDir(
+            f"{squatted} is not a private directory of this user, and no other could be "
+            f"made ({exc.strerror}): set TMPDIR to a private directory before the notebook "
+            "starts, or XDG_RUNTIME_DIR.") from None
 
 
 def subdir(name: str) -> str:

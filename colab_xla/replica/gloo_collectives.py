@@ -17,8 +17,9 @@ during a collective instead of refusing it.
 
 The group is a gloo process group of its own, never torch.distributed's default one, so a
 cell's own ``init_process_group`` (``xla``, ``gloo``) is as free as on a TPU. The store that
-introduces the processes to each other is given: a file in the run's directory for the
-processes of one host, a TCP store kept by host 0's agent for the hosts of a cluster.
+introduces the processes to each other is given: a file in the run's private directory for
+the processes of one host (whose gloo connections are then on 127.0.0.1), a TCP store kept
+by host 0's agent on its host's address for the hosts of a cluster (keys under a secret).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 # What install() replaces or sets in torch_xla: private names are checked first.
@@ -187,18 +189,22 @@ def file_store(path: str, world: int):
     """The store of the replica processes of one host: a file every one of them can open."""
     import torch.distributed as dist
 
+    # Made 0600 before torch opens it (each process does, so whichever is first makes it).
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
     return dist.FileStore(path, world)
 
 
 def tcp_store(address: str, prefix: str):
     """The store of the replicas of several hosts (a cluster's CPU hosts): a client of the
-    TCP store at ``address`` (``ip:port``, kept by host 0's agent), under ``prefix`` (the
-    run or session, the same on every host)."""
+    TCP store at ``address`` (``ip:port/secret``, kept by host 0's agent), under the
+    secret and ``prefix`` (the run or session, the same on every host): anyone who can
+    reach the address can connect to a TCP store, but not name these keys."""
     import torch.distributed as dist
 
-    host, _, port = address.rpartition(":")
+    where, _, secret = address.partition("/")
+    host, _, port = where.rpartition(":")
     store = dist.TCPStore(host, int(port), is_master=False, timeout=TIMEOUT)
-    return dist.PrefixStore(prefix + "/", store)
+    return dist.PrefixStore("/".join(p for p in (secret, prefix) if p) + "/", store)
 
 
 def install(group: GlooGroup) -> None:

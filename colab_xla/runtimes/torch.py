@@ -19,6 +19,12 @@ A cell written as a torchrun script runs unchanged: its
 ``dist.init_process_group(...)`` finds the group made and returns (a backend other than the
 group's is refused, naming both), and its ``dist.destroy_process_group()`` of the default
 group is put off to the process's end, so a session's next cell still has it.
+
+The store where the processes meet is out of other users' reach (a TCP store has no
+authentication, and torch's listens on every interface): on one host a ``FileStore`` in the
+run's private directory, with gloo's and NCCL's connections on the loopback interface (out
+of other machines' reach); across a cluster's hosts rank 0's TCP store, bound to host 0's
+address alone, its keys under a secret of the run's.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ import functools
 import importlib.util
 import os
 import re
+import secrets
+import socket
 import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -45,6 +53,14 @@ BACKENDS = {"CPU": "gloo", "CUDA": "nccl", "TPU": "tpu_dist"}
 MASTER = "COLAB_XLA_TORCH_MASTER"
 # The device of a run, as the plan chose it ("CPU", "CUDA"): the replicas' backend.
 DEVICE = "COLAB_XLA_TORCH_DEVICE"
+# A secret of a cluster's run (or session), the same on every host: the key prefix of its
+# TCP store, which anyone who can reach host 0's address can connect to.
+STORE_SECRET = "COLAB_XLA_TORCH_STORE_SECRET"
+# The store of a run on one host: this file of its private directory.
+STORE_FILE = "torch.store"
+# The variables that name the interface gloo's and NCCL's sockets use (unset: the
+# interface of the machine's hostname); set to loopback on one host.
+SOCKET_INTERFACES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 # More processes than this on CPU only slow the machine down (each is an interpreter).
 MAX_CPU_PROCESSES = 16
 # How long a collective waits for a peer before it raises (torch's default: 30 min for
@@ -291,21 +307,73 @@ def torchrun_environ(environ: Mapping[str, str]) -> Dict[str, str]:
             "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"}
 
 
+def loopback_interface() -> Optional[str]:
+    """The name of this machine's loopback interface (Linux's ``lo``), or None."""
+    try:
+        names = {name for _, name in socket.if_nameindex()}
+    except OSError:
+        return None
+    return "lo" if "lo" in names else None
+
+
+def listening_store(address: str, port: int, world: Optional[int] = None, *,
+                    timeout: datetime.timedelta = COLLECTIVE_TIMEOUT,
+                    wait_for_workers: bool = True):
+    """A ``TCPStore`` served by this process that listens on ``address`` alone (``port``
+    0: any free port): torch's own master listens on every interface, whatever host it is
+    given, so it is given a socket bound here (``master_listen_fd``; the store owns it)."""
+    import torch.distributed as dist
+
+    family, kind, proto, _, where = socket.getaddrinfo(address, port,
+                                                       type=socket.SOCK_STREAM)[0]
+    listener = socket.socket(family, kind, proto)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(where)
+        listener.listen(socket.SOMAXCONN)
+        port = listener.getsockname()[1]
+    except BaseException:
+        listener.close()
+        raise
+    fd = listener.detach()
+    try:
+        return dist.TCPStore(address, port, world, is_master=True, timeout=timeout,
+                             wait_for_workers=wait_for_workers, master_listen_fd=fd)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 _initialized = False
 _membership: Dict[str, str] = {}  # torchrun's variables of this process (join)
 _run_name = "colab_xla"  # the run (or session) the process serves: its store's key prefix
+_secret = ""  # a cluster run's STORE_SECRET (join)
+_store_path: Optional[str] = None  # on one host, the FileStore's (join)
 _store: List[Any] = []  # the process group's store, kept as long as the group
 
 
-def join(environ: Mapping[str, str] = os.environ, run: str = "colab_xla") -> None:
+def join(environ: Mapping[str, str] = os.environ, run: str = "colab_xla",
+         directory: Optional[str] = None) -> None:
     """In a new replica process: keep torchrun's variables, as the launcher's rank gives
     them (a session's later cells bring an environment without them: each cell gets them
     again, :func:`initialize`), and make the process group's calls fit for a cell written
-    as a torchrun script (:func:`_fit_script_calls`)."""
-    global _run_name
+    as a torchrun script (:func:`_fit_script_calls`). ``directory``: the run's (or
+    session's) private directory, where the processes of one host meet; on one host gloo's
+    and NCCL's sockets are put on the loopback interface, unless the environment names
+    one."""
+    global _run_name, _secret, _store_path
     _membership.update(torchrun_environ(environ))
     host = HostRank.from_environ(environ)
     _run_name = host.run if host and host.run else run  # (every host's: the same)
+    _secret = environ.get(STORE_SECRET, "")
+    if environ is os.environ:
+        os.environ.pop(STORE_SECRET, None)  # (the cell's code and children need it not)
+    one_host = host is None or host.hosts == 1
+    _store_path = os.path.join(directory, STORE_FILE) if one_host and directory else None
+    loopback = loopback_interface() if one_host else None
+    if loopback:
+        _membership.update({name: loopback for name in SOCKET_INTERFACES
+                            if not environ.get(name)})
     _fit_script_calls()
 
 
@@ -325,17 +393,32 @@ def initialize() -> None:
 
     if os.environ.get(DEVICE) == "CUDA":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    # The store of env:// (a TCPStore at MASTER_ADDR:MASTER_PORT, served by rank 0), its
-    # keys under this run's name: another run that happened to get the same free port
-    # (two notebooks, two test workers) cannot mix its ranks with these.
     rank, world = int(_membership["RANK"]), int(_membership["WORLD_SIZE"])
-    store = dist.TCPStore(_membership["MASTER_ADDR"], int(_membership["MASTER_PORT"]), world,
-                          is_master=rank == 0, timeout=COLLECTIVE_TIMEOUT)
+    store = _meeting_store(rank, world)
     _store[:] = [store]
+    # (its keys under this run's name, and a cluster run's secret: another run that got
+    # the same free port, two notebooks or two test workers, cannot mix its ranks in)
+    prefix = "/".join(["colab_xla"] + ([_secret] if _secret else []) + [_run_name])
     with _gloo_banner_hidden(), _init_barrier():
-        _real["init"](backend(), store=dist.PrefixStore(f"colab_xla/{_run_name}", store),
+        _real["init"](backend(), store=dist.PrefixStore(prefix, store),
                       rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
     _initialized = dist.is_initialized()
+
+
+def _meeting_store(rank: int, world: int):
+    """Where the processes meet: on one host a ``FileStore`` in the run's private directory
+    (nothing listens); across hosts the TCP store at ``MASTER_ADDR:MASTER_PORT``, served by
+    rank 0 on that address alone (:func:`listening_store`)."""
+    import torch.distributed as dist
+
+    if _store_path is not None:
+        from ..replica.gloo_collectives import file_store
+
+        return file_store(_store_path, world)  # (0600, as the simulation's)
+    address, port = _membership["MASTER_ADDR"], int(_membership["MASTER_PORT"])
+    if rank == 0:
+        return listening_store(address, port, world)
+    return dist.TCPStore(address, port, world, is_master=False, timeout=COLLECTIVE_TIMEOUT)
 
 
 @contextlib.contextmanager
@@ -488,8 +571,9 @@ class Torch(Runtime):
     def problems(self) -> List[Problem]:
         return [p for p in (cuda_problem(), tpu_problem()) if p is not None]
 
-    def run_environ(self, environ: Mapping[str, str],
-                    free_port: Callable[[], int]) -> Dict[str, str]:
+    def run_environ(self, environ: Mapping[str, str], free_port: Callable[[], int],
+                    unix_socket: Optional[Callable[[str], Optional[str]]] = None
+                    ) -> Dict[str, str]:
         # (the launcher's MASTER_ADDR and MASTER_PORT of the run, or host 0's; on a TPU
         # host, what TorchTPU's launch code adds for this run's processes)
         if environ.get(DEVICE) != "TPU":
@@ -503,9 +587,10 @@ class Torch(Runtime):
         pass  # (each host plans its own: TorchTPU's absence is its host's error)
 
     def cluster_environ(self, hosts, coordinator: Callable[[], str]) -> Dict[str, str]:
-        # Every host's processes are one job, host 0 its master; TPU hosts are TorchTPU's
-        # TPU_WORKER_HOSTNAMES, in host order (NODE_RANK: tpu_launch_environ).
-        environ = {MASTER: coordinator()}
+        # Every host's processes are one job, host 0 its master, its store's keys under a
+        # secret of the run's; TPU hosts are TorchTPU's TPU_WORKER_HOSTNAMES, in host
+        # order (NODE_RANK: tpu_launch_environ).
+        environ = {MASTER: coordinator(), STORE_SECRET: secrets.token_hex(16)}
         if any(d["device"] == "TPU" for d in hosts):
             environ["TPU_WORKER_HOSTNAMES"] = ",".join(d["address"] for d in hosts)
         return environ
@@ -513,7 +598,7 @@ class Torch(Runtime):
     # -- the replica's half -----------------------------------------------------------
 
     def start_process(self, process, job) -> None:
-        join(run=job.run_id)
+        join(run=job.run_id, directory=job.run_dir)
 
     def device(self) -> Any:
         return device()

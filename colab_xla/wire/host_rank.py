@@ -34,8 +34,8 @@ SKIP_DISCOVERY = "SKIP_MEGASCALE_PJRT_CLIENT"
 class HostRank:
     """Host ``host`` of ``hosts``, each running ``replicas`` replicas; ``address`` is
     this host's (for gloo); ``store`` the ``ip:port`` of the store the replicas of CPU
-    hosts meet at (host 0's agent keeps it), ``run`` the prefix of this run or session
-    in it (the same on every host)."""
+    hosts meet at (host 0's agent keeps it; ``ip:port/secret``: their keys under that
+    secret), ``run`` the prefix of this run or session in it (the same on every host)."""
 
     host: int
     hosts: int

@@ -7,14 +7,15 @@ back and copied again. Instead, a replica writes every CPU tensor of at least
 ``pwrite``), and the pickle carries only the file's name. The notebook maps the file:
 the tensor it gets *is* that memory, with no further copy.
 
-The directory belongs to the notebook's process (mode 0700, named after its pid), and is
-removed when the run ends; tensors already mapped outlive it. Directories left by a
-notebook process that died are removed by the next run. Where ``/dev/shm`` is missing or
-full, tensors are pickled inline, as smaller ones always are.
+The run's directory lies in the notebook process's own directory of ``/dev/shm``
+(``colab_xla-UID-PID-XXXXXXXX``: a random name, made mode 0700, so another user can plant
+nothing in it first), and is removed when the run ends; tensors already mapped outlive it.
+Directories left by a notebook process that died are removed by the next run. Where
+``/dev/shm`` is missing or full, tensors are pickled inline, as smaller ones always are.
 
 Pages are reused: new shared-memory pages cost the kernel about as much as the copy into
 them. A mapped tensor's file moves to the notebook process's page directory
-(``colab_xla-UID-PID-pages``), and when the notebook frees the tensor its file is kept
+(``pages`` in its own directory), and when the notebook frees the tensor its file is kept
 there as free pages (up to :data:`POOL_FRACTION` of the machine's memory in all), which
 the next replicas' tensors of the same size or up to twice it are written into. Pages
 are not kept if a process forked by the notebook after they were mapped is still alive
@@ -50,6 +51,7 @@ import itertools
 import mmap
 import os
 import shutil
+import stat
 import threading
 import time
 import weakref
@@ -70,7 +72,8 @@ PRUNE_SECONDS = 60.0
 _pruned: Dict[str, float] = {}  # root -> when make_dir last pruned it (time.monotonic())
 
 _names = itertools.count()
-_exit_registered = set()
+# root -> (pid, this process's own directory in it): made once, removed at exit.
+_own: Dict[str, Tuple[int, str]] = {}
 
 
 class _Kept(NamedTuple):
@@ -88,33 +91,40 @@ _keeping: Optional[int] = None  # the pid of the process that keeps them (not it
 
 # This user's names' start (os.getuid() is a system call: asked once).
 _PREFIX = f"colab_xla-{os.getuid()}-"
+_PAGES = "pages"
 
 
 def make_dir(run_id: str, root: str = SHM_ROOT) -> Optional[str]:
     """The notebook side: a private directory for one run's tensors, or None where
     shared memory is not available (then every tensor is pickled inline). It runs for
-    every warm session cell: one ``mkdir`` then, besides a prune a minute (and the page
-    directory's, once)."""
+    every warm session cell: one ``mkdir`` then, besides a prune a minute."""
     now = time.monotonic()
     if now - _pruned.get(root, -PRUNE_SECONDS) >= PRUNE_SECONDS:  # (not at every warm cell)
         _pruned[root] = now
         prune(root)
-    path = os.path.join(root, f"{_PREFIX}{os.getpid()}-{run_id}")
     try:
+        path = os.path.join(own_dir(root), f"run-{run_id}")
         os.mkdir(path, 0o700)
     except OSError:  # (no such root, say)
         return None
-    pages = pages_dir(path)
-    if pages not in _exit_registered:  # (removed when this process exits)
-        try:
-            os.mkdir(pages, 0o700)
-        except FileExistsError:
-            pass
-        except OSError:  # no page reuse: tensors work as before
-            return path
-        _exit_registered.add(pages)
-        atexit.register(_remove_own, pages, os.getpid())
     return path
+
+
+def own_dir(root: str = SHM_ROOT) -> str:
+    """This process's own directory in ``root``, made on first use (a random name at 0700:
+    what is in it was put there by this user), with its page directory; removed when the
+    process exits. Raises OSError where it cannot be made."""
+    pid = os.getpid()
+    mine = _own.get(root)
+    if mine is None or mine[0] != pid or not os.path.isdir(mine[1]):
+        import tempfile
+
+        path = tempfile.mkdtemp(prefix=f"{_PREFIX}{pid}-", dir=root)
+        with contextlib.suppress(OSError):  # no page reuse without it: tensors work as before
+            os.mkdir(os.path.join(path, _PAGES), 0o700)
+        atexit.register(_remove_own, path, pid)
+        mine = _own[root] = (pid, path)
+    return mine[1]
 
 
 def make_private_dir(kind: str, root: str = SHM_ROOT) -> str:
@@ -128,21 +138,25 @@ def make_private_dir(kind: str, root: str = SHM_ROOT) -> str:
 def pages_dir(directory: str) -> Optional[str]:
     """The page directory of the notebook process whose run directory is ``directory``
     (None if ``directory`` is not one: then pages are not reused)."""
-    root, name = os.path.split(os.path.normpath(directory))
-    pid = name[len(_PREFIX):].split("-", 1)[0] if name.startswith(_PREFIX) else ""
-    return os.path.join(root, f"{_PREFIX}{pid}-pages") if pid.isdigit() else None
+    parent, name = os.path.split(os.path.normpath(directory))
+    if not (name.startswith("run-") and os.path.basename(parent).startswith(_PREFIX)):
+        return None
+    return os.path.join(parent, _PAGES)
 
 
 def own_pages_dir(root: str = SHM_ROOT) -> str:
     """This process's page directory (where the pages of its freed results are kept)."""
-    return os.path.join(root, f"{_PREFIX}{os.getpid()}-pages")
+    return os.path.join(own_dir(root), _PAGES)
 
 
 def drop_free_pages(root: str = SHM_ROOT) -> int:
     """Give back the free pages this process keeps for its next results; the bytes freed.
     (A session's replicas let go of their own mappings of them within
     :data:`KEPT_CHECK_SECONDS`.)"""
-    pages = own_pages_dir(root)
+    mine = _own.get(root)
+    if mine is None or mine[0] != os.getpid():
+        return 0  # none made here
+    pages = os.path.join(mine[1], _PAGES)
     freed = 0
     for size, name in map(_free_size, os.listdir(pages) if os.path.isdir(pages) else ()):
         if size >= 0:
@@ -166,17 +180,23 @@ def remove_dir(path: Optional[str]) -> None:
 
 
 def prune(root: str = SHM_ROOT) -> None:
-    """Remove the directories of notebook processes of this user that are gone."""
+    """Remove the directories of notebook processes of this user that are gone (only
+    directories this user owns: a name another user planted is not followed or touched)."""
     try:
         names = os.listdir(root)
     except OSError:
         return
+    uid = os.getuid()
     for name in names:
         if not name.startswith(_PREFIX):
             continue
         pid = name[len(_PREFIX):].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            path = os.path.join(root, name)
+            with contextlib.suppress(OSError):
+                info = os.lstat(path)
+                if stat.S_ISDIR(info.st_mode) and info.st_uid == uid:
+                    shutil.rmtree(path, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import secrets
 import socket
 import threading
 import traceback
@@ -33,6 +34,7 @@ from typing import Any, Dict, List, MutableMapping, Optional
 
 from .. import interrupts
 from ... import runtimes
+from ...runtimes.torch import listening_store
 from . import multislice
 from ...wire.host_rank import SKIP_DISCOVERY, VARIABLES, HostRank
 from ..launch import Launch, free_port
@@ -76,11 +78,11 @@ class HostAgent:
         self.start_method = start_method
         self._store = None
         if device == "CPU" and rank.host == 0:  # where the replicas of every host meet
-            import torch.distributed as dist
-
-            self._store = dist.TCPStore(rank.address, 0, is_master=True,
-                                        wait_for_workers=False)
-            self.rank = dataclasses.replace(rank, store=f"{rank.address}:{self._store.port}")
+            # (on this host's address alone, not every interface; its keys under a secret
+            # the store's address brings: anyone who reaches the address can connect)
+            self._store = listening_store(rank.address, 0, wait_for_workers=False)
+            self.rank = dataclasses.replace(
+                rank, store=f"{rank.address}:{self._store.port}/{secrets.token_hex(16)}")
         from ..torch_xla_import import import_torch_xla
 
         if start_method == "forkserver":
@@ -217,7 +219,8 @@ class HostAgent:
     def coordinator(self) -> str:
         """Where a job's processes meet (host 0's agent is asked, per run or session):
         this host's address and a port free on it now. Process 0, which runs here,
-        serves it."""
+        serves it, listening on that address alone (not every interface:
+        :func:`colab_xla.runtimes.jax.initialize`)."""
         return f"{self.rank.address}:{free_port(self.rank.address)}"
 
     def poll(self, run_id: str, wait: float) -> Dict[str, Any]:

@@ -163,6 +163,8 @@ class ClusterSession(Target):
                                  f"({exception_line(exc)}); %xla_cluster shows whether it "
                                  "is still there"}
 
+        show(debugger.opening(f"host {host} · replica {local} (replica "
+                              f"{ordinals.index((host, local))})"))
         reply = step(None)
         while True:
             show(reply["output"])

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import secrets
 import shutil
@@ -189,16 +190,17 @@ class Session(Target):
         self.processes.begin()
         self._launcher = threading.Thread(target=self._launch, args=(job,), daemon=True,
                                           name="colab_xla-session")
-        with inherit(self.id, user_ns, None):  # (forked replicas: the notebook's names)
+        # The launch's variables (xmp.spawn reads PJRT_DEVICE here) while the replicas
+        # start, not for the session's life: the notebook's own environment is the host's.
+        with inherit(self.id, user_ns, None), environ(self.plan.env):
             self._launcher.start()
             self._wait_ready()
 
     def _launch(self, job: ReplicaJob) -> None:
         try:
-            with environ(self.plan.env):
-                start(self.options.launch, serve_replica, job,
-                      processes=self.plan.processes if self.plan.own_processes else 0,
-                      ended=self._process_ended)
+            start(self.options.launch, serve_replica, job,
+                  processes=self.plan.processes if self.plan.own_processes else 0,
+                  ended=self._process_ended)
         except BaseException as exc:  # noqa: BLE001 - the session ends, and says why
             self._launch_error = exc
         finally:
@@ -348,11 +350,7 @@ class Session(Target):
         cell, user_ns = request.cell, request.user_ns
         run_dir = self.cell_dir()
         try:
-            # The cell's file lives as long as the session (what it defines is called
-            # later), beside its pipes: in shared memory where there is some. (In a disk's
-            # /tmp, making a new file cost the notebook 0.16-1.2 ms of CPU a cell here, more
-            # as the session's files grew, against ~0.02 ms in /dev/shm.)
-            module = CellModule.create(cell, self._modules_dir)
+            module = self._cell_module(cell, request.announce)
             problems = preflight.check(cell, os.environ)
             for problem in problems["fatal"]:
                 raise preflight.refusal(problem)
@@ -377,6 +375,24 @@ class Session(Target):
             return outcome
         finally:
             _empty(run_dir)
+
+    def _cell_module(self, cell, announce: Optional[Callable[[str], None]]) -> CellModule:
+        """The cell written as a module. Its file lives as long as the session (what it
+        defines is called later), beside its pipes: in shared memory where there is some
+        (making a file in a disk's /tmp costs more). Where that is full, in the session's
+        directory from then on, said once."""
+        try:
+            return CellModule.create(cell, self._modules_dir)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or (
+                    self._modules_dir == self.directory):
+                raise
+            full = self._modules_dir
+        self._modules_dir = self.directory
+        if announce:
+            announce(f"colab_xla: {os.path.dirname(full)} is full: this session's cells are "
+                     f"written to {self.directory} from now on.")
+        return CellModule.create(cell, self._modules_dir)
 
     def cell_dir(self) -> str:
         """The directory every cell of the session runs in (its job; the reports too large
@@ -578,6 +594,7 @@ class Session(Target):
             os.mkfifo(path, 0o600)
         try:
             self._commands.send("debug " + " ".join(pipes), [ordinal])
+            show(debugger.opening(f"replica {ordinal}"))
             cell = self._last_cell
             named = show if cell is None else (  # "> Cell In[3](4)f()", as tracebacks name it
                 lambda text: show(text.replace(cell.path, cell.label)))
