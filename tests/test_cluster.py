@@ -478,7 +478,8 @@ def test_a_local_cluster_takes_its_token_only_and_keeps_its_files_in_a_private_d
         assert f.read().strip() == local.address
     processes = _cluster_processes(local)
     agents = {d["pid"] for d in local.described}
-    stores = {int(d["store"].rsplit(":", 1)[1]) for d in local.described if d["store"]}
+    stores = {int(d["store"].rsplit(":", 1)[1].split("/")[0])  # host:port[/key]
+              for d in local.described if d["store"]}
     work = os.path.join(state.state_dir(), "work")  # the agents' forkservers' (a test above)
     sockets, listening = [], []
     for proc in processes:
