@@ -104,8 +104,9 @@ class Cycles:
         return msg_id
 
     def pids(self):
-        pids = session_pids(self.ok("%xla_session", "the status"))
-        assert len(pids) == REPLICAS, pids
+        status = self.ok("%xla_session", "the status")
+        pids = session_pids(status)
+        assert len(pids) == REPLICAS, status
         return pids
 
     def raises(self) -> None:
@@ -118,6 +119,7 @@ class Cycles:
         self.k.interrupt()
         reply = self.k.wait(msg_id, timeout=60)
         assert reply.ename == "KeyboardInterrupt", reply.text
+        assert "the session ended" not in reply.text, reply.text
         assert self.pids() == before  # the same session
 
     def killed_mid_cell(self) -> None:
