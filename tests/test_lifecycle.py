@@ -2,13 +2,16 @@
 
 import gc
 import json
+import multiprocessing
 import select
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import weakref
 
 import psutil
 import pytest
@@ -145,6 +148,49 @@ def test_leftovers_are_found_by_pid_and_start_time_and_only_they_are_killed(priv
         for p in (ours, bystander):
             p.kill()
             p.wait()
+
+
+def test_a_runs_reaped_processes_are_kept_as_exit_codes_not_as_their_open_sentinels(
+        private_state):
+    """A run's RunProcesses can outlive the run by far (a session's, held by the traceback
+    of the cell that saw a replica die): each multiprocessing process it kept held its
+    sentinel's pipe until then (issue 58: 8 fds a session of 4 replicas, for good in a
+    kernel whose garbage collector did not get to it). Collector off: what is let go is
+    let go by the run itself."""
+    context = multiprocessing.get_context("fork")
+    run = processes.RunProcesses("sentinels-test")
+    go_r, go_w = os.pipe()
+
+    def quit_when_told():
+        os.read(go_r, 1)
+        os._exit(3)
+
+    gc.disable()
+    try:
+        run.begin()
+        quits, sleeps = (context.Process(target=quit_when_told),
+                         context.Process(target=time.sleep, args=(600,)))
+        for p in (quits, sleeps):
+            p.start()
+        pipes = {p.sentinel: os.readlink(f"/proc/self/fd/{p.sentinel}") for p in (quits, sleeps)}
+        assert set(run.new_children()) == {quits, sleeps}  # seen running, as a run's are
+        os.write(go_w, b"x")
+        os.waitid(os.P_PID, quits.pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped
+        assert run.new_children() == [sleeps]
+        run.kill()
+        assert run.exit_codes() == [-signal.SIGKILL, 3]
+        objects = [weakref.ref(quits), weakref.ref(sleeps)]
+        del quits, sleeps, p
+        assert [o() for o in objects] == [None, None]
+        still_open = {fd: target for fd, target in pipes.items()
+                      if os.path.exists(f"/proc/self/fd/{fd}")
+                      and os.readlink(f"/proc/self/fd/{fd}") == target}
+        assert still_open == {}
+        assert run.exit_codes() == [-signal.SIGKILL, 3]  # told all the same
+    finally:
+        gc.enable()
+        os.close(go_r)
+        os.close(go_w)
 
 
 def test_doctor_reports_environment_problems_with_fixes(private_state):

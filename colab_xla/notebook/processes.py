@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
@@ -123,13 +124,20 @@ def kill_leftovers() -> List[Leftover]:
 class RunProcesses:
     """Every process one run started: the pool's replica processes and what they started
     (a DataLoader's workers, a subprocess in its own session), tracked by pid as they
-    appear, recorded in the pid registry, and killed together when the run ends."""
+    appear, recorded in the pid registry, and killed together when the run ends.
+
+    Once reaped, a pool's process is kept as its exit code only: its ``multiprocessing``
+    object holds its sentinel's pipe (two fds) for as long as anything refers to it, and
+    this object can outlive its run by far (a session's, held by the traceback of the cell
+    that saw a replica die: ``sys.last_traceback``, until the next error)."""
 
     def __init__(self, run_id: str):
         self._record = RunRecord(run_id)
         self._tracked: Dict[int, psutil.Process] = {}
-        self._children_before: set = set()
-        self._children: Dict[int, multiprocessing.process.BaseProcess] = {}
+        # (weak: the children of other runs that were running then are theirs to let go)
+        self._children_before: weakref.WeakSet = weakref.WeakSet()
+        self._children: Dict[int, multiprocessing.process.BaseProcess] = {}  # not reaped
+        self._exit_codes: Dict[int, int] = {}  # pid -> exit code, of those reaped
         self._adopting = True
         self._rss: Dict[int, int] = {}  # pid -> resident memory at the last look
         self._machine: Optional[Tuple[int, int]] = None  # (available, total) then
@@ -137,7 +145,7 @@ class RunProcesses:
     def begin(self) -> None:
         """Call just before the run starts processes: every child of the notebook's
         process that appears from now on is the run's (until :meth:`stop_adopting`)."""
-        self._children_before = set(multiprocessing.active_children())
+        self._children_before = weakref.WeakSet(multiprocessing.active_children())
 
     def stop_adopting(self) -> None:
         """Every process of the run has started: children of the notebook's process that
@@ -150,17 +158,27 @@ class RunProcesses:
         """Processes started since the run began (the pool's) and still running;
         remembered, so that their exit codes can be told after they are reaped."""
         for p in multiprocessing.active_children() if self._adopting else ():
-            if p not in self._children_before:
+            if p not in self._children_before and p.pid not in self._exit_codes:
                 self._children.setdefault(p.pid, p)
-        return [p for p in self._children.values() if p.exitcode is None]
+        running = []
+        for pid, p in list(self._children.items()):
+            if p.exitcode is None:  # (asks waitpid: reaps one that is gone)
+                running.append(p)
+            else:
+                self._let_go(pid, p)
+        return running
+
+    def _let_go(self, pid: int, process: multiprocessing.process.BaseProcess) -> None:
+        """``process`` is reaped: keep its exit code, not the object."""
+        process.join(0)  # (out of multiprocessing's own list of children too)
+        self._exit_codes[pid] = process.exitcode
+        del self._children[pid]
 
     def exit_codes(self) -> List[int]:
         """The non-zero exit codes of the pool's processes that have ended (a negative
         code is the signal that killed it)."""
         self.new_children()
-        for p in self._children.values():
-            p.join(0)  # sets exitcode if the process is gone
-        return sorted({p.exitcode for p in self._children.values() if p.exitcode})
+        return sorted({code for code in self._exit_codes.values() if code})
 
     def track(self, pid: int) -> None:
         if pid not in self._tracked:
@@ -227,7 +245,7 @@ class RunProcesses:
         ours = {child.pid for child in children}
         gone, alive = psutil.wait_procs([p for p in victims if p.pid not in ours],
                                         timeout=max(0.0, deadline - time.monotonic()))
-        alive += [child for child in children if child.exitcode is None]
+        alive += self.new_children()  # (the reaped ones let go of)
         self._tracked.clear()
         if not alive:
             self._record.close()
