@@ -44,7 +44,7 @@ from test_magic import get_ipython
 @pytest.mark.skipif(importlib.util.find_spec("rfc3987_syntax") is None,
                     reason="rfc3987_syntax is not installed: nothing to leave out")
 def test_a_local_clusters_ray_processes_leave_out_rfc3987_syntax_and_keep_the_path(
-        monkeypatch):
+        monkeypatch, tmp_path):
     """Ray's processes import jsonschema, which imports rfc3987_syntax if it can (2 s of CPU,
     most of ``import ray``): the keeper's environment, which they inherit, makes that import
     fail, and keeps the PYTHONPATH it was given after it. The same import without that
@@ -55,7 +55,7 @@ def test_a_local_clusters_ray_processes_leave_out_rfc3987_syntax_and_keep_the_pa
     from colab_xla.notebook.cluster import local
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/given/one", "/given/two"]))
-    environ = local.ray_environment()
+    environ = local.ray_environment(str(tmp_path), str(tmp_path / "token"))
     path = environ["PYTHONPATH"].split(os.pathsep)
     assert path[1:] == ["/given/one", "/given/two"] and path[0].endswith("lean_imports")
     probe = ("import sys, jsonschema._format as f; "
