@@ -204,9 +204,10 @@ def test_a_jax_process_on_a_host_is_its_global_ordinal_among_every_hosts_process
     local_rank = {"PJRT_LOCAL_PROCESS_RANK": "2", "PJRT_LOCAL_PROCESS_COUNT": "3"}
     jax_runtime.join({**HostRank(1, 2, 3, "10.0.0.3").environ(), **local_rank,
                       jax_runtime.COORDINATOR: "10.0.0.2:1234"})
-    assert jax_runtime._membership == ("10.0.0.2:1234", 6, 5)  # host 1's third of 2 x 3
-    jax_runtime.join({**local_rank, jax_runtime.COORDINATOR: "127.0.0.1:99"})  # one host
-    assert jax_runtime._membership == ("127.0.0.1:99", 3, 2)
+    # host 1's third of 2 x 3; gloo listens on the host's address (its peers are on others)
+    assert jax_runtime._membership == ("10.0.0.2:1234", 6, 5, "10.0.0.3")
+    jax_runtime.join({**local_rank, jax_runtime.COORDINATOR: "unix:/run/c"})  # one host
+    assert jax_runtime._membership == ("unix:/run/c", 3, 2, "127.0.0.1")
 
     slice_ = SimpleNamespace(described=[{"device": "TPU", "replicas": 4}] * 2)
     asked = []
@@ -224,7 +225,7 @@ def test_a_jax_process_on_a_host_is_its_global_ordinal_among_every_hosts_process
     tpu.rank = HostRank(1, 2, 4, "10.0.0.3")
     env = tpu._environ("run", jax)
     jax_runtime.join({**env, "PJRT_LOCAL_PROCESS_RANK": "0", "PJRT_LOCAL_PROCESS_COUNT": "1"})
-    assert jax_runtime._membership == ("10.0.0.2:5", 2, 1)  # one process per TPU host
+    assert jax_runtime._membership[:3] == ("10.0.0.2:5", 2, 1)  # one process per TPU host
     assert tpu._launch(jax).runtime is jax_runtime.RUNTIME
     assert tpu._launch(jax) == Launch("fork", runtime="jax")
     # A torch_xla cell's: the host's own replicas and rank, as before there was a runtime.
@@ -765,11 +766,19 @@ def test_jax_processes_of_every_host_are_one_job_with_global_devices_and_collect
         gathered = multihost_utils.process_allgather(np.array([index]))
         mine = jnp.arange(3) * index
         print("process", jax.process_index(), "of", jax.process_count())
+        import os, psutil
+        listening = {c.laddr.ip.removeprefix("::ffff:")  # (gRPC's: IPv4 in IPv6)
+                     for c in psutil.Process().net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN}
         (jax.process_index(), jax.process_count(), [d.process_index for d in jax.devices()], host,
-         local_index, float(summed), gathered.ravel().tolist(), mine)
+         local_index, float(summed), gathered.ravel().tolist(), mine,
+         (os.environ["COLAB_XLA_CLUSTER_ADDRESS"], sorted(listening)))
         """, local, runtime="jax", pull=("mine",), pull_from=3)
     assert outcome.ok, text_view.render(outcome)
     results = outcome.results()
+    # The coordinator (process 0's) and gloo's listen on the host's address, not [::].
+    assert {o: r[8][1] for o, r in results.items()} == {
+        o: [r[8][0]] for o, r in results.items()}
     assert {o: r[:7] for o, r in results.items()} == {
         h * PER_HOST + i: (h * PER_HOST + i, 4, [0, 1, 2, 3], h, i, 10.0, [0, 1, 2, 3])
         for h in range(HOSTS) for i in range(PER_HOST)}

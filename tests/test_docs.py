@@ -3,6 +3,7 @@ parser renders (``tools/option_tables.py``), every local link of README.md and d
 a file that exists, and the README stays short. Pure units: no kernel, no replicas."""
 
 import collections
+import json
 import difflib
 import re
 import urllib.parse
@@ -172,3 +173,18 @@ def test_the_simulation_page_says_the_shared_memory_sizes_the_code_uses():
             f"has no room for {mib(2 * shm.CHUNK_BYTES)} a replica")
     missing = [s for s in said if s not in text]
     assert not missing, f"docs/simulation.md does not say: {missing}"
+
+
+def test_tutorial_01_says_how_cpu_replicas_are_simulated_as_the_code_does():
+    """Its set-up text said "N CPU devices of one process" after the default became a
+    process per replica: what it says of the default is read against the code."""
+    from colab_xla.runtimes.simulation import SIMULATIONS
+    from colab_xla.runtimes.torch_xla import DEFAULT_CPU_REPLICAS
+
+    book = json.loads((ROOT / "notebooks" / "01-hello-replicas.ipynb").read_text())
+    setup = next("".join(c["source"]) for c in book["cells"] if c.get("id") == "setup-md")
+    said = " ".join(setup.split())
+    assert SIMULATIONS[0] == "processes"  # the default, as the text says it
+    assert "simulates N replicas: N processes, one CPU device each" in said
+    assert f"without `-n`: {DEFAULT_CPU_REPLICAS}" in said
+    assert f"`--simulate {SIMULATIONS[1]}`: N CPU devices of one process" in said

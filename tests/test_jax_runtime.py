@@ -95,6 +95,32 @@ def test_the_guard_sees_a_jax_backend_only_once_one_started():
     assert out.stdout.split() == ["None", "[]", "jax-backend-initialized", "True"], out.stderr
 
 
+@needs_jax
+def test_the_coordinator_listens_where_the_processes_are_told_unless_jax_is_told_otherwise(
+        monkeypatch):
+    # JAX's default is every interface ([::]:port); a user's JAX_COORDINATOR_BIND_ADDRESS
+    # is JAX's own (None leaves it to JAX, which reads it).
+    import jax
+
+    calls = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(jax_runtime, "gloo_listens_on", lambda address: calls.append(address))
+    monkeypatch.delenv(jax_runtime.BIND_VARIABLE, raising=False)
+    for membership in (("10.0.0.2:1234", 4, 0, "10.0.0.2"), ("unix:/r/c", 2, 1, "127.0.0.1")):
+        monkeypatch.setattr(jax_runtime, "_initialized", False)
+        monkeypatch.setattr(jax_runtime, "_membership", membership)
+        jax_runtime.initialize()
+        jax_runtime.initialize()  # (once)
+    assert [(c["coordinator_address"], c["coordinator_bind_address"], c["process_id"])
+            for c in calls[::2]] == [("10.0.0.2:1234", "10.0.0.2:1234", 0),
+                                      ("unix:/r/c", "unix:/r/c", 1)]
+    assert calls[1::2] == ["10.0.0.2", "127.0.0.1"]  # where gloo listens
+    monkeypatch.setenv(jax_runtime.BIND_VARIABLE, "[::]:1234")
+    monkeypatch.setattr(jax_runtime, "_initialized", False)
+    jax_runtime.initialize()
+    assert calls[-2]["coordinator_bind_address"] is None
+
+
 # -- real JAX processes ---------------------------------------------------------------------
 
 def run_jax(source: str, **kw):
@@ -128,6 +154,124 @@ def test_every_process_has_jax_distributed_with_global_devices_and_collectives()
             for o, r in outcome.results().items()} == {
         o: (o, 3, 6, True, float(expected_sum), [0, 1, 2]) for o in range(3)}
     assert outcome.replicas[2].text == "process 2 of 3"
+
+
+# What listens in a one-host run: each process lists its own sockets once gloo's pairs are
+# made (a collective): the addresses of its TCP listeners and the paths of its Unix sockets,
+# with the coordinator and, if it is a Unix socket, its directory's mode and owner.
+LISTENERS = """
+    import os, psutil, numpy as np
+    from jax.experimental import multihost_utils
+    multihost_utils.process_allgather(np.array([index]))
+    me = psutil.Process()
+    coordinator = os.environ["COLAB_XLA_JAX_COORDINATOR"]
+    where = os.path.dirname(coordinator[5:]) if coordinator.startswith("unix:") else None
+    info = where and os.stat(where)
+    (coordinator, where, info and oct(info.st_mode & 0o777), info and info.st_uid,
+     sorted({c.laddr.ip for c in me.net_connections("inet") if c.status == psutil.CONN_LISTEN}),
+     sorted({c.laddr for c in me.net_connections("unix") if c.laddr}))
+    """
+
+
+def loopback(ip: str) -> bool:
+    import ipaddress
+
+    address = ipaddress.ip_address(ip)
+    return (getattr(address, "ipv4_mapped", None) or address).is_loopback
+
+
+def short_state_dir(monkeypatch, directory: str) -> None:
+    """colab_xla's state directory (so a run's work directory) under ``directory``."""
+    import tempfile
+
+    from colab_xla.notebook import state
+
+    monkeypatch.setattr(tempfile, "tempdir", directory)
+    monkeypatch.setattr(state, "_state_dir", None)
+
+
+@needs_jax
+@pytest.mark.jax
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("place", ["a short path", "a path too long for a socket"])
+def test_the_coordinator_is_a_socket_only_its_user_reaches_and_nothing_listens_beyond_loopback(
+        place, monkeypatch):
+    # JAX's coordination service authenticates no one: in the run's private directory (or,
+    # where that path would be too long for a Unix socket, on 127.0.0.1: never [::]).
+    import tempfile
+
+    from colab_xla.notebook import state
+
+    top = tempfile.mkdtemp(prefix="cxj-", dir="/tmp")  # (pytest's tmp_path may be long)
+    try:
+        if place == "a path too long for a socket":
+            top = os.path.join(top, "d" * 60)
+            os.mkdir(top, 0o700)
+        short_state_dir(monkeypatch, top)
+        work = state.own_dir("work")
+        outcome = run_jax(LISTENERS, replicas=2)
+    finally:
+        import shutil
+
+        shutil.rmtree(top if place == "a short path" else os.path.dirname(top),
+                      ignore_errors=True)
+    assert outcome.ok, text_view.render(outcome)
+    (coordinator, where, mode, owner, _, unix), (again, *_) = (
+        outcome.results()[o] for o in (0, 1))
+    assert again == coordinator
+    if place == "a short path":
+        assert coordinator.startswith("unix:"), coordinator
+        path = os.path.join(where, jax_runtime.SOCKET_NAME)
+        assert coordinator == f"unix:{path}" and path in unix  # process 0 serves it there
+        assert os.path.dirname(where) == work and os.path.basename(where).startswith("run-")
+        assert (mode, owner) == ("0o700", os.getuid())
+    else:
+        assert coordinator.startswith("127.0.0.1:") and where is None
+    for ordinal, (*_, tcp, _) in outcome.results().items():
+        assert tcp and all(loopback(ip) for ip in tcp), (ordinal, tcp)  # (gloo's at least)
+
+
+@needs_jax
+@pytest.mark.jax
+@pytest.mark.timeout(300)
+def test_gloo_listens_on_loopback_where_the_hostname_is_the_machines_network_address():
+    # gloo binds the address the hostname resolves to (a cloud VM's: its network address)
+    # unless told one: a run in a UTS namespace whose hostname is this machine's address.
+    import socket
+    import shutil
+    import tempfile
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a hostname of its own")
+    mine = [a.address for addresses in psutil.net_if_addrs().values() for a in addresses
+            if a.family == socket.AF_INET and not loopback(a.address)]
+    if not mine:
+        pytest.skip("this machine has no address but loopback")
+    script = textwrap.dedent(f"""
+        import json, textwrap
+        from colab_xla.notebook.targets import run_cell
+        from colab_xla.notebook.launch import Launch
+        from colab_xla.notebook.views import text
+        outcome = run_cell(textwrap.dedent({LISTENERS!r}), launch=Launch(runtime="jax"),
+                           replicas=2, announce=None)
+        print(json.dumps({{o: r[4] for o, r in outcome.results().items()}})
+              if outcome.ok else text.render(outcome))
+        """)
+    top = tempfile.mkdtemp(prefix="cxj-", dir="/tmp")
+    try:
+        done = subprocess.run(
+            ["unshare", "--uts", "--", "sh", "-c", f"hostname {mine[0]} && exec \"$0\" -c \"$1\"",
+             sys.executable, script], capture_output=True, text=True, timeout=240,
+            env={**os.environ, "TMPDIR": top})
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+    import json
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    listeners = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(listeners) == ["0", "1"], done.stdout
+    for ordinal, tcp in listeners.items():
+        assert tcp and all(loopback(ip) for ip in tcp), (ordinal, tcp, mine[0])
 
 
 @needs_jax

@@ -59,6 +59,28 @@ def test_help_is_generated_from_the_arguments(ip, capsys):
     assert "one process per replica, as on TPU v4 and later" in words
 
 
+@pytest.mark.parametrize("typed, page", [
+    ("%%xla_spawn", "xla_spawn.md"), ("%xla_session", "sessions.md"),
+    ("%xla_cluster", "clusters.md"), ("%xla_debug", "sessions.md"),
+    ("%xla_doctor", "troubleshooting.md"), ("%%xla_local", "sessions.md")])
+def test_each_magics_help_is_a_usage_line_a_summary_an_example_then_options(
+        ip, capsys, typed, page):
+    """As IPython's own %%script? and %timeit?: what a notebook shows is plain text (no
+    reST), short, the magic's name as typed; the long explanations are in docs/."""
+    ip.run_cell(f"{typed}?")
+    out = capsys.readouterr().out
+    help_text = out.split("Docstring:", 1)[1].split("\nFile:", 1)[0].strip("\n")
+    lines = help_text.splitlines()
+    assert lines[0].startswith(f"Usage: {typed}") and not lines[0].startswith(f"Usage: {typed}_")
+    prose = help_text.split("\n\n", 1)[1]  # after the usage (argparse wraps it)
+    prose = prose.split("\noptions:", 1)[0].split("\npositional arguments:", 1)[0]
+    assert "Example:" in prose and typed in prose.split("Example:", 1)[1]
+    assert len([line for line in prose.splitlines() if line.strip()]) <= 12, prose
+    assert "``" not in help_text and "::" not in help_text, help_text
+    assert lines[-1] == f"Docs: docs/{page} in colab_xla's repository."
+    assert (Path(__file__).resolve().parents[1] / "docs" / page).is_file()
+
+
 @pytest.mark.parametrize("line, message", [
     ("--bogus", "unrecognized arguments: --bogus"),
     ("-n many", "invalid int value: 'many'"),

@@ -151,12 +151,28 @@ def test_who_starts_the_processes_is_the_runtimes_answer():
 
 
 def test_the_launcher_adds_a_coordinator_for_jax_processes_unless_a_host_brought_one():
+    # A Unix socket in the run's private directory; 127.0.0.1 where its path is too long.
     ports = iter([4321, 4322])
-    assert JAX.run_environ({}, lambda: next(ports)) == {
+    sockets = {"jax-coordinator": "/tmp/u/run-1/jax-coordinator"}
+    assert JAX.run_environ({}, lambda: next(ports), sockets.get) == {
+        jax_runtime.COORDINATOR: "unix:/tmp/u/run-1/jax-coordinator"}
+    assert JAX.run_environ({}, lambda: next(ports), lambda name: None) == {
         jax_runtime.COORDINATOR: "127.0.0.1:4321"}
-    assert JAX.run_environ({jax_runtime.COORDINATOR: "10.0.0.2:5"}, lambda: next(ports)) == {}
-    assert TORCH_XLA.run_environ({}, lambda: next(ports)) == {}
+    assert JAX.run_environ({jax_runtime.COORDINATOR: "10.0.0.2:5"}, lambda: next(ports),
+                           sockets.get) == {}
+    assert TORCH_XLA.run_environ({}, lambda: next(ports), sockets.get) == {}
     assert next(ports) == 4322  # (neither asked for a port it does not use)
+
+
+def test_a_runs_unix_socket_is_in_its_directory_unless_the_path_would_be_too_long():
+    from colab_xla.notebook import launch, state
+
+    short = "/tmp/colab_xla-0/work/1-2.00/run-abcdefgh"
+    assert launch.run_socket(short, "jax-coordinator") == short + "/jax-coordinator"
+    long = "/tmp/" + "d" * (state.MAX_SOCKET_PATH - len("/tmp//jax-coordinator") + 1)
+    assert len(long + "/jax-coordinator") == state.MAX_SOCKET_PATH + 1
+    assert launch.run_socket(long, "jax-coordinator") is None
+    assert launch.run_socket(long[:-1], "jax-coordinator") == long[:-1] + "/jax-coordinator"
 
 
 def test_on_a_cluster_the_runtime_says_each_hosts_replicas_and_what_they_share():

@@ -341,6 +341,29 @@ def _alive(pids):
 
 @pytest.mark.xla
 @pytest.mark.timeout(600)
+def test_the_notebooks_environment_stays_its_own_while_a_session_is_up(monkeypatch):
+    """The replicas' variables (CPU_NUM_DEVICES=1 for one replica a process) are theirs:
+    left in the notebook for the session's life, a --fresh cell without -n ran 1 replica,
+    and %xla_doctor said "CPU: 1 replicas by default"."""
+    from colab_xla.notebook import hardware
+
+    monkeypatch.delenv("CPU_NUM_DEVICES", raising=False)
+    before = dict(os.environ)
+    session = new_session(SessionOptions(replicas=2), {}, announce=None)
+    try:
+        theirs = set(session.plan.env)
+        assert "CPU_NUM_DEVICES" in theirs
+        assert {k: os.environ.get(k) for k in theirs} == {k: before.get(k) for k in theirs}
+        assert hardware.detect().cpu_num_devices is None
+        assert cell("import os\nos.environ.get('CPU_NUM_DEVICES')", session).results() == {
+            0: "1", 1: "1"}  # (the replicas still have theirs)
+        assert {k: os.environ.get(k) for k in theirs} == {k: before.get(k) for k in theirs}
+    finally:
+        session.stop()
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(600)
 def test_a_stopped_session_leaves_nothing_of_its_collectives_in_shared_memory():
     """The replicas' group of collectives has a directory in /dev/shm (replica 0's); its
     processes end without closing the group: the session removes it as it ends."""
@@ -1140,6 +1163,34 @@ def test_auto_mode_runs_plain_cells_on_the_replicas_until_it_is_turned_off(ip, c
         assert "stopped (auto mode ended with it)" in capsys.readouterr().out
         assert run_magic(ip, "after = 1").success and ip.user_ns["after"] == 1
         assert not auto_cells.state.on
+    finally:
+        auto_cells.state.on = False
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(600)
+def test_auto_mode_numbers_a_cells_lines_as_the_person_wrote_them(ip, capsys):
+    """The %%xla_spawn line auto mode adds is not the cell's line 1: a traceback said "line
+    3" for the cell's second line, and the cell's module (what pdb lists) began with a
+    ``# %%xla_spawn`` line the person never wrote."""
+    from colab_xla.notebook import auto_cells
+
+    ip.run_line_magic("xla_session", "start -n 2 --auto")
+    try:
+        failed = run_magic(ip, "x = 1\nraise ValueError(f'second line {x}')")
+        said = str(failed.error_in_exec)
+        assert re.search(r"Cell In\[\d+\], line 2\b", said), said
+        assert "line 3" not in said, said
+        assert "raise ValueError" in said, said
+        live = targets.local_session()
+        assert live._last_cell.lines[1] == "raise ValueError(f'second line {x}')"
+        capsys.readouterr()
+        assert run_magic(ip, "import sys\nprint('at', sys._getframe().f_lineno)").success
+        assert "[replica 0] at 2\n" in capsys.readouterr().out
+        # A cell the person began with %%xla_spawn: its line 1 is the magic's, as before.
+        failed = run_magic(ip, "%%xla_spawn --no-widget\nraise ValueError('second line')")
+        said = str(failed.error_in_exec)
+        assert re.search(r"Cell In\[\d+\], line 2\b", said), said
     finally:
         auto_cells.state.on = False
 

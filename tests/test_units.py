@@ -45,6 +45,25 @@ def test_cell_line_numbers_are_the_notebook_lines(tmp_path):
     assert info.tb.tb_next.tb_frame.f_code.co_filename == cell.path
 
 
+def test_a_cell_without_a_magic_line_is_numbered_from_its_own_first_line(tmp_path):
+    """Auto mode's cells: the person wrote no %%xla_spawn line, so none is in the module
+    (pdb lists it) and the cell's lines are the module's, also once it travels to a
+    replica, marshalled or compiled again from its file by another Python."""
+    cell = CellModule.create(Cell("a = 1\nc = 1 / 0\n", header=None), str(tmp_path))
+    assert open(cell.path).read() == "a = 1\nc = 1 / 0\n"
+    assert cell.lines == ["a = 1", "c = 1 / 0"]
+    loader, args = cell.__reduce__()
+    for module in (pickle.loads(pickle.dumps(cell)),
+                   loader(*args[:3], b"\x00\x00\r\n", *args[4:])):  # (another Python's)
+        assert module.source == "a = 1\nc = 1 / 0\n" and module.lines == cell.lines
+        with pytest.raises(ZeroDivisionError) as info:
+            exec(module.body, {})
+        assert info.tb.tb_next.tb_lineno == 2
+    with pytest.raises(SyntaxError) as info:
+        Cell("x = 1\ny = (\n", header=None).check()
+    assert info.value.lineno == 2
+
+
 def test_last_expression_is_the_result_and_semicolon_hides_it(tmp_path):
     cell = CellModule.create(Cell("x = 6\nx * 7\n"), str(tmp_path))
     ns = {}
@@ -398,19 +417,22 @@ def test_an_interrupt_swallowed_by_a_finalizer_comes_again_at_the_cells_next_lin
     """CI's soak, cell 296: the kernel's Interrupt (jupyter_client signals the kernel's
     whole process group: the replicas too) reached a replica while the garbage collector
     ran a finalizer in the middle of the cell's line; Python only reports an exception
-    raised there, the replica slept on, and the session ended. Here the SIGINT comes in a
-    suspended generator's ``finally``, run by ``gc.collect()``."""
+    raised there, the replica slept on, and the session ended. Here the notebook's interrupt
+    (the SIGINT its urgent pipe's thread sends: one of the process group's is not an
+    interrupt) comes in a suspended generator's ``finally``, run by ``gc.collect()``."""
     import subprocess
 
     script = """
-import gc, os, signal, time
+import gc, threading, time
 from colab_xla.replica.serve import Interruptible
 
 def generator():
     try:
         yield
     finally:  # run by the garbage collector: the interrupt lands here
-        os.kill(os.getpid(), signal.SIGINT)
+        urgent = threading.Thread(target=cell.interrupt, args=("c",))
+        urgent.start()
+        urgent.join()
         for _ in range(1000):
             pass
 
@@ -977,6 +999,24 @@ def test_auto_mode_transforms_nothing_while_suspended_or_off(auto, monkeypatch):
     assert auto.transform(["x\n"]) == ["%%xla_spawn\n", "x\n"]
     monkeypatch.setattr(auto.state, "on", False)
     assert auto.transform(["x\n"]) == ["x\n"]
+
+
+def test_the_magic_knows_the_cells_auto_mode_made_and_only_those(auto, monkeypatch):
+    body = "x = 1\nx\n"
+    assert auto.transform(body.splitlines(keepends=True))[0] == "%%xla_spawn\n"
+    assert auto.made_here("", body)
+    assert not auto.made_here("", body)  # (asked once)
+    # A cell the person began with %%xla_spawn, after auto mode made one of the same body
+    # (a frontend asks whether a cell is complete by transforming it, and may not run it).
+    auto.transform(body.splitlines(keepends=True))
+    auto.transform(["%%xla_spawn\n", *body.splitlines(keepends=True)])
+    assert not auto.made_here("", body)
+    auto.transform(body.splitlines(keepends=True))
+    assert not auto.made_here("", "y = 2\n") and not auto.made_here("-n 2", body)
+    auto.transform(body.splitlines(keepends=True))
+    monkeypatch.setattr(auto.state, "on", False)
+    auto.transform(body.splitlines(keepends=True))
+    assert not auto.made_here("", body)
 
 
 def test_auto_mode_ends_when_its_session_is_gone_and_says_so(auto, monkeypatch, capsys):

@@ -337,6 +337,25 @@ def test_an_ended_runs_widgets_are_made_over_for_the_next_run_showing_only_its_o
     assert all("<b>done</b>" in page[0] for page in pages)
 
 
+@pytest.mark.parametrize("replicas", [4, (0, 2)])
+def test_an_ended_runs_widgets_made_over_open_on_the_all_tab(widget_view, replicas):
+    """The last run's person looked at replica 2's tab: a new run (of as many replicas, or
+    of replicas 0 and 2: ``--targets 0,2``) opened on its replica 2's tab, or on replica
+    0's."""
+    widget_view, _ = widget_view
+    first = _one_run(widget_view, 4, close=False)
+    first.tabs.selected_index = 3  # replica 2's tab ("all" is 0)
+    first.outcome.elapsed = 0.3
+    first.closed(first.outcome)
+    view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
+    view.opened(outcome)
+    _start(view, outcome, replicas)
+    view.tick(outcome)
+    assert view.box is first.drawn_box  # (made over)
+    assert view.tabs.selected_index == 0
+    assert view._shown_replica() is None  # the combined tab's
+
+
 def test_a_run_as_large_as_the_ended_one_sends_no_tab_and_no_title(widget_view, monkeypatch):
     """Its widgets keep the last run's tabs and titles until it draws them over: a run of
     as many replicas, drawn as that run was, sends neither. (They were cleared first, then
@@ -536,6 +555,66 @@ def test_the_widget_view_merges_a_line_printed_by_every_replica_across_draws(wid
     view.tick(outcome)
     rows = "".join(o["text"] for o in view.combined.outputs).splitlines()
     assert rows[-2:] == ["[all 3] step 1", "[replica 2] mine"]
+
+
+def test_the_all_tab_draws_each_replicas_own_plot_under_its_label_and_a_shared_one_once(
+        widget_view):
+    """Four replicas' different plots were one row, ``[all 4] [an image: image/png]``: their
+    text forms are alike, so they read as one image, and none was drawn."""
+    from colab_xla.wire.displays import Display
+
+    widget_view, _ = widget_view
+    view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
+    view.opened(outcome)
+    _start(view, outcome, 4, line=None)
+
+    def plot(data):
+        return Display.of({"text/plain": "<Figure size 640x480 with 1 Axes>",
+                           "image/png": data})
+
+    for shown in ([plot(f"PLOT{o}") for o in range(4)], [plot("SHARED")] * 4, ["done"] * 4):
+        for o in range(4):  # (each step's output of every replica, in turn)
+            view.output(outcome, o, [shown[o]])
+    view.tick(outcome)
+    outputs = view.combined.outputs
+    drawn = [o["data"]["image/png"] for o in outputs if o["output_type"] == "display_data"]
+    assert drawn == ["PLOT0", "PLOT1", "PLOT2", "PLOT3", "SHARED"]
+    rows = [o["text"] if o["output_type"] == "stream" else o["data"]["image/png"]
+            for o in outputs]
+    assert rows == ["[replica 0] [an image: image/png]\n", "PLOT0",
+                    "[replica 1] [an image: image/png]\n", "PLOT1",
+                    "[replica 2] [an image: image/png]\n", "PLOT2",
+                    "[replica 3] [an image: image/png]\n", "PLOT3",
+                    "[all 4] [an image: image/png]\n", "SHARED", "[all 4] done\n"]
+    view.retire()
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+def test_a_left_tqdm_bar_is_drawn_once_in_its_replicas_tab_not_again_as_stderr(widget_view):
+    """The tab's state draws a left bar as it ended; its last line came again under it, as
+    stderr (the frontend's pink error background). Every other view keeps that line among
+    the replica's output: it is all they show of the bar."""
+    from _runs import run  # tests/ is on sys.path
+
+    widget_view, _ = widget_view
+    view = widget_view.WidgetView()
+    outcome = run("""
+        from tqdm.auto import tqdm
+        for _ in tqdm(range(5), desc=f"bar{index}", mininterval=0):
+            pass
+        print("after", index)
+        """, 2, observer=view)
+    view.tick(outcome)  # (the live widget's last draw)
+    assert outcome.ok, outcome
+    for o in range(2):
+        state, out, _ = view._widgets.replicas[o]
+        assert [x.get("name") for x in out.outputs] == ["stdout"], out.outputs
+        assert out.outputs[0]["text"] == f"after {o}\n"
+        assert state.value.count(f"bar{o}: 100%") == 1 and "5/5" in state.value, state.value
+        assert text_view.render(outcome).count(f"bar{o}: 100%") == 1
+        assert html_view.render(outcome).count(f"bar{o}: 100%") == 1
+    view.closed(outcome)
 
 
 def test_the_header_says_where_replicas_are_while_none_prints_and_where_stopped_ones_were(

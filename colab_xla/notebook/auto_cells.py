@@ -19,9 +19,10 @@ notebook:
   ``%xla_session restart``).
 
 Everything else, line magics and ``!`` commands included, runs on the replicas (``name?``
-shows the replica's object). While a magic's own body is read
-(:func:`suspended`), nothing is transformed: ``%%xla_spawn`` reads its body with IPython's
-transformer, which would add itself again.
+shows the replica's object), its lines numbered as the person wrote them: the
+``%%xla_spawn`` line is auto mode's (:func:`made_here`), not the cell's line 1. While a
+magic's own body is read (:func:`suspended`), nothing is transformed: ``%%xla_spawn`` reads
+its body with IPython's transformer, which would add itself again.
 
 >>> state.on = True
 >>> transform(["x = 1\\n", "x\\n"])
@@ -46,6 +47,9 @@ class _State:
     # Whether the session auto mode is for is still there (stopped: auto mode ends with it;
     # one that ended by itself is there, and refuses cells with the reason). None: not asked.
     session_kept: Optional[Callable[[], bool]] = None
+    # The body of the last cell transform put %%xla_spawn on (None: the last it read it
+    # left alone). IPython hands the magic that body, as its whole cell: made_here.
+    made: Optional[str] = None
 
 
 state = _State()
@@ -53,7 +57,10 @@ state = _State()
 
 def transform(lines: List[str]) -> List[str]:
     """``lines`` of a cell, with ``%%xla_spawn`` on top if the cell is the replicas'."""
-    if not state.on or state.suspended:
+    if state.suspended:
+        return lines
+    state.made = None
+    if not state.on:
         return lines
     if state.session_kept is not None and not state.session_kept():
         state.on = False
@@ -63,7 +70,17 @@ def transform(lines: List[str]) -> List[str]:
                   if line.strip() and not line.lstrip().startswith("#")), None)
     if first is None or first.startswith(("%xla_", "%%")):
         return lines
+    state.made = "".join(lines)
     return [MAGIC + "\n", *lines]
+
+
+def made_here(line: str, cell: str) -> bool:
+    """Whether the ``%%xla_spawn`` cell of ``line`` and body ``cell`` is one
+    :func:`transform` made of a cell the person wrote without it: the cell's line 1 is
+    then the person's first line, not the magic's (a traceback's "line 3" was the cell's
+    second line). Asked once per cell."""
+    made, state.made = state.made, None
+    return not line.strip() and made is not None and made == cell
 
 
 @contextlib.contextmanager

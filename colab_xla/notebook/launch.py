@@ -31,6 +31,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.machinery
 import multiprocessing
 import multiprocessing.connection
@@ -158,8 +159,8 @@ def _start_processes(launch: Launch, entry: Callable, job, count: int,
                 rank_env[key] = value
         # What the replicas' runtime adds per run (JAX: where its processes meet), as
         # the replicas will know it: from their environment.
-        rank_env.update(runtimes.current(job.environ).run_environ({**job.environ, **rank_env},
-                                                                  free_port))
+        rank_env.update(runtimes.current(job.environ).run_environ(
+            {**job.environ, **rank_env}, free_port, functools.partial(run_socket, job.run_dir)))
     replicas = [context.Process(target=replica_entry.replica_process,
                                 name=f"colab_xla-replica-{index}",
                                 args=(entry, index, job, rank_env, launch.start_method == "fork"))
@@ -178,6 +179,13 @@ def _start_processes(launch: Launch, entry: Callable, job, count: int,
             process.join()
             if ended is not None:
                 ended(index, process.exitcode)
+
+
+def run_socket(run_dir: str, name: str) -> Optional[str]:
+    """The path of a Unix socket named ``name`` in the run's private directory
+    ``run_dir`` (only this user can enter it), or None where that path would be too long
+    for a Unix socket (a long TMPDIR)."""
+    return os.path.join(run_dir, name) if state.fits_socket(run_dir, name) else None
 
 
 def free_port(address: str = "127.0.0.1") -> int:

@@ -4,12 +4,14 @@ outcome to a view."""
 
 from __future__ import annotations
 
+import argparse
+import inspect
 import os
 import time
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic_arguments import argument, kwds, magic_arguments
 
 from . import auto_cells, doctor, ipython_syntax, processes, targets, views
 from .. import runtimes
@@ -24,6 +26,27 @@ from .outcome import XlaSpawnError, interrupted_error
 from .request import DEFAULT_STALL_SECONDS, CellRequest, LaunchAsked, SessionRequest
 
 
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """A magic's help as IPython's own magics print theirs, in plain text: the usage line,
+    the docstring as written (a summary and an example), the options, its docs page."""
+
+    def _fill_text(self, text, width, indent):
+        return super()._fill_text(inspect.cleandoc(text), width, indent)
+
+    def add_usage(self, usage, actions, groups, prefix=None):
+        super().add_usage(usage, actions, groups, "Usage: ")
+
+
+def help_of(name: str, page: str):
+    """``magic_arguments`` for the magic typed as ``name`` (``%%xla_spawn``), whose help
+    ends with its page of docs/."""
+    def parsed(magic):
+        magic = kwds(formatter_class=_Help,
+                     epilog=f"Docs: docs/{page} in colab_xla's repository.")(magic)
+        return magic_arguments(name)(magic)
+    return parsed
+
+
 @magics_class
 class XlaMagics(Magics):
     """The ``%%xla_spawn`` cell magic and the ``%xla_session``, ``%xla_cluster``,
@@ -31,7 +54,7 @@ class XlaMagics(Magics):
 
     _told_terminal = False
 
-    @magic_arguments()
+    @help_of("%%xla_spawn", "xla_spawn.md")
     @argument("-n", "--replicas", "--nprocs", type=int, metavar="N", default=None,
               help="number of replicas. On CPU: N simulated replicas (1 to 128; default: "
                    "$CPU_NUM_DEVICES, else 8), see --simulate. On a TPU "
@@ -116,55 +139,20 @@ class XlaMagics(Magics):
                    "on replicas of its own (the options above apply).")
     @cell_magic
     def xla_spawn(self, line, cell):
-        """Run the cell on every XLA replica, with xmp.spawn (fork by default).
+        """Run the cell on every XLA replica (N simulated ones on a CPU).
 
-        The cell runs in each replica with the notebook's names and three of its own:
-        ``index`` (the replica's ordinal), ``device`` (its XLA device, created on first
-        use) and ``lock`` (shared by all replicas: ``with lock: print(...)``). The
-        notebook's own process never initializes the XLA runtime.
+        Each replica runs the cell with the notebook's names and three of its own: index
+        (its ordinal), device (its XLA device) and lock (with lock: print(...)). Its
+        output, the value of the cell's last expression, its error and its time come back
+        to the notebook, live while it runs; one replica's failure stops the run.
 
-        While the cell runs, a widget shows every replica's output live (one tab per
-        replica, and all of them in arrival order); where widgets cannot show, the same
-        lines stream as text (``[replica 3] ...``). When it ends, each replica's output,
-        the value of the cell's last expression, any error and the time taken stay in the
-        cell's output as text and HTML, so a saved notebook shows them. Long output is cut
-        to its last lines; the full logs' path is shown.
-
-        ``--pull NAME`` brings names back from the replicas (``--pull-from 0``: from replica 0
-        only), so a model trained in the replicas is in the notebook after the cell.
-        Where fork is unsafe (CUDA initialized, threads), ``--start-method forkserver``
-        starts replicas from a warm server instead; they get the notebook names the cell
-        mentions.
-
-        While a session is up (``%xla_session start``), the cell runs on the session's
-        replicas instead, which keep their globals from cell to cell (``--fresh``: a one-off
-        run beside it; ``--targets 0,2``: on those replicas only, the others idle). While a
-        cluster is connected (``%xla_cluster``), it runs on every replica of every host:
-        ``index`` is the global ordinal, ``host`` the host's rank,
-        ``local_index`` the ordinal on the host; with ``--runtime jax``, as JAX processes
-        of one jax.distributed job across the hosts (the coordinator on host 0; the
-        process index is ``index``).
-
-        If a replica raises or dies, the others get 3 s to finish, then the run is stopped
-        (also when they wait in a collective for the failed one), and the cell raises one
-        XlaSpawnError showing each distinct traceback once with the replicas that hit it,
-        and where the stopped ones were: their line in the cell and the call they were in
-        (``replicas 0-1, 3 at line 7: `xm.rendezvous('ready')` (in rendezvous, ...)``),
-        replicas at one place together. Interrupt or --timeout kill every process the run
-        started, saying the same. When no replica has printed for ``--stall`` seconds (60),
-        the live view says where each one is, without stopping anything. With no TPU, N
-        replicas are simulated on CPU, one process each by default (``--simulate threads``:
-        threads of one process), and their collectives work.
-
-        Example::
-
-            %load_ext colab_xla
+        Example:
 
             %%xla_spawn -n 4 -o sums
             import torch, torch_xla.core.xla_model as xm
-            t = torch.ones(2, device=device) * index
-            xm.all_reduce(xm.REDUCE_SUM, t).cpu()     # tensor([6., 6.]) on every replica
+            xm.all_reduce(xm.REDUCE_SUM, torch.ones(2, device=device) * index).cpu()
         """
+        auto = auto_cells.made_here(line, cell)  # (first: the body's transform is next)
         args = _parse(self.xla_spawn, line, "%%xla_spawn")
         defaults = Defaults.read()
         try:
@@ -182,7 +170,7 @@ class XlaMagics(Magics):
             body = ipython_syntax.transform(self.shell, cell, own=(auto_cells.transform,))
         request = CellRequest(
             Cell(body, label=f"Cell In[{self._cell_number()}]",
-                 header=f"# %%xla_spawn {line}".rstrip()),
+                 header=None if auto else f"# %%xla_spawn {line}".rstrip()),
             user_ns=self.shell.user_ns, replicas=args.replicas, launch=launch, env=env,
             cache_dir=args.cache, simulate=args.simulate, timeout=args.timeout, stall=args.stall,
             pull=tuple(pull), pull_from=args.pull_from, targets=chosen, defaults=defaults)
@@ -216,7 +204,7 @@ class XlaMagics(Magics):
         if not outcome.ok:
             raise XlaSpawnError(outcome)
 
-    @magic_arguments()
+    @help_of("%xla_session", "sessions.md")
     @argument("action", nargs="?", default="status",
               choices=("start", "status", "stop", "restart", "auto"),
               help="start: start the replicas and keep them. status (default): the replicas, "
@@ -250,41 +238,15 @@ class XlaMagics(Magics):
               help="with --runtime jax on CPU: K devices per process (start only).")
     @line_magic
     def xla_session(self, line):
-        """Keep replicas warm across cells: ``%xla_session start``, then every
-        ``%%xla_spawn`` cell runs on the same replicas.
+        """Keep replicas warm across cells: after start, every %%xla_spawn cell runs
+        on the same replicas, each keeping its globals from cell to cell.
 
-        Each replica keeps its own globals from cell to cell (define a model in one cell,
-        train it in the next, return its loss in a third), and compiled graphs stay warm.
-        A cell gets the notebook names it uses when the replicas do not have them as they
-        are in the notebook (a name given a new value is sent again; classes and functions
-        of the notebook travel by value). Output, ``-o``, ``--pull``, errors and views
-        work as for one-off runs; ``-n``, ``--start-method``, ``--env``, ``--cache`` and
-        ``--simulate`` are the session's (``%%xla_spawn --fresh`` runs one cell beside it).
+        auto makes every following cell run on them without the magic; Interrupt stops
+        the cell and keeps the session; a replica that dies ends it (restart: again).
 
-        Interrupt (or ``--timeout``) raises KeyboardInterrupt in every replica's cell;
-        the session stays up if every replica is back within 2 s, else it ends (a replica
-        stuck in native code or a collective), killing every process it started. A replica
-        that raises fails the cell and the session stays; a replica that dies ends it.
-        The session's processes die with the notebook's process.
+        Example:
 
-        ``%xla_session auto`` (or ``start --auto``): every following cell runs on the
-        replicas as if it began with ``%%xla_spawn``, until ``%xla_session auto off`` or the
-        session's stop. Cells that begin with an ``%xla_`` magic stay in the notebook, and
-        so does a ``%%xla_local`` cell; ``%%time`` and the other magics that run their body
-        as Python run it on the replicas (``%%time`` times their run); ``%%bash`` and the
-        like run in the notebook as written.
-
-        While a cluster is connected (``%xla_cluster``), ``%xla_session start`` (no
-        options but ``--runtime`` and ``--devices-per-process``: the replicas are the
-        cluster's) keeps warm replicas on every host, each started by its host's agent;
-        they start, run and end together: a session that ends on one host ends on all.
-
-        Example::
-
-            %xla_session start -n 4
-            %xla_session            # status
-            %xla_session auto       # every cell on the replicas (auto off: not)
-            %xla_session restart    # same options
+            %xla_session start -n 4 --auto
             %xla_session stop
         """
         args = _parse(self.xla_session, line, "%xla_session")
@@ -351,20 +313,24 @@ class XlaMagics(Magics):
 
     @cell_magic
     def xla_local(self, line, cell):
-        """Run the cell in the notebook, not on the replicas: for one cell while
-        ``%xla_session auto`` sends every cell to the session's replicas.
+        """Usage: %%xla_local
 
-        Example::
+        Run the cell in the notebook, not on the replicas: for one cell while
+        %xla_session auto sends every cell to the session's replicas.
+
+        Example:
 
             %%xla_local
             losses = {}      # a notebook name, as without auto mode
+
+        Docs: docs/sessions.md in colab_xla's repository.
         """
         if line.strip():
             raise UsageError(f"%%xla_local takes no options (got {line.strip()!r}).")
         with auto_cells.suspended():
             self.shell.run_cell(cell)
 
-    @magic_arguments()
+    @help_of("%xla_cluster", "clusters.md")
     @argument("action", nargs="?", default="status",
               choices=("connect", "local", "status", "stop"),
               help="connect: join a Ray cluster and start an agent on each host. local: "
@@ -388,27 +354,15 @@ class XlaMagics(Magics):
                    "its MegaScale variables, as on a multislice TPU job).")
     @line_magic
     def xla_cluster(self, line):
-        """Run %%xla_spawn cells on every host of a cluster, through Ray.
+        """Run %%xla_spawn cells on every host of a cluster (a TPU pod slice, or CPU
+        hosts), through Ray: one agent per host, every replica of every host in one run.
 
-        ``%xla_cluster connect [ADDRESS]`` joins a Ray cluster, finds its TPU slices (hosts
-        ordered by TPU worker id), reserves them and starts one agent per host (it keeps
-        torch_xla imported and runs each cell's replicas on its host); ``--hosts H -n N``
-        uses H CPU hosts of N replicas each instead. ``%xla_cluster local --hosts H -n N``
-        starts such hosts on this machine. Several TPU slices (or ``--slices S`` of CPU
-        hosts) are one multislice job: hosts are ranked slice by slice, and each gets its
-        MegaScale variables (``MEGASCALE_SLICE_ID`` ...), stale ones replaced. While
-        connected, every %%xla_spawn cell runs on every replica of every host: ``index``
-        is the global ordinal, ``host`` the host's rank, ``local_index`` the ordinal on the
-        host; the notebook names the cell uses travel by value; output shows as ``host h ·
-        replica i``; a failure, a host that is gone, Interrupt or --timeout stop every
-        host. On CPU hosts, collectives
-        span the hosts through gloo: this simulates the program, not a pod's interconnect.
-        Needs Ray (``pip install colab_xla[ray]``) here and on every host.
+        Each replica also gets host (its host's rank) and local_index; index counts every
+        host's replicas. Needs pip install 'colab_xla[ray]' here and on every host.
 
-        Example::
+        Example:
 
             %xla_cluster local --hosts 2 -n 2
-            %xla_cluster            # status
             %xla_cluster stop
         """
         args = _parse(self.xla_cluster, line, "%xla_cluster")
@@ -483,24 +437,18 @@ class XlaMagics(Magics):
                 kept.append(f"--pull {name}")
         return kept
 
-    @magic_arguments()
+    @help_of("%xla_debug", "sessions.md")
     @argument("replica", nargs="?", default=None,
               help="the replica whose last exception to debug (default: the lowest replica "
                    "that failed in the session's last cell); on a cluster's session also "
                    "HOST:R (replica R of host HOST).")
     @line_magic
     def xla_debug(self, line):
-        """A post-mortem debugger (pdb) on a session replica's last exception.
+        """A post-mortem debugger (pdb) on a session replica's last exception, at the
+        cell's line that raised, with the replica's frames and locals; q ends it and the
+        session goes on.
 
-        After a session cell failed, ``%xla_debug`` opens pdb in the lowest replica that
-        failed (``%xla_debug R``: replica R), at the line of the cell that raised, with the
-        replica's frames and locals: ``p``, ``pp``, ``up``, ``down``, ``l``, ``w`` work, and
-        each prompt is the notebook's input box. ``q`` (or ``c``) ends it; the session goes
-        on with its globals. On a cluster's session, pdb runs on the replica's host and
-        ``%xla_debug H:R`` (or the global ordinal) picks it. A one-off run's replicas are
-        gone when it ends: run the cell in a session (``%xla_session start``) to debug it.
-
-        Example::
+        Example:
 
             %xla_session start -n 4
             %%xla_spawn
@@ -529,23 +477,18 @@ class XlaMagics(Magics):
             print(f"colab_xla: the debugger was left: {ended}; the session goes on "
                   "(%xla_debug again opens it anew).")
 
-    @magic_arguments()
+    @help_of("%xla_doctor", "troubleshooting.md")
     @argument("--kill-leftovers", action="store_true",
               help="kill the processes that earlier runs started in notebook processes that "
                    "are gone (found by pid and start time; nothing else is touched).")
     @line_magic
     def xla_doctor(self, line):
-        """Report where this notebook runs and what would stop %%xla_spawn, with fixes.
+        """Say where this notebook runs and what would stop %%xla_spawn, with fixes,
+        without initializing the XLA runtime.
 
-        Shows the environment (Colab, Kaggle, TPU VM, local), device type and replica
-        count, torch/torch_xla versions, whether this process already initialized the
-        XLA runtime (and the cell that likely did), conflicting environment variables,
-        and processes left behind by earlier runs. It never initializes the runtime.
-
-        Example::
+        Example:
 
             %xla_doctor
-            %xla_doctor --kill-leftovers
         """
         args = _parse(self.xla_doctor, line, "%xla_doctor")
         if args.kill_leftovers:

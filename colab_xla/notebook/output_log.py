@@ -45,6 +45,12 @@ def shorten(line: str, limit: int = PARTIAL_SHOWN) -> str:
     return f"{line[:limit]}… [{len(line) - limit} more characters in the log]"
 
 
+class BarLine(str):
+    """The last line of a tqdm bar left as it ended (``leave``), among its replica's output:
+    every view shows it there but the widget's replica tab, whose state draws the bar
+    itself."""
+
+
 class OutputLog:
     """Lines of one replica (or one process), in arrival order, stdout and stderr."""
 
@@ -86,6 +92,16 @@ class OutputLog:
         self.tail.append(("stdout", shown))
         self.lines_total += 1
         return shown
+
+    def bar_ended(self, text: str) -> BarLine:
+        """Add a left bar's last line (:class:`BarLine`), as tqdm writes it: on stderr,
+        after the lines before it (a line of stderr not yet ended stays so)."""
+        line = BarLine(text)
+        self.version += 1
+        self._append_file(f"{line}\n")
+        self.tail.append(("stderr", line))
+        self.lines_total += 1
+        return line
 
     def items(self) -> List[str]:
         """The kept lines, then those not yet ended, as shown now (displays among them)."""

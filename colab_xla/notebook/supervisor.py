@@ -466,7 +466,7 @@ class Supervisor:
             return
         rep.progress[bar["bar"]] = bar
         if bar.get("closed"):
-            self._emit(ordinal, frames.STDERR, bar["text"] + "\n")
+            self.observer.output(self.outcome, ordinal, [rep.log.bar_ended(bar["text"])])
 
     def _heard(self) -> None:
         """Output came: the replicas are not quiet (a stall notice goes)."""

@@ -22,7 +22,10 @@ pipe all the time: ``interrupt RUN_ID`` and ``complete PATH EXPR`` (Tab completi
 interrupt raises KeyboardInterrupt in the replica's cell, as IPython does in a notebook:
 through SIGINT when the replica runs in its process's main thread (even ``time.sleep``
 stops), else as an asynchronous exception of its thread, which takes effect at the
-cell's next Python line (native code and collectives finish first).
+cell's next Python line (native code and collectives finish first). A SIGINT the notebook
+did not send through the urgent pipe is not an interrupt: Jupyter's Interrupt signals the
+kernel's whole process group, replicas included, and the notebook interrupts them itself,
+after it asked where they are.
 """
 
 from __future__ import annotations
@@ -125,6 +128,9 @@ class Interruptible:
         # not yet read when the interrupt came): the cell is interrupted as it starts.
         self._early: Optional[str] = None
         self._raised = threading.Event()  # SIGINT's handler raised in the running cell
+        # The cell the notebook interrupted (SIGINT's handler raises only for it: see
+        # _on_sigint).
+        self._asked: Optional[str] = None
         self._sent = False  # an asynchronous KeyboardInterrupt was sent to the running cell
         self._main = self._thread == threading.main_thread().ident
         if self._main:
@@ -177,6 +183,7 @@ class Interruptible:
             if not self._main:
                 self._send()
                 return
+            self._asked = run_id
             self._signal()
         for wait in self.RESEND_AFTER:
             if self._raised.wait(wait) or not self._again(run_id, also_async=True):
@@ -221,8 +228,11 @@ class Interruptible:
         _async_raise(self._thread, KeyboardInterrupt)
 
     def _on_sigint(self, signum, frame):
+        # Only the notebook's interrupt of the cell running now: a SIGINT of Jupyter's
+        # Interrupt (to the kernel's process group) came before the notebook asked where the
+        # replica is, and a cell ended by it would be said to be "not in the cell".
         with self._lock:
-            if self._run_id is None or self._raised.is_set():
+            if self._run_id is None or self._raised.is_set() or self._asked != self._run_id:
                 return
             self._raised.set()
         raise KeyboardInterrupt

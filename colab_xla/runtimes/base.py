@@ -84,12 +84,15 @@ class Runtime(abc.ABC):
         :attr:`started_code`)."""
 
     @abc.abstractmethod
-    def run_environ(self, environ: Mapping[str, str],
-                    free_port: Callable[[], int]) -> Dict[str, str]:
+    def run_environ(self, environ: Mapping[str, str], free_port: Callable[[], int],
+                    unix_socket: Optional[Callable[[str], Optional[str]]] = None
+                    ) -> Dict[str, str]:
         """The variables the launcher adds for one run of processes it starts itself, the
         replicas' environment being ``environ`` (with what the launcher gives every
         process: ``PJRT_LOCAL_PROCESS_COUNT``, ``MASTER_ADDR``, ``MASTER_PORT``;
-        ``free_port()``: a port of this machine's free now)."""
+        ``free_port()``: a port of this machine's free now; ``unix_socket(name)``: a path
+        for a Unix socket of the run in its private directory, None where it would be too
+        long for one)."""
 
     @abc.abstractmethod
     def cluster_replicas(self, host: Mapping[str, Any]) -> Optional[int]:

@@ -23,6 +23,13 @@ a coordinator address of the run's own (:data:`COORDINATOR`). On a cluster
 (:mod:`colab_xla.notebook.cluster`), every host's agent starts its processes the same way, and
 all of them are one job: the coordinator is on host 0 (its agent picks the port), given
 to every host in :data:`COORDINATOR`.
+
+What listens, and where: JAX's coordination service has no authentication (whoever reaches
+it can set the keys the processes read, or end the job by connecting as one of its
+processes), so on one host it is a Unix socket in the run's private directory, which only
+this user can enter (:func:`coordinator_address`); on a cluster it listens on host 0's own
+address, never every interface. gloo's connections between the processes listen on
+127.0.0.1 on one host and on the host's own address on a cluster (:func:`initialize`).
 """
 
 from __future__ import annotations
@@ -45,6 +52,11 @@ INITIALIZATION_TIMEOUT = 120
 HEARTBEAT_TIMEOUT = 10
 # More processes than this on CPU only slow the machine down (each is an interpreter).
 MAX_CPU_PROCESSES = 16
+
+# The coordinator's Unix socket, in the run's private directory (one host).
+SOCKET_NAME = "jax-coordinator"
+# JAX's own variable for where the coordinator listens: set by the user, it is kept.
+BIND_VARIABLE = "JAX_COORDINATOR_BIND_ADDRESS"
 
 # The code of the preflight problem a JAX backend in the notebook's process is.
 BACKEND_STARTED = "jax-backend-initialized"
@@ -91,6 +103,16 @@ def plan(requested: Optional[int], hw: Hardware, devices_per_process: Optional[i
     return ReplicaPlan("CPU", n, env, note, processes=n, runtime=RUNTIME)
 
 
+def coordinator_address(free_port: Callable[[], int],
+                        unix_socket: Optional[Callable[[str], Optional[str]]]) -> str:
+    """Where one host's processes of a run meet: a Unix socket in the run's private
+    directory (``unix_socket(name)``: its path there, None where the path would be too long
+    for a Unix socket), which no other user can reach; else 127.0.0.1 and a port free now
+    (``free_port()``): loopback only, but any local user can connect to it."""
+    path = unix_socket(SOCKET_NAME) if unix_socket is not None else None
+    return f"unix:{path}" if path else f"127.0.0.1:{free_port()}"
+
+
 def host_device_flags(flags: str, count: int) -> str:
     """``XLA_FLAGS`` with the host platform's device count set to ``count``."""
     kept = re.sub(r"--xla_force_host_platform_device_count=\S*", "", flags).split()
@@ -128,7 +150,8 @@ def check_installed() -> None:
 
 # -- the replica's side ---------------------------------------------------------------------
 
-_membership: Optional[Tuple[str, int, int]] = None  # (coordinator, processes, process id)
+# (coordinator, processes, process id, the address gloo listens on)
+_membership: Optional[Tuple[str, int, int, str]] = None
 _initialized = False
 
 
@@ -136,31 +159,69 @@ def join(environ: Mapping[str, str] = os.environ) -> None:
     """In a new replica process: keep where its JAX processes meet and its process id,
     as the launcher set them (a session's later cells bring an environment without
     them). On a cluster's host (:class:`colab_xla.wire.host_rank.HostRank` in the
-    environment), the processes are every host's and the id is the global ordinal."""
+    environment), the processes are every host's, the id is the global ordinal, and gloo
+    listens on the host's address (on one host, on 127.0.0.1)."""
     global _membership
     count = int(environ.get("PJRT_LOCAL_PROCESS_COUNT", "1"))
     process_id = int(environ.get("PJRT_LOCAL_PROCESS_RANK", "0"))
+    address = "127.0.0.1"
     rank = HostRank.from_environ(environ)
     if rank is not None:
-        count, process_id = rank.world, rank.index(process_id)
-    _membership = (environ[COORDINATOR], count, process_id)
+        count, process_id, address = rank.world, rank.index(process_id), rank.address
+    _membership = (environ[COORDINATOR], count, process_id, address)
 
 
 def initialize() -> None:
     """``jax.distributed.initialize`` for this process, once (before its first cell),
-    with the run's coordinator and this process's id (:func:`join`)."""
+    with the run's coordinator and this process's id (:func:`join`).
+
+    Process 0's coordination service listens at the coordinator's address itself (JAX's
+    default is every interface, ``[::]``), unless the user set JAX's own
+    :data:`BIND_VARIABLE`; gloo's listens on the address :func:`join` kept."""
     global _initialized
     if _initialized:
         return
     import jax
 
-    coordinator, processes, process_id = _membership
+    coordinator, processes, process_id, address = _membership
     jax.distributed.initialize(
         coordinator_address=coordinator, num_processes=processes, process_id=process_id,
+        coordinator_bind_address=None if os.environ.get(BIND_VARIABLE) else coordinator,
         cluster_detection_method="deactivate",  # (on a TPU VM it would ask the metadata)
         initialization_timeout=INITIALIZATION_TIMEOUT,
         heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT)
+    gloo_listens_on(address)
     _initialized = True
+
+
+def gloo_listens_on(address: str) -> None:
+    """Make the CPU backend's gloo collectives (JAX's between processes, when it starts)
+    listen on ``address``: JAX gives gloo no address, and gloo binds the one the machine's
+    hostname resolves to, which on a cloud VM is its network address. The CPU backend's
+    factory is replaced by one that passes it (JAX's ``make_cpu_client(collectives=...)``);
+    with ``jax_cpu_collectives_implementation`` other than gloo, or a jax without these
+    (private) names, JAX's own default stays."""
+    import jax
+
+    try:
+        from jax._src import distributed, xla_bridge
+        from jax._src.lib import _jax
+    except ImportError:
+        return
+    register = getattr(xla_bridge, "register_backend_factory", None)
+    make_cpu_client = getattr(xla_bridge, "make_cpu_client", None)
+    make_gloo = getattr(_jax, "make_gloo_tcp_collectives", None)
+    if None in (register, make_cpu_client, make_gloo):
+        return
+
+    def cpu_client():
+        client = distributed.global_state.client
+        if client is None or jax.config.jax_cpu_collectives_implementation != "gloo":
+            return make_cpu_client()
+        return make_cpu_client(collectives=make_gloo(distributed_client=client,
+                                                     hostname=address))
+
+    register("cpu", cpu_client, priority=0, fail_quietly=False)  # (as JAX registers it)
 
 
 def leave() -> None:
@@ -248,13 +309,14 @@ class Jax(Runtime):
     def problems(self) -> List[Problem]:
         return [p for p in (backend_problem(),) if p is not None]
 
-    def run_environ(self, environ: Mapping[str, str],
-                    free_port: Callable[[], int]) -> Dict[str, str]:
+    def run_environ(self, environ: Mapping[str, str], free_port: Callable[[], int],
+                    unix_socket: Optional[Callable[[str], Optional[str]]] = None
+                    ) -> Dict[str, str]:
         # Where jax.distributed's processes meet (process 0 serves): a cluster's host
         # brings host 0's.
         if COORDINATOR in environ:
             return {}
-        return {COORDINATOR: f"127.0.0.1:{free_port()}"}
+        return {COORDINATOR: coordinator_address(free_port, unix_socket)}
 
     def cluster_replicas(self, host: Mapping[str, Any]) -> Optional[int]:
         # One process drives every chip of a TPU host.

@@ -488,8 +488,9 @@ class Torch(Runtime):
     def problems(self) -> List[Problem]:
         return [p for p in (cuda_problem(), tpu_problem()) if p is not None]
 
-    def run_environ(self, environ: Mapping[str, str],
-                    free_port: Callable[[], int]) -> Dict[str, str]:
+    def run_environ(self, environ: Mapping[str, str], free_port: Callable[[], int],
+                    unix_socket: Optional[Callable[[str], Optional[str]]] = None
+                    ) -> Dict[str, str]:
         # (the launcher's MASTER_ADDR and MASTER_PORT of the run, or host 0's; on a TPU
         # host, what TorchTPU's launch code adds for this run's processes)
         if environ.get(DEVICE) != "TPU":

@@ -231,8 +231,9 @@ class TorchXla(Runtime):
             return [Problem(INITIALIZED, RUNTIME_INITIALIZED, RUNTIME_INITIALIZED_FIX)]
         return []
 
-    def run_environ(self, environ: Mapping[str, str],
-                    free_port: Callable[[], int]) -> Dict[str, str]:
+    def run_environ(self, environ: Mapping[str, str], free_port: Callable[[], int],
+                    unix_socket: Optional[Callable[[str], Optional[str]]] = None
+                    ) -> Dict[str, str]:
         return {}  # (each process's rank is the launcher's, as xmp.spawn tells its own)
 
     def cluster_replicas(self, host: Mapping[str, Any]) -> Optional[int]:

@@ -51,16 +51,19 @@ class EmptyCellError(SetupError):
 
 class Cell:
     """A cell's ``source``, parsed once, as its module file will hold it (``header``, the
-    magic line, as line 1; ``label``, how tracebacks name it: ``Cell In[7]``).
+    magic line, as line 1; None for a cell that had none, auto mode's: its own line 1 is
+    the file's; ``label``, how tracebacks name it: ``Cell In[7]``).
 
     ``tree`` is the parse (None if the cell has a syntax error, kept in ``syntax_error``
     and raised by :meth:`check`); ``names`` every name the cell mentions. Nothing else
     parses the source again.
     """
 
-    def __init__(self, source: str, label: str = "cell", header: str = "# %%xla_spawn"):
+    def __init__(self, source: str, label: str = "cell",
+                 header: Optional[str] = "# %%xla_spawn"):
         self.source, self.label = source, label
-        self.text = header.replace("\n", " ") + "\n" + source
+        self.header_lines = 0 if header is None else 1  # (the file's lines before source)
+        self.text = source if header is None else header.replace("\n", " ") + "\n" + source
         self.tree: Optional[ast.Module] = None
         self.syntax_error: Optional[SyntaxError] = None
         try:
@@ -110,6 +113,7 @@ class CellModule:
     body: CodeType
     last_expr: Optional[CodeType]
     source: str = ""
+    header_lines: int = 1  # the file's lines before the cell's own (its magic's line)
 
     @classmethod
     def create(cls, cell: Cell, directory: str) -> "CellModule":
@@ -133,10 +137,10 @@ class CellModule:
             os.close(fd)
         body, last_expr = _compile(cell.tree, cell.text, path)
         return cls(name=name, path=path, label=cell.label, body=body, last_expr=last_expr,
-                   source=cell.source)
+                   source=cell.source, header_lines=cell.header_lines)
 
     @classmethod
-    def load(cls, path: str, label: str = "cell") -> "CellModule":
+    def load(cls, path: str, label: str = "cell", header_lines: int = 1) -> "CellModule":
         """The module written by :meth:`create`, compiled again from its file (in a
         replica of another Python than the notebook's: see :meth:`__reduce__`)."""
         with open(path, encoding="utf-8") as f:
@@ -144,13 +148,14 @@ class CellModule:
         body, last_expr = _compile(ast.parse(text, filename=path), text, path)
         name = os.path.splitext(os.path.basename(path))[0]
         return cls(name=name, path=path, label=label, body=body, last_expr=last_expr,
-                   source=text.split("\n", 1)[1])
+                   source=text.split("\n", header_lines)[-1] if header_lines else text,
+                   header_lines=header_lines)
 
     @property
     def lines(self) -> List[str]:
-        """The module file's lines as its frames number them (line 1: the magic's line,
-        left blank here)."""
-        return ["", *self.source.splitlines()]
+        """The module file's lines as its frames number them (the magic's line, if it
+        has one, left blank here)."""
+        return [""] * self.header_lines + self.source.splitlines()
 
     def parts(self) -> tuple:
         """The module as plain data (strings and bytes: pickle and marshal take it alike),
@@ -160,7 +165,7 @@ class CellModule:
         runs another. (Each of a session's replicas read, parsed and compiled the file for
         every cell: 0.09 ms for `x = 1`, 0.5 ms for 15 lines, N times a cell.)"""
         return (self.path, self.label, self.source, importlib.util.MAGIC_NUMBER,
-                marshal.dumps((self.body, self.last_expr)))
+                marshal.dumps((self.body, self.last_expr)), self.header_lines)
 
     def __reduce__(self):
         return _unmarshalled, self.parts()
@@ -172,15 +177,16 @@ def from_parts(parts: tuple) -> CellModule:
 
 
 def _unmarshalled(path: str, label: str, source: str, magic: bytes,
-                  code: bytes) -> CellModule:
+                  code: bytes, header_lines: int = 1) -> CellModule:
     """A :class:`CellModule` as :meth:`CellModule.parts` gave it: its code objects as the
     notebook compiled them where this Python reads their format, else compiled again from
     the file."""
     if magic != importlib.util.MAGIC_NUMBER:
-        return CellModule.load(path, label)
+        return CellModule.load(path, label, header_lines)
     body, last_expr = marshal.loads(code)
     return CellModule(name=os.path.splitext(os.path.basename(path))[0], path=path,
-                      label=label, body=body, last_expr=last_expr, source=source)
+                      label=label, body=body, last_expr=last_expr, source=source,
+                      header_lines=header_lines)
 
 
 def _compile(tree: ast.Module, text: str, path: str):

@@ -217,7 +217,8 @@ class HostAgent:
     def coordinator(self) -> str:
         """Where a job's processes meet (host 0's agent is asked, per run or session):
         this host's address and a port free on it now. Process 0, which runs here,
-        serves it."""
+        serves it, listening on that address alone (not every interface:
+        :func:`colab_xla.runtimes.jax.initialize`)."""
         return f"{self.rank.address}:{free_port(self.rank.address)}"
 
     def poll(self, run_id: str, wait: float) -> Dict[str, Any]:

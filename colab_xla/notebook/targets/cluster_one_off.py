@@ -188,7 +188,7 @@ def host_request(cluster: Cluster, launch: Launch) -> Dict[str, Any]:
 
 def coordinator(cluster: Cluster) -> str:
     """Where a job's processes on every host meet: host 0's address, a port its agent
-    found free."""
+    found free (process 0 listens there alone, not on every interface)."""
     ray = import_ray()
     try:
         return ray.get(cluster.agents[0].coordinator.remote(), timeout=HOST_GRACE_SECONDS)

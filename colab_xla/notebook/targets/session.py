@@ -190,16 +190,17 @@ class Session(Target):
         self.processes.begin()
         self._launcher = threading.Thread(target=self._launch, args=(job,), daemon=True,
                                           name="colab_xla-session")
-        with inherit(self.id, user_ns, None):  # (forked replicas: the notebook's names)
+        # The launch's variables (xmp.spawn reads PJRT_DEVICE here) while the replicas
+        # start, not for the session's life: the notebook's own environment is the host's.
+        with inherit(self.id, user_ns, None), environ(self.plan.env):
             self._launcher.start()
             self._wait_ready()
 
     def _launch(self, job: ReplicaJob) -> None:
         try:
-            with environ(self.plan.env):
-                start(self.options.launch, serve_replica, job,
-                      processes=self.plan.processes if self.plan.own_processes else 0,
-                      ended=self._process_ended)
+            start(self.options.launch, serve_replica, job,
+                  processes=self.plan.processes if self.plan.own_processes else 0,
+                  ended=self._process_ended)
         except BaseException as exc:  # noqa: BLE001 - the session ends, and says why
             self._launch_error = exc
         finally:

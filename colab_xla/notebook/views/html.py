@@ -3,8 +3,8 @@
 Every view's end, in a saved notebook, is this (with the text form of
 :mod:`colab_xla.notebook.views.text` beside it): readable without the kernel, its widget
 models or any JavaScript, so JupyterLab and the Notebook reopening it, nbconvert, GitHub,
-nbviewer, VS Code and Colab's output frame all show it. A section per replica, failed ones
-first and open (a ``<details>``, which needs no script to open and close): its state, time
+nbviewer, VS Code and Colab's output frame all show it. A headline (and, for a run that was
+cut, where the stopped replicas were), then a section per replica, failed ones first and open (a ``<details>``, which needs no script to open and close): its state, time
 and result or error line, then its output's last lines with what it displayed (pictures,
 HTML) in their order, its bars, its result and its whole error with where it was.
 
@@ -67,6 +67,10 @@ def render(outcome: RunOutcome, tail: Optional[int] = text_view.SUMMARY_TAIL) ->
                    key=lambda o: (_ORDER.get(outcome.replicas[o].state, 2), o))
     parts = [f"<p style='{_SECTION}'><b>{esc(text_view.headline(outcome))}</b>"
              f"{_cut(outcome)}</p>"]
+    where = outcome.places(outcome.stopped)  # (once the run is cut: those at one place together)
+    if where:
+        parts.append(f"<pre style='{_PRE};color:{COLORS[STOPPED]}'>"
+                     f"{esc(chr(10).join(where))}</pre>")
     if outcome.launch_error is not None:
         parts.append(f"<pre style='{_PRE};color:{COLORS[FAILED]}'>"
                      f"{esc(outcome.launch_error.render())}</pre>")
@@ -140,8 +144,7 @@ def _one_line(text: str, chars: int = 120) -> str:
 
 def bar(progress: dict, compact: bool = False) -> str:
     """A tqdm bar of a replica as HTML: a progress bar (none without a total), then tqdm's
-    own line (compact: its description and count only; so is a closed bar, whose line is
-    among the replica's output)."""
+    own line (compact: its description and count only)."""
     done = fraction(progress)
     meter = (f"<progress value='{done:.3f}' max='1' style='width:{8 if compact else 16}em;"
              "vertical-align:middle'></progress> " if done is not None else "")

@@ -32,7 +32,7 @@ from IPython.display import display
 from . import html as html_view, text as text_view
 from ..outcome import RunObserver, RunOutcome, Stall, counted, format_ordinals
 from ...wire.displays import Display
-from ..output_log import shorten
+from ..output_log import BarLine, shorten
 
 COMBINED_LINES = 400
 # Look back this far for the same line from other replicas (merged into one row).
@@ -98,12 +98,15 @@ class _RunWidgets:
         return state, out, page
 
     def cleared(self) -> "_RunWidgets":
-        """These widgets, for a new run: no lines in the combined tab. Their header, tabs
-        and titles are the last run's until the new run's first draw, which comes before
-        they are displayed: drawn over, only what changes is sent (a run of as many
-        replicas as the last sends no tab or title), and a replica's widgets show its new
-        state and output as its tab comes back."""
+        """These widgets, for a new run: no lines in the combined tab, which is the one
+        shown (the last run's person may have left it on a replica's tab, which in this
+        run may be another replica's, or none). Their header, tabs and titles are the last
+        run's until the new run's first draw, which comes before they are displayed: drawn
+        over, only what changes is sent (a run of as many replicas as the last sends no tab
+        or title), and a replica's widgets show its new state and output as its tab comes
+        back."""
         self.combined.outputs = ()
+        self.tabs.selected_index = 0
         return self
 
     def all(self) -> List[widgets.Widget]:
@@ -172,9 +175,10 @@ class WidgetView(RunObserver):
             itertools.islice(reversed(self._lines), _MERGE_WINDOW), maxlen=_MERGE_WINDOW)
         recent.reverse()
         for origin, line in self._pending:
-            line = shorten(line)
+            line = line if _drawn(line) else shorten(line)
             for entry in reversed(recent):
-                if entry[0] == line and entry[1] is not None and origin not in entry[1]:
+                if (entry[1] is not None and origin not in entry[1]
+                        and _same_output(entry[0], line)):
                     entry[1].add(origin)
                     break
             else:
@@ -196,7 +200,7 @@ class WidgetView(RunObserver):
                                or now - self._output_sent.get(ordinal, 0.0)
                                >= HIDDEN_OUTPUT_SECONDS)
         if self._pending:  # (_combined_rows merges them)
-            self.combined.outputs = (_stream("\n".join(self._combined_rows(outcome)) + "\n"),)
+            self.combined.outputs = _combined_outputs(self._combined_rows(outcome))
         self._draw_titles(outcome)
         if self._handle is None and outcome.elapsed is None:
             self._display({"text/plain": LIVE_TEXT})
@@ -348,7 +352,7 @@ class WidgetView(RunObserver):
             result = f" · Out: <code>{html.escape(rep.value_repr)}</code>"
         if rep.pulled:
             result += f" · Pulled: <code>{html.escape(rep.pulled_summary())}</code>"
-        bars = "".join(html_view.bar(bar, bar.get("closed")) for bar in rep.progress.values())
+        bars = "".join(html_view.bar(bar) for bar in rep.progress.values())
         return (f"{html.escape(outcome.label(ordinal))} · <b>{rep.state}</b> · {took:.1f} s"
                 f"{result}{bars}")
 
@@ -364,6 +368,11 @@ class WidgetView(RunObserver):
             self.tabs._titles = {str(i): title for i, title in enumerate(titles)}
 
     def _combined_rows(self, outcome: RunOutcome) -> List[str]:
+        """The combined tab's rows: each line once, after the replicas that printed it
+        (``[all 4]``, ``[replicas 0-1]``, ``[replica 2]``). A displayed object's row is a
+        :class:`~colab_xla.wire.displays.Display` (drawn under it): one row for the
+        replicas that showed the same one, a row each for different ones (their text forms,
+        an image's ``[an image: image/png]``, may be alike)."""
         self._merge_pending()
         n = len(outcome.replicas)
         rows = []
@@ -378,8 +387,43 @@ class WidgetView(RunObserver):
             else:
                 label = " ".join(outcome.label(s) if isinstance(s, int) else str(s)
                                  for s in sorted(sources, key=str))
-            rows.append(f"[{label}] {text}")
+            row = f"[{label}] {text}"
+            if _drawn(text):
+                row = Display(row)
+                row.bundle = text.bundle
+            rows.append(row)
         return rows
+
+
+def _drawn(line) -> bool:
+    """Whether ``line`` is a displayed object the widget draws."""
+    return isinstance(line, Display) and line.drawn
+
+
+def _same_output(kept, line) -> bool:
+    """Whether ``line`` is the output a combined row ``kept`` shows: the same text, and for
+    a displayed object, the same object (its bundle: the image itself, not its text form)."""
+    if kept != line:
+        return False
+    if _drawn(kept) or _drawn(line):
+        return getattr(kept, "bundle", None) == getattr(line, "bundle", None)
+    return True
+
+
+def _combined_outputs(rows: List[str]) -> tuple:
+    """The combined tab's rows as outputs: text in stream outputs, each displayed object
+    drawn under its row."""
+    outputs: List[dict] = []
+    text: List[str] = []
+    for row in rows:
+        text.append(row)
+        if _drawn(row):
+            outputs.append(_stream("\n".join(text) + "\n"))
+            outputs.append({"output_type": "display_data", "data": row.bundle, "metadata": {}})
+            text = []
+    if text:
+        outputs.append(_stream("\n".join(text) + "\n"))
+    return tuple(outputs)
 
 
 def _registry() -> dict:
@@ -408,9 +452,12 @@ def _stream(text: str, name: str = "stdout") -> dict:
 
 def _log_outputs(log) -> tuple:
     """The log's tail as stream outputs, stderr apart so the frontend shows it as such,
-    and what the replica displayed as display data, in their order."""
+    and what the replica displayed as display data, in their order. A left bar's last line
+    is not among them: the tab's state draws the bar, that line with it."""
     runs: List[dict] = []
     for stream, line in list(log.tail) + log.partial():
+        if isinstance(line, BarLine):
+            continue
         if isinstance(line, Display) and line.drawn:
             runs.append({"output_type": "display_data", "data": line.bundle, "metadata": {}})
             continue
