@@ -1,19 +1,21 @@
 """The outcome of a run as static HTML: what stays in the notebook once a run ends.
 
-Every view's end, in a saved notebook, is this (with the text form of
-:mod:`colab_xla.notebook.views.text` beside it): readable without the kernel, its widget
-models or any JavaScript, so JupyterLab and the Notebook reopening it, nbconvert, GitHub,
-nbviewer, VS Code and Colab's output frame all show it. A headline (and, for a run that was
-cut, where the stopped replicas were), then a section per replica, failed ones first and open (a ``<details>``, which needs no script to open and close): its state, time
-and result or error line, then its output's last lines with what it displayed (pictures,
-HTML) in their order, its bars, its result and its whole error with where it was.
+The widget view's end is this (with the text form of :mod:`colab_xla.notebook.views.text`
+beside it): readable without the kernel, its widget models or any JavaScript, so JupyterLab
+and the Notebook reopening it, nbconvert, GitHub, nbviewer, VS Code and Colab's output frame
+all show it. A headline (and, for a run that was cut, where the stopped replicas were), then
+a section per replica, failed ones first and open (a ``<details>``, which needs no script to
+open and close): its state, time and result or error line, then its output's last lines
+with what it displayed (pictures, HTML) in their order, its bars, its result and its whole
+error with where it was.
 
-Only what HTML sanitizers keep in an untrusted notebook (JupyterLab's allow-list, the
-Notebook's, nbconvert's): tags such as ``<details>``, ``<pre>``, ``<img>`` with a data URI
-and ``<progress>``, inline styles of common properties, no script, no ``<style>``, no
-``id``. Every piece of text a replica or the cell made is escaped; what a replica displayed
-as HTML or SVG is drawn as a notebook draws a cell's own display (a sanitizer cleans it
-where the notebook is not trusted).
+Only what the HTML sanitizers of JupyterLab and the Notebook keep in an untrusted notebook:
+tags such as ``<details>``, ``<pre>``, ``<img>`` with a data URI and ``<progress>``, inline
+styles of common properties, no script, no ``<style>``, no ``id``. (nbconvert's
+``sanitize_html``, off by default, keeps none of ``<details>``, ``<p>``, ``<img>``.) Every
+piece of text a replica or the cell made is escaped; what a replica displayed as HTML or SVG
+is drawn as a notebook draws a cell's own display (a sanitizer cleans it where the notebook
+is not trusted).
 
 Example::
 
