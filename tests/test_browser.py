@@ -331,7 +331,6 @@ def test_live_widget_then_static_form_kept_when_reopened_untrusted_and_converted
             mine = show_tab(widget, f"{PLOTTING} ▶")
             assert "warm-up" not in mine and f"hello from {PLOTTING}" in mine, mine
             check_plots_and_bars(widget, "jupyterlab-ipywidgets8")
-            widget.locator("xpath=..").screenshot(path=str(ARTIFACTS / "live-jupyterlab.png"))
             gate.touch()
 
             # The end: every run's display is its static form; the cell's error after it.

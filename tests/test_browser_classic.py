@@ -176,7 +176,6 @@ def test_live_widget_then_static_form_kept_in_the_classic_notebook_under_ipywidg
                 show_tab(widget, f"{PLOTTING} ▶")), 30, what="replica 1's line in its tab")
             assert "warm-up" not in mine, mine  # (its widgets are an ended run's)
             check_plots_and_bars(widget, "classic-ipywidgets7")
-            widget.locator("xpath=..").screenshot(path=str(ARTIFACTS / "live-classic.png"))
             gate.touch()
 
             shown.wait_ended(cells)
