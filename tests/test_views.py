@@ -779,3 +779,21 @@ def test_the_static_form_is_escaped_and_uses_only_what_a_sanitizer_keeps():
     bundle = html_view.bundle(outcome)
     assert set(bundle) == {"text/plain", "text/html"}
     assert bundle["text/plain"] == text_view.render(outcome)
+
+
+def test_a_widget_view_that_fails_mid_run_leaves_no_widget_in_its_display(widget_view,
+                                                                          monkeypatch):
+    """The text view takes over; the failed view's live display says so at once, naming no
+    widget (saved so, it would be "Error displaying widget" once the kernel is gone)."""
+    widget_view, handles = widget_view
+    inner = widget_view.WidgetView()
+    view, outcome = views.FallbackView(inner, out=io.StringIO()), RunOutcome("CPU")
+    view.opened(outcome)
+    _start(view, outcome, 2)
+    view.tick(outcome)  # (drawn: its live display)
+    assert WIDGET_VIEW in handles[-1].shown[-1]
+    monkeypatch.setattr(inner, "_draw_header", lambda outcome: 1 / 0)
+    view.tick(outcome)
+    assert view.failed.startswith("ZeroDivisionError")
+    assert handles[-1].shown[-1] == {"text/plain": widget_view.ABANDONED_TEXT}
+    assert inner.box is None
