@@ -1,11 +1,12 @@
 """Choosing a view, and the text view taking over when the widget view fails (pure units)."""
 
 import io
+import itertools
 
 import pytest
 
 from colab_xla.notebook import views
-from colab_xla.notebook.views import text as text_view
+from colab_xla.notebook.views import html as html_view, text as text_view
 from colab_xla.notebook.outcome import ReplicaOutcome, RunOutcome
 from colab_xla.notebook.outcome import RunObserver
 
@@ -186,6 +187,9 @@ def widget_view(monkeypatch):
     return widget_view, handles
 
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
 def _start(view, outcome, replicas, line="line {o}") -> None:
     """Replicas ``replicas`` (a count: 0 to ``replicas - 1``) start, and print ``line``
     each (if given: ``{o}`` is the replica's ordinal)."""
@@ -196,26 +200,32 @@ def _start(view, outcome, replicas, line="line {o}") -> None:
             view.output(outcome, o, [line.format(o=o)])
 
 
-def test_only_the_last_runs_keep_live_widgets_and_older_ones_show_their_summary(widget_view):
-    """Issue #12: every run left ~31 live widgets in the kernel for good."""
+def test_every_run_ends_as_its_static_form_and_the_kernel_keeps_one_runs_widgets(widget_view):
+    """Issue #12: every run left ~31 live widgets in the kernel for good. Issue 55: a saved
+    notebook showed "Error displaying widget: model not found" for its last runs, whose
+    final display still named the widget. Now each run's display ends without the widget,
+    as its static form (HTML and text), and its widgets are the next run's."""
     widget_view, handles = widget_view
 
     def live():
         return {id(w) for w in widget_view._registry().values()}
 
     before, per_run = live(), []
-    for run in range(widget_view.LIVE_RUNS + 3):
+    for run in range(4):
         view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
         view.opened(outcome)
         _start(view, outcome, 3)
+        view.tick(outcome)
         outcome.elapsed = 0.1
         view.closed(outcome)
         per_run.append(len(live() - before))
-    assert per_run[widget_view.LIVE_RUNS - 1:] == [per_run[widget_view.LIVE_RUNS - 1]] * 4
-    # The oldest runs' displays end as their summary alone; the newest still show a widget.
-    assert all("application/vnd.jupyter.widget-view+json" not in h.shown[-1] for h in handles[:3])
-    assert all("text/html" in h.shown[-1] for h in handles[:3])
-    assert all("application/vnd.jupyter.widget-view+json" in h.shown[-1] for h in handles[3:])
+    assert per_run == [per_run[0]] * 4 and per_run[0] > 0
+    assert len(handles) == 4
+    for handle in handles:
+        first, last = handle.shown[0], handle.shown[-1]
+        assert WIDGET_VIEW in first  # (live while it ran)
+        assert set(last) == {"text/plain", "text/html"}, last
+        assert "colab-xla-summary" in last["text/html"]
 
 
 def test_a_run_makes_few_widgets_sharing_one_layout(widget_view):
@@ -239,7 +249,7 @@ def test_a_run_makes_few_widgets_sharing_one_layout(widget_view):
             rep.error = ReplicaError(kind="exception", ename="ValueError", evalue="five",
                                      traceback="ValueError: five\n")
     outcome.elapsed = 0.3
-    view.closed(outcome)
+    view.tick(outcome)  # (the last draw of the live widget)
     made = [w for model_id, w in widget_view._registry().items() if model_id not in before]
     assert len(made) == 6 + 3 * 8 + 1
     assert len({w.layout.model_id for w in made if hasattr(w, "layout")}) == 1
@@ -250,17 +260,21 @@ def test_a_run_makes_few_widgets_sharing_one_layout(widget_view):
     titles = (list(view.tabs.titles) if hasattr(view.tabs, "titles")
               else [view.tabs._titles[str(i)] for i in range(9)])
     assert titles == ["all"] + [f"{o} {'✗' if o == 5 else '✓'}" for o in range(8)]
-    view.retire()
+    view.closed(outcome)
+
+
+_RUNS = itertools.count()
 
 
 def _one_run(widget_view, replicas: int, failed=(), lines=True, close=True):
     """A run of ``replicas`` replicas that print a line each (if ``lines``); those in
-    ``failed`` fail, the others are done; its view, closed if ``close``."""
+    ``failed`` fail, the others are done; its view, closed if ``close`` (after its last
+    draw: ``view.drawn_box`` is the box it drew, which the end frees)."""
     from colab_xla.wire.reports import ReplicaError
 
     view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
     view.opened(outcome)
-    _start(view, outcome, replicas, lines and f"line {{o}} of run {len(widget_view._live)}")
+    _start(view, outcome, replicas, lines and f"line {{o}} of run {next(_RUNS)}")
     view.tick(outcome)
     for o in range(replicas):
         rep = outcome.replicas[o]
@@ -269,8 +283,10 @@ def _one_run(widget_view, replicas: int, failed=(), lines=True, close=True):
             rep.error = ReplicaError(kind="exception", ename="ValueError", evalue=f"{o}",
                                      traceback=f"ValueError: {o}\n")
         rep.log.write("stdout", f"own line of {o}\n" if lines else "")
+    view.outcome, view.drawn_box = outcome, view.box
     if close:
         outcome.elapsed = 0.3
+        view.tick(outcome)
         view.closed(outcome)
     return view
 
@@ -284,65 +300,70 @@ def _shown(box):
               for w in page.children] for page in pages])
 
 
-def test_a_retired_runs_widgets_are_made_over_for_the_next_run_showing_only_its_own(
+def test_an_ended_runs_widgets_are_made_over_for_the_next_run_showing_only_its_own(
         widget_view, monkeypatch):
     """Issue #18: a run's widgets were each opened (a comm message the cell waits for),
     then closed five runs later; a warm session cell spent most of its widget view's time
     on them. Now the next run of as many replicas opens no widget at all, and is displayed
     only once drawn over, showing nothing of the run before."""
     widget_view, handles = widget_view
-    views = [_one_run(widget_view, 2, failed=(1,)) for _ in range(widget_view.LIVE_RUNS)]
-    before, first_box = dict(widget_view._registry()), views[0].box
+    first = _one_run(widget_view, 2, failed=(1,), close=False)
+    first.outcome.elapsed = 0.3
+    first.tick(first.outcome)  # (its last draw: the failed replica's error widget)
+    drawn = dict(widget_view._registry())
+    first.closed(first.outcome)
+    before, first_box = dict(widget_view._registry()), first.drawn_box
+    assert first.box is None  # (freed at its end)
+    # Closed at its end: its error widget (the tab it was in is made over without it).
+    assert ["ValueError: 1" in drawn[k].value for k in set(drawn) - set(before)] == [True]
     at_display = []  # what the box showed when it was displayed
     fake_display = widget_view.display
     monkeypatch.setattr(widget_view, "display", lambda data, **k: at_display.append(
         _shown(first_box)) or fake_display(data, **k))
     reused = _one_run(widget_view, 2, lines=False)
-    assert reused.box is first_box and views[0].box is None is views[0].tabs
+    assert reused.drawn_box is first_box
     assert len(at_display) == 1
     combined, pages = at_display[0]
     assert "run" not in combined and len(pages) == 2 and "run 0" not in str(pages)
     assert not any("own line" in str(page) or "done" in str(page) for page in pages)
     after = dict(widget_view._registry())
-    assert set(after) <= set(before)  # no widget opened; closed: the retired run's error
-    assert ["ValueError: 1" in before[k].value for k in set(before) - set(after)] == [True]
-    assert "application/vnd.jupyter.widget-view+json" not in handles[0].shown[-1]
-    assert handles[-1].shown[-1]["application/vnd.jupyter.widget-view+json"]["model_id"] == (
-        reused.box.model_id)
-    combined, pages = _shown(reused.box)  # nothing of the first run: its lines, its error
+    assert set(after) == set(before)  # no widget opened, none closed
+    assert WIDGET_VIEW not in handles[0].shown[-1]
+    assert handles[-1].shown[0][WIDGET_VIEW]["model_id"] == first_box.model_id
+    assert WIDGET_VIEW not in handles[-1].shown[-1]
+    combined, pages = _shown(first_box)  # nothing of the first run: its lines, its error
     assert "run" not in combined and len(pages) == 2
     assert [len(page) for page in pages] == [2, 2] and "run 0" not in str(pages)
     assert all("<b>done</b>" in page[0] for page in pages)
 
 
 @pytest.mark.parametrize("replicas", [4, (0, 2)])
-def test_a_retired_runs_widgets_made_over_open_on_the_all_tab(widget_view, replicas):
+def test_an_ended_runs_widgets_made_over_open_on_the_all_tab(widget_view, replicas):
     """The last run's person looked at replica 2's tab: a new run (of as many replicas, or
     of replicas 0 and 2: ``--targets 0,2``) opened on its replica 2's tab, or on replica
     0's."""
     widget_view, _ = widget_view
-    views = [_one_run(widget_view, 4) for _ in range(widget_view.LIVE_RUNS)]
-    views[0].tabs.selected_index = 3  # replica 2's tab ("all" is 0)
-    first_box = views[0].box
+    first = _one_run(widget_view, 4, close=False)
+    first.tabs.selected_index = 3  # replica 2's tab ("all" is 0)
+    first.outcome.elapsed = 0.3
+    first.closed(first.outcome)
     view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
     view.opened(outcome)
     _start(view, outcome, replicas)
     view.tick(outcome)
-    assert view.box is first_box  # (made over)
+    assert view.box is first.drawn_box  # (made over)
     assert view.tabs.selected_index == 0
     assert view._shown_replica() is None  # the combined tab's
 
 
-def test_a_short_run_as_large_as_the_retired_one_sends_no_tab_and_no_title(widget_view,
-                                                                            monkeypatch):
-    """Its widgets keep the last run's tabs and titles until it draws them over: a short
-    cell (it ends before its first draw) of as many replicas, ending as that run did, sends
-    neither. (They were cleared first, then drawn again: 2 tab and 3 title messages.)"""
+def test_a_run_as_large_as_the_ended_one_sends_no_tab_and_no_title(widget_view, monkeypatch):
+    """Its widgets keep the last run's tabs and titles until it draws them over: a run of
+    as many replicas, drawn as that run was, sends neither. (They were cleared first, then
+    drawn again: 2 tab and 3 title messages.)"""
     import ipywidgets as widgets
 
     widget_view, _ = widget_view
-    for _ in range(widget_view.LIVE_RUNS):
-        _one_run(widget_view, 2)
+    _one_run(widget_view, 2)
     sent, notify = [], widgets.Widget.notify_change  # (where a change is sent, if synced)
 
     def notify_change(self, change):
@@ -353,86 +374,79 @@ def test_a_short_run_as_large_as_the_retired_one_sends_no_tab_and_no_title(widge
     monkeypatch.setattr(widgets.Widget, "notify_change", notify_change)
     view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
     view.opened(outcome)
-    _start(view, outcome, 2)  # (a line each: with nothing printed, no widget is drawn)
+    _start(view, outcome, 2)
     for rep in outcome.replicas.values():
         rep.state, rep.elapsed = "done", 0.1
+    view.tick(outcome)
     outcome.elapsed = 0.2
     view.closed(outcome)
     assert sent and not [(kind, trait) for kind, trait in sent if kind == "Tab"], sent
 
 
-def test_a_run_is_displayed_at_its_first_draw_or_ended_if_it_ends_before(widget_view):
-    """Shown once drawn: a short cell is one display (its end), a longer one a live
-    display (at its first draw) updated at its end."""
+def test_a_run_is_displayed_at_its_first_draw_and_ends_as_its_static_form(widget_view):
+    """Shown once drawn: a short cell is one display (its end: the static form, with no
+    widget), a longer one a live display (at its first draw) updated to it at its end."""
     widget_view, handles = widget_view
     for draws in (0, 1):
+        before = set(widget_view._registry())
         view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
         view.opened(outcome)
         _start(view, outcome, 2)
         shown_at_open = len(handles)
         for _ in range(draws):
             view.tick(outcome)
+        box = view.box
         for rep in outcome.replicas.values():
             rep.state, rep.elapsed = "done", 0.1
         outcome.elapsed = 0.2
         view.closed(outcome)
-        widget, text = "application/vnd.jupyter.widget-view+json", "text/plain"
         assert len(handles) == shown_at_open + 1
         first, *updates = handles[-1].shown
-        assert first[widget]["model_id"] == view.box.model_id
         if draws:
-            assert first[text] == widget_view.LIVE_TEXT and len(updates) == 1
-            assert updates[0][text].startswith("2 replicas on CPU: 2 done")
+            assert first[WIDGET_VIEW]["model_id"] == box.model_id
+            assert first["text/plain"] == widget_view.LIVE_TEXT and len(updates) == 1
+            assert updates[0] == html_view.bundle(outcome)
         else:
-            assert first[text].startswith("2 replicas on CPU: 2 done") and not updates
+            assert box is None and set(widget_view._registry()) == before  # none made
+            assert first == html_view.bundle(outcome) and not updates
+        assert handles[-1].shown[-1]["text/plain"].startswith("2 replicas on CPU: 2 done")
 
 
-def test_a_run_that_ends_before_its_first_draw_having_printed_nothing_is_its_summary_alone(
-        widget_view):
-    """A warm cell such as ``x = 1``: no replica printed, displayed or showed a bar, and it
-    ended before its first draw. Its summary (text and HTML, what a saved notebook and an
-    older run show) says all its widget would: it is displayed alone, with no widget made,
-    made over or retired. A run that printed, or was drawn before it ended, is a widget."""
+def test_a_run_that_ends_before_its_first_draw_is_its_static_form_alone(widget_view):
+    """A warm cell such as ``x = 1``: it ended before its first draw. Its static form
+    (text and HTML, what a saved notebook shows) says all its widget would: it is displayed
+    alone, with no widget made, made over or retired, and no earlier run's display updated."""
     widget_view, handles = widget_view
-    for _ in range(widget_view.LIVE_RUNS):
-        _one_run(widget_view, 2)
-    before, live = set(widget_view._registry()), list(widget_view._live)
+    _one_run(widget_view, 2)
+    before, spare = set(widget_view._registry()), list(widget_view._spare)
     shown, updates = len(handles), [len(h.shown) for h in handles]
     view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
     view.opened(outcome)
-    _start(view, outcome, 2, line=None)
+    _start(view, outcome, 2, line="printed {o}")
     for o, rep in outcome.replicas.items():
         rep.state, rep.elapsed, rep.value_repr = "done", 0.1, repr(o)
+        rep.log.write("stdout", f"printed {o}\n")
     outcome.elapsed = 0.2
     view.closed(outcome)
-    assert set(widget_view._registry()) == before and list(widget_view._live) == live
-    assert len(handles) == shown + 1  # one display, and no older run's updated (retired)
+    assert set(widget_view._registry()) == before and list(widget_view._spare) == spare
+    assert len(handles) == shown + 1
     assert [len(h.shown) for h in handles[:shown]] == updates
     summary = handles[-1].shown[0]
     assert set(summary) == {"text/plain", "text/html"}
     assert summary["text/plain"] == text_view.render(outcome)
     assert "Out: 1" in summary["text/plain"] and "<code>1</code>" in summary["text/html"]
-    for printed, drawn in ((True, False), (False, True)):
-        view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
-        view.opened(outcome)
-        _start(view, outcome, 1, line="a line" if printed else None)
-        if drawn:
-            view.tick(outcome)
-        outcome.replicas[0].state, outcome.replicas[0].elapsed = "done", 0.1
-        outcome.elapsed = 0.2
-        view.closed(outcome)
-        assert "application/vnd.jupyter.widget-view+json" in handles[-1].shown[-1]
+    assert "printed 1" in summary["text/html"]
 
 
-def test_a_run_with_more_replicas_than_the_retired_run_makes_only_the_widgets_it_lacks(
+def test_a_run_with_more_replicas_than_the_ended_run_makes_only_the_widgets_it_lacks(
         widget_view):
     widget_view, _ = widget_view
-    for _ in range(widget_view.LIVE_RUNS):
-        _one_run(widget_view, 1)
+    _one_run(widget_view, 1)
     before = set(widget_view._registry())
     view = _one_run(widget_view, 3)
     assert len(set(widget_view._registry()) - before) == 2 * 3  # replicas 1 and 2
-    assert [page[1] for page in _shown(view.box)[1]] == [f"own line of {o}\n" for o in range(3)]
+    assert [page[1] for page in _shown(view.drawn_box)[1]] == [
+        f"own line of {o}\n" for o in range(3)]
 
 
 def test_a_replicas_tab_comes_when_it_starts_and_makes_only_its_own_widgets(widget_view):
@@ -454,29 +468,32 @@ def test_a_replicas_tab_comes_when_it_starts_and_makes_only_its_own_widgets(widg
             for o in sorted(outcome.replicas)]
 
 
-def test_widgets_of_a_run_that_did_not_end_as_drawn_are_closed_not_made_over(widget_view):
-    widget_view, _ = widget_view
+def test_a_live_display_whose_end_never_came_is_retired_by_the_next_run(widget_view):
+    """Its view failed (the text view took over) or its run raised: the next run closes its
+    widgets rather than making them over, and its display no longer names a widget."""
+    widget_view, handles = widget_view
     before = set(widget_view._registry())
-    cut = _one_run(widget_view, 2, close=False)  # (its view failed: the text view took over)
+    cut = _one_run(widget_view, 2, close=False)
     widgets_of_cut = [w for k, w in widget_view._registry().items() if k not in before]
-    for _ in range(widget_view.LIVE_RUNS):
-        _one_run(widget_view, 2)
+    cut_handle = handles[-1]
+    assert WIDGET_VIEW in cut_handle.shown[-1]
+    _one_run(widget_view, 2)
     assert all(w.comm is None for w in widgets_of_cut)  # closed
-    assert cut.box is None and list(widget_view._spare) == []
+    assert cut.box is None and cut_handle.shown[-1] == {"text/plain": widget_view.ABANDONED_TEXT}
+    assert not {id(w) for w in widget_view._spare[0].all()} & {id(w) for w in widgets_of_cut}
 
 
 def test_a_run_of_fewer_replicas_keeps_the_others_widgets_and_closing_its_own_closes_them(
         widget_view, monkeypatch):
     widget_view, _ = widget_view
     before = set(widget_view._registry())
-    for _ in range(widget_view.LIVE_RUNS):
-        _one_run(widget_view, 3)
+    _one_run(widget_view, 3)
     made = [w for k, w in widget_view._registry().items() if k not in before]
     fewer = _one_run(widget_view, 1)  # it takes a run of 3's widgets, and shows 1 tab
-    assert len(_shown(fewer.box)[1]) == 1 and fewer.box.model_id in {w.model_id for w in made}
-    monkeypatch.setattr(widget_view, "SPARE_RUNS", 0)  # from here on, retired runs close
-    for _ in range(widget_view.LIVE_RUNS):
-        _one_run(widget_view, 1)
+    assert len(_shown(fewer.drawn_box)[1]) == 1
+    assert fewer.drawn_box.model_id in {w.model_id for w in made}
+    monkeypatch.setattr(widget_view, "SPARE_RUNS", 0)  # from here on, ended runs close
+    _one_run(widget_view, 1)
     assert all(w.comm is None for w in made)  # every one of the runs of 3, closed
 
 
@@ -523,6 +540,7 @@ def test_the_widget_view_only_keeps_lines_as_they_come_and_draws_a_flood_as_its_
     assert rows[2:] == [f"[all 9] step {i}" for i in range(1, steps)]
     view.retire()
     view2.retire()
+    assert view.box is None is view2.box
 
 
 def test_the_widget_view_merges_a_line_printed_by_every_replica_across_draws(widget_view):
@@ -587,7 +605,7 @@ def test_a_left_tqdm_bar_is_drawn_once_in_its_replicas_tab_not_again_as_stderr(w
             pass
         print("after", index)
         """, 2, observer=view)
-    view.closed(outcome)
+    view.tick(outcome)  # (the live widget's last draw)
     assert outcome.ok, outcome
     for o in range(2):
         state, out, _ = view._widgets.replicas[o]
@@ -595,7 +613,8 @@ def test_a_left_tqdm_bar_is_drawn_once_in_its_replicas_tab_not_again_as_stderr(w
         assert out.outputs[0]["text"] == f"after {o}\n"
         assert state.value.count(f"bar{o}: 100%") == 1 and "5/5" in state.value, state.value
         assert text_view.render(outcome).count(f"bar{o}: 100%") == 1
-    view.retire()
+        assert html_view.render(outcome).count(f"bar{o}: 100%") == 1
+    view.closed(outcome)
 
 
 def test_the_header_says_where_replicas_are_while_none_prints_and_where_stopped_ones_were(
@@ -668,5 +687,113 @@ def test_a_hidden_tabs_output_is_sent_every_few_seconds_the_shown_tabs_at_every_
     for rep in outcome.replicas.values():
         rep.state, rep.elapsed = "done", 1.0
     outcome.elapsed = 1.0
-    view.closed(outcome)
-    assert "last 0" in texts()[0]  # the end sends every tab's
+    view.tick(outcome)
+    assert "last 0" in texts()[0]  # the last draw sends every tab's
+
+
+# The tags and attributes JupyterLab 4's sanitizer keeps in an untrusted notebook (its
+# allow-list in @jupyterlab/apputils' sanitizer, for the tags the static form uses).
+SANITIZER_KEEPS = {"div": {"class", "style"}, "p": {"style"}, "b": set(), "span": {"style"},
+                   "code": set(), "pre": {"style"}, "details": {"class", "style", "open"},
+                   "summary": set(), "img": {"src", "alt", "style"},
+                   "progress": {"value", "max", "style"}}
+
+
+def _tags(fragment: str):
+    """``[(tag, {attribute: value})]`` of an HTML fragment, and its text."""
+    from html.parser import HTMLParser
+
+    found, text = [], []
+
+    class Parser(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            found.append((tag, dict(attrs)))
+
+        def handle_data(self, data):
+            text.append(data)
+
+    Parser().feed(fragment)
+    return found, "".join(text)
+
+
+def _static_outcome():
+    from colab_xla.wire.displays import Display
+    from colab_xla.wire.reports import ReplicaError
+
+    outcome = RunOutcome("CPU")
+    for o, state in enumerate(("done", "stopped", "failed", "done")):
+        rep = outcome.replica(o)
+        rep.state, rep.elapsed = state, 0.25 * (o + 1)
+        rep.log.write("stdout", f"<script>alert({o})</script> & line of {o}\n")
+    ok = outcome.replicas[0]
+    ok.value_repr = "<b>not bold</b>"
+    ok.log.display(Display.of({"text/plain": "<Figure>", "image/png": "iVBORw0KGgo="}))
+    ok.log.write("stdout", "after the figure\n")
+    ok.progress["b"] = {"n": 5, "total": 10, "desc": "steps", "text": "steps: 50%"}
+    outcome.replicas[2].error = ReplicaError(
+        kind="exception", ename="ValueError", evalue="<two>",
+        traceback="Traceback\n  Cell In[3], line 2\nValueError: <two>\n")
+    outcome.replicas[1].error = ReplicaError(
+        "interrupted", "KeyboardInterrupt", "stopped after replica 2 failed",
+        place="line 5: `xm.rendezvous('<r>')`")
+    outcome.elapsed = 1.5
+    return outcome
+
+
+def test_the_static_form_has_a_section_per_replica_failed_first_and_open():
+    outcome = _static_outcome()
+    page = html_view.render(outcome)
+    sections = page.split("<details")[1:]
+    assert [s.split("</b>")[0].rsplit(">", 1)[-1] for s in sections] == [
+        "replica 2", "replica 1", "replica 0", "replica 3"]
+    assert [" open>" in s.split("<summary>")[0] for s in sections] == [True, True, False, False]
+    failed, stopped, ok, _ = sections
+    assert "✗ failed</span> · 0.75 s" in failed and "ValueError: &lt;two&gt;</span>" in failed
+    assert "Cell In[3], line 2" in failed  # (the whole traceback, in its body)
+    assert "at line 5: `xm.rendezvous(&#x27;&lt;r&gt;&#x27;)`" in stopped
+    assert "Out: <code>&lt;b&gt;not bold&lt;/b&gt;</code></summary>" in ok
+    # Its output in order: the line, the figure, the line after it; then its bar.
+    marks = [ok.index(m) for m in ("line of 0", "data:image/png;base64,iVBORw0KGgo=",
+                                    "after the figure", "<progress value='0.500'")]
+    assert marks == sorted(marks), ok
+    assert "<b>4 replicas on CPU: 2 done, 1 failed, 1 stopped in 1.50 s</b>" in page
+    # With none failed or stopped, the first replica is open.
+    for rep in outcome.replicas.values():
+        rep.state, rep.error = "done", None
+    sections = html_view.render(outcome).split("<details")[1:]
+    assert [" open>" in s.split("<summary>")[0] for s in sections] == [True, False, False, False]
+
+
+def test_the_static_form_is_escaped_and_uses_only_what_a_sanitizer_keeps():
+    """Replica output is the user's and the data's: as text, never markup. And an untrusted
+    notebook's sanitizer keeps all of it: no script, no <style>, no id, no command linker."""
+    outcome = _static_outcome()
+    page = html_view.render(outcome)
+    tags, text = _tags(page)
+    assert "<script>" not in page and "&lt;script&gt;alert(2)&lt;/script&gt; &amp; line" in page
+    for o in range(4):
+        assert f"<script>alert({o})</script> & line of {o}" in text  # (read as text)
+    for tag, attrs in tags:
+        assert tag in SANITIZER_KEEPS, tag
+        assert set(attrs) <= SANITIZER_KEEPS[tag], (tag, attrs)
+    bundle = html_view.bundle(outcome)
+    assert set(bundle) == {"text/plain", "text/html"}
+    assert bundle["text/plain"] == text_view.render(outcome)
+
+
+def test_a_widget_view_that_fails_mid_run_leaves_no_widget_in_its_display(widget_view,
+                                                                          monkeypatch):
+    """The text view takes over; the failed view's live display says so at once, naming no
+    widget (saved so, it would be "Error displaying widget" once the kernel is gone)."""
+    widget_view, handles = widget_view
+    inner = widget_view.WidgetView()
+    view, outcome = views.FallbackView(inner, out=io.StringIO()), RunOutcome("CPU")
+    view.opened(outcome)
+    _start(view, outcome, 2)
+    view.tick(outcome)  # (drawn: its live display)
+    assert WIDGET_VIEW in handles[-1].shown[-1]
+    monkeypatch.setattr(inner, "_draw_header", lambda outcome: 1 / 0)
+    view.tick(outcome)
+    assert view.failed.startswith("ZeroDivisionError")
+    assert handles[-1].shown[-1] == {"text/plain": widget_view.ABANDONED_TEXT}
+    assert inner.box is None

@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import List, Optional
 
@@ -51,7 +52,9 @@ def choose(kind: str, has_kernel: bool) -> RunObserver:
 class FallbackView(RunObserver):
     """Forwards every hook to ``view``; if ``view`` raises, the text view takes over.
 
-    The switch is said once (``colab_xla: the widget view failed (...)``). Output the
+    The switch is said once (``colab_xla: the widget view failed (...)``), and a failed view
+    that has ``retire()`` is retired (the widget view's live display then names no widget,
+    which a saved notebook would draw as an error). Output the
     failed view already took is not printed again live; the text summary at the end
     carries each replica's last lines instead. An error of the text view itself is raised.
     """
@@ -97,6 +100,10 @@ class FallbackView(RunObserver):
             out = self._out or sys.stdout
             print(f"colab_xla: the {_name(self.view)} view failed ({self._failed}); "
                   "showing this run as text.", file=out, flush=True)
+            # Its live display, if it has one, no longer names a widget (a saved notebook
+            # would draw it as an error), and its widgets go.
+            with contextlib.suppress(Exception):
+                getattr(self.view, "retire", lambda: None)()
             # Lines already handed to the failed view are not replayed live: the summary
             # at the end shows each replica's last lines in full instead.
             self.view = text_view.TextView(out=out, summary_tail=text_view.SUMMARY_TAIL)

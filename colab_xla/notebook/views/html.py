@@ -1,19 +1,52 @@
-"""The outcome of a run as static HTML: what a saved notebook, nbconvert or GitHub shows
-where the widget cannot render. Same content as :mod:`colab_xla.notebook.views.text`."""
+"""The outcome of a run as static HTML: what stays in the notebook once a run ends.
+
+The widget view's end is this (with the text form of :mod:`colab_xla.notebook.views.text`
+beside it): readable without the kernel, its widget models or any JavaScript, so JupyterLab
+and the Notebook reopening it, nbconvert, GitHub, nbviewer, VS Code and Colab's output frame
+all show it. A headline (and, for a run that was cut, where the stopped replicas were), then
+a section per replica, failed ones first and open (a ``<details>``, which needs no script to
+open and close): its state, time and result or error line, then its output's last lines
+with what it displayed (pictures, HTML) in their order, its bars, its result and its whole
+error with where it was.
+
+Only what the HTML sanitizers of JupyterLab and the Notebook keep in an untrusted notebook:
+tags such as ``<details>``, ``<pre>``, ``<img>`` with a data URI and ``<progress>``, inline
+styles of common properties, no script, no ``<style>``, no ``id``. (nbconvert's
+``sanitize_html``, off by default, keeps none of ``<details>``, ``<p>``, ``<img>``.) Every
+piece of text a replica or the cell made is escaped; what a replica displayed as HTML or SVG
+is drawn as a notebook draws a cell's own display (a sanitizer cleans it where the notebook
+is not trusted).
+
+Example::
+
+    >>> from colab_xla.notebook.outcome import RunOutcome, ReplicaOutcome
+    >>> o = RunOutcome("CPU", {0: ReplicaOutcome(0, "done", elapsed=0.5, value_repr="<1>")})
+    >>> "<code>&lt;1&gt;</code>" in render(o)
+    True
+"""
 
 from __future__ import annotations
 
 import html
+from typing import List, Optional
 
 from . import text as text_view
 from ...wire.displays import Display
-from ..outcome import DONE, FAILED, STOPPED, RunOutcome, format_ordinals
+from ..outcome import (DONE, FAILED, STOPPED, ReplicaOutcome, RunOutcome, format_ordinals,
+                       fraction)
 
 MARKS = {DONE: "✓", FAILED: "✗", STOPPED: "■"}
-_COLORS = {DONE: "#1a7f37", FAILED: "#cf222e", STOPPED: "#9a6700"}
-# Inline styles: notebook renderers (nbconvert, GitHub) bring their own table CSS.
-_PRE = "margin:0;font-family:monospace;text-align:left;white-space:pre-wrap"
-_TD = "text-align:left;vertical-align:top"
+COLORS = {DONE: "#1a7f37", FAILED: "#cf222e", STOPPED: "#9a6700"}
+# Inline styles: notebook renderers (nbconvert, GitHub) bring their own table CSS, and an
+# untrusted notebook keeps no <style> block.
+_PRE = "margin:2px 0;font-family:monospace;text-align:left;white-space:pre-wrap"
+_SECTION = "margin:2px 0"
+_BODY = "margin:0 0 6px 1.2em"
+# The class names tests and people's own CSS can find the parts by (sanitizers keep class).
+SUMMARY_CLASS = "colab-xla-summary"
+REPLICA_CLASS = "colab-xla-replica"
+# Which replicas come first: failed, then stopped, then the rest (each by ordinal).
+_ORDER = {FAILED: 0, STOPPED: 1}
 
 
 def state_mark(state: str) -> str:
@@ -21,41 +54,108 @@ def state_mark(state: str) -> str:
     return MARKS.get(state, "▶")
 
 
-def render(outcome: RunOutcome, tail: int = text_view.SUMMARY_TAIL) -> str:
+def bundle(outcome: RunOutcome) -> dict:
+    """The display data of a run's end: its static HTML and its text form, and no widget
+    (a frontend draws the richest mime type it has a renderer for: a widget's, without the
+    kernel's models, is an error)."""
+    return {"text/plain": text_view.render(outcome), "text/html": render(outcome)}
+
+
+def render(outcome: RunOutcome, tail: Optional[int] = text_view.SUMMARY_TAIL) -> str:
+    """The whole run as one HTML fragment; ``tail`` bounds each replica's output lines
+    (None: all that are kept)."""
     esc = html.escape
-    rows = []
-    for ordinal in sorted(outcome.replicas):
-        rep = outcome.replicas[ordinal]
-        color = _COLORS.get(rep.state, "inherit")
-        took = f"{rep.elapsed:.2f} s" if rep.elapsed is not None else ""
-        if rep.error is not None:
-            error = esc(text_view.error_line(rep.error))
-            result = f'<span style="color:{_COLORS[FAILED]}">{error}</span>'
-        else:
-            result = f"<code>{esc(rep.value_repr)}</code>" if rep.value_repr is not None else ""
-            if rep.pulled:
-                result += f" Pulled: <code>{esc(rep.pulled_summary())}</code>"
-        output = _output(text_view.tail_lines(rep.log, tail))
-        rows.append(f"<tr><td style='{_TD}'>{esc(_ordinal(outcome, ordinal))}</td>"
-                    f"<td style='{_TD};color:{color}'>"
-                    f"{state_mark(rep.state)} {esc(rep.state)}</td><td style='{_TD}'>{took}</td>"
-                    f"<td style='{_TD}'>{result}</td><td style='{_TD}'>{output}</td></tr>")
-    details = "".join(
-        f"<details open><summary>{esc(error.ename)} on replica{'s' if len(o) > 1 else ''} "
-        f"{format_ordinals(o)}</summary><pre style='{_PRE}'>"
-        f"{esc(chr(10).join([error.render(), *outcome.places(o)]))}</pre></details>"
-        for error, o in outcome.error_groups())
+    order = sorted(outcome.replicas,
+                   key=lambda o: (_ORDER.get(outcome.replicas[o].state, 2), o))
+    parts = [f"<p style='{_SECTION}'><b>{esc(text_view.headline(outcome))}</b>"
+             f"{_cut(outcome)}</p>"]
+    where = outcome.places(outcome.stopped)  # (once the run is cut: those at one place together)
+    if where:
+        parts.append(f"<pre style='{_PRE};color:{COLORS[STOPPED]}'>"
+                     f"{esc(chr(10).join(where))}</pre>")
+    if outcome.launch_error is not None:
+        parts.append(f"<pre style='{_PRE};color:{COLORS[FAILED]}'>"
+                     f"{esc(outcome.launch_error.render())}</pre>")
+    opened = [o for o in order if outcome.replicas[o].state in (FAILED, STOPPED)]
+    for ordinal in order:
+        # The failed and stopped are open; with none, the first replica is.
+        is_open = ordinal in opened or (not opened and ordinal == order[0])
+        parts.append(_replica(outcome, ordinal, tail, is_open))
     for label, log in sorted(outcome.processes.items()):
-        lines = text_view.tail_lines(log, tail)
-        rows.append(f"<tr><td colspan='4' style='{_TD}'>{esc(label)} (not tied to one replica)"
-                    f"</td><td style='{_TD}'><pre style='{_PRE}'>{esc(chr(10).join(lines))}</pre>"
-                    "</td></tr>")
-    logs = f"<p style='font-size:smaller'>full logs: <code>{esc(outcome.log_dir)}</code></p>" \
-        if outcome.logged else ""
-    return (f"<div class='colab-xla-summary'><p><b>{esc(text_view.headline(outcome))}</b></p>"
-            "<table><tr>" + "".join(f"<th style='{_TD}'>{h}</th>" for h in (
-                "replica", "state", "time", "result", "output (last lines)")) + "</tr>"
-            f"{''.join(rows)}</table>{details}{logs}</div>")
+        parts.append(f"<details class='{REPLICA_CLASS}' style='{_SECTION}' open><summary>"
+                     f"<b>{esc(label)}</b> (output not tied to one replica)</summary>"
+                     f"<div style='{_BODY}'>{_output(text_view.tail_lines(log, tail))}"
+                     "</div></details>")
+    if outcome.logged:
+        parts.append(f"<p style='{_SECTION};font-size:smaller'>full logs: "
+                     f"<code>{esc(outcome.log_dir)}</code></p>")
+    return f"<div class='{SUMMARY_CLASS}'>{''.join(parts)}</div>"
+
+
+def _cut(outcome: RunOutcome) -> str:
+    """The headline's note of the replicas that failed or were stopped."""
+    return "".join(
+        f" · <span style='color:{COLORS[FAILED]}'>{what}: replica"
+        f"{'s' if len(ordinals) > 1 else ''} {html.escape(_ordinals(outcome, ordinals))}</span>"
+        for what, ordinals in (("failed", outcome.failed), ("stopped", outcome.stopped))
+        if ordinals)
+
+
+def _ordinals(outcome: RunOutcome, ordinals: List[int]) -> str:
+    if any(o in outcome.hosts for o in ordinals):
+        return ", ".join(outcome.label(o) for o in ordinals)
+    return format_ordinals(ordinals)
+
+
+def _replica(outcome: RunOutcome, ordinal: int, tail: Optional[int], is_open: bool) -> str:
+    """Replica ``ordinal``'s section: a summary line (its label, state, time, and its
+    result or error line), then what it printed and displayed, its bars, result, error."""
+    esc = html.escape
+    rep: ReplicaOutcome = outcome.replicas[ordinal]
+    color = COLORS.get(rep.state, "inherit")
+    took = f" · {rep.elapsed:.2f} s" if rep.elapsed is not None else ""
+    if rep.error is not None:
+        gist = (f" · <span style='color:{COLORS[FAILED]}'>"
+                f"{esc(text_view.error_line(rep.error))}</span>")
+    elif rep.value_repr is not None:
+        gist = f" · Out: <code>{esc(_one_line(rep.value_repr))}</code>"
+    else:
+        gist = ""
+    body = [_output(text_view.tail_lines(rep.log, tail))]
+    body += [bar(b, compact=b.get("closed")) for b in rep.progress.values()]
+    if rep.value_repr is not None and rep.error is None:
+        body.append(f"<pre style='{_PRE}'>Out: {esc(rep.value_repr)}</pre>")
+    if rep.pulled:
+        body.append(f"<pre style='{_PRE}'>Pulled: {esc(rep.pulled_summary())}</pre>")
+    if rep.error is not None:
+        # (without a traceback, render() says the place itself)
+        place = [f"at {rep.error.place}"] if rep.error.place and rep.error.traceback else []
+        body.append(f"<pre style='{_PRE};color:{COLORS[FAILED]}'>"
+                    f"{esc(chr(10).join([rep.error.render(), *place]))}</pre>")
+    return (f"<details class='{REPLICA_CLASS}' style='{_SECTION}'{' open' if is_open else ''}>"
+            f"<summary><b>{esc(outcome.label(ordinal))}</b> · <span style='color:{color}'>"
+            f"{state_mark(rep.state)} {esc(rep.state)}</span>{took}{gist}</summary>"
+            f"<div style='{_BODY}'>{''.join(body)}</div></details>")
+
+
+def _one_line(text: str, chars: int = 120) -> str:
+    """A result's first line, shortened (the section shows it whole)."""
+    lines = text.splitlines() or [""]
+    return lines[0] if len(lines) == 1 and len(lines[0]) <= chars else lines[0][:chars] + " …"
+
+
+def bar(progress: dict, compact: bool = False) -> str:
+    """A tqdm bar of a replica as HTML: a progress bar (none without a total), then tqdm's
+    own line (compact: its description and count only)."""
+    done = fraction(progress)
+    meter = (f"<progress value='{done:.3f}' max='1' style='width:{8 if compact else 16}em;"
+             "vertical-align:middle'></progress> " if done is not None else "")
+    if compact:
+        total = f"/{progress['total']}" if progress.get("total") else ""
+        text = f"{progress.get('desc') or ''} {progress.get('n') or 0}{total}".strip()
+    else:
+        text = progress.get("text", "")
+    return f"<div style='margin:2px 0'>{meter}<code>{html.escape(text)}</code></div>"
 
 
 def _output(lines) -> str:
@@ -78,17 +178,12 @@ def _output(lines) -> str:
 
 def _drawn(shown: Display):
     """The HTML that draws ``shown``, or None to show its text form."""
-    bundle = shown.bundle
+    data = shown.bundle
     for mime in ("image/png", "image/jpeg", "image/gif"):
-        if isinstance(bundle.get(mime), str):
-            return (f"<img src='data:{mime};base64,{bundle[mime].strip()}' "
-                    "style='max-width:100%'/>")
+        if isinstance(data.get(mime), str):
+            return (f"<img src='data:{mime};base64,{html.escape(data[mime].strip())}' "
+                    f"alt='{html.escape(str(shown)[:200])}' style='max-width:100%'/>")
     for mime in ("image/svg+xml", "text/html"):  # (the replica's own, as a notebook shows it)
-        if isinstance(bundle.get(mime), str):
-            return f"<div>{bundle[mime]}</div>"
+        if isinstance(data.get(mime), str):
+            return f"<div>{data[mime]}</div>"
     return None
-
-
-def _ordinal(outcome: RunOutcome, ordinal: int) -> str:
-    """The replica column: the ordinal, with its host on a cluster."""
-    return outcome.label(ordinal) if ordinal in outcome.hosts else str(ordinal)

@@ -1,4 +1,4 @@
-"""The live widget: a header and one tab per replica, plus a combined tab.
+"""The live widget: a header and one tab per replica, plus a combined tab, while a run runs.
 
 Core ipywidgets only (HTML, Output, Tab, VBox), so Colab's widget manager renders it.
 Every update is a trait assignment made in the thread that runs the cell, at most once
@@ -6,17 +6,15 @@ per tick: never ``with output:`` from another thread (ipywidgets#2358, #4020), a
 ``append_stdout`` per line (it re-sends every output each call).
 
 The widget is made and displayed once it is drawn: at the run's first draw (at once when
-output comes, else a quarter second in: ``TICK_SECONDS``), or at its end for a run that
-ends before; a run that ends before with nothing printed, displayed or shown as a bar has
-no widget, only its summary (below), which says all a widget would. When the run ends,
-the display is (or is made with) a bundle of the widget, a text/plain and a text/html
-summary, so a saved notebook shows per-replica results without widget state. A short
-cell is thus one display and no update, and a retired run's widgets made over for it are
-drawn before they show: each message is one more the cell waits for.
-The widgets of the last :data:`LIVE_RUNS` runs stay live; an older run's display becomes its
-summary, and its widgets are made over for the next run (one run's, at most) or closed (see
-:func:`_retire_old_views`), so a long session does not pile up widget models, and a cell does
-not wait for its widgets' comm messages to open them and close them again.
+output comes, else a quarter second in: ``TICK_SECONDS``). When the run ends, its display is
+updated to the run's static form (:func:`colab_xla.notebook.views.html.bundle`: HTML with a
+section per replica, and the text form), with no widget in it: what stays in the notebook
+reads without the kernel, its widget models or any script (a bundle that still names a
+widget is drawn as that widget, an error once its model is gone), and a frontend that never
+drew the widget ends with the results shown too. A run that ends before its first draw is
+only that static form, displayed once. The ended run's widgets are then made over for the
+next run (:data:`SPARE_RUNS` runs' at most) or closed, so the kernel keeps one run's widgets,
+and a cell does not wait for comm messages that open widgets and close them again.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ import ipywidgets as widgets
 from IPython.display import display
 
 from . import html as html_view, text as text_view
-from ..outcome import RunObserver, RunOutcome, Stall, counted, format_ordinals, fraction
+from ..outcome import RunObserver, RunOutcome, Stall, counted, format_ordinals
 from ...wire.displays import Display
 from ..output_log import BarLine, shorten
 
@@ -45,24 +43,24 @@ _MERGE_WINDOW = 64
 # replicas print the same lines; a flood beyond that leaves a row saying how many lines the
 # tab skipped (each replica's tab has its own latest lines, the logs all of them).
 PENDING_LINES = COMBINED_LINES * 8 + _MERGE_WINDOW
-# Runs whose widgets stay live. A closed widget's model leaves the kernel and the frontend,
-# and with it the saved notebook's widget state; so the newest runs keep theirs (a Run All
-# of a notebook with a few %%xla_spawn cells saves every one of them live), and an older
-# run's display is first turned into its static summary, which frontends and nbclient apply
-# to that older cell too (update_display by display_id), so nothing a person reads vanishes.
-# A run has 6 widgets plus 3 per replica (4 for a replica that failed): every widget of a
-# run shares one layout and its HTML widgets one style (made per widget, they were most of
-# a run's widgets, and each is a comm message that a short cell's launch waits for).
-LIVE_RUNS = 5
-# Retired runs whose widgets wait to be made over for the next run, instead of closed.
+# Ended runs whose widgets wait to be made over for the next run, instead of closed. A run
+# has 6 widgets plus 3 per replica (4 for a replica that failed): every widget of a run
+# shares one layout and its HTML widgets one style (made per widget, they were most of a
+# run's widgets, and each is a comm message that a short cell's launch waits for).
 SPARE_RUNS = 1
-# What the live display says where widgets cannot show (its summary replaces it at the end).
-LIVE_TEXT = "colab_xla: the run's live view (a widget); its summary replaces this at the end."
+# What the live display says where widgets cannot show (the run's static form replaces it).
+LIVE_TEXT = ("colab_xla: the run's live view (a widget); its static form replaces this at "
+             "the end.")
+# What an abandoned live display becomes: its view failed (the text view took over) or its
+# run raised before its end was drawn.
+ABANDONED_TEXT = "colab_xla: this run's live view stopped; the run is shown as text below it."
 # How often the output of a replica whose tab is not the one shown is sent again while the
 # run goes on (the shown tab's: at every draw). Each send is the tab's last lines, whole:
 # under heavy output, the sends of every hidden tab at each draw took the kernel's CPU
 # from the replicas. Its state and mark are drawn at every draw; the last draw sends all.
 HIDDEN_OUTPUT_SECONDS = 2.0
+# The views that took widgets and have not ended: at most the one drawing now, and one whose
+# end never came (retired when the next run takes its widgets).
 _live: Deque["WidgetView"] = collections.deque()
 _spare: Deque["_RunWidgets"] = collections.deque()
 
@@ -125,7 +123,6 @@ class WidgetView(RunObserver):
         self._shown: List[int] = []  # the replicas that have their tab, in order
         self._errors: Dict[int, widgets.HTML] = {}  # made when a replica fails
         self._titles: Tuple[str, ...] = ()
-        self._summary: Optional[dict] = None
         self._before: Optional[set] = None  # the widgets that existed when the run opened
         self._made: List[widgets.Widget] = []
         self._drawn: Dict[int, tuple] = {}
@@ -134,7 +131,6 @@ class WidgetView(RunObserver):
         self._skipped = 0  # lines that left _pending undrawn (a flood between two draws)
         self._started = time.monotonic()
         self._opened = False
-        self._had_output = False  # a replica printed or displayed (output)
         self._handle = None
         self._stall: Optional[str] = None  # where the replicas are, while none prints
         self._output_sent: Dict[int, float] = {}  # replica -> when its output was last sent
@@ -148,9 +144,10 @@ class WidgetView(RunObserver):
         # that ends before with nothing to show live has none (see closed).
 
     def _take_widgets(self) -> None:
-        """This run's widgets, at its first draw: a retired run's made over, or new ones;
-        it is one of the live runs from now on (the oldest retires)."""
-        _retire_old_views(keep=LIVE_RUNS - 1)
+        """This run's widgets, at its first draw: an ended run's made over, or new ones. A
+        run whose end never came is retired first."""
+        while _live:
+            _live.popleft().retire()
         self._before = set(_registry())
         self._widgets = _spare.popleft().cleared() if _spare else _RunWidgets()
         self.header, self.combined = self._widgets.header, self._widgets.combined
@@ -162,7 +159,6 @@ class WidgetView(RunObserver):
 
     def output(self, outcome: RunOutcome, origin, lines: List[str]) -> None:
         # Called by the read loop for every piece of output: only kept for the next draw.
-        self._had_output = True
         self._skipped += max(0, len(self._pending) + len(lines) - PENDING_LINES)
         self._pending.extend(zip(itertools.repeat(origin), lines))
 
@@ -216,26 +212,22 @@ class WidgetView(RunObserver):
         if not self._opened:
             return  # (never opened, or closed already)
         self._opened = False
-        self._stall = None  # (the run is over: the summary says where stopped ones were)
-        if self._widgets is None and not self._had_output and _no_bars(outcome):
-            # Ended before its first draw, with no replica's output to page through: its
-            # summary is all the widget would show, and is shown alone, as a saved notebook
-            # or an older run shows it (no widgets made or made over, none retired: most
-            # of a warm cell's cost in the widget view).
-            display({"text/plain": text_view.render(outcome),
-                     "text/html": html_view.render(outcome)}, raw=True)
-            return
-        self.tick(outcome)
+        self._stall = None
         # Every widget made in this thread since the run opened is this view's, also one
         # an Interrupt cut off halfway through making (registered, never in the tree).
-        self._made = [w for model_id, w in list(_registry().items())
-                      if model_id not in self._before]
-        self._summary = {"text/plain": text_view.render(outcome),
-                         "text/html": html_view.render(outcome)}
-        if self._handle is None:  # it ended before its first draw
-            self._display(self._summary)
+        if self._before is not None:
+            self._made = [w for model_id, w in list(_registry().items())
+                          if model_id not in self._before]
+        static = html_view.bundle(outcome)
+        if self._handle is None:
+            # Ended before its first draw: its static form is all it shows (no widget made
+            # or made over: most of a warm cell's cost in the widget view).
+            display(static, raw=True)
         else:
-            self._handle.update({**widget_bundle(self.box), **self._summary}, raw=True)
+            # The live display becomes the static form, so the widget is not drawn again
+            # at the end, and its widgets are free for the next run at once.
+            self._handle.update(static, raw=True)
+        self._release(spare=self._handle is not None)
 
     def _display(self, fallback: dict) -> None:
         # The display data, not the widget: IPython 7 (Colab) hands a widget to its own
@@ -245,23 +237,29 @@ class WidgetView(RunObserver):
                                display_id=True)
 
     def retire(self) -> None:
-        """Show the static summary in place of the widget. Then keep the run's widgets for
-        the next run to make over, if it ended as drawn and no other retired run's are kept
-        (:data:`SPARE_RUNS`); close the others (their layouts and styles too, and the tabs
-        of an earlier, larger run that this one did not show): the kernel and the frontend
-        drop them. Its error widgets are closed either way."""
-        if self.box is None:
+        """End a live display whose run's end never came (its view failed, or the run
+        raised): the display says so, with no widget in it, and the widgets are closed."""
+        if self._handle is not None:
+            with contextlib.suppress(Exception):  # a gone frontend: close them anyway
+                self._handle.update({"text/plain": ABANDONED_TEXT}, raw=True)
+        self._release(spare=False)
+
+    def _release(self, spare: bool) -> None:
+        """Keep this run's widgets for the next run to make over if ``spare`` and no other
+        run's are kept (:data:`SPARE_RUNS`); close the others (their layouts and styles too,
+        and the tabs of an earlier, larger run that this one did not show): the kernel and
+        the frontend drop them. Its error widgets are closed either way."""
+        with contextlib.suppress(ValueError):
+            _live.remove(self)
+        if self._widgets is None:
             return
         kept: List[widgets.Widget] = []
-        if self._handle is not None and self._summary is not None:
-            with contextlib.suppress(Exception):  # a gone frontend: close them anyway
-                self._handle.update(self._summary, raw=True)
-                if len(_spare) < SPARE_RUNS:
-                    for ordinal in self._errors:  # (its error widget is closed below)
-                        state, out, page = self._widgets.replicas[ordinal]
-                        page.children = (state, out)
-                    kept = self._widgets.all()
-                    _spare.append(self._widgets)
+        if spare and len(_spare) < SPARE_RUNS:
+            for ordinal in self._errors:  # (its error widget is closed below)
+                state, out, page = self._widgets.replicas[ordinal]
+                page.children = (state, out)
+            kept = self._widgets.all()
+            _spare.append(self._widgets)
         kept_ids = {id(w) for w in kept}
         mine = self._made + list(self._errors.values()) + self._widgets.all()
         for widget in {id(w): w for w in mine}.values():
@@ -314,7 +312,7 @@ class WidgetView(RunObserver):
         # While bars run: one line per replica, its first bar (each tab has all of them).
         bars = "".join(
             f"<div style='font-size:smaller'>{html.escape(outcome.label(o))}: "
-            f"{_bar(bar, compact=True)}</div>"
+            f"{html_view.bar(bar, compact=True)}</div>"
             for o, rep in outcome.replicas.items()
             for bar in [b for b in rep.progress.values() if not b.get("closed")][:1])
         stall = (f"<pre style='color:#9a6700;white-space:pre-wrap;margin:4px 0'>"
@@ -354,8 +352,9 @@ class WidgetView(RunObserver):
             result = f" · Out: <code>{html.escape(rep.value_repr)}</code>"
         if rep.pulled:
             result += f" · Pulled: <code>{html.escape(rep.pulled_summary())}</code>"
+        bars = "".join(html_view.bar(bar) for bar in rep.progress.values())
         return (f"{html.escape(outcome.label(ordinal))} · <b>{rep.state}</b> · {took:.1f} s"
-                f"{result}{''.join(_bar(bar) for bar in rep.progress.values())}")
+                f"{result}{bars}")
 
     def _draw_titles(self, outcome: RunOutcome) -> None:
         titles = ["all"] + [f"{o} {html_view.state_mark(outcome.replicas[o].state)}"
@@ -427,15 +426,6 @@ def _combined_outputs(rows: List[str]) -> tuple:
     return tuple(outputs)
 
 
-def _no_bars(outcome: RunOutcome) -> bool:
-    return not any(rep.progress for rep in outcome.replicas.values())
-
-
-def _retire_old_views(keep: int) -> None:
-    while len(_live) > keep:
-        _live.popleft().retire()
-
-
 def _registry() -> dict:
     """ipywidgets' own model id -> widget map of every open widget: the module's
     ``_instances`` on ipywidgets 8.1 (its Widget attributes are deprecated), else
@@ -454,20 +444,6 @@ def widget_bundle(widget: widgets.Widget) -> dict:
     """
     return {"application/vnd.jupyter.widget-view+json":
             {"version_major": 2, "version_minor": 0, "model_id": widget.model_id}}
-
-
-def _bar(bar: dict, compact: bool = False) -> str:
-    """A tqdm bar of a replica as HTML: a progress bar (none without a total), then tqdm's
-    own line (compact: its description and count only)."""
-    done = fraction(bar)
-    meter = (f"<progress value='{done:.3f}' max='1' style='width:{8 if compact else 16}em;"
-             "vertical-align:middle'></progress> " if done is not None else "")
-    if compact:
-        total = f"/{bar['total']}" if bar.get("total") else ""
-        text = f"{bar.get('desc') or ''} {bar.get('n') or 0}{total}".strip()
-    else:
-        text = bar.get("text", "")
-    return f"<div style='margin:2px 0'>{meter}<code>{html.escape(text)}</code></div>"
 
 
 def _stream(text: str, name: str = "stdout") -> dict:
