@@ -797,3 +797,31 @@ def test_a_widget_view_that_fails_mid_run_leaves_no_widget_in_its_display(widget
     assert view.failed.startswith("ZeroDivisionError")
     assert handles[-1].shown[-1] == {"text/plain": widget_view.ABANDONED_TEXT}
     assert inner.box is None
+
+
+def test_the_full_logs_are_pointed_at_only_where_a_replicas_output_was_cut(
+        widget_view, private_state):
+    """Every cell that printed said "full logs: ..." (in the header and its summary): a line
+    a person learns to skip. Only a run whose output is longer than the views show needs it.
+    The header names the failed as "replicas 0-1", not "replica 0-1"."""
+    from colab_xla.notebook import state
+    from colab_xla.notebook.output_log import TAIL_LINES as OUTPUT_TAIL
+
+    widget_view, _ = widget_view
+    for lines, cut in ((3, False), (OUTPUT_TAIL + 100, True)):
+        view, outcome = widget_view.WidgetView(), RunOutcome("CPU", log_dir=state.next_log_dir())
+        view.opened(outcome)
+        _start(view, outcome, 2, line="")
+        for o in range(2):
+            outcome.replicas[o].log.write("stdout", "".join(f"{n}\n" for n in range(lines)))
+            view.output(outcome, o, ["0"])
+            rep = outcome.replicas[o]
+            rep.state, rep.elapsed = "failed", 0.5
+        outcome.elapsed = 0.6
+        view.tick(outcome)
+        assert outcome.logged
+        assert ("full logs" in view.header.value) == cut, view.header.value
+        assert "failed: replicas 0-1" in view.header.value, view.header.value
+        assert ("full logs" in html_view.render(outcome)) == cut
+        assert ("full logs" in text_view.render(outcome)) == cut
+        view.closed(outcome)

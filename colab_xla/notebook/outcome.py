@@ -108,6 +108,14 @@ class RunOutcome:
             log.written for log in (*(r.log for r in self.replicas.values()),
                                     *self.processes.values()))
 
+    @property
+    def cut(self) -> bool:
+        """Whether some replica's output is longer than a view shows of it: only then do
+        the views point at the full logs of :attr:`log_dir`."""
+        return self.logged and any(
+            log.truncated for log in (*(r.log for r in self.replicas.values()),
+                                      *self.processes.values()))
+
     def _new_log(self, name: str) -> OutputLog:
         return OutputLog(f"{self.log_dir}/{name}.log" if self.log_dir else None)
 

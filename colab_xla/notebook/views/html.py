@@ -86,7 +86,7 @@ def render(outcome: RunOutcome, tail: Optional[int] = text_view.SUMMARY_TAIL) ->
                      f"<b>{esc(label)}</b> (output not tied to one replica)</summary>"
                      f"<div style='{_BODY}'>{_output(text_view.tail_lines(log, tail))}"
                      "</div></details>")
-    if outcome.logged:
+    if outcome.cut:
         parts.append(f"<p style='{_SECTION};font-size:smaller'>full logs: "
                      f"<code>{esc(outcome.log_dir)}</code></p>")
     return f"<div class='{SUMMARY_CLASS}'>{''.join(parts)}</div>"

@@ -300,12 +300,13 @@ class WidgetView(RunObserver):
                  "running" if outcome.elapsed is None else
                  "failed" if not outcome.ok else "done")
         failed = "".join(
-            f" · <span style='color:#cf222e'>{what}: replica {format_ordinals(ordinals)}</span>"
+            f" · <span style='color:#cf222e'>{what}: replica{'s' if len(ordinals) > 1 else ''} "
+            f"{format_ordinals(ordinals)}</span>"
             for what, ordinals in (("failed", outcome.failed), ("stopped", outcome.stopped))
             if ordinals)
         counts = text_view.headline(outcome).split(": ", 1)[-1].split(" in ")[0]
         logs = (f"<br><span style='font-size:smaller'>full logs: <code>"
-                f"{html.escape(outcome.log_dir)}</code></span>" if outcome.logged else "")
+                f"{html.escape(outcome.log_dir)}</code></span>" if outcome.cut else "")
         replicas = counted(len(outcome.replicas), "replica")
         # Where they are while none prints; once the run is cut, where the stopped were.
         where = self._stall or "\n".join(outcome.places(outcome.stopped))
