@@ -46,8 +46,8 @@ Measures (median and p10/p90 of repeated runs unless said):
    then runs on its workers) and jupyter-distributed 0.1.1 (its kernel,
    ``python -m jupyter_distributed.kernel`` with ``JUPYTER_DISTRIBUTED_WORLD_SIZE=N``, seen as
    text or with its rank tabs' live-update comm open): start (s to a ready group), a warm
-   ``x = 1`` (after as many warm-up rounds as the widget view keeps live runs: its first
-   cells in a kernel make their widgets, a row of their own), ``--group-lines`` lines per
+   ``x = 1`` (after a few warm-up rounds: the widget view's first cell in a kernel makes its
+   widgets, a row of their own), ``--group-lines`` lines per
    replica (lines lost), a raise in one replica (time to the error shown; does it name the
    replica and line), interrupt to reply (does the group survive), an all_reduce without
    set-up ("cannot" where a peer has no collectives).
@@ -86,8 +86,6 @@ from _results import (MEMCPY_PROSE, bench_parser, fastest, machine_info,  # noqa
                       ways_prose)
 from output_throughput import (Kernel, RssSampler, check_logs, run_magic,  # noqa: E402
                                run_streamed, split_lines, summarize, tally)
-
-from colab_xla.notebook.views.widget import LIVE_RUNS  # noqa: E402
 
 
 NAME = "peers"
@@ -571,8 +569,9 @@ GROUP_ROWS = {
     "interrupt": ("xla", "xla_widget", "px", "nbd", "jd"),
     "allreduce": ("xla", "xla_widget", "nbd"),
 }
-# Warm-up rounds of the warm cell: as many as the widget view's live runs (see there).
-WARM_ROUNDS = LIVE_RUNS
+# Warm-up rounds of the warm cell: the widget view's first run in a kernel makes its widgets,
+# every later one makes the ended run's over (views/widget.py); a few more for the caches.
+WARM_ROUNDS = 3
 CANNOT_ALLREDUCE = {
     "px": "cannot: engines are plain processes with no process group (the user sets up MPI "
           "or `torch.distributed` on them)",
@@ -1259,7 +1258,7 @@ def render_groups(res: dict, info: dict, seconds: float, args) -> str:
               f"The session's first {WARM_ROUNDS} widget-view cells in a kernel are the last "
               "row, not in the goals: a widget cell that prints makes its run's widgets "
               "there (a comm message each: 6, and 3 per replica), and later ones make a "
-              f"retired run's over (the widgets of the last {WARM_ROUNDS} runs stay live); "
+              "ended run's over (the kernel keeps one run's widgets); "
               "`x = 1`, which prints nothing and ends before its first draw, is shown as its "
               "summary alone and makes none.", "", head, rule]
     for v in GROUP_ROWS["warm"]:
