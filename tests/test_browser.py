@@ -328,8 +328,10 @@ def test_live_widget_then_static_form_kept_when_reopened_untrusted_and_converted
                                             for i in range(REPLICAS)) else None)(
                     shown.text_content()), RUN_TIMEOUT, what=state)
             assert "warm-up" not in combined, combined  # (its widgets are an ended run's)
-            mine = show_tab(widget, f"{PLOTTING} ▶")
-            assert "warm-up" not in mine and f"hello from {PLOTTING}" in mine, mine
+            # (a tab's output comes at the draw after it is shown: its state line first)
+            mine = lab.wait_until(lambda: (lambda t: t if f"hello from {PLOTTING}" in t else None)(
+                show_tab(widget, f"{PLOTTING} ▶")), 30, what="replica 1's line in its tab")
+            assert "warm-up" not in mine, mine
             check_plots_and_bars(widget, "jupyterlab-ipywidgets8")
             gate.touch()
 
