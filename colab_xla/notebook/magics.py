@@ -36,6 +36,13 @@ class _Help(argparse.RawDescriptionHelpFormatter):
     def add_usage(self, usage, actions, groups, prefix=None):
         super().add_usage(usage, actions, groups, "Usage: ")
 
+    def _format_action_invocation(self, action):
+        # "-n N, --replicas N" on every Python (3.13's argparse writes "-n, --replicas N")
+        if not action.option_strings or action.nargs == 0:
+            return super()._format_action_invocation(action)
+        value = self._format_args(action, action.dest.upper())
+        return ", ".join(f"{option} {value}" for option in action.option_strings)
+
 
 def help_of(name: str, page: str):
     """``magic_arguments`` for the magic typed as ``name`` (``%%xla_spawn``), whose help
