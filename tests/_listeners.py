@@ -27,8 +27,29 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
-LISTENING = '''
-import os as _os, socket as _socket
+# Code that defines ``_tcp_listening(keep)``: every TCP socket of the machine in the LISTEN
+# state whose /proc/net/tcp{,6} fields ``keep`` takes, as (address, port).
+TCP_LISTENING = '''
+import socket as _socket
+
+def _tcp_listening(keep):
+    found = []
+    for name, family in (("/proc/net/tcp", _socket.AF_INET),
+                         ("/proc/net/tcp6", _socket.AF_INET6)):
+        with open(name) as table:
+            for line in table.readlines()[1:]:
+                fields = line.split()
+                if fields[3] != "0A" or not keep(fields):  # 0A: LISTEN
+                    continue
+                address, port = fields[1].split(":")
+                packed = b"".join(bytes.fromhex(address[i:i + 8])[::-1]
+                                  for i in range(0, len(address), 8))
+                found.append((_socket.inet_ntop(family, packed), int(port, 16)))
+    return found
+'''
+
+LISTENING = TCP_LISTENING + '''
+import os as _os
 
 def _listening():
     inodes = set()
@@ -39,19 +60,7 @@ def _listening():
             continue
         if link.startswith("socket:["):
             inodes.add(link[len("socket:["):-1])
-    found = []
-    for name, family in (("/proc/net/tcp", _socket.AF_INET),
-                         ("/proc/net/tcp6", _socket.AF_INET6)):
-        with open(name) as table:
-            for line in table.readlines()[1:]:
-                fields = line.split()
-                if fields[9] not in inodes or fields[3] != "0A":  # 0A: LISTEN
-                    continue
-                address, port = fields[1].split(":")
-                packed = b"".join(bytes.fromhex(address[i:i + 8])[::-1]
-                                  for i in range(0, len(address), 8))
-                found.append((_socket.inet_ntop(family, packed), int(port, 16)))
-    return found
+    return _tcp_listening(lambda fields: fields[9] in inodes)
 '''
 
 

@@ -17,27 +17,19 @@ import time
 
 import pytest
 
+from _listeners import TCP_LISTENING  # tests/ is on sys.path
+
 pytestmark = [pytest.mark.shared_machine, pytest.mark.timeout(600)]
 
 KEY = "colab_xla-attack"
 
 # The attacker's side: every listening socket of the victim's, tried as a TCPStore.
-ATTACK = """
-import datetime, json, os, socket, threading, time
+ATTACK = TCP_LISTENING + """
+import datetime, json, os, threading, time
 import torch.distributed as dist
 
 def listening(uid):
-    found = []
-    for name, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
-        for line in open(name).readlines()[1:]:
-            fields = line.split()
-            if fields[3] != "0A" or int(fields[7]) != uid:  # LISTEN, the victim's
-                continue
-            address, port = fields[1].split(":")
-            packed = b"".join(bytes.fromhex(address[i:i + 8])[::-1]
-                              for i in range(0, len(address), 8))
-            found.append((socket.inet_ntop(family, packed), int(port, 16)))
-    return found
+    return _tcp_listening(lambda fields: int(fields[7]) == uid)  # the victim's
 
 def attempt(host, port, out):
     try:
