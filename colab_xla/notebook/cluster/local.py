@@ -32,7 +32,6 @@ import secrets
 import select
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -179,10 +178,9 @@ def sweep() -> None:
 def _owner(path: str):
     """The notebook process (its key) a local cluster's directory ``path`` names, if it is
     this user's own directory (not a link); else None."""
+    if not state.private(path):
+        return None
     try:
-        info = os.lstat(path)
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-            return None
         fd = os.open(os.path.join(path, "notebook"), os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd) as marker:
             return marker.read().strip()
