@@ -45,7 +45,9 @@ def state_dir() -> str:
         else:
             _state_dir = _elsewhere(default)
             print(f"colab_xla: {default} is not a private directory of this user (another "
-                  f"user may have made it): using {_state_dir} instead.", file=sys.stderr)
+                  f"user may have made it): using {_state_dir} instead. Nothing to do; to "
+                  "have the usual place back, ask the machine's administrator to remove it.",
+                  file=sys.stderr)
     return _state_dir
 
 

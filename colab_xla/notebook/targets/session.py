@@ -391,7 +391,8 @@ class Session(Target):
         self._modules_dir = self.directory
         if announce:
             announce(f"colab_xla: {os.path.dirname(full)} is full: this session's cells are "
-                     f"written to {self.directory} from now on.")
+                     f"written to {self.directory} from now on; nothing else changes (free "
+                     "it, then %xla_session restart, to have them in shared memory again).")
         return CellModule.create(cell, self._modules_dir)
 
     def cell_dir(self) -> str:
