@@ -2,6 +2,7 @@
 parser renders (``tools/option_tables.py``), every local link of README.md and docs/ points at
 a file that exists, and the README stays short. Pure units: no kernel, no replicas."""
 
+import ast
 import collections
 import json
 import difflib
@@ -188,3 +189,168 @@ def test_tutorial_01_says_how_cpu_replicas_are_simulated_as_the_code_does():
     assert "simulates N replicas: N processes, one CPU device each" in said
     assert f"without `-n`: {DEFAULT_CPU_REPLICAS}" in said
     assert f"`--simulate {SIMULATIONS[1]}`: N CPU devices of one process" in said
+
+
+# --- names docs/architecture.md cites ----------------------------------------------------
+
+PACKAGE = ROOT / "colab_xla"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+_CITED = re.compile(r"`([^`\n]+)`")
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
+_CAPITALIZED = re.compile(r"_?[A-Z][A-Za-z0-9_]*")
+_SECTION = re.compile(r"^## (?:.*?\(`([a-z_]+/)`\))?", re.MULTILINE)
+# What a citation names outside the package: other libraries' modules, the doc's variables
+# (``request`` is the parameter of ``Target.run(request, observer)``, not notebook/request.py).
+FOREIGN = {"os", "sys", "xm", "xmp", "ray", "jax", "torch", "torch_xla", "multiprocessing",
+           "request"}
+FOREIGN_NAMES = {"KeyboardInterrupt", "PyThreadState_SetAsyncExc", "SIGINT", "PR_SET_PDEATHSIG",
+                 "PR_SET_CHILD_SUBREAPER", "DataLoader", "Manager", "PJRT_DEVICE",
+                 "CPU_NUM_DEVICES", "NULL"}
+
+
+class _Names:
+    """The package's modules and the names each defines, read by AST (nothing imported)."""
+
+    def __init__(self):
+        self.modules = {}  # dotted module name, without "colab_xla." -> the names it has
+        self.classes = {}  # class name -> its ClassDef nodes, anywhere in the package
+        self.defined = set()  # every name a module or class defines at its top
+        self.strings = set()  # the package's string constants (COLAB_XLA_RUNTIME, a variable)
+        for path in PACKAGE.rglob("*.py"):
+            parts = path.relative_to(PACKAGE).with_suffix("").parts
+            package = parts[-1] == "__init__"
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            own = self._members(tree)
+            # A package's imports are its names (targets.run_cell); a module's are not
+            # (ReplicaJob is wire.job's, whichever module imports it), but for its __all__.
+            exported = set(self._all(tree)) | (self._members(tree, imports=True) if package
+                                               else set())
+            self.modules[".".join(parts[:-1] if package else parts)] = own | exported
+            self.defined |= own
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef):
+                    self.classes.setdefault(node.name, []).append(node)
+                    self.defined |= self._members(node)
+                elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    self.strings.add(node.value)
+
+    @staticmethod
+    def _all(tree) -> list:
+        for node in tree.body:
+            if (isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)):
+                return [e.value for e in node.value.elts if isinstance(e, ast.Constant)]
+        return []
+
+    @staticmethod
+    def _members(node, imports: bool = False) -> set:
+        """What a module or class body defines: defs, classes, assignments (``imports``:
+        and what it imports; for a class, what its methods assign to ``self``)."""
+        found = set()
+        for child in node.body:
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found.add(child.name)
+            elif isinstance(child, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                for target in getattr(child, "targets", [getattr(child, "target", None)]):
+                    for leaf in ast.walk(target):
+                        if isinstance(leaf, ast.Name):
+                            found.add(leaf.id)
+            elif isinstance(child, (ast.Import, ast.ImportFrom)) and imports:
+                found |= {(a.asname or a.name).split(".")[0] for a in child.names}
+            elif isinstance(child, (ast.If, ast.Try)):
+                body = child.body + child.orelse + [n for h in getattr(child, "handlers", [])
+                                                    for n in h.body]
+                found |= _Names._members(ast.Module(body=body, type_ignores=[]), imports)
+        if isinstance(node, ast.ClassDef):
+            for leaf in ast.walk(node):
+                if (isinstance(leaf, ast.Attribute) and isinstance(leaf.value, ast.Name)
+                        and leaf.value.id == "self" and isinstance(leaf.ctx, ast.Store)):
+                    found.add(leaf.attr)
+        return found
+
+    def resolves(self, dotted: str) -> bool:
+        """Whether ``dotted`` (``replica.execution``, ``Supervisor._handle``,
+        ``colab_xla.notebook.targets.run_cell``) names what the package has: a module (by
+        its full name or its last parts: ``targets`` is ``notebook.targets``), then a name
+        it defines, then a class's member; past a function or a value, nothing is checked."""
+        parts = dotted.split(".")
+        if parts[0] == "colab_xla":
+            parts = parts[1:]
+        for split in range(len(parts), 0, -1):
+            head = ".".join(parts[:split])
+            for module, names in self.modules.items():
+                if module == head or module.endswith("." + head):
+                    rest = parts[split:]
+                    if not rest or (rest[0] in names and self._member(rest[0], rest[1:])):
+                        return True
+        return parts[0] in self.classes and self._member(parts[0], parts[1:])
+
+    def _member(self, name: str, rest) -> bool:
+        """``rest`` is a chain of members of ``name``, if it is a class (else not checked)."""
+        if not rest or name not in self.classes:
+            return name not in self.classes or not rest
+        return any(rest[0] in self._members(c) and self._member(rest[0], rest[1:])
+                   for c in self.classes[name])
+
+
+@pytest.fixture(scope="module")
+def package_names():
+    return _Names()
+
+
+def citations(text: str):
+    """(section directory, cited text) for each backticked citation of the page, the section
+    directory being the one its ``## ... (`dir/`)`` heading names (None under another)."""
+    sections = [(m.start(), m.group(1)) for m in _SECTION.finditer(text)]
+    prose = _FENCE.sub(lambda block: re.sub(r"[^\n]", " ", block.group(0)), text)
+    for m in _CITED.finditer(prose):
+        directory = None
+        for start, named in sections:
+            if start < m.start():
+                directory = named
+        yield directory, m.group(1).strip()
+
+
+def cited_path_exists(path: str, directory) -> bool:
+    """A path as the page cites it: from the repository, from the package, or (a file's own
+    name, ``magics.py``) a file under its section's directory, in any folder of it."""
+    if (ROOT / path).exists() or (PACKAGE / path).exists():
+        return True
+    under = PACKAGE / directory if directory else PACKAGE
+    path = path.rstrip("/")
+    return any(str(found).endswith("/" + path) for found in under.rglob(Path(path).name))
+
+
+def stale_citations(text: str, names: _Names):
+    stale = []
+    for directory, cited in citations(text):
+        word = re.sub(r"\(.*\)$", "", cited)  # a call: `targets.current()`, `run(request, ..)`
+        if "<" in word or " " in word or word.startswith(("/", "-", "%", "$")):
+            continue  # a template, a phrase, an absolute path, an option, a magic
+        if re.fullmatch(r"[\w/.-]+\.(py|md|ipynb)|[\w/]+/", word):
+            if not cited_path_exists(word, directory):
+                stale.append(cited)
+        elif _DOTTED.fullmatch(word):
+            if word.split(".")[0] not in FOREIGN and not names.resolves(word):
+                stale.append(cited)
+        elif _CAPITALIZED.fullmatch(word) and word not in FOREIGN_NAMES:
+            if not (word in names.defined or word in names.classes
+                    or (word.isupper() and word in names.strings)):
+                stale.append(cited)
+    return stale
+
+
+def test_a_stale_citation_is_found(package_names):
+    text = ("# Page\n\n## The replica's side (`replica/`)\n\n- `job.py`, `execution.py`, "
+            "`entry.py`, `wire/job.py`, `replica/serve.py`, `tests/test_docs.py`, `views/`\n"
+            "- `replica.execution`, `replica.execution.ReplicaJob`, `wire.job.ReplicaJob`, "
+            "`Supervisor._handle`, `Supervisor._handled`, `targets.current()`, "
+            "`colab_xla.notebook.targets.run_cell`, `ReplicaJob`, `ReplicaJobs`, "
+            "`sys._current_frames()`, `<name>.RUNTIME`, `job ...`\n")
+    assert stale_citations(text, package_names) == [
+        "job.py", "views/", "replica.execution.ReplicaJob", "Supervisor._handled", "ReplicaJobs"]
+
+
+def test_what_the_architecture_page_cites_exists(package_names):
+    stale = stale_citations(ARCHITECTURE.read_text(encoding="utf-8"), package_names)
+    assert not stale, f"docs/architecture.md cites what the package does not have: {stale}"
