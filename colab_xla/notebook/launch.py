@@ -201,8 +201,8 @@ def warm_forkserver() -> Tuple[int, bool]:
     call started it.
 
     Its environment is the notebook's at that moment; each run's own variables are set in
-    its replicas when they arrive (see ``colab_xla.replica.execution.ReplicaJob``). If something
-    else started the forkserver first, it is used as it is, without the preloaded modules.
+    its replicas when they arrive (see ``colab_xla.wire.job.ReplicaJob``). If something else
+    started the forkserver first, it is used as it is, without the preloaded modules.
     """
     from multiprocessing import forkserver
 

@@ -2,7 +2,7 @@
 :class:`colab_xla.notebook.supervisor.Supervisor` runs its cell on, and :class:`FreshReplicas`,
 a one-off run's (started for the run by :func:`colab_xla.notebook.launch.start`, every
 process of it killed when it ends). A session's replicas, kept across cells, are
-:class:`colab_xla.notebook.targets.session.SessionReplicas`.
+:class:`colab_xla.notebook.targets.session_replicas.SessionReplicas`.
 """
 
 from __future__ import annotations

@@ -407,7 +407,7 @@ class Supervisor:
 
     def _process_ended(self, ordinal: int, code: int) -> None:
         """A replica's own process ended with ``code``. Before its report, the replica
-        died: the others get :data:`FAIL_FAST_SECONDS`, as after a failure (they may wait
+        died: the others get :data:`.deadlines.FAIL_FAST_SECONDS`, as after a failure (they may wait
         for it in a collective). Processes the run kills after it was cut do not count."""
         rep = self.outcome.replica(ordinal)
         if self._deadlines.stop or rep.state in (DONE, FAILED):
