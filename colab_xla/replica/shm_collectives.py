@@ -1,69 +1,28 @@
 """Collectives between the replica processes of one machine, through shared memory.
 
-The CPU simulation runs a process per replica (:mod:`colab_xla.replica.cpu_sim`), and
-:mod:`colab_xla.replica.gloo_collectives` gives them torch_xla's collectives. Gloo sends
-every byte through a TCP socket of the loopback device and wakes its threads for each
-message: an ``xm.all_reduce`` of 16 MiB between 8 processes on 2 cores took ~290 ms, and
-one of 1 KiB ~26 ms. Processes of one machine can read each other's memory instead.
-:class:`ShmGroup` does ``all_reduce`` and ``all_gather`` (and with them
-``reduce_scatter``, ``all_to_all``, ``xm.optimizer_step``) that way, and leaves the rest
-(``collective_permute``, groups of some replicas) to gloo:
+The CPU simulation runs a process per replica (:mod:`colab_xla.replica.cpu_sim`).
+:class:`ShmGroup` gives them ``all_reduce`` and ``all_gather`` (and so ``reduce_scatter``,
+``all_to_all``, ``xm.optimizer_step``) by reading each other's memory instead of gloo's
+loopback sockets; the rest (``collective_permute``, groups of some replicas) goes to
+:mod:`colab_xla.replica.gloo_collectives`. Against gloo: bench/results.md, "CPU simulation".
 
-* Every replica of the group has a *slot* of ``2 x`` :data:`CHUNK_BYTES` in one file in
-  ``/dev/shm``, mapped by all of them. A collective goes through its data a chunk at a
-  time, the two halves in turn.
-* ``all_reduce``: each replica copies its chunk into its slot; a barrier; replica ``p``
-  reduces the ``p``-th piece of the chunk over all slots (every replica gets the same bits,
-  as from one reduction); a barrier. The slots are folded in rank order, but for a float32
-  or float64 sum into a result file: one ``torch.sum`` over every slot's piece (the slots
-  are one strided tensor), a single pass, in about 30% less time than a pass per slot
-  (0.6 against 0.87 ms for a 512 KiB piece of 8 slots), in an association of torch's own.
-  A tensor of a chunk or more is reduced into a *result file* of the group's
-  (:class:`_Pool`: up to :data:`POOL_FILES`, each reused once no replica holds a result
-  from it; a new one only where :func:`room_for_result`), which every replica then maps
-  copy-on-write as its result: no copy out, and no fresh pages (a 16 MiB result cost each
-  of 8 replicas a copy and 4,096 page faults: without them, its CPU time in the collective
-  went from 10-13 ms to 6-7 ms on 2 cores; a file made for each call then cost replica 0
-  ~6.5 ms to allocate, and every replica a fault per page of its piece: reused, the call
-  went from ~60 to ~42 ms), and XLA writing into its buffer writes into a page of its own.
-  A smaller one, or one with no free file, is reduced into replica 0's slot and copied out.
-  A call's tensors of one dtype (a model's gradients, as ``xm.optimizer_step`` reduces
-  them) are one run of elements, each copied into the slots from where it lies, not
-  concatenated first; and a scale (``1 / N`` there) multiplies each piece as it is reduced,
-  not the results in a pass of their own. Each was a copy of every byte in new memory: the
-  16 MiB of 16 gradients at 8 replicas took ~13 ms of CPU a replica, ~6 without them
-  (~65 against ~30 ms a call).
-* ``all_gather``: each copies its chunk in; a barrier; each copies every slot out.
-* A barrier is a byte written to a FIFO and read from another (replica 0 counts the
-  arrivals, then releases everyone): a replica waiting sleeps in ``read`` (a busy wait
-  would take the core from the replica being waited for: 8 replicas share 2 cores), and
-  an Interrupt reaches it there, as it cannot inside gloo's native wait.
-* The two halves of a slot take turns, so a replica writes a chunk only after every
-  replica has read the chunk before the previous one: two barriers per chunk where the
-  result is copied out of slot 0 (after every piece is reduced into it), one per chunk
-  and one at the end where it is reduced into a result file.
-* A chunk is 1 MiB, and each chunk's views of the slots are made once per dtype (a view
-  costs microseconds). The likely reason the smaller chunk is faster: what 8 replicas copy
-  in for one chunk (8 MiB) fits in the cache until they reduce it (with 4 MiB chunks,
-  32 MiB: the whole L3 of the machine measured). At 8 replicas on 2 cores, against 4 MiB
-  chunks, in the benchmark's cell (medians of 5 interleaved runs): 16 MiB, 19.2 -> 16.3 ms
-  a call; a model's gradients, 25.3 -> 23.6 ms; 2 MiB (now through a result file, not
-  copied out), 9.3 -> 4.9 ms.
+* Each replica has a *slot* of ``2 x`` :data:`CHUNK_BYTES` in one ``/dev/shm`` file they all
+  map. A call goes through its tensors of one dtype as one run of elements, a chunk at a
+  time, the slot's two halves in turn (a half is written again only once every replica read
+  it); a barrier is a byte through FIFOs, slept on in ``read`` (a busy wait would take the
+  core of the replica waited for; an Interrupt reaches it there).
+* ``all_reduce``: each copies its chunk in; replica ``p`` reduces the ``p``-th piece over
+  every slot, in rank order (a float sum into a result file: one ``torch.sum`` over the
+  strided slots), scaling as it goes, so every replica gets the same bits. A result of a
+  chunk or more goes into a reused *result file* (:class:`_Pool`) that each replica maps
+  copy-on-write as its result; a smaller one is reduced into slot 0 and copied out.
+  ``all_gather``: each copies its chunk in, then every slot out.
 
-A slot's pages are taken when the group is made (``posix_fallocate`` of its range of the
-file, by its replica): a page first touched on a full ``/dev/shm`` would kill the replica
-with SIGBUS in the middle of a collective. If any replica's slot finds no room, every
-replica learns it, the whole group goes through gloo, and replica 0 says why on its stderr
-(with ``/dev/shm``'s size, and how to make it larger).
-
-Nothing is left on disk but the group's directory, empty between collectives: once every
-replica has opened the group's files, they are removed (a mapping and an open FIFO outlive
-their name), and so is each result file once every replica has opened it (a result file's
-space goes with the group, or when a file of another size takes its place); the group
-lives as long as its processes (replica 0 removes the directory in :meth:`_Shared.close`,
-which a replica process does not call as it ends), and the one-off run or the session it
-belonged to removes it once they are gone (:func:`colab_xla.wire.shared_tensors.prune`; a
-later run removes one whose notebook was killed first).
+Limits: a slot's pages are allocated as the group is made (a page first touched on a full
+``/dev/shm`` is a SIGBUS); if any replica finds no room, the whole group uses gloo and
+replica 0 says why on its stderr. The files are removed once every replica has opened them;
+the group's directory goes with replica 0 (:meth:`_Shared.close`) or with the run it
+belonged to (:func:`colab_xla.wire.shared_tensors.prune`).
 """
 
 from __future__ import annotations
@@ -472,9 +431,8 @@ class _File:
 
 
 class _Pool:
-    """The group's result files, reused from call to call: a new file for every call took
-    replica 0 ~6.5 ms of CPU to allocate (16 MiB at 8 replicas), and every replica a page
-    fault for each page of its piece.
+    """The group's result files, reused from call to call (a new file costs replica 0 its
+    allocation, and every replica a page fault per page of its piece).
 
     A file is free once no replica holds a result mapped from it (each replica's mark in
     the group's table, cleared when its result's mapping is gone). Replica 0 chooses the
