@@ -77,8 +77,8 @@ def transform(lines: List[str]) -> List[str]:
 def made_here(line: str, cell: str) -> bool:
     """Whether the ``%%xla_spawn`` cell of ``line`` and body ``cell`` is one
     :func:`transform` made of a cell the person wrote without it: the cell's line 1 is
-    then the person's first line, not the magic's (a traceback's "line 3" was the cell's
-    second line). Asked once per cell."""
+    then the person's first line, not the magic's (else a traceback's "line 3" would be the
+    cell's second line). Asked once per cell."""
     made, state.made = state.made, None
     return not line.strip() and made is not None and made == cell
 

@@ -2,13 +2,13 @@
 raised wherever the kernel's main thread happens to be.
 
 While a run goes on, the main thread also draws the live view, sending widget messages
-through ipykernel and pyzmq. With the Interrupt raised as a KeyboardInterrupt wherever the
-main thread was, a 500-run soak test saw about one in 20 interrupted widget runs lose it (the
-cell ran on, the main thread back in its select); where it was swallowed was not found, and
-a flag cannot be swallowed. And an import of torch or torch_xla cut half-way leaves
-half-initialized modules in ``sys.modules`` for the kernel's life. So within :func:`held`,
-SIGINT only sets :attr:`Interrupts.requested` (and wakes a ``select`` on
-:attr:`Interrupts.wake_fd`); the code that holds it decides where to stop.
+through ipykernel and pyzmq. Raised as a KeyboardInterrupt wherever the main thread was, the
+Interrupt of a widget run could be lost (the cell ran on, the main thread back in its
+select) somewhere that was never found; a flag cannot be swallowed. And an import of torch
+or torch_xla cut half-way leaves half-initialized modules in ``sys.modules`` for the
+kernel's life. So within :func:`held`, SIGINT only sets :attr:`Interrupts.requested` (and
+wakes a ``select`` on :attr:`Interrupts.wake_fd`); the code that holds it decides where to
+stop.
 
 Example::
 

@@ -3,18 +3,16 @@ made Python, as the notebook's own cells are: IPython's ``shell.transform_cell``
 the part of it that could change nothing.
 
 IPython's transform has two parts: static transforms (``IPython.core.inputtransformer2``),
-which tokenize the whole body to find its syntax, then, for a body of one line, dynamic
-ones (its prefilter: automagic, autocall, macros, which depend on the namespace). The
-static part runs before the replicas are sent the cell: for a cell of 22 lines, it cost
-0.7-0.9 ms of the kernel's CPU and 0.7-1.0 ms of the cell's time (``bench/versus.py
---cell bench/cells/defines.py``, 1 and 8 replicas). It acts only at a few kinds of place
-(a line's start, an ``=`` followed by ``%`` or ``!``, a ``?``, a first line that is blank
-or indented, a prompt), so for a body with none of them it is skipped, and the rest of
-``transform_cell`` is done as IPython (7.x to 9.x) does it: the newline it adds, the
-prefilter for one line. Everything else goes through ``shell.transform_cell`` itself: a
-body with any such place (in a string or a comment too), a shell whose transformers are
-not IPython's own (an extension's, this package's auto mode while not suspended), and a
-shell class with a ``transform_cell`` of its own.
+which tokenize the whole body to find its syntax, then, for a body of one line, dynamic ones
+(its prefilter: automagic, autocall, macros, which depend on the namespace). The static part
+runs before the replicas are sent the cell, tokenizing all of it. It acts only at a few
+kinds of place (a line's start, an ``=`` followed by ``%`` or ``!``, a ``?``, a first line
+that is blank or indented, a prompt), so for a body with none of them it is skipped, and the
+rest of ``transform_cell`` is done as IPython (7.x to 9.x) does it: the newline it adds, the
+prefilter for one line. Everything else goes through ``shell.transform_cell`` itself: a body
+with any such place (in a string or a comment too), a shell whose transformers are not
+IPython's own (an extension's, this package's auto mode while not suspended), and a shell
+class with a ``transform_cell`` of its own.
 """
 
 from __future__ import annotations

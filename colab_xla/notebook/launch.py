@@ -1,12 +1,13 @@
 """How replica processes start: start method, launcher, one-replica debugging, forkserver.
 
 * ``fork`` (the default) copies the notebook's process: the replicas inherit every name
-  and start in about 40 ms.
+  and start fastest.
 * ``spawn`` starts fresh interpreters: safe whatever the notebook did (threads, CUDA),
-  but each imports torch and torch_xla again, seconds per run.
+  but each imports torch and torch_xla again, every run.
 * ``forkserver`` forks replicas from a server process that colab_xla starts once per
   notebook process with torch and torch_xla already imported (:func:`warm_forkserver`):
-  spawn's safety at fork's speed once it is warm.
+  spawn's safety at fork's speed once it is warm (the three side by side: bench/results.md,
+  "Start methods").
 
 The launcher is ``xmp.spawn`` (``"xmp"``) or ``torch_xla.launch`` (``"launch"``), which
 calls it. On CPU, xmp.spawn runs every replica as a thread of a single process whatever
@@ -132,8 +133,8 @@ def _main_not_rerun(start_method: str) -> Iterator[None]:
     """Without fork, multiprocessing runs the parent's main script again in every child
     (as ``__mp_main__``), for the functions it defines. A replica needs none of them (the
     cell and the notebook names travel in its job), and where the main script is not the
-    notebook's that costs every replica its imports: in a cluster host's agent, whose main
-    is Ray's worker script, 1.5 s a replica. A spec named ``__main__`` tells
+    notebook's that costs every replica its imports (in a cluster host's agent, whose main
+    is Ray's worker script). A spec named ``__main__`` tells
     multiprocessing not to run it (as for ``python -m package``)."""
     main = sys.modules.get("__main__")
     if (start_method == "fork" or main is None or getattr(main, "__spec__", None) is not None

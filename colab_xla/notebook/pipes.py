@@ -30,8 +30,8 @@ PIPE_READS = frames.PIPE_SIZE // READ_SIZE  # reads that take what a full pipe h
 # milliseconds, not a tick.
 RING_POLL_SECONDS = 0.005
 # While output flows (the last look found some), the reader looks again this long after,
-# without asking for a wake-up: a writer then pays no system call per line (a wake-up
-# cost a fast replica one in three lines), and the reader takes more lines per look. A
+# without asking for a wake-up: a writer then pays no system call per line, and the
+# reader takes more lines per look. A
 # replica's end wakes it anyway: a warm session's cell waits for nothing else.
 RING_FLOW_SECONDS = 0.002
 
@@ -151,8 +151,7 @@ class RunPipes:
     def drain(self) -> None:
         """Read everything. Every replica process has exited: what they wrote is in the
         pipes already (and in the rings, those of processes that were killed too). (One
-        look at every pipe first: most hold nothing, and a look at each one alone cost a
-        warm session's cell of 8 replicas 17 more system calls.)"""
+        look at every pipe first: most hold nothing, and one select finds those that do.)"""
         for fd in select.select([self.read_fd, *self.fd_sources], [], [], 0)[0]:
             self.read_ready(fd)
         self.read_rings()

@@ -58,7 +58,7 @@ class Replicas:
 
     # Whether :meth:`drive` runs in a driver thread of its own (one-off runs: it starts
     # the processes and waits for them), or in the run's own thread (a session's: it only
-    # sends the cell, and a thread started for that cost a warm cell ~0.3 ms at 8 replicas).
+    # sends the cell, and a thread started for that would cost every warm cell its start).
     threaded = True
 
     def drive(self, job: ReplicaJob, ended, over) -> None:

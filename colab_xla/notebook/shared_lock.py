@@ -1,6 +1,6 @@
 """The lock replicas share (``with lock: print(...)``): a Manager lock, whose proxy pickles
 and works across processes, from one manager process kept for the kernel's life
-(starting one costs ~30 ms, a lock ~1 ms).
+(starting a manager costs far more than making a lock).
 
 The manager listens on a socket in this notebook process's work directory, not in a
 ``pymp-*`` directory of its own in /tmp: the manager dies with the notebook's process
@@ -32,7 +32,7 @@ _manager: Optional[multiprocessing.managers.SyncManager] = None
 
 
 def manager() -> multiprocessing.managers.SyncManager:
-    """A Manager kept for the kernel's life: starting one costs ~30 ms, a lock ~1 ms."""
+    """The Manager kept for the kernel's life (started on first use, again if it died)."""
     global _manager
     if _manager is None or not _manager._process.is_alive():
         _manager = multiprocessing.managers.SyncManager(
@@ -46,8 +46,8 @@ _started = itertools.count()
 
 def _address() -> Optional[str]:
     """Where a new manager listens: in this process's work directory (see the module);
-    None under a TMPDIR too long for a socket's path (multiprocessing picks the address,
-    in a pymp-* directory of its own, as before)."""
+    None under a TMPDIR too long for a socket's path (multiprocessing then picks the
+    address, in a pymp-* directory of its own)."""
     work, name = state.own_dir("work"), f"lock-{next(_started)}"
     return os.path.join(work, name) if state.fits_socket(work, name) else None
 

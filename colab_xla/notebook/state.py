@@ -147,8 +147,8 @@ _swept = set()
 def own_dir(kind: str) -> str:
     """This notebook process's directory of ``kind`` (``logs``, ``work``), made on first
     use, when those of notebook processes that are gone (killed before they could clean up)
-    are removed. Made again if a cleaner of /tmp removed it (a few µs a call: it is not
-    cached)."""
+    are removed. Made again if a cleaner of /tmp removed it (so it is looked for at every
+    call, not cached)."""
     parent = subdir(kind)
     mine = os.path.join(parent, kernel_key())
     if (kind, mine) not in _swept:

@@ -169,7 +169,8 @@ class Supervisor:
         self._pipes = pipes = self._replicas.pipes(self._shm_dir or self.run_dir,
                                                    self.plan.processes)
         pipes.begin(self._handle, self._c_output)
-        # A Manager lock costs ~5 ms of connections per run: only cells that use it pay.
+        # A Manager lock costs connections to the manager every run: only cells that use
+        # it pay.
         lock = shared_lock.new_lock() if "lock" in self.cell.source else None
         self._replicas.begin()  # after the manager exists: every new child is the run's
         forked, running = self._replicas.inherit, self._replicas.running

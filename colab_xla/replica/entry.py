@@ -31,10 +31,10 @@ def replica_process(entry: Callable, index: int, job, rank_env: Dict[str, str],
     if forked:  # its arguments were not pickled, so the job has not arrived yet
         # What it inherited from the notebook goes to the collector's permanent generation
         # first (gc.freeze moves list heads: it touches no object), so that no full
-        # collection here walks it, writing to every page it shares with the notebook:
-        # 1.3-1.9 s a JAX process paid when its backend started (bench/jax_runtime.py).
-        # (Frozen in the notebook while forking instead, the notebook's young garbage was
-        # promoted to its oldest generation each run: its memory grew ~130 KB per run.)
+        # collection here walks it, writing to every page it shares with the notebook (as
+        # a JAX process's backend start would: bench/jax_runtime.py). Not frozen in the
+        # notebook as it forks: that would promote the notebook's young garbage to its
+        # oldest generation every run, and its memory would grow run after run.
         gc.freeze()
         arrived(job)
     # LOCAL_RANK: what libraries read for the local rank off a TPU (accelerate on CPU).

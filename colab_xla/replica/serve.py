@@ -276,10 +276,9 @@ def _drop_async_exception(thread_id: int) -> None:
 
     Not with ``PyThreadState_SetAsyncExc(thread_id, NULL)``: up to Python 3.12 that leaves
     the interpreter's flag "an asynchronous exception is pending" set, as only an exception
-    taken clears it. Every call and loop of every thread then takes the slow path (on 3.12,
-    a session cell's loop of calls ran ~1.1-1.25x slower from the second cell on:
-    bench/after_interrupt.py), and on 3.11 a cell that set and cleared a profiler spun for
-    ever.
+    taken clears it. Every call and loop of every thread then takes the slow path (later
+    cells run slower: bench/results.md, "A session's later cells, after an interrupted
+    cell"), and on 3.11 a cell that set and cleared a profiler spun for ever.
     So a harmless exception replaces the pending one, and is taken here.
     """
     try:
@@ -326,8 +325,8 @@ def debug(request: DebugRequest, failure) -> None:
 class _Commands:
     """The replica's commands: the cells (and a debugger, and the stop) read from the
     command pipe by the replica's own thread as it waits for the next cell, with no thread
-    between the pipe and the cell (handing each cell from a reader thread to the replica's
-    cost a warm cell ~0.1-0.2 ms a replica, on 2 cores at 8 replicas); interrupts and
+    between the pipe and the cell (a reader thread handing it on costs every replica a
+    thread switch a cell); interrupts and
     completions from the urgent pipe, by a thread of their own, so that they reach a
     replica busy in its cell (colab_xla.wire.job.urgent_path)."""
 

@@ -75,7 +75,8 @@ class ReplicaPlan:
     env: Dict[str, Optional[str]] = field(default_factory=dict)  # None: unset it
     note: Optional[str] = None  # one line to tell the user, or None
     processes: int = 1  # replica processes (one per TPU chip; on CPU, see simulation)
-    # On CPU, the model simulated (colab_xla.runtimes.simulation.SIMULATIONS); None on other devices.
+    # On CPU, the model simulated (colab_xla.runtimes.simulation.SIMULATIONS); None on
+    # other devices.
     simulation: Optional[str] = None
     runtime: Any = None  # the colab_xla.runtimes.Runtime that made this plan
 

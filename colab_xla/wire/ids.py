@@ -1,9 +1,9 @@
 """This process's random token, for names that must differ from every other process's.
 
-A warm session cell needs two new names (its module's and its run's); a random token drawn
-for each cost the cell ~20 µs (``secrets``' code and a ``getrandom(2)``, cold). Instead each
-is a count of its own and this token, drawn once per process, and again in a process forked
-from it (whose names must differ from its parent's).
+A warm session cell needs two new names (its module's and its run's). Rather than a random
+token (a ``getrandom(2)``) for each, each is a count of its own and this token, drawn once
+per process, and again in a process forked from it (whose names must differ from its
+parent's).
 """
 
 from __future__ import annotations

@@ -113,11 +113,10 @@ def capture_startup(path: str) -> None:
 # line when its job, in base64, fits in one atomic write of a pipe (PIPE_BUF, 4096 bytes on
 # Linux: never mixed with another thread's command, and never waiting on a replica that
 # reads late): ``jobm BASE64``, its fields in marshal's format, where they are all plain
-# data (the cell as CellModule.parts), else ``job BASE64``, pickled (a Manager lock's
-# proxy). A larger one (the notebook names the cell brings) goes as ``run PATH``, the path
-# of a file holding it pickled. (Every replica opened and read the file for every cell, and
-# the notebook wrote it to the disk. A warm cell's replica took ~85 µs to unpickle its job,
-# ~35 to unmarshal it, cold: at 8 replicas, 0.26-0.28 ms less CPU a cell in bench/versus.py.)
+# data (the cell as CellModule.parts: a replica unmarshals it faster than it unpickles
+# one), else ``job BASE64``, pickled (a Manager lock's proxy). A larger one (the notebook
+# names the cell brings) goes as ``run PATH``, the path of a file holding it pickled. (In
+# the line, the notebook writes no file and no replica opens one.)
 INLINE_JOB_BYTES = (select.PIPE_BUF - len("jobm \n")) // 4 * 3
 # marshal's format of plain data, which every Python since 3.4 reads alike (a replica may
 # run another Python than the notebook: CellModule.parts says how its code travels).

@@ -145,8 +145,7 @@ def report_path(run_dir: str, ordinal: int) -> str:
 
 
 # A report up to this size goes in the replica's end frame (one frame, written whole): a
-# file for it cost every replica an open, a pickle.dump and a rename per cell (profiled in a
-# warm session cell at 8 replicas on 2 cores: ~1.4 ms of each replica's time), and the
+# file for it costs every replica an open, a pickle.dump and a rename per cell, and the
 # notebook an open and a load per replica.
 FRAME_REPORT_BYTES = MAX_PAYLOAD - ENDED_AT.size
 

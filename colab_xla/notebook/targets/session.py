@@ -398,8 +398,8 @@ class Session(Target):
     def cell_dir(self) -> str:
         """The directory every cell of the session runs in (its job; the reports too large
         for a frame and the displays its replicas write), made with the session and
-        emptied as each cell ends: made and removed for every cell, it cost ~0.3 ms a cell
-        in a disk's /tmp (removing a directory there, mostly). Its name is no module's: the
+        emptied as each cell ends (not made and removed for every cell: removing a directory
+        in a disk's /tmp is slow). Its name is no module's: the
         session's directory is on the replicas' ``sys.path``."""
         return os.path.join(self.directory, "cell-files")
 
@@ -409,9 +409,8 @@ class Session(Target):
         :class:`~colab_xla.notebook.targets.session_output.SessionChannel`). Made once, as
         the session starts (in shared memory where there is some): the replica processes
         open them and make their rings once, and each cell costs no named pipes, no ring
-        and no directory for them (made and removed for every cell, they were about half
-        of a warm cell's time at 8 replicas, measured in one process: 17.9 ms a cell with
-        them, 8.9 without)."""
+        and no directory for them (made and removed for every cell, they would be much of
+        a warm cell's time)."""
         with self._lock:
             self._cell_pipes_lent = True
             if self._pipes is None:  # ended, and closed: the cell is refused as it starts

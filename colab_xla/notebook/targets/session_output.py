@@ -4,10 +4,8 @@
 A session's replica processes write to one set of pipes and output rings for as long as
 the session lives (a :class:`~colab_xla.notebook.pipes.RunPipes`, made as it starts): as
 they start, during every cell, and between cells. A replica process opens them once, so
-a cell costs it no ``open`` of a named pipe and no new ring (going back to pipes of its
-own after each cell, and to the cell's at the next, cost each replica's main thread ~0.2
-ms of CPU a cell at 8 replicas, measured by thread; bench/session.py's CPU table gives a
-warm cell's CPU). A cell's :class:`~colab_xla.notebook.supervisor.Supervisor`
+a cell costs it no ``open`` of a named pipe and no new ring (as switching between pipes of
+its own and each cell's would). A cell's :class:`~colab_xla.notebook.supervisor.Supervisor`
 reads them while the cell runs (:meth:`SessionChannel.lend`); the rest of the time a
 thread reads them, so a replica that prints between cells (a thread of its own, a
 library's warning) never blocks on a full pipe or ring; its notes go to whoever waits for
@@ -34,8 +32,8 @@ from ..pipes import STARTUP, RunPipes
 # The lines kept of what the replicas printed outside any cell.
 KEPT_LINES = 40
 # How long the reader waits in one select at most, between cells: also the most a lost
-# wake-up of a ring costs then (a cell's reader looks every few ms: RING_POLL_SECONDS;
-# between cells that cost the notebook ~40 ms of CPU a second).
+# wake-up of a ring costs then (a cell's reader looks every RING_POLL_SECONDS; an idle
+# session looks less often, to take little of the notebook's CPU).
 _IDLE_SECONDS = 0.1
 # The reader's commands, a byte each on its control pipe.
 _LEND, _CLOSE, _READ = b"l", b"c", b"r"
@@ -54,8 +52,8 @@ class SessionChannel:
         self._notes: List[dict] = []
         self._changed = threading.Condition()
         # Held by whoever reads the pipes at the moment (the reader thread, or lend): a
-        # cell takes them without waiting for the reader thread to wake and let go (on 2
-        # busy cores, that round trip cost a warm cell 0.1-0.4 ms).
+        # cell takes them without waiting for the reader thread to wake and let go (a round
+        # trip between threads on busy cores).
         self._reading = threading.Lock()
         self._lent = False  # a cell reads the pipes (changed holding _reading)
         # The reader thread's select takes in the pipes (set by it, holding _reading): lend
@@ -119,8 +117,7 @@ class SessionChannel:
     def give_back(self) -> None:
         """The cell is done with the pipes: the reader reads them again from its next look,
         within :data:`_IDLE_SECONDS`, unwoken (cells one after another then wake it
-        neither here nor at :meth:`lend`: without the wake-ups and the reader's looks, a
-        warm cell of 8 replicas took 0.1-0.4 ms less CPU in two runs of bench/versus.py)."""
+        neither here nor at :meth:`lend`, and a warm cell pays for no wake-up)."""
         with self._reading:
             if not self._lent:
                 return

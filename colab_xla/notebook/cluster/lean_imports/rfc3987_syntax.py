@@ -3,12 +3,11 @@
 
 jsonschema, which Ray imports, imports that package when it is installed (Jupyter's
 ``jsonschema[format-nongpl]`` brings it) to check the "iri" format, and it builds a Lark
-grammar when imported: 2.1 s of CPU here, 70% of ``import ray``, paid by each of Ray's
-Python processes. A raylet aborts when its dashboard agent has not written its port within
-15 s, a constant of Ray's; on a loaded 2-core machine that import made it miss that (seen in
-this project's CI). This file refuses to be imported, which jsonschema takes as "no iri
-format": nothing of Ray's checks one. It is a data file of colab_xla (this folder is no
-package), never a module of it.
+grammar when imported: most of ``import ray``'s CPU, paid by each of Ray's Python processes.
+A raylet aborts when its dashboard agent has not written its port within 15 s, a constant of
+Ray's, and on a loaded machine that import can make it miss that. This file refuses to be
+imported, which jsonschema takes as "no iri format": nothing of Ray's checks one. It is a
+data file of colab_xla (this folder is no package), never a module of it.
 """
 
 raise ImportError(
