@@ -1,6 +1,8 @@
 """The docs against what they describe: each page's option table is what the magic's own
 parser renders (``tools/option_tables.py``), every local link of README.md and docs/ points at
-a file that exists, and the README stays short. Pure units: no kernel, no replicas."""
+a file that exists, every module and name docs/architecture.md (or a docstring, as
+``colab_xla.x.y``) cites is the package's, and the README stays short. Pure units: no kernel,
+no replicas."""
 
 import ast
 import collections
@@ -354,3 +356,15 @@ def test_a_stale_citation_is_found(package_names):
 def test_what_the_architecture_page_cites_exists(package_names):
     stale = stale_citations(ARCHITECTURE.read_text(encoding="utf-8"), package_names)
     assert not stale, f"docs/architecture.md cites what the package does not have: {stale}"
+
+
+def test_what_the_package_cites_of_itself_exists(package_names):
+    """Every ``colab_xla.x.y`` a docstring or comment of the package names (a module, a
+    class, a function, a member) is one the package has."""
+    stale = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for m in re.finditer(r"\bcolab_xla(?:\.[A-Za-z_][A-Za-z0-9_]*)+", line):
+                if not package_names.resolves(m.group(0)):
+                    stale.append(f"{_name(path)}:{number}: {m.group(0)}")
+    assert not stale, "the package cites what it does not have:\n" + "\n".join(stale)
