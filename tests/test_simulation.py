@@ -347,3 +347,14 @@ def test_where_the_hostname_resolves_elsewhere_replica_processes_listen_on_loopb
                                                                  done.stderr[-3000:])
     for o, (total, listening) in results[0].items():
         assert total == 2.0 and listening and not_loopback(listening) == [], (o, listening)
+
+
+@pytest.mark.parametrize("simulate", ["processes", "threads"])
+def test_a_simulated_host_says_it_is_a_cpu(simulate):
+    # The decision of docs/simulation.md ("What a simulated host says it is"): code that
+    # branches on a TPU must not take the TPU's paths on the CPU.
+    cell = '''
+    import torch_xla.core.xla_model as xm, torch_xla.runtime as xr
+    (xm.xla_device_hw(device), xr.device_type())
+    '''
+    assert _ok(run(cell, 2, simulate=simulate)) == {0: ("CPU", "CPU"), 1: ("CPU", "CPU")}

@@ -123,6 +123,7 @@ def install(xm) -> bool:
     intercept): two more graphs per collective, the price of a simulation that works
     every time.
     """
+    import torch
     import torch_xla
 
     xlac = torch_xla._XLAC
@@ -169,7 +170,9 @@ def install(xm) -> bool:
             result = collective(*args, **kwargs)
             locked_step_marker(xlac._xla_get_default_device(), [])
             return result
-        return call
+        # Under torch.compile, a graph break (Unsupported with fullgraph=True), as torch_xla
+        # on a host of several devices per process: Dynamo cannot trace its world size there.
+        return functools.wraps(collective)(torch._dynamo.disable(call))
 
     xlac._xla_step_marker, xlac._xla_sync_multi = locked_step_marker, locked_sync_multi
     xm.xla_rendezvous = _ThreadRendezvous(int(os.environ["CPU_NUM_DEVICES"])).exchange
@@ -191,7 +194,33 @@ def install(xm) -> bool:
         if hasattr(xm, name):
             setattr(xm, name, compiled_where_called(getattr(xm, name)))
     _first_item_alone(torch_xla)
+    _refuse_dynamo()
     return True
+
+
+# torch.compile's error in the threads model (see _refuse_dynamo).
+THREADS_NO_DYNAMO = (
+    "torch.compile(backend='openxla') cannot run with --simulate threads: torch_xla's "
+    "Dynamo bridge does not support several XLA devices in one process (a TPU v2/v3 host's "
+    "runtime; here the replicas' compiled graphs and collectives abort the process). Run "
+    "the cell with --simulate processes (the default), or torch_xla.compile instead.")
+
+
+def _refuse_dynamo() -> None:
+    """``torch.compile(backend='openxla')`` (and ``openxla_eval``) raise
+    :data:`THREADS_NO_DYNAMO` when they compile, instead of aborting every replica."""
+    try:
+        from torch._dynamo.backends import torchxla
+    except ImportError:
+        return
+    if not hasattr(torchxla, "xla_backend_helper"):
+        return
+
+    @functools.wraps(torchxla.xla_backend_helper)
+    def refused(*args, **kwargs):
+        raise RuntimeError(THREADS_NO_DYNAMO)
+
+    torchxla.xla_backend_helper = refused
 
 
 def _first_item_alone(torch_xla) -> None:

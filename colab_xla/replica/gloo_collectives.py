@@ -13,7 +13,8 @@ operation done by gloo on CPU copies of the tensors. Everything built on them fo
 What this does not reproduce: a collective is not part of the XLA graph (the inputs are
 computed and copied to the CPU, then the result copied back), so a step with collectives
 runs as several programs, and ``torch_xla.compile(full_graph=True)`` allows that execution
-during a collective instead of refusing it.
+during a collective instead of refusing it. Under ``torch.compile``, what torch_xla can
+trace runs between the compiled pieces (:mod:`colab_xla.replica.traced_collectives`).
 
 The group is a gloo process group of its own, never torch.distributed's default one, so a
 cell's own ``init_process_group`` (``xla``, ``gloo``) is as free as on a TPU. The store that
@@ -29,6 +30,8 @@ import datetime
 import functools
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from . import traced_collectives
 
 # What install() replaces or sets in torch_xla: private names are checked first.
 RUNTIME_NAMES = ("_WORLD_SIZE", "_ORDINAL", "process_index", "process_count",
@@ -225,14 +228,47 @@ def install(group: GlooGroup) -> None:
         lambda: world)
     ops = _Collectives(group, torch_xla._XLAC)
     for name in XLA_MODEL_NAMES:
-        setattr(xm, name, _in_place_of(getattr(xm, name), getattr(ops, name)))
+        setattr(xm, name, _in_place_of(getattr(xm, name), getattr(ops, name),
+                                       TRACEABLE.get(name, _never)))
+    traced_collectives.install(group)
 
 
-def _in_place_of(original, implementation):
-    """``implementation``, under ``original``'s name and docstring."""
+def _never(*args, **kwargs) -> bool:
+    return False
+
+
+# The calls of xla_model's collectives that torch_xla 2.9 itself lets Dynamo trace (through
+# torch's functional all_reduce); it cannot trace any other form, on any device.
+TRACEABLE = {
+    "all_reduce": lambda reduce_type, inputs, scale=1.0, groups=None, pin_layout=True:
+        _is_tensor(inputs) and scale == 1.0 and not groups and pin_layout,
+    "all_gather": lambda value, dim=0, groups=None, output=None, pin_layout=True, *a, **k:
+        _is_tensor(value) and output is None and pin_layout,
+}
+
+
+def _is_tensor(value) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor)
+
+
+def _in_place_of(original, implementation, traceable):
+    """``implementation``, under ``original``'s name and docstring. Where Dynamo traces the
+    call (torch.compile), a form torch_xla's own can trace is ``original``
+    (:mod:`.traced_collectives` runs it); any other is a graph break, run as
+    ``implementation`` (with ``fullgraph=True``, Dynamo's ``Unsupported``, as torch_xla's)."""
+    import torch
+
+    untraced = torch._dynamo.disable(implementation)
+
     @functools.wraps(original)
     def call(*args, **kwargs):
-        return implementation(*args, **kwargs)
+        if not torch.compiler.is_compiling():
+            return implementation(*args, **kwargs)
+        if traceable(*args, **kwargs):
+            return original(*args, **kwargs)
+        return untraced(*args, **kwargs)
     return call
 
 
