@@ -79,6 +79,23 @@ def test_each_replica_has_its_own_default_process_group():
     assert results == {o: (o, 4, 10.0) for o in range(4)}
 
 
+@pytest.mark.parametrize("simulate", ["processes", "threads"])
+def test_names_the_notebook_bound_before_the_run_are_the_simulations(simulate):
+    # A notebook's earlier cell bound torch_xla's own functions: the simulation replaces
+    # them in each replica (processes: each a world of one; threads: XLA's rendezvous).
+    notebook = {}
+    exec("import torch, torch_xla.core.xla_model as xm\n"
+         "from torch_xla.core.xla_model import all_reduce\n"
+         "from torch_xla.runtime import process_index, world_size\n", notebook)
+    cell = """
+    t = all_reduce(xm.REDUCE_SUM, torch.ones(2, device=device) * (index + 1))
+    (t.cpu().tolist(), world_size(), process_index())
+    """
+    results = _ok(run(cell, 2, simulate=simulate, user_ns=notebook))
+    processes = simulate == "processes"
+    assert results == {o: ([3.0, 3.0], 2, o if processes else 0) for o in range(2)}
+
+
 def test_dataloader_workers_fork_from_a_replica_process():
     # Workers forked from a replica thread deadlocked (a fork of a multi-threaded process
     # whose other replicas held locks); from a process of its own they work.

@@ -369,6 +369,116 @@ def test_a_session_keeps_its_model_and_group_across_cells_and_an_interrupt():
         session.stop()
 
 
+# A torchrun script split across a notebook's cells as a user splits it: shaped like
+# pytorch/examples' distributed/ddp-tutorial-series/multigpu_torchrun.py (on CPU, gloo), its
+# imports and helpers at module level in plain cells, its main() in the %%xla_spawn cell.
+SPLIT_SCRIPT = ("""
+import os
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed import init_process_group, destroy_process_group
+""", """
+def ddp_setup():
+    init_process_group(backend="gloo")
+""", """
+class Trainer:
+    def __init__(self, model, data, optimizer):
+        self.rank = int(os.environ["RANK"])
+        self.model, self.data, self.optimizer = DDP(model), data, optimizer
+
+    def train(self, epochs):
+        for epoch in range(epochs):
+            self.data.sampler.set_epoch(epoch)
+            for source, targets in self.data:
+                self.optimizer.zero_grad()
+                torch.nn.functional.mse_loss(self.model(source), targets).backward()
+                self.optimizer.step()
+""", """
+def main(total_epochs, batch_size):
+    ddp_setup()
+    torch.manual_seed(int(os.environ["RANK"]))  # each rank its own start: DDP gives rank 0's
+    g = torch.Generator().manual_seed(0)
+    dataset = TensorDataset(torch.rand(64, 20, generator=g), torch.rand(64, 1, generator=g))
+    model = torch.nn.Linear(20, 1)
+    trainer = Trainer(model, DataLoader(dataset, batch_size=batch_size,
+                                        sampler=DistributedSampler(dataset)),
+                      torch.optim.SGD(model.parameters(), lr=0.1))
+    trainer.train(total_epochs)
+    destroy_process_group()
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+""")
+SCRIPT_NAMES = ("init_process_group", "destroy_process_group", "ddp_setup", "Trainer", "main")
+SPLIT_SCRIPT_RUN = """
+weights = main(total_epochs=2, batch_size=8)
+destroy_process_group()  # (the cell's own, again: the group stays for the next cell)
+weights, dist.is_initialized()"""
+
+
+@pytest.fixture
+def shell():
+    from test_magic import get_ipython  # (tests/ is on sys.path)
+
+    ip = get_ipython()
+    ip.run_line_magic("load_ext", "colab_xla")
+    for name in SCRIPT_NAMES:  # (the shell is one for the tests: a notebook without them)
+        ip.user_ns.pop(name, None)
+    yield ip
+    from colab_xla.notebook import targets
+
+    targets.stop_session()
+
+
+def define_split_script(ip) -> None:
+    for source in SPLIT_SCRIPT:
+        assert ip.run_cell(source).success
+
+
+def run_split_script(ip, capsys, line: str):
+    """The script's main() in a %%xla_spawn cell of ``ip``: each rank's weights and whether
+    the group is still there."""
+    ip.user_ns.pop("got", None)
+    ran = ip.run_cell(f"%%xla_spawn --no-widget -o got {line}{SPLIT_SCRIPT_RUN}")
+    assert ran.success, capsys.readouterr().out[-3000:]
+    return ip.user_ns["got"]
+
+
+def same_weights_group_kept(got) -> bool:
+    return (sorted(got) == [0, 1] and all(w.equal(got[0][0]) for w, _ in got.values())
+            and all(kept for _, kept in got.values()))
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_a_script_split_across_cells_runs_its_own_imported_init_and_destroy(shell, capsys,
+                                                                           start):
+    # Forked, the replicas inherit the notebook's names bound to torch's own functions;
+    # spawned, they load them before the group is made.
+    define_split_script(shell)
+    got = run_split_script(shell, capsys, f"--runtime torch -n 2 --start-method {start}")
+    assert same_weights_group_kept(got), got
+
+
+@pytest.mark.xla
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("defined", ["before the session", "in the session"])
+def test_a_session_runs_a_script_split_across_cells(shell, capsys, defined):
+    # The session's processes inherit the names defined before it started; a cell sends
+    # the names it uses that they do not have as the notebook has them.
+    if defined == "before the session":
+        define_split_script(shell)
+    shell.run_line_magic("xla_session", "start -n 2 --runtime torch")
+    if defined == "in the session":
+        define_split_script(shell)
+    first = run_split_script(shell, capsys, "")
+    define_split_script(shell)  # (the cells run again: their names sent to warm processes)
+    again = run_split_script(shell, capsys, "")  # (the group kept: destroy waits)
+    assert same_weights_group_kept(first) and same_weights_group_kept(again), (first, again)
+
+
 def test_the_runtime_is_a_choice_of_every_magic():
     assert "torch" in runtimes.RUNTIMES
     assert runtimes.get("torch") is TORCH and TORCH.preloads == ("torch.distributed",)

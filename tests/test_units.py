@@ -1048,3 +1048,35 @@ def test_a_small_report_travels_in_the_end_frame_and_a_large_one_in_its_file(tmp
         "w": b"y" * (2 * values.FRAME_REPORT_BYTES)})  # (pickled straight into its file)
     assert values.report_to_send(str(tmp_path), larger) == b""
     assert values.read_report(str(tmp_path), 4) == larger
+
+
+# --- names bound before a replacement ---------------------------------------------------
+
+
+def test_every_name_bound_to_a_replaced_function_gets_the_replacement(monkeypatch):
+    import types
+
+    import cloudpickle
+
+    from colab_xla.replica.bound_names import rebind
+
+    def original():
+        return "original"
+
+    def replacement():
+        return "replacement"
+
+    library = types.ModuleType("a_library")  # (its function serialized by reference)
+    original.__module__, original.__qualname__ = "a_library", "call"
+    library.call = original
+    monkeypatch.setitem(sys.modules, "a_library", library)
+    ns = {"call": original}  # (a name the notebook bound: ``from a_library import call``)
+    exec("def caller():\n    return call()\n"
+         "class Holder:\n    @staticmethod\n    def use():\n        return call()\n", ns)
+    # Functions that came serialized have globals of their own, not ``ns``.
+    names = {"call": original, **{name: cloudpickle.loads(cloudpickle.dumps(ns[name]))
+                                  for name in ("caller", "Holder")}}
+    rebind({original: replacement}, names)
+    assert library.call is replacement and names["call"] is replacement
+    assert names["caller"]() == names["Holder"].use() == "replacement"
+    assert ns["caller"]() == "original"  # (``ns`` is no namespace of the replica's)

@@ -23,6 +23,7 @@ import warnings
 from typing import Dict
 
 from . import cpu_sim, gloo_collectives
+from .bound_names import rebind
 from ..wire.frames import NOTE
 from .thread import current
 
@@ -52,10 +53,27 @@ def instrument(process, run_dir: str) -> None:
     """Instrument torch_xla in this replica process (see above): each replica's last
     ``xm.rendezvous`` tag recorded (told when a run is cut), a nested ``xmp.spawn``
     refused with the reason; on CPU, the simulation's collectives installed (between the
-    processes of ``run_dir``'s run, or every host's)."""
+    processes of ``run_dir``'s run, or every host's). Each function replaced is replaced
+    under the names bound to it before too (``from torch_xla.core.xla_model import
+    all_reduce`` in the notebook: :func:`colab_xla.replica.bound_names.rebind`)."""
+    import torch_xla
     import torch_xla.core.xla_model as xm
     import torch_xla.distributed.xla_multiprocessing as xmp
+    import torch_xla.runtime as xr
 
+    replaced_in = (torch_xla, xm, xmp, xr)
+    before = {(module, name): value for module in replaced_in
+              for name, value in list(vars(module).items())
+              if isinstance(value, types.FunctionType)}
+    _instrument(process, run_dir, xm, xmp)
+    # (a name the notebook bound calls what the attribute calls: torch_xla's own
+    # all_reduce would reduce a world of one in a replica process, and stop a replica
+    # thread's process in XLA's rendezvous)
+    rebind({old: getattr(module, name) for (module, name), old in before.items()
+            if getattr(module, name, old) is not old}, process.user_ns)
+
+
+def _instrument(process, run_dir: str, xm, xmp) -> None:
     rendezvous = xm.rendezvous
 
     def recorded_rendezvous(tag, *args, **kwargs):

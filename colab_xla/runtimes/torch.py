@@ -18,7 +18,9 @@ Both halves of the runtime live here (:class:`Torch`), IPython-free:
 A cell written as a torchrun script runs unchanged: its
 ``dist.init_process_group(...)`` finds the group made and returns (a backend other than the
 group's is refused, naming both), and its ``dist.destroy_process_group()`` of the default
-group is put off to the process's end, so a session's next cell still has it.
+group is put off to the process's end, so a session's next cell still has it. The same
+holds for the script split across cells, its ``from torch.distributed import
+init_process_group, destroy_process_group`` run in an earlier cell of the notebook.
 
 The store where the processes meet is out of other users' reach (a TCP store has no
 authentication, and torch's listens on every interface): on one host a ``FileStore`` in the
@@ -353,14 +355,14 @@ _store: List[Any] = []  # the process group's store, kept as long as the group
 
 
 def join(environ: Mapping[str, str] = os.environ, run: str = "colab_xla",
-         directory: Optional[str] = None) -> None:
+         directory: Optional[str] = None, names: Optional[Dict[str, Any]] = None) -> None:
     """In a new replica process: keep torchrun's variables, as the launcher's rank gives
     them (a session's later cells bring an environment without them: each cell gets them
     again, :func:`initialize`), and make the process group's calls fit for a cell written
-    as a torchrun script (:func:`_fit_script_calls`). ``directory``: the run's (or
-    session's) private directory, where the processes of one host meet; on one host gloo's
-    and NCCL's sockets are put on the loopback interface, unless the environment names
-    one."""
+    as a torchrun script (:func:`_fit_script_calls`), ``names`` being the notebook's names
+    as the process has them. ``directory``: the run's (or session's) private directory,
+    where the processes of one host meet; on one host gloo's and NCCL's sockets are put on
+    the loopback interface, unless the environment names one."""
     global _run_name, _secret, _store_path
     _membership.update(torchrun_environ(environ))
     host = HostRank.from_environ(environ)
@@ -374,7 +376,7 @@ def join(environ: Mapping[str, str] = os.environ, run: str = "colab_xla",
     if loopback:
         _membership.update({name: loopback for name in SOCKET_INTERFACES
                             if not environ.get(name)})
-    _fit_script_calls()
+    _fit_script_calls({} if names is None else names)
 
 
 def backend() -> str:
@@ -490,11 +492,16 @@ _real: Dict[str, Callable] = {}
 _ALIASES = {"tpu": "tpu_dist"}
 
 
-def _fit_script_calls() -> None:
+def _fit_script_calls(names: Dict[str, Any]) -> None:
     """``dist.init_process_group`` returns if the default group exists with that backend
     (another backend is refused, naming both), and ``dist.destroy_process_group()`` of the
-    default group waits for the process's end (:func:`leave`)."""
+    default group waits for the process's end (:func:`leave`): under every name bound to
+    torch's own functions, ``torch.distributed``'s and those bound before (``from
+    torch.distributed import init_process_group`` in the notebook, ``names`` its names as
+    the process has them: :func:`colab_xla.replica.bound_names.rebind`)."""
     import torch.distributed as dist
+
+    from ..replica.bound_names import rebind
 
     if _real:
         return
@@ -519,8 +526,10 @@ def _fit_script_calls() -> None:
             return None  # the default group: at the process's end (a session's next cell)
         return _real["destroy"](group)
 
-    dist.init_process_group = init_process_group
-    dist.destroy_process_group = destroy_process_group
+    # Every name for them rebound (torch.distributed's, distributed_c10d's where a serialized
+    # reference is looked up, the notebook's), not torch's functions patched to defer:
+    # those stay torch's own code, which makes and ends colab_xla's group (initialize, leave).
+    rebind({_real["init"]: init_process_group, _real["destroy"]: destroy_process_group}, names)
 
 
 def to_host(value: Any) -> Any:
@@ -598,7 +607,7 @@ class Torch(Runtime):
     # -- the replica's half -----------------------------------------------------------
 
     def start_process(self, process, job) -> None:
-        join(run=job.run_id, directory=job.run_dir)
+        join(run=job.run_id, directory=job.run_dir, names=process.user_ns)
 
     def device(self) -> Any:
         return device()
