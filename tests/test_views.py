@@ -653,6 +653,32 @@ def test_the_header_says_where_replicas_are_while_none_prints_and_where_stopped_
     assert "[colab_xla] replica 1 at line 5 in f: `sleep(9)`\n" in printed.getvalue()
 
 
+def test_the_headers_time_counts_from_the_cells_start_a_replicas_from_its_own(widget_view):
+    """Issue 55: the live header's time began at the view's opening, after the start-up
+    (a 3.4 s cell read "0.1 s"); it is the wait since the cell began, as the end's headline
+    (its static form's and the text form's), a replica's tab its own time."""
+    import re
+    import time
+
+    widget_view, handles = widget_view
+    view, outcome = widget_view.WidgetView(), RunOutcome("CPU", began=time.monotonic() - 90)
+    view.opened(outcome)
+    _start(view, outcome, 2)
+    view.tick(outcome)
+    waited = float(re.search(r"<b>running</b> · (\d+\.\d) s", view.header.value)[1])
+    assert waited >= 90, view.header.value
+    status = view._widgets.replicas[0][0].value
+    assert float(re.search(r"<b>running</b> · (\d+\.\d) s", status)[1]) < 90, status
+    for o in range(2):
+        outcome.replicas[o].state, outcome.replicas[o].elapsed = "done", 0.5
+    outcome.elapsed = time.monotonic() - outcome.began
+    view.closed(outcome)
+    end = handles[-1].shown[-1]
+    for form in (end["text/plain"], end["text/html"]):
+        took = float(re.search(r"2 replicas on CPU: 2 done in (\d+\.\d\d) s", form)[1])
+        assert took >= 90, form
+
+
 def test_a_hidden_tabs_output_is_sent_every_few_seconds_the_shown_tabs_at_every_draw(
         widget_view, monkeypatch):
     """Under heavy output each send is a tab's last lines, whole: the tabs no one looks at

@@ -159,6 +159,7 @@ class XlaMagics(Magics):
             import torch, torch_xla.core.xla_model as xm
             xm.all_reduce(xm.REDUCE_SUM, torch.ones(2, device=device) * index).cpu()
         """
+        began = time.monotonic()  # (the run's time is the wait: its start-up included)
         auto = auto_cells.made_here(line, cell)  # (first: the body's transform is next)
         args = _parse(self.xla_spawn, line, "%%xla_spawn")
         defaults = Defaults.read()
@@ -180,7 +181,8 @@ class XlaMagics(Magics):
                  header=None if auto else f"# %%xla_spawn {line}".rstrip()),
             user_ns=self.shell.user_ns, replicas=args.replicas, launch=launch, env=env,
             cache_dir=args.cache, simulate=args.simulate, timeout=args.timeout, stall=args.stall,
-            pull=tuple(pull), pull_from=args.pull_from, targets=chosen, defaults=defaults)
+            pull=tuple(pull), pull_from=args.pull_from, targets=chosen, defaults=defaults,
+            began=began)
         target = targets.current(fresh=args.fresh)
         try:
             target.refuse(request)

@@ -364,7 +364,8 @@ class Session(Target):
                 sent_names, sent = (names.pack(user_ns, user_ns, names.SESSION) if user_ns
                                     else None), []
             run = RunRequest(self.options.launch, os.getpid(), module, sent_names, None,
-                             request.pull, request.pull_from, request.hosted, chosen)
+                             request.pull, request.pull_from, request.hosted, chosen,
+                             began=request.began)
             outcome = Supervisor(run, self.plan, run_dir, dict(user_ns),
                                  observer or RunObserver(), request.timeout,
                                  replicas=SessionReplicas(self), stall=request.stall).run()

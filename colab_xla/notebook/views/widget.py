@@ -294,8 +294,8 @@ class WidgetView(RunObserver):
             error.value = value
 
     def _draw_header(self, outcome: RunOutcome) -> None:
-        elapsed = (outcome.elapsed if outcome.elapsed is not None
-                   else time.monotonic() - self._started)
+        elapsed = (outcome.elapsed if outcome.elapsed is not None  # (start-up included)
+                   else time.monotonic() - outcome.began)
         state = ("interrupted" if outcome.interrupted else
                  "running" if outcome.elapsed is None else
                  "failed" if not outcome.ok else "done")
