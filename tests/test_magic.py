@@ -360,13 +360,27 @@ def test_a_failed_rerun_keeps_the_earlier_values_and_says_so(ip, capsys):
     result = cell(ip, "-n 2 -o kept_res --pull kept_x", "raise ValueError('every replica')")
     assert isinstance(result.error_in_exec, XlaSpawnError)
     assert ip.user_ns["kept_res"] == {0: 0, 1: 10} and ip.user_ns["kept_x"] == {0: 0, 1: 1}
-    assert ("colab_xla: -o kept_res, --pull kept_x kept their earlier value: no replica sent "
-            "a new one.") in capsys.readouterr().out
+    out = capsys.readouterr().out  # said in the headline, as one clause (issue 55)
+    assert re.search(r"^2 replicas on CPU: 2 failed in \d+\.\d\d s · `-o kept_res`, "
+                     r"`--pull kept_x` kept their earlier value$", out, re.M), out
     # New values arrived from the replica that did not fail: they replace the old ones.
     result = cell(ip, "-n 2 -o kept_res", "if index == 1:\n    raise ValueError('one')\n'new'")
     assert isinstance(result.error_in_exec, XlaSpawnError)
     assert ip.user_ns["kept_res"] == {0: "new"}
-    assert "kept" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "earlier value" not in out
+    assert re.search(r"^2 replicas on CPU: 1 done, 1 failed in \d+\.\d\d s · results in "
+                     r"`kept_res`$", out, re.M), out
+
+
+def test_the_headline_says_where_o_put_the_results_and_nothing_without_o(ip, capsys):
+    """Issue 55: ``-o shapes`` stored the results without a word."""
+    capsys.readouterr()
+    assert cell(ip, "-n 2 --no-widget -o said_res", "index").success
+    assert cell(ip, "-n 2 --no-widget", "index").success
+    out = capsys.readouterr().out
+    assert re.findall(r"^2 replicas on CPU: 2 done in \d+\.\d\d s(.*)$", out, re.M) == [
+        " · results in `said_res`", ""], out
 
 
 def test_only_refusals_are_usage_errors_a_bug_keeps_its_type_and_traceback(ip, monkeypatch):

@@ -783,6 +783,17 @@ def test_the_static_form_has_a_section_per_replica_failed_first_and_open():
                                     "after the figure", "<progress value='0.500'")]
     assert marks == sorted(marks), ok
     assert "<b>4 replicas on CPU: 2 done, 1 failed, 1 stopped in 1.50 s</b>" in page
+    assert "results in" not in page
+    # Where -o put the results (issue 55): one clause of the headline, in both forms.
+    outcome.stored_as, outcome.kept = "<outs>", ["--pull model"]
+    page, text = html_view.render(outcome), text_view.render(outcome)
+    assert ("<b>4 replicas on CPU: 2 done, 1 failed, 1 stopped in 1.50 s</b> · results in "
+            "<code>&lt;outs&gt;</code> · <code>--pull model</code> kept its earlier value"
+            ) in page, page
+    assert text.splitlines()[0] == ("4 replicas on CPU: 2 done, 1 failed, 1 stopped in 1.50 s"
+                                    " · results in `<outs>` · `--pull model` kept its earlier "
+                                    "value")
+    outcome.stored_as, outcome.kept = None, []
     # With none failed or stopped, the first replica is open.
     for rep in outcome.replicas.values():
         rep.state, rep.error = "done", None

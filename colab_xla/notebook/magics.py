@@ -197,17 +197,16 @@ class XlaMagics(Magics):
         if outcome.cluster_ended:
             print(f"colab_xla: the cluster connection ended: {outcome.cluster_ended}; its "
                   "agents were stopped. %xla_cluster connect (or local) connects again.")
-        # Values first, then the closing draw: a view that fails cannot lose them.
-        kept = self._store(outcome, args.output, pull, args.pull_from)
+        # Values first, then the closing draw: a view that fails cannot lose them. Where
+        # they went is a clause of the headline.
+        outcome.kept = self._store(outcome, args.output, pull, args.pull_from)
+        outcome.stored_as = args.output if f"-o {args.output}" not in outcome.kept else None
         view.closed(outcome)
         if outcome.session_ended:
             reason, _, printed = outcome.session_ended.partition("\n")
             print(f"colab_xla: the session ended: {reason}; every process it started was "
                   "killed. %xla_session restart starts it again (%xla_session start: a new "
                   "one)." + (f"\n{printed}" if printed else ""))
-        if kept:
-            print(f"colab_xla: {', '.join(kept)} kept {'its' if len(kept) == 1 else 'their'} "
-                  "earlier value: no replica sent a new one.")
         if outcome.interrupted:
             raise interrupted_error()
         if not outcome.ok:

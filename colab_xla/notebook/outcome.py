@@ -89,6 +89,11 @@ class RunOutcome:
     cluster_ended: Optional[str] = None
     # Run on some of a session's replicas (--targets): the others, idle; else empty.
     idle: List[int] = dataclasses.field(default_factory=list)
+    # The notebook name ``-o`` put the results in (None: no -o, or it kept its value), and
+    # the ``-o``/``--pull`` names that kept their earlier value (``"-o res"``: no replica
+    # sent a new one); set once the values are stored, for the views' headline.
+    stored_as: Optional[str] = None
+    kept: List[str] = dataclasses.field(default_factory=list)
 
     def label(self, ordinal: int) -> str:
         """``"replica 3"``, or on a cluster ``"host 1 · replica 3"``."""

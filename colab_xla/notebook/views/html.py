@@ -67,7 +67,8 @@ def render(outcome: RunOutcome, tail: Optional[int] = text_view.SUMMARY_TAIL) ->
     esc = html.escape
     order = sorted(outcome.replicas,
                    key=lambda o: (_ORDER.get(outcome.replicas[o].state, 2), o))
-    parts = [f"<p style='{_SECTION}'><b>{esc(text_view.headline(outcome))}</b>"
+    parts = [f"<p style='{_SECTION}'><b>{esc(text_view.headline(outcome, values=False))}</b>"
+             f"{text_view.values_note(outcome, lambda n: f'<code>{esc(n)}</code>')}"
              f"{_cut(outcome)}</p>"]
     where = outcome.places(outcome.stopped)  # (once the run is cut: those at one place together)
     if where:
