@@ -818,6 +818,74 @@ def test_the_static_form_is_escaped_and_uses_only_what_a_sanitizer_keeps():
     assert bundle["text/plain"] == text_view.render(outcome)
 
 
+def _bar_lines(fragment: str):
+    """``[(style of the line, its tags inside, its text)]`` of each line that holds a
+    ``<progress>`` in an HTML fragment."""
+    from html.parser import HTMLParser
+
+    lines = []
+
+    class Parser(HTMLParser):
+        open_divs = []
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "div":
+                self.open_divs.append([dict(attrs).get("style", ""), [], []])
+            elif self.open_divs:
+                self.open_divs[-1][1].append(tag)
+
+        def handle_endtag(self, tag):
+            if tag == "div":
+                line = self.open_divs.pop()
+                if "progress" in line[1]:
+                    lines.append((line[0], line[1], "".join(line[2])))
+
+        def handle_data(self, data):
+            for line in self.open_divs:
+                line[2].append(data)
+
+    Parser().feed(fragment)
+    return lines
+
+
+def test_a_progress_bar_is_one_text_lines_height_in_the_widget_and_the_static_form(
+        widget_view):
+    """Issue 55: each bar took ~60 px: its own block under a label, tqdm's drawn bar beside
+    the progress bar wrapping onto a second line, both at ipywidgets' 28 px a line. Each is
+    one line now, of a set height that does not wrap (cut with an ellipsis), whatever the
+    frontend's line height; the progress bar draws what tqdm's glyphs drew."""
+    import re
+
+    widget_view, handles = widget_view
+    view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
+    view.opened(outcome)
+    _start(view, outcome, 2)
+    for o in range(2):
+        outcome.replicas[o].progress["b"] = {
+            "n": 5, "total": 10, "desc": f"steps {o}",
+            "text": f"steps {o}:  50%|█████     | 5/10 [00:01<00:01,  4.50it/s]"}
+    view.tick(outcome)
+    forms = {"header": view.header.value, "tab": view._widgets.replicas[0][0].value}
+    for o in range(2):
+        outcome.replicas[o].state, outcome.replicas[o].elapsed = "done", 1.0
+    outcome.elapsed = 1.0
+    view.closed(outcome)
+    forms["static"] = handles[-1].shown[-1]["text/html"]
+    counts = {"header": 2, "tab": 1, "static": 2}
+    for form, fragment in forms.items():
+        lines = _bar_lines(fragment)
+        assert len(lines) == counts[form], (form, fragment)
+        for style, inside, text in lines:
+            height = int(re.search(r"(?:^|;)height:(\d+)px", style)[1])
+            assert 20 <= height <= 24 and f"line-height:{height}px" in style, (form, style)
+            assert "white-space:nowrap" in style and "overflow:hidden" in style, style
+            assert set(inside) <= {"progress", "span", "b", "code"}, (form, inside)  # inline
+            assert "█" not in text and "|" not in text, (form, text)
+        if form != "tab":  # (the header's line is its label, bar and count)
+            assert lines[0][2].startswith("replica 0: ") or form == "static", lines
+    assert "steps 0:  50% 5/10 [00:01<00:01,  4.50it/s]" in _bar_lines(forms["tab"])[0][2]
+
+
 def test_a_widget_view_that_fails_mid_run_leaves_no_widget_in_its_display(widget_view,
                                                                           monkeypatch):
     """The text view takes over; the failed view's live display says so at once, naming no
