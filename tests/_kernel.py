@@ -154,13 +154,23 @@ class Kernel:
     def complete(self, code: str, timeout: float = 30) -> List[str]:
         """What a ``complete_request`` at the end of ``code`` offers, as the code each
         match would make."""
+        content = self._complete_reply(code, timeout)
+        return [code[:content["cursor_start"]] + m for m in content["matches"]]
+
+    def completion_types(self, code: str, timeout: float = 30) -> Dict[str, str]:
+        """``{code a match would make: its type}``, as JupyterLab reads them (the reply's
+        ``_jupyter_types_experimental``)."""
+        content = self._complete_reply(code, timeout)
+        return {code[:c["start"]] + c["text"]: c.get("type")
+                for c in content.get("metadata", {}).get("_jupyter_types_experimental", [])}
+
+    def _complete_reply(self, code: str, timeout: float) -> dict:
         msg_id = self.kc.complete(code, len(code))
         deadline = time.monotonic() + timeout
         while True:
             msg = self.kc.get_shell_msg(timeout=max(1.0, deadline - time.monotonic()))
             if msg["parent_header"].get("msg_id") == msg_id:
-                content = msg["content"]
-                return [code[:content["cursor_start"]] + m for m in content["matches"]]
+                return msg["content"]
 
     def run_answering(self, code: str, answers, timeout: float = 180):
         """Run ``code`` with the notebook's input box on (``allow_stdin``), answering each

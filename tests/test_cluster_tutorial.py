@@ -39,7 +39,8 @@ def cluster_nb(tmp_path_factory):
 def host_blocks(text: str):
     """``{global ordinal: (host, lines)}`` of a %%xla_spawn run on the cluster, after checking
     that all REPLICAS finished, each under its ``── host h · replica i · done`` heading."""
-    assert re.search(rf"^{REPLICAS} replicas on CPU: {REPLICAS} done in \d+\.\d\d s$",
+    assert re.search(rf"^{REPLICAS} replicas on CPU: {REPLICAS} done in \d+\.\d\d s"
+                     r"( · results in `\w+`)?$",
                      text, re.M), text
     blocks, current = {}, None
     for line in text.splitlines():

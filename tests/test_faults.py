@@ -217,6 +217,6 @@ def test_an_interrupted_rerun_keeps_the_earlier_result(kernel, tmp_path):
     k.interrupt()
     reply = k.wait(msg_id)
     assert reply.ename == "KeyboardInterrupt", reply.text
-    assert "colab_xla: -o res kept its earlier value" in reply.stdout, reply.stdout
+    assert "(interrupted) · `-o res` kept its earlier value\n" in reply.stdout, reply.stdout
     assert k.run("assert res == {0: 100, 1: 101}, res").status == "ok"
 

@@ -43,7 +43,8 @@ def torchax_nb(tmp_path_factory):
 
 def finished(text: str):
     """``{process: lines}`` of a run whose PROCESSES processes all finished."""
-    assert re.search(rf"^{PROCESSES} replicas on CPU: {PROCESSES} done in \d+\.\d\d s$",
+    assert re.search(rf"^{PROCESSES} replicas on CPU: {PROCESSES} done in \d+\.\d\d s"
+                     r"( · results in `\w+`)?$",
                      text, re.M), text
     blocks = replica_blocks(text)
     assert sorted(blocks) == list(range(PROCESSES)), text

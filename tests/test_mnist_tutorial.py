@@ -34,7 +34,8 @@ def mnist(tmp_path_factory):
 def losses(text: str, n: int):
     """``{ordinal: [(step, loss), ...]}`` of a finished run of ``n`` replicas."""
     word = "replica" if n == 1 else "replicas"
-    assert re.search(rf"^{n} {word} on CPU: {n} done in \d+\.\d\d s$", text, re.M), text
+    assert re.search(rf"^{n} {word} on CPU: {n} done in \d+\.\d\d s"
+                     r"( · results in `\w+`)?$", text, re.M), text
     blocks = replica_blocks(text)
     assert sorted(blocks) == list(range(n)), text
     found = {}

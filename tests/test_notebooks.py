@@ -76,7 +76,8 @@ def replica_blocks(text: str):
 
 def assert_summary(text: str, expected_lines):
     """A finished run of REPLICAS replicas; replica i shows exactly expected_lines(i)."""
-    assert re.search(rf"^{REPLICAS} replicas on CPU: {REPLICAS} done in \d+\.\d\d s$", text,
+    assert re.search(rf"^{REPLICAS} replicas on CPU: {REPLICAS} done in \d+\.\d\d s"
+                     r"( · results in `\w+`)?$", text,
                      re.M), text
     blocks = replica_blocks(text)
     assert sorted(blocks) == list(range(REPLICAS)), text

@@ -1222,6 +1222,56 @@ def tab(ip, line):
         return [line[:c.start] + c.text for c in ip.Completer.completions(line, len(line))]
 
 
+@pytest.mark.quick
+def test_a_replica_types_each_name_it_offers_without_running_a_property():
+    import json
+    import types
+
+    from colab_xla.wire import completions
+
+    ran = []
+
+    class Net:
+        scale = 2.0
+
+        def forward(self):
+            pass
+
+        @property
+        def costly(self):
+            ran.append(1)
+            return 1
+
+        def __getattr__(self, name):  # (as torch.nn.Module gives its parameters)
+            if name == "weight":
+                return 0.5
+            raise AttributeError(name)
+
+        def __dir__(self):
+            return [*super().__dir__(), "weight"]
+
+    space = {"json": json, "Net": Net, "net": Net(), "f": print, "n": 1,
+             "ns": types.SimpleNamespace(g=len)}
+    assert completions.typed("", space) == [
+        ["Net", "class"], ["f", "function"], ["json", "module"], ["n", "instance"],
+        ["net", "instance"], ["ns", "instance"]]
+    assert dict(completions.typed("net", space)) == {
+        "costly": "property", "forward": "function", "scale": "instance", "weight": "instance"}
+    assert ran == []
+    assert dict(completions.typed("json", space))["dumps"] == "function"
+    assert completions.typed("ns", space) == [["g", "function"]]
+    assert completions.typed("nope.x", space) is None
+
+
+def typed_tab(ip, line):
+    """``{line it would make: type}`` of what Tab offers at the end of ``line``."""
+    from IPython.core.completer import provisionalcompleter
+
+    with provisionalcompleter():
+        return {line[:c.start] + c.text: c.type
+                for c in ip.Completer.completions(line, len(line))}
+
+
 @pytest.mark.xla
 @pytest.mark.timeout(600)
 def test_tab_offers_replica_names_and_attributes_beside_the_notebooks(ip, monkeypatch):
@@ -1240,6 +1290,18 @@ def test_tab_offers_replica_names_and_attributes_beside_the_notebooks(ip, monkey
     assert {"model_of_replicas", "model_of_notebook"} <= set(matches), matches
     matches = tab(ip, "model_of_replicas.fc.we")
     assert "model_of_replicas.fc.weight_decay" in matches, matches
+    # Each typed as what the replica holds (issue 55: JupyterLab showed `<unknown>`), where
+    # IPython's matcher API v2 can say it (8.6 and later; IPython 7, Colab's: untyped).
+    assert run_magic(ip, "%%xla_spawn --no-widget\nimport json as json_of_replicas\n"
+                         "def fn_of_replicas():\n    pass").success
+    kinds = typed_tab(ip, "json_of_re") | typed_tab(ip, "fn_of_re") | typed_tab(
+        ip, "model_of_replicas.fc.we") | typed_tab(ip, "json_of_replicas.dum")
+    assert {"json_of_replicas", "fn_of_replicas", "model_of_replicas.fc.weight_decay",
+            "json_of_replicas.dumps"} <= set(kinds), kinds
+    if hasattr(__import__("IPython.core.completer").core.completer, "context_matcher"):
+        assert kinds["json_of_replicas"] == "module" and kinds["fn_of_replicas"] == "function"
+        assert kinds["model_of_replicas.fc.weight_decay"] == "instance", kinds
+        assert kinds["json_of_replicas.dumps"] == "function", kinds
     # Kept for the cell: asked again only after the next one.
     asked = []
     real = type(live).names

@@ -109,6 +109,16 @@ def test_a_kernels_complete_request_offers_a_replica_name_and_its_objects_attrib
         assert defined.status == "ok", defined.text
         assert "net" in kernel.complete("ne"), kernel.complete("ne")
         assert "net.fc.weight_decay" in kernel.complete("net.fc.we")
+        # Typed as JupyterLab shows them (issue 55: `<unknown>`), where IPython's matcher
+        # API v2 can say it (8.6 and later; IPython 7, Colab's, has them untyped).
+        assert kernel.run("%%xla_spawn\nimport json as json_mod\ndef a_fn():\n    pass"
+                          ).status == "ok"
+        kinds = kernel.completion_types("json_mo") | kernel.completion_types("a_f")
+        assert {"json_mod", "a_fn"} <= set(kinds), kinds
+        from IPython.core import completer
+
+        if hasattr(completer, "context_matcher"):
+            assert kinds["json_mod"] == "module" and kinds["a_fn"] == "function", kinds
 
 
 def test_what_a_session_replica_displays_reaches_the_cells_view(kernel):

@@ -34,7 +34,8 @@ def session_nb(tmp_path_factory):
 
 def finished(text: str, n: int = REPLICAS):
     """``{ordinal: lines}`` of a run of ``n`` replicas that all finished."""
-    assert re.search(rf"^{n} replicas on CPU: {n} done in \d+\.\d\d s$", text, re.M), text
+    assert re.search(rf"^{n} replicas on CPU: {n} done in \d+\.\d\d s"
+                     r"( · results in `\w+`)?$", text, re.M), text
     blocks = replica_blocks(text)
     assert sorted(blocks) == list(range(n)), text
     for i, (heading, _) in blocks.items():

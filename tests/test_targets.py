@@ -376,7 +376,7 @@ def test_a_cluster_cell_is_parsed_once_in_the_notebook_and_not_again_on_a_host(
     class Hosts:  # the hosts' events, as _ClusterRun collects them: none; the cell kept
         session_ended = {}
 
-        def __init__(self, *args):
+        def __init__(self, *args, **kwargs):
             pass
 
         def run(self, cell, sent, pull, pull_from, jax):

@@ -43,7 +43,8 @@ def summary(text: str, headline: str, states=None):
     ``headline`` is the regex of what follows "4 replicas on CPU: " up to " in T s"; returns
     also T. ``states`` (default: all done) is each replica's expected state.
     """
-    m = re.search(rf"^{REPLICAS} replicas on CPU: {headline} in (\d+\.\d\d) s$", text, re.M)
+    m = re.search(rf"^{REPLICAS} replicas on CPU: {headline} in (\d+\.\d\d) s"
+                  r"(?: · results in `\w+`)?$", text, re.M)
     assert m, text
     blocks = replica_blocks(text)
     assert sorted(blocks) == list(range(REPLICAS)), text

@@ -653,6 +653,32 @@ def test_the_header_says_where_replicas_are_while_none_prints_and_where_stopped_
     assert "[colab_xla] replica 1 at line 5 in f: `sleep(9)`\n" in printed.getvalue()
 
 
+def test_the_headers_time_counts_from_the_cells_start_a_replicas_from_its_own(widget_view):
+    """Issue 55: the live header's time began at the view's opening, after the start-up
+    (a 3.4 s cell read "0.1 s"); it is the wait since the cell began, as the end's headline
+    (its static form's and the text form's), a replica's tab its own time."""
+    import re
+    import time
+
+    widget_view, handles = widget_view
+    view, outcome = widget_view.WidgetView(), RunOutcome("CPU", began=time.monotonic() - 90)
+    view.opened(outcome)
+    _start(view, outcome, 2)
+    view.tick(outcome)
+    waited = float(re.search(r"<b>running</b> · (\d+\.\d) s", view.header.value)[1])
+    assert waited >= 90, view.header.value
+    status = view._widgets.replicas[0][0].value
+    assert float(re.search(r"<b>running</b> · (\d+\.\d) s", status)[1]) < 90, status
+    for o in range(2):
+        outcome.replicas[o].state, outcome.replicas[o].elapsed = "done", 0.5
+    outcome.elapsed = time.monotonic() - outcome.began
+    view.closed(outcome)
+    end = handles[-1].shown[-1]
+    for form in (end["text/plain"], end["text/html"]):
+        took = float(re.search(r"2 replicas on CPU: 2 done in (\d+\.\d\d) s", form)[1])
+        assert took >= 90, form
+
+
 def test_a_hidden_tabs_output_is_sent_every_few_seconds_the_shown_tabs_at_every_draw(
         widget_view, monkeypatch):
     """Under heavy output each send is a tab's last lines, whole: the tabs no one looks at
@@ -757,6 +783,17 @@ def test_the_static_form_has_a_section_per_replica_failed_first_and_open():
                                     "after the figure", "<progress value='0.500'")]
     assert marks == sorted(marks), ok
     assert "<b>4 replicas on CPU: 2 done, 1 failed, 1 stopped in 1.50 s</b>" in page
+    assert "results in" not in page
+    # Where -o put the results (issue 55): one clause of the headline, in both forms.
+    outcome.stored_as, outcome.kept = "<outs>", ["--pull model"]
+    page, text = html_view.render(outcome), text_view.render(outcome)
+    assert ("<b>4 replicas on CPU: 2 done, 1 failed, 1 stopped in 1.50 s</b> · results in "
+            "<code>&lt;outs&gt;</code> · <code>--pull model</code> kept its earlier value"
+            ) in page, page
+    assert text.splitlines()[0] == ("4 replicas on CPU: 2 done, 1 failed, 1 stopped in 1.50 s"
+                                    " · results in `<outs>` · `--pull model` kept its earlier "
+                                    "value")
+    outcome.stored_as, outcome.kept = None, []
     # With none failed or stopped, the first replica is open.
     for rep in outcome.replicas.values():
         rep.state, rep.error = "done", None
@@ -779,6 +816,74 @@ def test_the_static_form_is_escaped_and_uses_only_what_a_sanitizer_keeps():
     bundle = html_view.bundle(outcome)
     assert set(bundle) == {"text/plain", "text/html"}
     assert bundle["text/plain"] == text_view.render(outcome)
+
+
+def _bar_lines(fragment: str):
+    """``[(style of the line, its tags inside, its text)]`` of each line that holds a
+    ``<progress>`` in an HTML fragment."""
+    from html.parser import HTMLParser
+
+    lines = []
+
+    class Parser(HTMLParser):
+        open_divs = []
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "div":
+                self.open_divs.append([dict(attrs).get("style", ""), [], []])
+            elif self.open_divs:
+                self.open_divs[-1][1].append(tag)
+
+        def handle_endtag(self, tag):
+            if tag == "div":
+                line = self.open_divs.pop()
+                if "progress" in line[1]:
+                    lines.append((line[0], line[1], "".join(line[2])))
+
+        def handle_data(self, data):
+            for line in self.open_divs:
+                line[2].append(data)
+
+    Parser().feed(fragment)
+    return lines
+
+
+def test_a_progress_bar_is_one_text_lines_height_in_the_widget_and_the_static_form(
+        widget_view):
+    """Issue 55: each bar took ~60 px: its own block under a label, tqdm's drawn bar beside
+    the progress bar wrapping onto a second line, both at ipywidgets' 28 px a line. Each is
+    one line now, of a set height that does not wrap (cut with an ellipsis), whatever the
+    frontend's line height; the progress bar draws what tqdm's glyphs drew."""
+    import re
+
+    widget_view, handles = widget_view
+    view, outcome = widget_view.WidgetView(), RunOutcome("CPU")
+    view.opened(outcome)
+    _start(view, outcome, 2)
+    for o in range(2):
+        outcome.replicas[o].progress["b"] = {
+            "n": 5, "total": 10, "desc": f"steps {o}",
+            "text": f"steps {o}:  50%|█████     | 5/10 [00:01<00:01,  4.50it/s]"}
+    view.tick(outcome)
+    forms = {"header": view.header.value, "tab": view._widgets.replicas[0][0].value}
+    for o in range(2):
+        outcome.replicas[o].state, outcome.replicas[o].elapsed = "done", 1.0
+    outcome.elapsed = 1.0
+    view.closed(outcome)
+    forms["static"] = handles[-1].shown[-1]["text/html"]
+    counts = {"header": 2, "tab": 1, "static": 2}
+    for form, fragment in forms.items():
+        lines = _bar_lines(fragment)
+        assert len(lines) == counts[form], (form, fragment)
+        for style, inside, text in lines:
+            height = int(re.search(r"(?:^|;)height:(\d+)px", style)[1])
+            assert 20 <= height <= 24 and f"line-height:{height}px" in style, (form, style)
+            assert "white-space:nowrap" in style and "overflow:hidden" in style, style
+            assert set(inside) <= {"progress", "span", "b", "code"}, (form, inside)  # inline
+            assert "█" not in text and "|" not in text, (form, text)
+        if form != "tab":  # (the header's line is its label, bar and count)
+            assert lines[0][2].startswith("replica 0: ") or form == "static", lines
+    assert "steps 0:  50% 5/10 [00:01<00:01,  4.50it/s]" in _bar_lines(forms["tab"])[0][2]
 
 
 def test_a_widget_view_that_fails_mid_run_leaves_no_widget_in_its_display(widget_view,

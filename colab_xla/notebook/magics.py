@@ -159,6 +159,7 @@ class XlaMagics(Magics):
             import torch, torch_xla.core.xla_model as xm
             xm.all_reduce(xm.REDUCE_SUM, torch.ones(2, device=device) * index).cpu()
         """
+        began = time.monotonic()  # (the run's time is the wait: its start-up included)
         auto = auto_cells.made_here(line, cell)  # (first: the body's transform is next)
         args = _parse(self.xla_spawn, line, "%%xla_spawn")
         defaults = Defaults.read()
@@ -180,7 +181,8 @@ class XlaMagics(Magics):
                  header=None if auto else f"# %%xla_spawn {line}".rstrip()),
             user_ns=self.shell.user_ns, replicas=args.replicas, launch=launch, env=env,
             cache_dir=args.cache, simulate=args.simulate, timeout=args.timeout, stall=args.stall,
-            pull=tuple(pull), pull_from=args.pull_from, targets=chosen, defaults=defaults)
+            pull=tuple(pull), pull_from=args.pull_from, targets=chosen, defaults=defaults,
+            began=began)
         target = targets.current(fresh=args.fresh)
         try:
             target.refuse(request)
@@ -195,17 +197,16 @@ class XlaMagics(Magics):
         if outcome.cluster_ended:
             print(f"colab_xla: the cluster connection ended: {outcome.cluster_ended}; its "
                   "agents were stopped. %xla_cluster connect (or local) connects again.")
-        # Values first, then the closing draw: a view that fails cannot lose them.
-        kept = self._store(outcome, args.output, pull, args.pull_from)
+        # Values first, then the closing draw: a view that fails cannot lose them. Where
+        # they went is a clause of the headline.
+        outcome.kept = self._store(outcome, args.output, pull, args.pull_from)
+        outcome.stored_as = args.output if f"-o {args.output}" not in outcome.kept else None
         view.closed(outcome)
         if outcome.session_ended:
             reason, _, printed = outcome.session_ended.partition("\n")
             print(f"colab_xla: the session ended: {reason}; every process it started was "
                   "killed. %xla_session restart starts it again (%xla_session start: a new "
                   "one)." + (f"\n{printed}" if printed else ""))
-        if kept:
-            print(f"colab_xla: {', '.join(kept)} kept {'its' if len(kept) == 1 else 'their'} "
-                  "earlier value: no replica sent a new one.")
         if outcome.interrupted:
             raise interrupted_error()
         if not outcome.ok:

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from ..wire import stacks
@@ -65,7 +66,11 @@ class RunOutcome:
 
     device_type: str
     replicas: Dict[int, ReplicaOutcome] = dataclasses.field(default_factory=dict)
+    # The wall time the person waited: from :attr:`began` to the run's end (the replicas'
+    # start-up included; each replica's own time is its ``elapsed``). None while it runs.
     elapsed: Optional[float] = None
+    # When the cell asked to run (the magic's start), in this process's time.monotonic().
+    began: float = dataclasses.field(default_factory=time.monotonic)
     interrupted: bool = False
     # Output no single replica owns (C-level writes of a process running several replicas,
     # its threads no replica started), by process label such as "process 0".
@@ -84,6 +89,11 @@ class RunOutcome:
     cluster_ended: Optional[str] = None
     # Run on some of a session's replicas (--targets): the others, idle; else empty.
     idle: List[int] = dataclasses.field(default_factory=list)
+    # The notebook name ``-o`` put the results in (None: no -o, or it kept its value), and
+    # the ``-o``/``--pull`` names that kept their earlier value (``"-o res"``: no replica
+    # sent a new one); set once the values are stored, for the views' headline.
+    stored_as: Optional[str] = None
+    kept: List[str] = dataclasses.field(default_factory=list)
 
     def label(self, ordinal: int) -> str:
         """``"replica 3"``, or on a cluster ``"host 1 · replica 3"``."""

@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Mapping, Optional, Tuple
 
@@ -88,7 +89,9 @@ class CellRequest:
     (None: all of them; ``--targets``); ``announce`` says what a person should know before it
     starts (None: nothing is said); ``hosted`` makes it a run a cluster host's agent runs
     for the notebook (:mod:`colab_xla.notebook.cluster.agent`); ``defaults`` are the environment's
-    (:mod:`colab_xla.notebook.defaults`), read once, when the request is made.
+    (:mod:`colab_xla.notebook.defaults`), read once, when the request is made; ``began`` is
+    when the cell asked to run (``time.monotonic()``; the magic's start): the run's time
+    counts from there, its planning and the replicas' start-up included.
     """
 
     cell: Cell
@@ -106,6 +109,7 @@ class CellRequest:
     announce: Optional[Callable[[str], Any]] = print
     hosted: Optional[Remote] = None
     defaults: Defaults = field(default_factory=Defaults.read)
+    began: float = field(default_factory=time.monotonic)
 
     def __post_init__(self):
         if self.stall is not None and not (self.stall >= 0 and math.isfinite(self.stall)):

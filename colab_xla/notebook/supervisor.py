@@ -63,6 +63,8 @@ class RunRequest:
     hosted: Optional[interrupts.Remote] = None
     # The replicas that run the cell (a session's, by ordinal: --targets); None: all.
     chosen: Optional[Tuple[int, ...]] = None
+    # When the cell asked to run (time.monotonic(): CellRequest.began); None: at run().
+    began: Optional[float] = None
 
 
 class _Driver:
@@ -128,6 +130,8 @@ class Supervisor:
         self.user_ns = user_ns
         self.run_id = f"{ids.token()}{next(_runs):08x}"  # (see colab_xla.wire.ids)
         self.outcome = RunOutcome(device_type=plan.device_type, log_dir=state.next_log_dir())
+        if options.began is not None:
+            self.outcome.began = options.began
         if options.chosen is not None and plan.replicas:
             self.outcome.idle = sorted(set(range(plan.replicas)) - set(options.chosen))
         self._decoders: Dict[tuple, Any] = {}
@@ -161,6 +165,8 @@ class Supervisor:
 
     def run(self) -> RunOutcome:
         self._started = time.monotonic()
+        if self.options.began is None:
+            self.outcome.began = self._started
         opts = self.options
         self._shm_dir = None if opts.hosted else shared_tensors.make_dir(self.run_id)
         # The run's pipes go where its rings do: in tmpfs, making one costs less than in a
@@ -233,7 +239,7 @@ class Supervisor:
                 if self._shm_dir is not None:  # tensors already mapped stay valid
                     shared_tensors.remove_dir(self._shm_dir)
                 self._replicas.done_with(pipes)
-                self.outcome.elapsed = time.monotonic() - self._started
+                self.outcome.elapsed = time.monotonic() - self.outcome.began
                 self._finish_logs()
                 # Its traceback's frames hold the pool (each process's sentinel pipe) and this
                 # run: a cycle that kept those fds open until a garbage collection.

@@ -154,7 +154,7 @@ def run_on_hosts(cluster: Cluster, request: CellRequest, observer: Optional[RunO
     chosen = (None if request.targets is None  # (a one-off run refused it: only a session)
               else [layout[o] for o in request.targets.ordinals(layout)])
     run = _ClusterRun(cluster, per_host, user_ns, observer or RunObserver(), request.timeout,
-                      request.announce, chosen)
+                      request.announce, chosen, began=request.began)
     cluster.cells_run += 1
     outcome = run.run(cell, sent, request.pull, request.pull_from, host_launch)
     if session is not None:
@@ -200,7 +200,8 @@ def coordinator(cluster: Cluster) -> str:
 class _ClusterRun:
     def __init__(self, cluster: Cluster, per_host: List[int], user_ns, observer: RunObserver,
                  timeout: Optional[float], announce,
-                 chosen: Optional[List[Tuple[int, int]]] = None):
+                 chosen: Optional[List[Tuple[int, int]]] = None,
+                 began: Optional[float] = None):
         self.cluster, self.user_ns, self.observer = cluster, user_ns, observer
         self.timeout, self.announce = timeout, announce
         self.run_id = secrets.token_hex(8)
@@ -212,6 +213,8 @@ class _ClusterRun:
             for h, n in enumerate(self.per_host)}
         self.outcome = RunOutcome(device_type=cluster.described[0]["device"],
                                   log_dir=state.new_log_dir())
+        if began is not None:  # (the cell's start: the run's time counts from there)
+            self.outcome.began = began
         if chosen is not None:
             self.outcome.idle = sorted(set(range(sum(per_host))) - {
                 self.offsets[h] + i for h, i in chosen})
@@ -275,7 +278,7 @@ class _ClusterRun:
         if self._gone:  # the hosts are no longer one group: the connection ends
             host, why = next(iter(sorted(self._gone.items())))
             self.cluster.stop(f"host {host} is gone: {why}")
-        self.outcome.elapsed = time.monotonic() - started
+        self.outcome.elapsed = time.monotonic() - self.outcome.began
         for log in [*(r.log for r in self.outcome.replicas.values()),
                     *self.outcome.processes.values()]:
             log.finish()  # (every line arrived whole: this closes the log files)

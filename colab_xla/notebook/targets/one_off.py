@@ -130,7 +130,7 @@ class OneOff(Target):
                                         launch.start_method)
             parent_pid = say_notes(plan, launch, notes, request.announce)
             run = RunRequest(launch, parent_pid, module, sent_names, cache_dir, request.pull,
-                             request.pull_from, request.hosted)
+                             request.pull_from, request.hosted, began=request.began)
             return Supervisor(run, plan, run_dir, user_ns, observer or RunObserver(),
                               request.timeout, stall=request.stall).run()
         finally:

@@ -364,7 +364,8 @@ class Session(Target):
                 sent_names, sent = (names.pack(user_ns, user_ns, names.SESSION) if user_ns
                                     else None), []
             run = RunRequest(self.options.launch, os.getpid(), module, sent_names, None,
-                             request.pull, request.pull_from, request.hosted, chosen)
+                             request.pull, request.pull_from, request.hosted, chosen,
+                             began=request.began)
             outcome = Supervisor(run, self.plan, run_dir, dict(user_ns),
                                  observer or RunObserver(), request.timeout,
                                  replicas=SessionReplicas(self), stall=request.stall).run()
@@ -604,10 +605,11 @@ class Session(Target):
                 with contextlib.suppress(OSError):
                     os.unlink(path)
 
-    def names(self, expr: str, timeout: float) -> Optional[List[str]]:
+    def names(self, expr: str, timeout: float) -> Optional[List[List[str]]]:
         """The names replica 0 has under ``expr`` (``""``: its globals; ``"model.fc"``: that
-        object's attributes; :mod:`colab_xla.wire.completions`), or None: the session is
-        not up, a cell runs, or no answer came within ``timeout`` seconds."""
+        object's attributes), each with its kind: ``[[name, kind], ...]``
+        (:mod:`colab_xla.wire.completions`); or None: the session is not up, a cell runs, or
+        no answer came within ``timeout`` seconds."""
         with self._lock:
             if (self.ended is not None or self._cell is not None or not self.replicas
                     or (expr and not completions.is_chain(expr))):

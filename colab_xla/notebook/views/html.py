@@ -28,6 +28,7 @@ Example::
 from __future__ import annotations
 
 import html
+import re
 from typing import List, Optional
 
 from . import text as text_view
@@ -67,7 +68,8 @@ def render(outcome: RunOutcome, tail: Optional[int] = text_view.SUMMARY_TAIL) ->
     esc = html.escape
     order = sorted(outcome.replicas,
                    key=lambda o: (_ORDER.get(outcome.replicas[o].state, 2), o))
-    parts = [f"<p style='{_SECTION}'><b>{esc(text_view.headline(outcome))}</b>"
+    parts = [f"<p style='{_SECTION}'><b>{esc(text_view.headline(outcome, values=False))}</b>"
+             f"{text_view.values_note(outcome, lambda n: f'<code>{esc(n)}</code>')}"
              f"{_cut(outcome)}</p>"]
     where = outcome.places(outcome.stopped)  # (once the run is cut: those at one place together)
     if where:
@@ -144,18 +146,32 @@ def _one_line(text: str, chars: int = 120) -> str:
     return lines[0] if len(lines) == 1 and len(lines[0]) <= chars else lines[0][:chars] + " …"
 
 
-def bar(progress: dict, compact: bool = False) -> str:
-    """A tqdm bar of a replica as HTML: a progress bar (none without a total), then tqdm's
-    own line (compact: its description and count only)."""
+def bar(progress: dict, compact: bool = False, label: str = "") -> str:
+    """A tqdm bar of a replica as one line of HTML, :data:`BAR_LINE` high whatever the
+    frontend's own line height (ipywidgets' HTML is 28 px a line): ``label``, a progress
+    bar (none without a total), then tqdm's own line without its drawn bar (compact: its
+    description and count only), cut with an ellipsis where the line is too narrow."""
     done = fraction(progress)
-    meter = (f"<progress value='{done:.3f}' max='1' style='width:{8 if compact else 16}em;"
-             "vertical-align:middle'></progress> " if done is not None else "")
+    meter = (f"<progress value='{done:.3f}' max='1' style='width:{8 if compact else 12}em;"
+             f"height:{BAR_LINE - 8}px;margin:0 0.4em 0 0;vertical-align:middle'></progress>"
+             if done is not None else "")
     if compact:
         total = f"/{progress['total']}" if progress.get("total") else ""
         text = f"{progress.get('desc') or ''} {progress.get('n') or 0}{total}".strip()
     else:
         text = progress.get("text", "")
-    return f"<div style='margin:2px 0'>{meter}<code>{html.escape(text)}</code></div>"
+        if meter:  # (the progress bar draws it)
+            text = _DRAWN_BAR.sub(r"\1 ", text, count=1)
+    return (f"<div style='{_BAR_STYLE}'>{html.escape(label)}{meter}"
+            f"<span style='font-family:monospace'>{html.escape(text)}</span></div>")
+
+
+# A bar's line: one text line's height, whatever the frontend's line height, never wrapped.
+BAR_LINE = 20
+_BAR_STYLE = (f"height:{BAR_LINE}px;line-height:{BAR_LINE}px;margin:0;white-space:nowrap;"
+              "overflow:hidden;text-overflow:ellipsis")
+# tqdm's own drawn bar in its line: ``50%|█████     | 5/10`` (its l_bar ends with ``%|``).
+_DRAWN_BAR = re.compile(r"(\d%)\|[^|]*\| ?")
 
 
 def _output(lines) -> str:

@@ -294,8 +294,8 @@ class WidgetView(RunObserver):
             error.value = value
 
     def _draw_header(self, outcome: RunOutcome) -> None:
-        elapsed = (outcome.elapsed if outcome.elapsed is not None
-                   else time.monotonic() - self._started)
+        elapsed = (outcome.elapsed if outcome.elapsed is not None  # (start-up included)
+                   else time.monotonic() - outcome.began)
         state = ("interrupted" if outcome.interrupted else
                  "running" if outcome.elapsed is None else
                  "failed" if not outcome.ok else "done")
@@ -312,8 +312,8 @@ class WidgetView(RunObserver):
         where = self._stall or "\n".join(outcome.places(outcome.stopped))
         # While bars run: one line per replica, its first bar (each tab has all of them).
         bars = "".join(
-            f"<div style='font-size:smaller'>{html.escape(outcome.label(o))}: "
-            f"{html_view.bar(bar, compact=True)}</div>"
+            f"<div style='font-size:smaller'>"
+            f"{html_view.bar(bar, compact=True, label=f'{outcome.label(o)}: ')}</div>"
             for o, rep in outcome.replicas.items()
             for bar in [b for b in rep.progress.values() if not b.get("closed")][:1])
         stall = (f"<pre style='color:#9a6700;white-space:pre-wrap;margin:4px 0'>"
