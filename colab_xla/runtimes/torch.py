@@ -43,6 +43,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from ..errors import OptionError, Problem, SetupError
 from ..wire.host_rank import HostRank
 from .base import VARIABLE, Runtime, refuse_xmp_launch
+from .gloo_collectives import file_store
 from .plan import Hardware, ReplicaCountError, ReplicaPlan
 from .torch_xla import DEFAULT_CPU_REPLICAS
 
@@ -412,8 +413,6 @@ def _meeting_store(rank: int, world: int):
     import torch.distributed as dist
 
     if _store_path is not None:
-        from ..replica.gloo_collectives import file_store
-
         return file_store(_store_path, world)  # (0600, as the simulation's)
     address, port = _membership["MASTER_ADDR"], int(_membership["MASTER_PORT"])
     if rank == 0:

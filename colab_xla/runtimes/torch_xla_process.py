@@ -5,7 +5,7 @@ behaves as in a notebook and a cut run can say where each replica was: ``xm.rend
 recorded, a nested ``xmp.spawn`` refused with the reason, ``xm.master_print`` to the
 replica's output, the APIs torch_xla 2.x removed named with their replacement, the cell's
 deprecation warnings shown with its lines, and on CPU the simulation's collectives
-(:mod:`colab_xla.replica.cpu_sim`).
+(:mod:`colab_xla.runtimes.cpu_sim`).
 
 ``process`` is the replica's :class:`colab_xla.replica.process.ReplicaProcess` (its
 ``rank``, ``host_rank``, ``writer`` and ``cell``), passed in: this module does not import it.
