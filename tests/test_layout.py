@@ -8,7 +8,8 @@ colab_xla is laid out by which process runs the code (docs/architecture.md):
 * ``colab_xla/wire/``: what crosses between them (jobs, reports, frames, values), a leaf
   both import;
 * ``colab_xla/runtimes/``: a runtime per module (its notebook half and its replica half),
-  behind one interface and a registry; it never imports the notebook side (or IPython),
+  behind one interface and a registry, with what their replica halves use; it never
+  imports the notebook side, the replica side (or IPython),
   and no module but a runtime's own compares a runtime's name: everything else asks the
   runtime;
 * ``colab_xla/errors.py``: the refusals and problems found before a run, a leaf.
