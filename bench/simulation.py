@@ -43,7 +43,7 @@ from _results import (Memcpy, bench_parser, machine_info, machine_line,  # noqa:
 
 from colab_xla.notebook.outcome import RunObserver  # noqa: E402
 from colab_xla.notebook.targets import run_cell  # noqa: E402
-from colab_xla.replica import shm_collectives  # noqa: E402
+from colab_xla.runtimes import shm_collectives  # noqa: E402
 
 NAME = "simulation"
 MODELS = ("processes", "gloo", "threads")
@@ -235,7 +235,7 @@ def render(results: List[dict], info: dict, seconds: float, repeats: int) -> str
         "## CPU simulation: processes (default) vs threads, shared memory vs gloo",
         "",
         "One process per replica with its collectives through shared memory (the default, "
-        "`colab_xla.replica.shm_collectives`), the same with gloo's (TCP between the "
+        "`colab_xla.runtimes.shm_collectives`), the same with gloo's (TCP between the "
         "processes, as before), and the replicas as threads of one process (the model "
         "before processes, with its patches), interleaved in one process. Median ms; launch "
         "and first output over the repeats, the rest measured inside the replicas (replica "

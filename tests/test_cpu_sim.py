@@ -1,12 +1,12 @@
-"""Units of colab_xla.replica.cpu_sim: the CPU plan's variables, and the check that refuses to patch
-a torch_xla that lacks what the simulation patches (a later release that renamed it)."""
+"""Units of colab_xla.runtimes.cpu_sim: the CPU plan's variables, and the check that refuses to
+patch a torch_xla that lacks what the simulation patches (a later release that renamed it)."""
 
 import types
 
 import pytest
 
 from colab_xla.runtimes import simulation as sim_plan
-from colab_xla.replica import cpu_sim
+from colab_xla.runtimes import cpu_sim
 
 
 pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
@@ -82,9 +82,9 @@ def test_the_installed_torch_xla_has_everything_the_simulation_patches():
     assert torch_xla.__version__.rsplit(".", 1)[0] in cpu_sim.TESTED_RELEASES
 
 
-# --- the processes model's collectives (colab_xla.replica.gloo_collectives) -----------
+# --- the processes model's collectives (colab_xla.runtimes.gloo_collectives) -----------
 
-from colab_xla.replica import gloo_collectives  # noqa: E402
+from colab_xla.runtimes import gloo_collectives  # noqa: E402
 
 
 def _gloo_fakes(drop=()):

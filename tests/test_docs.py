@@ -164,7 +164,7 @@ def test_the_simulation_page_says_the_shared_memory_sizes_the_code_uses():
     """docs/simulation.md writes shm_collectives' sizes out in words (when a result goes
     through a file, how many files a group keeps, the room it leaves, a replica's slot):
     each as the code has it now."""
-    from colab_xla.replica import shm_collectives as shm
+    from colab_xla.runtimes import shm_collectives as shm
 
     def mib(nbytes: int) -> str:
         return f"{nbytes >> 20} MiB"

@@ -8,7 +8,8 @@ colab_xla is laid out by which process runs the code (docs/architecture.md):
 * ``colab_xla/wire/``: what crosses between them (jobs, reports, frames, values), a leaf
   both import;
 * ``colab_xla/runtimes/``: a runtime per module (its notebook half and its replica half),
-  behind one interface and a registry; it never imports the notebook side (or IPython),
+  behind one interface and a registry, with what their replica halves use; it never
+  imports the notebook side, the replica side (or IPython),
   and no module but a runtime's own compares a runtime's name: everything else asks the
   runtime;
 * ``colab_xla/errors.py``: the refusals and problems found before a run, a leaf.
@@ -303,3 +304,62 @@ TPU_USERS = ("jax", "jaxlib")
 if name in TPU_USERS: pass
 """
     assert _name_comparisons(ast.parse(not_compared), names) == []
+
+
+# -- the layers -------------------------------------------------------------------------------
+# colab_xla is a stack of layers, each importing only its own and those below it
+# (docs/architecture.md): the notebook's entry (the extension, the magics, %xla_doctor)
+# -> the targets (where a cell runs, a cluster's connection and each host's agent among
+# them) -> the run's machinery on the notebook's side (the supervisor, the launcher, the
+# checks, the views) -> the replica side -> the runtimes (each runtime's two halves) ->
+# the wire -> the errors. Every import counts, inside a function too.
+
+LAYERS = ("errors", "wire", "runtimes", "replica", "supervisor", "targets", "notebook")
+ENTRY = ("colab_xla", "colab_xla.notebook.magics", "colab_xla.notebook.doctor")
+
+
+def _layer(module: str) -> str:
+    side = _side(module)
+    if side == "top" or module in ENTRY:
+        return "notebook"
+    if side != "notebook":
+        return side
+    if module.startswith(("colab_xla.notebook.targets", "colab_xla.notebook.cluster")):
+        return "targets"
+    return "supervisor"
+
+
+def _upward_imports() -> List[str]:
+    bad = []
+    for name, imports in IMPORTS.items():
+        below = LAYERS.index(_layer(name))
+        for target, line, nested in imports:
+            if _side(target) == "outside" or LAYERS.index(_layer(target)) <= below:
+                continue
+            where = "inside a function" if nested else "at module level"
+            bad.append(f"{MODULES[name].relative_to(PACKAGE.parent)}:{line} ({_layer(name)}) "
+                       f"imports {target} ({_layer(target)}) {where}")
+    return bad
+
+
+def test_every_module_has_a_layer():
+    layers = {_layer(name) for name in MODULES}
+    assert layers == set(LAYERS)
+    assert _layer("colab_xla.notebook.cluster.agent") == "targets"
+    assert _layer("colab_xla.notebook.launch") == "supervisor"
+
+
+def test_every_import_points_down_the_layers_inside_functions_too():
+    assert _upward_imports() == []
+
+
+@pytest.mark.parametrize("source,target,nested", [
+    ("colab_xla.runtimes.torch_xla", "colab_xla.replica.process", True),
+    ("colab_xla.notebook.supervisor", "colab_xla.notebook.targets.one_off", True),
+    ("colab_xla.wire.job", "colab_xla.runtimes.plan", False),
+    ("colab_xla.notebook.targets.one_off", "colab_xla.notebook.magics", False),
+])
+def test_the_layer_check_finds_an_upward_import(monkeypatch, source, target, nested):
+    broken = {**IMPORTS, source: [*IMPORTS[source], (target, 1, nested)]}
+    monkeypatch.setitem(globals(), "IMPORTS", broken)
+    assert [b for b in _upward_imports() if f":1 ({_layer(source)}) imports {target}" in b]

@@ -1,5 +1,5 @@
 """Multislice's "discovery once" inside a replica process
-(:mod:`colab_xla.replica.runtime_clients`): each runtime client recorded with its call,
+(:mod:`colab_xla.runtimes.runtime_clients`): each runtime client recorded with its call,
 ``SKIP_MEGASCALE_PJRT_CLIENT`` set from the first one on, and a client that would run
 MegaScale discovery a second time refused, named.
 
@@ -20,7 +20,7 @@ import types
 
 import pytest
 
-from colab_xla.replica import runtime_clients as rc
+from colab_xla.runtimes import runtime_clients as rc
 from test_jax_runtime import needs_jax  # tests/ is on sys.path
 
 
@@ -109,7 +109,7 @@ def test_jax_is_watched_from_its_import_on_without_importing_it_early():
     code = textwrap.dedent("""
         import os, sys
         os.environ["JAX_PLATFORMS"] = "cpu"
-        from colab_xla.replica import runtime_clients as rc
+        from colab_xla.runtimes import runtime_clients as rc
         rc.install(lambda: "the test's call")
         assert "jax" not in sys.modules  # watching costs no import
         import jax.numpy as jnp
@@ -128,7 +128,7 @@ def test_jax_is_watched_from_its_import_on_without_importing_it_early():
 
 CLIENTS_CELL = """
 import os
-from colab_xla.replica import runtime_clients as rc
+from colab_xla.runtimes import runtime_clients as rc
 before = os.environ.get(rc.SKIP)
 device
 (before, os.environ.get(rc.SKIP), [(c.library, c.platform, c.call) for c in rc.clients()])
@@ -166,7 +166,7 @@ def test_a_jax_backend_that_would_discover_again_in_a_replica_is_refused_naming_
     cell = textwrap.dedent("""
         import os
         os.environ["JAX_PLATFORMS"] = "cpu"
-        from colab_xla.replica import runtime_clients as rc
+        from colab_xla.runtimes import runtime_clients as rc
         rc.DISCOVERING_PLATFORMS = ("tpu", "cpu")
         device
         del os.environ[rc.SKIP]

@@ -1,4 +1,4 @@
-"""colab_xla.replica.shm_collectives in real processes: forked processes of one machine meet
+"""colab_xla.runtimes.shm_collectives in real processes: forked processes of one machine meet
 through a FileStore, as the CPU simulation's replica processes do, and reduce and gather
 through shared memory; what they get is checked against the same operation done in one
 process, for every reduction, dtype and size (a chunk, several, part of one, nothing)."""
@@ -16,7 +16,7 @@ import traceback
 import pytest
 import torch
 
-from colab_xla.replica import gloo_collectives, shm_collectives
+from colab_xla.runtimes import gloo_collectives, shm_collectives
 from colab_xla.wire import shared_tensors
 
 

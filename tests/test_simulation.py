@@ -293,7 +293,7 @@ def test_a_large_all_reduce_comes_back_through_a_result_file_right_and_each_repl
     as XLA needs) come back right, and a replica's in-place change is its own."""
     cell = '''
     import torch, torch_xla, torch_xla.core.xla_model as xm
-    from colab_xla.replica import shm_collectives
+    from colab_xla.runtimes import shm_collectives
     n = shm_collectives.CHUNK_BYTES // 4 + 5  # float32: a chunk and a part of the next
     x = torch.full((n,), float(index + 1), device=device)
     y = xm.all_reduce(xm.REDUCE_SUM, x)

@@ -1,5 +1,5 @@
 """Collectives under ``torch.compile(backend='openxla')`` on the CPU simulation
-(:mod:`colab_xla.replica.traced_collectives`): what torch_xla itself lets Dynamo trace is
+(:mod:`colab_xla.runtimes.traced_collectives`): what torch_xla itself lets Dynamo trace is
 traced, and computed afresh at every call; the rest breaks the graph, and with
 ``fullgraph=True`` is refused, exactly where torch_xla's own is (checked against torch_xla
 alone, one CPU device). The ``threads`` model refuses torch.compile with its reason."""
@@ -168,7 +168,7 @@ def test_the_xla_backends_collectives_inside_a_compiled_step():
 
 
 def test_threads_refuse_torch_compile_with_the_reason_and_the_way_out():
-    from colab_xla.replica.cpu_sim import THREADS_NO_DYNAMO
+    from colab_xla.runtimes.cpu_sim import THREADS_NO_DYNAMO
 
     cell = '''
     import torch, torch_xla.core.xla_model as xm

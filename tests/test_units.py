@@ -1058,7 +1058,7 @@ def test_every_name_bound_to_a_replaced_function_gets_the_replacement(monkeypatc
 
     import cloudpickle
 
-    from colab_xla.replica.bound_names import rebind
+    from colab_xla.runtimes.bound_names import rebind
 
     def original():
         return "original"

@@ -36,7 +36,7 @@ from colab_xla.wire import stacks
 CELL = "/tmp/run-1/xla_cell_3_ab.py"
 SITE = "/venv/lib/python3.11/site-packages"
 DUMP = f"""Thread 0x00007f0000000002 (most recent call first):
-  File "{SITE}/colab_xla/replica/gloo_collectives.py", line 130 in exchange
+  File "{SITE}/colab_xla/runtimes/gloo_collectives.py", line 130 in exchange
   File "{SITE}/torch_xla/core/xla_model.py", line 1386 in rendezvous
   File "{SITE}/colab_xla/replica/execution.py", line 300 in noted_rendezvous
   File "{CELL}", line 9 in <module>

@@ -12,7 +12,7 @@
 The launcher is ``xmp.spawn`` (``"xmp"``) or ``torch_xla.launch`` (``"launch"``), which
 calls it. On CPU, xmp.spawn runs every replica as a thread of a single process whatever
 the count; for the default simulation, one process per replica as on a TPU v4 or later
-host (:mod:`colab_xla.replica.cpu_sim`), :func:`start` starts the processes itself, one
+host (:mod:`colab_xla.runtimes.cpu_sim`), :func:`start` starts the processes itself, one
 ``multiprocessing`` process per replica with the same start method, each told its rank
 the way xmp.spawn tells its own (``PJRT_LOCAL_PROCESS_RANK``/``COUNT``).
 

@@ -120,7 +120,7 @@ def runtime_problems() -> List[Problem]:
     """torch_xla's refusal (this process initialized the XLA runtime), for a run of any
     runtime and every cell of a session: this process imports torch_xla whatever the
     runtime (the TPU scan, the launcher), its replicas fork from it, and each replica asks
-    torch_xla whether its client started (colab_xla.replica.runtime_clients)."""
+    torch_xla whether its client started (colab_xla.runtimes.runtime_clients)."""
     return torch_xla_runtime.RUNTIME.problems()
 
 

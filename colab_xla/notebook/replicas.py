@@ -112,7 +112,7 @@ class FreshReplicas(Replicas):
 
     def done_with(self, pipes: RunPipes) -> None:
         """The run's pipes close, and what its processes left in shared memory goes with
-        them: a collectives group's directory (colab_xla.replica.shm_collectives), which
+        them: a collectives group's directory (colab_xla.runtimes.shm_collectives), which
         replica 0 removes when the group closes, not when its process ends. (Else it
         stayed, empty, until a later run's look for the directories of processes that are
         gone, at most once a minute: after the notebook's last run, for good.)"""

@@ -23,9 +23,9 @@ import threading
 import types
 from typing import Any, Optional, Protocol, Tuple
 
+from ..runtimes.thread import replica
 from ..wire import displays
 from ..wire.frames import DISPLAY, MAX_PAYLOAD
-from .thread import replica
 
 
 class _Process(Protocol):

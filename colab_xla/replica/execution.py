@@ -21,6 +21,8 @@ import types
 import cloudpickle
 
 from .. import runtimes
+from ..runtimes import runtime_clients
+from ..runtimes.thread import current
 from ..wire import frames, stacks
 from ..wire.cell import CellModule
 from ..wire.reports import RETURN_PLAIN_DATA, ReplicaError, ReplicaReport
@@ -30,9 +32,7 @@ from ..wire.names import REPLICA_NAMES
 from ..wire.values import end_payload, pack_value, pull_names, report_to_send, safe_repr
 from ..wire.job import ReplicaJob
 from .capture import flush_all, inherited_shell
-from . import runtime_clients
 from .process import ReplicaProcess
-from .thread import current
 
 
 def main(index: int, job: ReplicaJob) -> None:

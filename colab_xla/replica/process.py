@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, NamedTuple, Optional, Tup
 import cloudpickle
 
 from .. import runtimes
+from ..runtimes import runtime_clients, thread
 from ..wire.host_rank import HostRank
 from ..wire.cell import CellModule
 from ..wire.reports import ReplicaError
@@ -35,8 +36,6 @@ from ..wire.values import lookup
 from . import progress
 from .capture import (ReplicaStream, capture_fds, flush_all, no_stdin, replica_display,
                       streams_per_thread)
-from . import runtime_clients
-from . import thread
 
 if TYPE_CHECKING:
     from ..wire.job import ReplicaJob

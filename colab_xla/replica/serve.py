@@ -41,6 +41,7 @@ import threading
 import traceback
 from typing import Deque, Dict, NamedTuple, Optional, Union
 
+from ..runtimes.thread import current
 from ..wire import completions, pdb_pipes, shared_tensors, stacks
 from ..wire.frames import NOTE
 from ..wire.names import REPLICA_NAMES
@@ -48,7 +49,6 @@ from .execution import ReplicaGlobals, cell_globals, serve_run
 from ..wire.job import (JOB_VERBS, ReplicaJob, command_job, command_path, failure_path,
                         urgent_path)
 from .process import ReplicaProcess
-from .thread import current
 
 
 # The exit code of a session replica that failed outside its cell (EX_SOFTWARE).

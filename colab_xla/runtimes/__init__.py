@@ -7,6 +7,10 @@
 * :mod:`.torch`: N ``torch.distributed`` processes, as torchrun starts them, with the
   default process group initialized before the cell.
 
+What their replica halves use is here too, below the replica side that calls them
+(:mod:`colab_xla.runtimes.torch_xla_process`, the CPU simulation's :mod:`.cpu_sim` and
+collectives, :mod:`.runtime_clients`, :mod:`.thread`).
+
 The notebook gets a runtime by name (:func:`get`); a replica process gets its own from its
 environment (:func:`current`), where the plan named it. Everything that depends on the
 runtime asks it; no other module compares runtime names.

@@ -14,6 +14,8 @@ import abc
 from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Pattern,
                     Sequence, Tuple)
 
+from ..errors import OptionError
+
 if TYPE_CHECKING:
     from ..errors import Problem
     from .plan import Hardware, ReplicaPlan
@@ -27,8 +29,6 @@ def refuse_xmp_launch(launch, runtime: str, starts: str) -> None:
     """For a runtime that starts its processes itself (``starts``: what it calls them):
     refuse torch_xla's launch options, ``--launcher`` and ``--debug-single``."""
     if launch.launcher != "xmp" or launch.debug_single:
-        from ..errors import OptionError
-
         raise OptionError(f"--runtime {runtime} starts {starts} itself: --launcher and "
                           "--debug-single are torch_xla's.")
 

@@ -2,7 +2,7 @@
 (:mod:`colab_xla.runtimes.torch_xla`): the two models (:data:`SIMULATIONS`, also the
 ``--simulate`` choices) and the variables of a run of N simulated replicas. What the
 simulation does inside the replicas (their collectives) is
-:mod:`colab_xla.replica.cpu_sim`."""
+:mod:`colab_xla.runtimes.cpu_sim`."""
 
 from __future__ import annotations
 

@@ -45,6 +45,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from ..errors import OptionError, Problem, SetupError
 from ..wire.host_rank import HostRank
 from .base import VARIABLE, Runtime, refuse_xmp_launch
+from .gloo_collectives import file_store
 from .plan import Hardware, ReplicaCountError, ReplicaPlan
 from .torch_xla import DEFAULT_CPU_REPLICAS
 
@@ -414,8 +415,6 @@ def _meeting_store(rank: int, world: int):
     import torch.distributed as dist
 
     if _store_path is not None:
-        from ..replica.gloo_collectives import file_store
-
         return file_store(_store_path, world)  # (0600, as the simulation's)
     address, port = _membership["MASTER_ADDR"], int(_membership["MASTER_PORT"])
     if rank == 0:
@@ -498,10 +497,10 @@ def _fit_script_calls(names: Dict[str, Any]) -> None:
     default group waits for the process's end (:func:`leave`): under every name bound to
     torch's own functions, ``torch.distributed``'s and those bound before (``from
     torch.distributed import init_process_group`` in the notebook, ``names`` its names as
-    the process has them: :func:`colab_xla.replica.bound_names.rebind`)."""
+    the process has them: :func:`colab_xla.runtimes.bound_names.rebind`)."""
     import torch.distributed as dist
 
-    from ..replica.bound_names import rebind
+    from .bound_names import rebind
 
     if _real:
         return

@@ -8,7 +8,7 @@ or as threads of one process.
   hardware; and the refusal of a notebook whose own process initialized the XLA
   runtime (:func:`runtime_initialized`).
 * The replica's half: torch_xla instrumented in each replica process, its compilation
-  cache, the CPU simulation's collectives (:mod:`colab_xla.replica.torch_xla_process`),
+  cache, the CPU simulation's collectives (:mod:`colab_xla.runtimes.torch_xla_process`),
   and ``device``, ``torch_xla.device()`` on first use.
 
 Example::
@@ -26,6 +26,7 @@ import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ..errors import OptionError, Problem, SetupError
+from . import runtime_clients, torch_xla_process
 from .base import Runtime
 from .plan import DEVICE_FILES, DeviceMissing, Hardware, ReplicaCountError, ReplicaPlan
 from .simulation import DEFAULT_SIMULATION, environment as simulated_environment
@@ -248,16 +249,12 @@ class TorchXla(Runtime):
     # -- the replica's half -----------------------------------------------------------
 
     def start_process(self, process, job) -> None:
-        from ..replica import torch_xla_process
-
         if job.cache_dir:
             torch_xla_process.initialize_cache(job.cache_dir, process.rank)
         torch_xla_process.instrument(process, job.run_dir)
 
     def device(self) -> Any:
         import torch_xla
-
-        from ..replica import runtime_clients
 
         runtime_clients.before_torch_xla()
         device = torch_xla.device()

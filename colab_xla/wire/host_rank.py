@@ -25,7 +25,7 @@ _PREFIX = "COLAB_XLA_CLUSTER_"
 # Every variable, so that a host's agent can drop stale ones.
 VARIABLES = tuple(_PREFIX + n for n in ("HOST", "HOSTS", "REPLICAS", "ADDRESS", "STORE", "RUN"))
 # Set, a runtime client skips MegaScale discovery: a replica process's first client must not
-# inherit it (colab_xla.replica.runtime_clients sets it once that client exists; a
+# inherit it (colab_xla.runtimes.runtime_clients sets it once that client exists; a
 # multislice host's variables are colab_xla.notebook.cluster.multislice's).
 SKIP_DISCOVERY = "SKIP_MEGASCALE_PJRT_CLIENT"
 

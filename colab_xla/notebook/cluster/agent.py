@@ -32,13 +32,20 @@ import threading
 import traceback
 from typing import Any, Dict, List, MutableMapping, Optional
 
-from .. import interrupts
 from ... import runtimes
+from ...errors import SetupError
 from ...runtimes.torch import listening_store
-from . import multislice
+from ...wire import names
 from ...wire.host_rank import SKIP_DISCOVERY, VARIABLES, HostRank
-from ..launch import Launch, free_port
+from .. import debugger, interrupts
+from ..chosen import parse
+from ..launch import Launch, forkserver_pid, free_port, wait_forkserver, warm_forkserver
 from ..outcome import RunObserver, RunOutcome
+from ..request import CellRequest, LaunchAsked
+from ..targets.one_off import OneOff
+from ..targets.session import SessionOptions, new_session
+from ..torch_xla_import import import_torch_xla
+from . import multislice
 
 # What Ray sets in an actor's environment for the chips it reserved, which the replicas
 # of a whole host must not inherit (TPU_HOST_BOUNDS=1,1,1 makes one host its own slice);
@@ -83,14 +90,10 @@ class HostAgent:
             self._store = listening_store(rank.address, 0, wait_for_workers=False)
             self.rank = dataclasses.replace(
                 rank, store=f"{rank.address}:{self._store.port}/{secrets.token_hex(16)}")
-        from ..torch_xla_import import import_torch_xla
-
         if start_method == "forkserver":
             # Started now, not by a cell's run (which would end it with the run). Replicas
             # must not fork from this process: Ray's threads may hold libc's locks (a
             # child forked here was seen stuck in getnameinfo, making its gloo store).
-            from ..launch import wait_forkserver, warm_forkserver
-
             warm_forkserver()  # (it imports torch_xla beside this process's import)
         import_torch_xla()  # warm: every cell's replicas start from here
         if start_method == "forkserver":
@@ -105,9 +108,7 @@ class HostAgent:
 
     def describe(self) -> Dict[str, Any]:
         """What the notebook shows of this host."""
-        import torch_xla
-
-        from ..launch import forkserver_pid
+        import torch_xla  # (already imported: import_torch_xla; never in the notebook's process)
 
         return {"host": self.rank.host, "pid": os.getpid(), "forkserver": forkserver_pid(),
                 "hostname": socket.gethostname(),
@@ -128,9 +129,6 @@ class HostAgent:
         ``request``'s runtime, as for :meth:`start`); reply ``{"replicas": {local
         ordinal: pid}, "notes": [...]}``, or ``{"error": (ename, message)}`` when they
         could not start (refused, or did not come up)."""
-        from ...errors import SetupError
-        from ..targets.session import SessionOptions, new_session
-
         self.stop_session()
         notes: List[str] = []
         opts = SessionOptions(replicas=self._replicas(), launch=self._launch(request),
@@ -146,8 +144,6 @@ class HostAgent:
         """``%xla_debug`` of this host's session replica ``local`` (``answer`` None: start
         it; else the answer to its last prompt): what pdb wrote since, and its next prompt
         or how it ended (:class:`colab_xla.notebook.debugger.Relayed`)."""
-        from .. import debugger
-
         if answer is None:
             session = self._session
             if session is None or not session.up:
@@ -177,11 +173,6 @@ class HostAgent:
         K or None, "environ": {...}}``, what every host's replicas get; None: the default
         runtime's), one job with every host's; its ``"targets"`` (``"0,2"``, by index on
         this host: ``--targets``) runs it on those of the session's replicas only."""
-        from ..request import LaunchAsked
-        from ..targets.one_off import OneOff
-
-        from ..chosen import parse
-
         run = self._run(run_id)
         target, asked = self._session, {"stall": (request or {}).get("stall")}
         if (request or {}).get("targets"):  # (the notebook chose them, by index here)
@@ -256,9 +247,6 @@ class _HostedRun(RunObserver):
     def run(self, host, cell, sent, target, asked, pull, pull_from) -> None:
         """Run ``cell`` on ``target`` (this host's session, or a one-off run with the
         options ``asked``), as a request made here, with the names ``sent``."""
-        from ..request import CellRequest
-        from ...wire import names
-
         notes: List[str] = []
         try:
             try:

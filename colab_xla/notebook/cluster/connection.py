@@ -239,6 +239,7 @@ def _start_agents(ray, placements: list, members: List[Host], replicas: int,
                   start_method: str, slices: Optional[multislice.Slices]) -> list:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+    # (here, not at the top: the agent runs cells on the targets, which import this module)
     from .agent import HostAgent
 
     actor = ray.remote(HostAgent)

@@ -18,7 +18,7 @@ Example::
     ('1', '2')
 
 What runs inside a replica process so that discovery happens once there is
-:mod:`colab_xla.replica.runtime_clients`.
+:mod:`colab_xla.runtimes.runtime_clients`.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def run_cell(source: str, *, replicas: Optional[int] = None, user_ns: Optional[M
     ``env`` adds variables for the replicas only (the replica count and device are
     planned with them); ``cache_dir`` turns on torch_xla's persistent compilation cache,
     a sub-directory per replica process; ``simulate`` is how replicas on CPU simulate a TPU
-    host (:mod:`colab_xla.replica.cpu_sim`: "processes", the default, or "threads"; default
+    host (:mod:`colab_xla.runtimes.cpu_sim`: "processes", the default, or "threads"; default
     ``$COLAB_XLA_SIMULATE``); ``pull`` names are sent back from every replica
     (or only from replica ``pull_from``) into ``outcome.pulled(name)``.
 

@@ -1,10 +1,10 @@
 """Collectives between the replica processes of one machine, through shared memory.
 
-The CPU simulation runs a process per replica (:mod:`colab_xla.replica.cpu_sim`).
+The CPU simulation runs a process per replica (:mod:`colab_xla.runtimes.cpu_sim`).
 :class:`ShmGroup` gives them ``all_reduce`` and ``all_gather`` (and so ``reduce_scatter``,
 ``all_to_all``, ``xm.optimizer_step``) by reading each other's memory instead of gloo's
 loopback sockets; the rest (``collective_permute``, groups of some replicas) goes to
-:mod:`colab_xla.replica.gloo_collectives`. Against gloo: bench/results.md, "CPU simulation".
+:mod:`colab_xla.runtimes.gloo_collectives`. Against gloo: bench/results.md, "CPU simulation".
 
 * Each replica has a *slot* of ``2 x`` :data:`CHUNK_BYTES` in one ``/dev/shm`` file they all
   map. A call goes through its tensors of one dtype as one run of elements, a chunk at a

@@ -2,7 +2,7 @@
 
 A runtime replaces some of a library's functions in each replica process
 (``torch.distributed.init_process_group``: :mod:`colab_xla.runtimes.torch`; torch_xla's
-collectives in the simulation: :mod:`colab_xla.replica.torch_xla_process`), after the
+collectives in the simulation: :mod:`colab_xla.runtimes.torch_xla_process`), after the
 process forked from the notebook or loaded the notebook's names. Setting the library's
 attribute alone would reach an alias of the module (``import torch.distributed as dist``)
 but not a name bound to the function itself before, as a notebook cell's ``from

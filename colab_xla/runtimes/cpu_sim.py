@@ -5,8 +5,8 @@
   every TPU since v4 (one process per chip). Each replica has its own interpreter state:
   random generators, torch.distributed's process group, module objects. XLA's CPU client
   cannot connect processes, so their collectives go through shared memory between the
-  processes of one machine (:mod:`colab_xla.replica.shm_collectives`) and gloo between
-  machines (:mod:`colab_xla.replica.gloo_collectives`, :func:`install_processes`).
+  processes of one machine (:mod:`colab_xla.runtimes.shm_collectives`) and gloo between
+  machines (:mod:`colab_xla.runtimes.gloo_collectives`, :func:`install_processes`).
   xmp.spawn runs a single process on CPU whatever the count, so colab_xla starts these
   processes itself (:func:`colab_xla.notebook.launch.start`).
 * ``threads``: the replicas are N CPU devices of one process (``CPU_NUM_DEVICES=N``),

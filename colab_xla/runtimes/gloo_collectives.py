@@ -2,7 +2,7 @@
 
 torch_xla 2.9's CPU client has no collectives across processes: two ``PJRT_DEVICE=CPU``
 processes each see a world of one. When colab_xla simulates a TPU host as one process per
-replica (:mod:`colab_xla.replica.cpu_sim`), :func:`install` makes each process answer as replica
+replica (:mod:`colab_xla.runtimes.cpu_sim`), :func:`install` makes each process answer as replica
 ``rank`` of ``world`` (``xr.world_size()``, ``xr.global_ordinal()``, ``xr.process_index()``
 and friends) and replaces the collectives of ``xla_model`` (``all_reduce``, ``all_gather``,
 ``reduce_scatter``, ``all_to_all``, ``collective_permute``, ``xla_rendezvous``) with the same
@@ -14,7 +14,7 @@ What this does not reproduce: a collective is not part of the XLA graph (the inp
 computed and copied to the CPU, then the result copied back), so a step with collectives
 runs as several programs, and ``torch_xla.compile(full_graph=True)`` allows that execution
 during a collective instead of refusing it. Under ``torch.compile``, what torch_xla can
-trace runs between the compiled pieces (:mod:`colab_xla.replica.traced_collectives`).
+trace runs between the compiled pieces (:mod:`colab_xla.runtimes.traced_collectives`).
 
 The group is a gloo process group of its own, never torch.distributed's default one, so a
 cell's own ``init_process_group`` (``xla``, ``gloo``) is as free as on a TPU. The store that

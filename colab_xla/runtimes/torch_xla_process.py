@@ -5,7 +5,7 @@ behaves as in a notebook and a cut run can say where each replica was: ``xm.rend
 recorded, a nested ``xmp.spawn`` refused with the reason, ``xm.master_print`` to the
 replica's output, the APIs torch_xla 2.x removed named with their replacement, the cell's
 deprecation warnings shown with its lines, and on CPU the simulation's collectives
-(:mod:`colab_xla.replica.cpu_sim`).
+(:mod:`colab_xla.runtimes.cpu_sim`).
 
 ``process`` is the replica's :class:`colab_xla.replica.process.ReplicaProcess` (its
 ``rank``, ``host_rank``, ``writer`` and ``cell``), passed in: this module does not import it.
@@ -55,7 +55,7 @@ def instrument(process, run_dir: str) -> None:
     refused with the reason; on CPU, the simulation's collectives installed (between the
     processes of ``run_dir``'s run, or every host's). Each function replaced is replaced
     under the names bound to it before too (``from torch_xla.core.xla_model import
-    all_reduce`` in the notebook: :func:`colab_xla.replica.bound_names.rebind`)."""
+    all_reduce`` in the notebook: :func:`colab_xla.runtimes.bound_names.rebind`)."""
     import torch_xla
     import torch_xla.core.xla_model as xm
     import torch_xla.distributed.xla_multiprocessing as xmp
