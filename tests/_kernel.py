@@ -13,12 +13,14 @@ import contextlib
 import inspect
 import os
 import queue
+import re
 import signal
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import psutil
+import pytest
 import zmq
 from jupyter_client import KernelManager
 from run_notebooks import ipc_connection  # tools/ is on sys.path (conftest.py)
@@ -57,6 +59,24 @@ def loaded_kernel(env: Optional[Dict[str, str]] = None):
     with Kernel(env=env) as k:
         assert k.run("%load_ext colab_xla").status == "ok"
         yield k
+
+
+def kernel_fixture(env: Optional[Dict[str, str]] = None):
+    """The ``kernel`` fixture of a test module: one :func:`loaded_kernel` (``env``: see
+    :class:`Kernel`) for the module's tests in turn (a kernel's first run costs ~9 s of CPU,
+    most of it importing torch_xla)."""
+
+    @pytest.fixture(scope="module", name="kernel")
+    def kernel():
+        with loaded_kernel(env=env) as k:
+            yield k
+
+    return kernel
+
+
+def session_pids_in(reply_text: str) -> List[int]:
+    """The pids of the replicas a ``%xla_session`` reply names, sorted."""
+    return sorted(int(p) for p in re.findall(r"replica \d+: pid (\d+)", reply_text))
 
 
 class Kernel:

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from _kernel import Kernel, loaded_kernel, shell_msg_ready, wait_until_gone  # tests/ is on sys.path
+from _kernel import Kernel, kernel_fixture, shell_msg_ready, wait_until_gone  # tests/ on sys.path
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
@@ -30,11 +30,7 @@ def wait_for_files(paths, timeout: float = 120, kernel: Kernel = None, msg_id=No
     return [Path(p).read_text() for p in paths]
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    """A kernel with colab_xla loaded, for the module's tests in turn."""
-    with loaded_kernel() as k:
-        yield k
+kernel = kernel_fixture()
 
 
 def pid_cell(tmp_path, line: str, then: str = "time.sleep(600)") -> str:

@@ -27,6 +27,8 @@ from colab_xla.notebook.targets.session import (Session, SessionError, SessionOp
 from colab_xla.runtimes.plan import ReplicaPlan
 from colab_xla.wire.cell import Cell, CellModule
 
+from _shell import ip_fixture  # tests/ is on sys.path
+
 pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
 
 
@@ -428,13 +430,7 @@ def test_a_real_run_parses_its_cell_once_in_the_notebook(parses):
 # -- the magic: parse, the current target, run, show -----------------------------------------
 
 
-@pytest.fixture
-def ip():
-    from test_magic import get_ipython
-
-    shell = get_ipython()
-    shell.run_line_magic("load_ext", "colab_xla")
-    yield shell
+ip = ip_fixture()
 
 
 def test_the_magic_runs_its_request_on_the_current_target_and_parses_the_cell_once(
