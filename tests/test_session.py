@@ -296,7 +296,7 @@ def test_a_python_loop_is_interrupted_in_every_model(live):
 @pytest.mark.xla
 @pytest.mark.timeout(600)
 def test_a_cell_that_starts_and_stops_a_profiler_ends_in_every_model(live):
-    # It spun for ever on Python 3.11, from a session's second cell on (see test_units).
+    # It spun for ever on Python 3.11, from a session's second cell on (see test_serve).
     cell("before = index", live)
     outcome = cell("""
         import cProfile

@@ -509,3 +509,12 @@ def test_targets_beyond_the_session_say_which_replicas_it_has():
         parse("2").ordinals([(0, 0), (0, 1)])
     with pytest.raises(OptionError, match=r"no replica 1:2 .*hosts are 0, 1"):
         parse("1:2").ordinals([(0, 0), (1, 0)])
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0.0, -1.0])
+def test_run_cell_refuses_a_timeout_that_is_not_a_positive_number(timeout):
+    from colab_xla.notebook.targets import run_cell
+
+    with pytest.raises(ValueError, match=r"--timeout \S+: the timeout must be more than 0 "
+                                         "seconds and finite"):
+        run_cell("index", replicas=2, timeout=timeout)
