@@ -17,6 +17,7 @@ import re
 import signal
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Dict, List, Optional
 
 import psutil
@@ -59,6 +60,18 @@ def loaded_kernel(env: Optional[Dict[str, str]] = None):
     with Kernel(env=env) as k:
         assert k.run("%load_ext colab_xla").status == "ok"
         yield k
+
+
+def wait_for_files(paths, timeout: float = 120, kernel: Kernel = None, msg_id=None):
+    """Poll until every path exists with content (a replica wrote it); their contents."""
+    deadline = time.monotonic() + timeout
+    while not all(Path(p).exists() and Path(p).read_text() for p in paths):
+        if kernel is not None and shell_msg_ready(kernel.kc):
+            reply = kernel.wait(msg_id)
+            pytest.fail(f"the cell ended before its replicas wrote {paths}:\n{reply.text}")
+        assert time.monotonic() < deadline, f"no replica wrote {paths} in {timeout} s"
+        time.sleep(0.05)
+    return [Path(p).read_text() for p in paths]
 
 
 def kernel_fixture(env: Optional[Dict[str, str]] = None):

@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from _kernel import Kernel, kernel_fixture, session_pids_in, wait_until_gone  # tests/ on sys.path
-from test_faults import wait_for_files
+from _kernel import (Kernel, kernel_fixture, session_pids_in,  # tests/ is on sys.path
+                     wait_for_files, wait_until_gone)
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300), pytest.mark.stacks("colab")]
 

@@ -31,8 +31,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from _kernel import Kernel, session_pids_in, wait_until_gone  # tests/ is on sys.path
-from test_faults import wait_for_files
+from _kernel import Kernel, session_pids_in, wait_for_files, wait_until_gone  # tests/ on sys.path
 
 pytestmark = [pytest.mark.faults, pytest.mark.soak, pytest.mark.timeout(900)]
 
