@@ -13,12 +13,15 @@ import contextlib
 import inspect
 import os
 import queue
+import re
 import signal
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Dict, List, Optional
 
 import psutil
+import pytest
 import zmq
 from jupyter_client import KernelManager
 from run_notebooks import ipc_connection  # tools/ is on sys.path (conftest.py)
@@ -57,6 +60,36 @@ def loaded_kernel(env: Optional[Dict[str, str]] = None):
     with Kernel(env=env) as k:
         assert k.run("%load_ext colab_xla").status == "ok"
         yield k
+
+
+def wait_for_files(paths, timeout: float = 120, kernel: Kernel = None, msg_id=None):
+    """Poll until every path exists with content (a replica wrote it); their contents."""
+    deadline = time.monotonic() + timeout
+    while not all(Path(p).exists() and Path(p).read_text() for p in paths):
+        if kernel is not None and shell_msg_ready(kernel.kc):
+            reply = kernel.wait(msg_id)
+            pytest.fail(f"the cell ended before its replicas wrote {paths}:\n{reply.text}")
+        assert time.monotonic() < deadline, f"no replica wrote {paths} in {timeout} s"
+        time.sleep(0.05)
+    return [Path(p).read_text() for p in paths]
+
+
+def kernel_fixture(env: Optional[Dict[str, str]] = None):
+    """The ``kernel`` fixture of a test module: one :func:`loaded_kernel` (``env``: see
+    :class:`Kernel`) for the module's tests in turn (a kernel's first run costs ~9 s of CPU,
+    most of it importing torch_xla)."""
+
+    @pytest.fixture(scope="module", name="kernel")
+    def kernel():
+        with loaded_kernel(env=env) as k:
+            yield k
+
+    return kernel
+
+
+def session_pids_in(reply_text: str) -> List[int]:
+    """The pids of the replicas a ``%xla_session`` reply names, sorted."""
+    return sorted(int(p) for p in re.findall(r"replica \d+: pid (\d+)", reply_text))
 
 
 class Kernel:

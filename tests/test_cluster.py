@@ -33,9 +33,9 @@ from colab_xla.notebook.outcome import (DONE, FAILED, STOPPED, RunObserver, RunO
                                        XlaSpawnError)
 from colab_xla.notebook.views import text as text_view
 from _kernel import replicas_left, wait_until_gone  # tests/ is on sys.path
+from _shell import get_ipython, ip_fixture
 from test_jax_runtime import needs_jax
 from test_launch import notebook_namespace
-from test_magic import get_ipython
 
 
 # -- units ---------------------------------------------------------------------------------
@@ -367,12 +367,7 @@ def test_the_doctor_says_whether_ray_is_there_for_a_cluster():
         "not connected (Ray 2.60.0: %xla_cluster connect, or local)")
 
 
-@pytest.fixture
-def ip():
-    shell = get_ipython()
-    shell.run_line_magic("load_ext", "colab_xla")
-    yield shell
-    cluster.stop()
+ip = ip_fixture(after=lambda shell: cluster.stop())
 
 
 def test_the_magic_refuses_what_it_cannot_do_before_anything_starts(ip, capsys):
@@ -722,7 +717,7 @@ def test_an_interrupt_on_a_cluster_says_where_each_hosts_replicas_were(local):
 
 # -- warm replicas on every host (%xla_session while connected) --------------------------------
 
-def session_pids(session) -> dict:
+def ordinal_pids(session) -> dict:
     """{global ordinal: pid} of a cluster session's replicas."""
     return {h * PER_HOST + i: pid for h, replicas in session.replicas.items()
             for i, pid in replicas.items()}
@@ -734,7 +729,7 @@ def warm(local):
     from colab_xla.notebook.targets.cluster_session import ClusterSession
 
     local.session = ClusterSession.start(local, announce=None)
-    pids = session_pids(local.session)
+    pids = ordinal_pids(local.session)
     yield local
     local.session.stop()
     local.session = None
@@ -746,7 +741,7 @@ def warm(local):
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_a_session_keeps_every_hosts_replicas_and_their_globals_from_cell_to_cell(warm):
-    pids = session_pids(warm.session)
+    pids = ordinal_pids(warm.session)
     assert sorted(pids) == [0, 1, 2, 3] and len(set(pids.values())) == 4
     first = on_cluster("import os\ncounter = index * 10\nos.getpid()", warm)
     assert first.ok, text_view.render(first)
@@ -801,7 +796,7 @@ def test_a_session_gets_a_notebook_name_once_and_again_when_the_notebook_changes
 @pytest.mark.timeout(300)
 def test_an_interrupted_session_cell_keeps_the_session_and_a_dead_replica_ends_it_everywhere(
         warm):
-    pids = session_pids(warm.session)
+    pids = ordinal_pids(warm.session)
 
     stopped = on_cluster("kept = index\nprint('kept')\nimport time\ntime.sleep(120)", warm,
                          observer=InterruptWhenAllPrinted("kept"))
@@ -837,7 +832,7 @@ def test_the_session_magic_on_a_cluster_starts_shows_and_stops_every_hosts_repli
         out = capsys.readouterr().out
         assert "colab_xla session: 4 replicas started on 2 hosts" in out
         assert "host 0:" in out and "host 1:" in out
-        pids = session_pids(local.session)
+        pids = ordinal_pids(local.session)
         with pytest.raises(UsageError, match="a session is up on the cluster"):
             shell.run_line_magic("xla_session", "start")
         shell.run_cell_magic("xla_spawn", "--no-widget -o got", "import os\nos.getpid()")
@@ -965,7 +960,7 @@ def test_the_magic_runs_jax_cells_and_a_jax_session_on_the_cluster(local, capsys
     try:
         shell.run_line_magic("xla_session", "start --runtime jax")
         assert "4 replicas (JAX processes) on 2 hosts" in capsys.readouterr().out
-        pids = session_pids(local.session)
+        pids = ordinal_pids(local.session)
         shell.run_cell_magic("xla_spawn", "--no-widget", "import jax, os\nkept = os.getpid()")
         shell.run_cell_magic("xla_spawn", "--no-widget -o again",
                              "(kept, jax.process_index(), jax.process_count())")

@@ -8,33 +8,16 @@ costs ~9 s of CPU, most of it importing torch_xla)."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
-from _kernel import Kernel, loaded_kernel, shell_msg_ready, wait_until_gone  # tests/ is on sys.path
+from _kernel import Kernel, kernel_fixture, wait_for_files, wait_until_gone  # tests/ on sys.path
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
 
-def wait_for_files(paths, timeout: float = 120, kernel: Kernel = None, msg_id=None):
-    """Poll until every path exists with content (a replica wrote it); their contents."""
-    deadline = time.monotonic() + timeout
-    while not all(Path(p).exists() and Path(p).read_text() for p in paths):
-        if kernel is not None and shell_msg_ready(kernel.kc):
-            reply = kernel.wait(msg_id)
-            pytest.fail(f"the cell ended before its replicas wrote {paths}:\n{reply.text}")
-        assert time.monotonic() < deadline, f"no replica wrote {paths} in {timeout} s"
-        time.sleep(0.05)
-    return [Path(p).read_text() for p in paths]
-
-
-@pytest.fixture(scope="module")
-def kernel():
-    """A kernel with colab_xla loaded, for the module's tests in turn."""
-    with loaded_kernel() as k:
-        yield k
+kernel = kernel_fixture()
 
 
 def pid_cell(tmp_path, line: str, then: str = "time.sleep(600)") -> str:

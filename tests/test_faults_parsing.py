@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from _kernel import loaded_kernel  # tests/ is on sys.path
+from _kernel import kernel_fixture  # tests/ is on sys.path
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300), pytest.mark.stacks("colab")]
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    """One kernel with colab_xla loaded for both tests (its first run: ~9 s of CPU)."""
-    with loaded_kernel() as k:
-        yield k
+kernel = kernel_fixture()
 
 
 def test_a_quoted_env_value_with_spaces_reaches_every_replica_and_xla(kernel, tmp_path):

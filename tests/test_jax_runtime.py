@@ -23,7 +23,7 @@ from colab_xla.notebook.outcome import FAILED, STOPPED, RunObserver
 from colab_xla.notebook.views import text as text_view
 
 from _kernel import replicas_left, wait_until_gone  # tests/ is on sys.path
-from test_magic import get_ipython
+from _shell import get_ipython
 
 needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None,
                                reason="jax is not installed in this stack")

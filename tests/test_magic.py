@@ -6,27 +6,16 @@ from pathlib import Path
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing import globalipapp
 
 from colab_xla.notebook import auto_cells, ipython_syntax
 from colab_xla.notebook.outcome import XlaSpawnError
 
+from _shell import get_ipython, ip_fixture  # tests/ is on sys.path
+
 
 pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
 
-
-def get_ipython():
-    """The test-friendly TerminalInteractiveShell (a singleton, started once)."""
-    globalipapp.start_ipython()
-    return globalipapp.get_ipython()
-
-
-@pytest.fixture(scope="module")
-def ip():
-    shell = get_ipython()
-    shell.run_line_magic("load_ext", "colab_xla")
-    yield shell
-    shell.run_line_magic("unload_ext", "colab_xla")
+ip = ip_fixture(scope="module", after=lambda shell: shell.run_line_magic("unload_ext", "colab_xla"))
 
 
 def cell(ip, line, body):

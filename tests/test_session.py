@@ -30,7 +30,8 @@ from colab_xla.wire.cell import Cell
 from colab_xla.notebook.views import text as text_view
 
 from _kernel import wait_until_gone  # tests/ is on sys.path
-from test_magic import get_ipython
+from _runs import run
+from _shell import ip_fixture
 
 
 pytestmark = [pytest.mark.stacks("colab", "kaggle")]
@@ -71,8 +72,7 @@ def test_names_a_session_cannot_be_sent_are_refused_with_the_session_way_out():
 
 
 def cell(source: str, session, **kw):
-    return run_cell(textwrap.dedent(source).lstrip("\n"), session=session, announce=None,
-                    label="Cell In[7]", **kw)
+    return run(source, session=session, label="Cell In[7]", **kw)
 
 
 @pytest.fixture(params=["processes", "threads"], scope="module")
@@ -296,7 +296,7 @@ def test_a_python_loop_is_interrupted_in_every_model(live):
 @pytest.mark.xla
 @pytest.mark.timeout(600)
 def test_a_cell_that_starts_and_stops_a_profiler_ends_in_every_model(live):
-    # It spun for ever on Python 3.11, from a session's second cell on (see test_units).
+    # It spun for ever on Python 3.11, from a session's second cell on (see test_serve).
     cell("before = index", live)
     outcome = cell("""
         import cProfile
@@ -707,12 +707,7 @@ def test_a_script_that_leaves_its_session_up_ends_on_its_own_and_leaves_nothing(
 # -- the magic --------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def ip():
-    shell = get_ipython()
-    shell.run_line_magic("load_ext", "colab_xla")
-    yield shell
-    targets.stop_session()
+ip = ip_fixture(after=lambda shell: targets.stop_session())
 
 
 def run_magic(ip, text):

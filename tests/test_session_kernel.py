@@ -11,21 +11,13 @@ import re
 
 import pytest
 
-from _kernel import Kernel, loaded_kernel, wait_until_gone  # tests/ is on sys.path
-from test_faults import wait_for_files
+from _kernel import (Kernel, kernel_fixture, session_pids_in,  # tests/ is on sys.path
+                     wait_for_files, wait_until_gone)
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300), pytest.mark.stacks("colab")]
 
 
-def session_pids(reply_text: str):
-    return sorted(int(p) for p in re.findall(r"replica \d+: pid (\d+)", reply_text))
-
-
-@pytest.fixture(scope="module")
-def kernel():
-    """A kernel (text view) with colab_xla loaded, for the module's tests in turn."""
-    with loaded_kernel(env={"COLAB_XLA_VIEW": "text"}) as k:
-        yield k
+kernel = kernel_fixture(env={"COLAB_XLA_VIEW": "text"})
 
 
 @contextlib.contextmanager
@@ -47,7 +39,7 @@ def test_an_interrupt_stops_the_cell_and_keeps_the_session_and_its_state(kernel,
     """At N=1 the replica ran in a thread of torch_xla's (xmp.spawn's one CPU process): a
     sleep there cannot be interrupted, and every Interrupt ended the session (issue 31)."""
     with session_kernel(kernel, replicas) as started:
-        pids = session_pids(started.stdout)
+        pids = session_pids_in(started.stdout)
         assert len(pids) == replicas
         assert kernel.run("%%xla_spawn --no-widget\nstate = index * 7").status == "ok"
         msg_id = kernel.submit("%%xla_spawn --no-widget\nimport os, time\n"
@@ -63,7 +55,7 @@ def test_an_interrupt_stops_the_cell_and_keeps_the_session_and_its_state(kernel,
         kept = kernel.run("%%xla_spawn --no-widget -o got\nstate")
         assert kept.status == "ok", kept.text
         status = kernel.run("%xla_session")
-        assert session_pids(status.stdout) == pids, status.text
+        assert session_pids_in(status.stdout) == pids, status.text
         assert kernel.run("print(got)").stdout.strip() == str({i: 7 * i for i in range(replicas)})
 
 
@@ -74,7 +66,7 @@ def test_a_killed_kernel_leaves_no_session_process():
         assert started.status == "ok", started.text
         assert k.run("%%xla_spawn --no-widget\nx = index").status == "ok"
         procs = k.descendants()
-        assert set(session_pids(started.stdout)) <= {p.pid for p in procs}
+        assert set(session_pids_in(started.stdout)) <= {p.pid for p in procs}
         k.kill()
         alive = wait_until_gone(procs, timeout=20)
         assert alive == [], [(p.pid, " ".join(p.cmdline())[:120]) for p in alive]

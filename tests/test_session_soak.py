@@ -31,9 +31,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from _kernel import Kernel, wait_until_gone  # tests/ is on sys.path
-from test_faults import wait_for_files
-from test_session_kernel import session_pids
+from _kernel import Kernel, session_pids_in, wait_for_files, wait_until_gone  # tests/ on sys.path
 
 pytestmark = [pytest.mark.faults, pytest.mark.soak, pytest.mark.timeout(900)]
 
@@ -105,7 +103,7 @@ class Cycles:
 
     def pids(self):
         status = self.ok("%xla_session", "the status")
-        pids = session_pids(status)
+        pids = session_pids_in(status)
         assert len(pids) == REPLICAS, status
         return pids
 

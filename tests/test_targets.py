@@ -27,6 +27,8 @@ from colab_xla.notebook.targets.session import (Session, SessionError, SessionOp
 from colab_xla.runtimes.plan import ReplicaPlan
 from colab_xla.wire.cell import Cell, CellModule
 
+from _shell import ip_fixture  # tests/ is on sys.path
+
 pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
 
 
@@ -428,13 +430,7 @@ def test_a_real_run_parses_its_cell_once_in_the_notebook(parses):
 # -- the magic: parse, the current target, run, show -----------------------------------------
 
 
-@pytest.fixture
-def ip():
-    from test_magic import get_ipython
-
-    shell = get_ipython()
-    shell.run_line_magic("load_ext", "colab_xla")
-    yield shell
+ip = ip_fixture()
 
 
 def test_the_magic_runs_its_request_on_the_current_target_and_parses_the_cell_once(
@@ -513,3 +509,12 @@ def test_targets_beyond_the_session_say_which_replicas_it_has():
         parse("2").ordinals([(0, 0), (0, 1)])
     with pytest.raises(OptionError, match=r"no replica 1:2 .*hosts are 0, 1"):
         parse("1:2").ordinals([(0, 0), (1, 0)])
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0.0, -1.0])
+def test_run_cell_refuses_a_timeout_that_is_not_a_positive_number(timeout):
+    from colab_xla.notebook.targets import run_cell
+
+    with pytest.raises(ValueError, match=r"--timeout \S+: the timeout must be more than 0 "
+                                         "seconds and finite"):
+        run_cell("index", replicas=2, timeout=timeout)

@@ -12,12 +12,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import textwrap
 import time
 
 import pytest
 
 from _listeners import LISTENING, not_loopback, other_address, run_with_hostname_elsewhere
+from _runs import run
 
 from colab_xla import runtimes
 from colab_xla.errors import OptionError
@@ -158,9 +158,7 @@ def test_cuda_initialized_in_the_notebook_is_refused_before_forking(monkeypatch)
 
 def cell(source: str, **kw):
     kw.setdefault("replicas", 2)
-    return run_cell(textwrap.dedent(source).lstrip("\n"), launch=Launch(runtime=TORCH),
-                    announce=None,
-                    label="Cell In[3]", **kw)
+    return run(source, launch=Launch(runtime=TORCH), label="Cell In[3]", **kw)
 
 
 @pytest.mark.xla

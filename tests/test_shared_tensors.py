@@ -1,5 +1,5 @@
-"""Units of the IPython-free core that need torch (but no XLA runtime, no replicas):
-shared-memory tensors. Kept apart from test_units.py so a missing torch skips only these."""
+"""Shared-memory tensors (colab_xla.wire.shared_tensors), units that need torch (but no XLA
+runtime, no replicas): a missing torch skips this module."""
 
 import errno
 import os

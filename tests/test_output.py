@@ -1,10 +1,14 @@
-"""Output faults of issue #12, pure units: long lines, per-thread streams, display."""
+"""Output faults of issue #12: long lines, per-thread streams, split characters (pure
+units), and what a replica displays (in a real kernel)."""
+
+from __future__ import annotations
 
 import pytest
 
+from _kernel import Kernel  # tests/ is on sys.path
 from colab_xla.notebook.output_log import OutputLog
 
-pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
+pytestmark = [pytest.mark.stacks("colab", "kaggle")]
 
 CHUNK = "x" * (1 << 16)  # what the notebook reads from the pipe at a time
 
@@ -20,6 +24,7 @@ class _CountedChunks(list):
             yield chunk
 
 
+@pytest.mark.quick
 def test_a_long_line_without_newline_costs_its_length_not_its_length_squared():
     """16 MiB as one line, in 64 KiB chunks (what the notebook reads from the pipe at a
     time), a view drawing the growing line after each chunk. Before the fix each chunk
@@ -41,6 +46,7 @@ def test_a_long_line_without_newline_costs_its_length_not_its_length_squared():
     assert log.write("stdout", "\n") == ["x" * (16 << 20)] and log.partial() == []
 
 
+@pytest.mark.quick
 def test_chunks_of_one_line_join_with_carriage_returns_across_chunks():
     log = OutputLog(path=None)
     assert log.write("stdout", " 10%\r 5") == []
@@ -52,6 +58,7 @@ def test_chunks_of_one_line_join_with_carriage_returns_across_chunks():
     assert log.finish() == ["next"] and log.lines_total == 2
 
 
+@pytest.mark.quick
 def test_a_view_of_a_growing_line_shows_its_end():
     log = OutputLog(path=None)
     for _ in range(64):
@@ -75,6 +82,7 @@ class _Sink:
         pass
 
 
+@pytest.mark.quick
 def test_each_thread_assigns_its_own_stream():
     import io
     import threading
@@ -104,6 +112,7 @@ def test_each_thread_assigns_its_own_stream():
     assert default.text == "from another thread\n"
 
 
+@pytest.mark.quick
 def test_bytes_split_inside_a_character_arrive_as_one_character():
     from colab_xla.replica.capture import _ReplicaBuffer
 
@@ -114,6 +123,7 @@ def test_bytes_split_inside_a_character_arrive_as_one_character():
     assert sink.text == "café \ufffd\n"
 
 
+@pytest.mark.quick
 def test_the_widget_view_redraws_a_long_line_as_its_start_only():
     from colab_xla.notebook.outcome import ReplicaOutcome, RunOutcome
     from colab_xla.notebook.views.widget import WidgetView
@@ -133,6 +143,7 @@ def test_the_widget_view_redraws_a_long_line_as_its_start_only():
     assert log.tail[0] == ("stdout", "z" * (4 << 20))  # the log keeps it whole
 
 
+@pytest.mark.quick
 def test_the_text_view_and_summaries_show_a_long_line_by_its_start():
     import io
 
@@ -148,6 +159,7 @@ def test_the_text_view_and_summaries_show_a_long_line_by_its_start():
         assert len(shown) < 40000 and "more characters in the log" in shown
 
 
+@pytest.mark.quick
 def test_a_thread_gets_the_replica_streams_back_when_its_cell_ends():
     """The thread pool of xmp.spawn may run a second replica on the thread of a first
     one that finished: what the first assigned to sys.stdout must not stay."""
@@ -163,3 +175,35 @@ def test_a_thread_gets_the_replica_streams_back_when_its_cell_ends():
     fake_sys.stdout, fake_sys.stderr = io.StringIO(), None  # the first replica's cell
     _restore_thread_streams(fake_sys)
     assert fake_sys.stdout is default_out and fake_sys.stderr is default_err
+
+
+# -- in a real kernel ----------------------------------------------------------------------
+
+PNG = (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x06\x00\x00"
+       b"\x00\x1f\x15\xc4\x89\x00\x00\x00\rIDATx\x9cc\xf8\xff\xff?\x00\x05\xfe\x02\xfe\xa7"
+       b"5\x81\x84\x00\x00\x00\x00IEND\xaeB`\x82")
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(300)
+@pytest.mark.stacks("colab")
+def test_display_in_a_replica_shows_text_forms_in_the_text_view_and_says_where_it_is_drawn():
+    with Kernel() as k:
+        assert k.run("%load_ext colab_xla").status == "ok"
+        reply = k.run(
+            "%%xla_spawn -n 2 --no-widget\n"
+            "from IPython.display import display, Image, HTML\n"
+            "display({'replica': index})\n"
+            f"for _ in range(3):\n    display(Image(data={PNG!r}, format='png'))\n"
+            "display(HTML('<b>bold</b>'))\n"
+            "print('after', index)")
+        assert reply.status == "ok", reply.text
+        text = reply.text
+        for o in range(2):
+            assert f"[replica {o}] {{'replica': {o}}}" in text, text
+            assert f"[replica {o}] after {o}" in text, text
+            assert text.count(f"[replica {o}] [an image: image/png]") == 3, text
+            assert text.count(f"[replica {o}] (displayed image/png: the widget view") == 3
+            assert f"[replica {o}] [a display: text/html]" in text, text
+        assert "IPython.core.display" not in text  # no useless default reprs
+        assert "not shown" not in text  # (only a widget is not)
