@@ -30,7 +30,7 @@ import secrets
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .. import endings, interrupts, options, preflight, state
+from .. import interrupts, options, preflight, state
 from ... import runtimes
 from ...wire.cell import Cell
 from ...errors import OptionError
@@ -38,7 +38,7 @@ from ..launch import Launch
 from ..outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome, Stall, load_results
 from ...wire.reports import ReplicaError
 from ..chosen import parse as chosen_replicas
-from ..deadlines import FAIL_FAST_SECONDS
+from ..deadlines import Deadlines
 from ..draw_pacing import TICK_SECONDS
 from ...wire import names
 from ..cluster.connection import Cluster, exception_line, host_note, import_ray
@@ -215,9 +215,8 @@ class _ClusterRun:
         if chosen is not None:
             self.outcome.idle = sorted(set(range(sum(per_host))) - {
                 self.offsets[h] + i for h, i in chosen})
-        self._stop: Optional[str] = None
-        self._first_failed: Optional[int] = None
-        self._fail_at: Optional[float] = None
+        # The run's deadlines and why it was cut (the policy of a local run's Supervisor).
+        self._deadlines: Optional[Deadlines] = None  # made by run
         self._gone: Dict[int, str] = {}  # host -> how it went
         self.session_ended: Dict[int, str] = {}  # host -> why its session ended in the cell
         self._stalls: Dict[int, Stall] = {}  # host -> where its quiet replicas are
@@ -226,7 +225,7 @@ class _ClusterRun:
             host_launch: Optional[Dict[str, Any]]) -> RunOutcome:
         ray = import_ray()
         started = time.monotonic()
-        timeout_at = started + self.timeout if self.timeout else None
+        self._deadlines = deadlines = Deadlines(self.timeout, started)
         for host, locals_ in self.chosen.items():
             for local in locals_:
                 self.outcome.hosts[self.offsets[host] + local] = host
@@ -252,15 +251,12 @@ class _ClusterRun:
                         agent = self.cluster.agents[host]
                         pending[agent.poll.remote(self.run_id, POLL_SECONDS)] = host
                 now = time.monotonic()
-                if self._stop is None:
+                if deadlines.stop is None:
+                    reason = "interrupted" if held.requested else deadlines.passed(now)
                     if held.requested:
                         self.outcome.interrupted = True
-                        self._cut("interrupted", pending)
-                    elif timeout_at is not None and now >= timeout_at:
-                        self._cut("timeout", pending)
-                    elif self._fail_at is not None and now >= self._fail_at:
-                        self._cut("failed", pending)
-                    if self._stop is not None:
+                    if reason:
+                        self._cut(reason, pending)
                         cut_at = now
                 elif now - cut_at > HOST_GRACE_SECONDS:
                     for ref, host in pending.items():
@@ -356,7 +352,7 @@ class _ClusterRun:
                             packed["pulled"], self.user_ns)
         rep.state = FAILED if rep.error else DONE
         if rep.state == FAILED:
-            self._failed(ordinal)
+            self._deadlines.failed(ordinal, time.monotonic())
         self.observer.finished(self.outcome, ordinal)
 
     def _stalled(self, host: int, stall: Optional[Stall]) -> None:
@@ -372,11 +368,6 @@ class _ClusterRun:
             min(s.quiet for s in quiet), {o: p for s in quiet for o, p in s.places.items()})
             if quiet else None)
 
-    def _failed(self, ordinal: int) -> None:
-        if self._fail_at is None:
-            self._first_failed = ordinal
-            self._fail_at = time.monotonic() + FAIL_FAST_SECONDS
-
     def _host_gone(self, host: int, why: str) -> None:
         """Host ``host`` is gone: its replicas still running failed with it."""
         self._gone[host] = why
@@ -391,26 +382,27 @@ class _ClusterRun:
             if rep.state in (DONE, FAILED, STOPPED):
                 continue
             rep.state, rep.error = FAILED, error
-            self._failed(rep.ordinal)
+            self._deadlines.failed(rep.ordinal, time.monotonic())
             self.observer.finished(self.outcome, rep.ordinal)
 
     def _cut(self, reason: str, pending: Dict[Any, int]) -> None:
-        self._stop = reason
+        self._deadlines.stop = reason
         for host in set(pending.values()):
             self.cluster.agents[host].interrupt.remote(self.run_id)
 
     def _settle(self) -> None:
         """Replicas a stop reached: said as for a local run, with global ordinals."""
-        first = self.outcome.replicas.get(self._first_failed)
-        reason = self._stop or ("failed" if first is not None else "interrupted")
+        deadlines = self._deadlines
+        if deadlines.stop is None:  # not cut here: the hosts stopped them (their own policy)
+            deadlines.stop = ("failed" if deadlines.first_failed in self.outcome.replicas
+                              else "interrupted")
         for rep in self.outcome.replicas.values():
             if rep.state not in (DONE, FAILED):
                 rep.state = STOPPED
                 # (where it was: its host took its stack as it stopped it)
                 place = rep.error.place if rep.error is not None else ""
-                rep.error = dataclasses.replace(endings.stopped(
-                    reason, rep, timeout=self.timeout, grace=FAIL_FAST_SECONDS,
-                    first_failed=first), place=place)
+                rep.error = dataclasses.replace(deadlines.stopped(rep, self.outcome.replicas),
+                                                place=place)
         self.outcome.replicas = dict(sorted(self.outcome.replicas.items()))
 
     def _pull_for(self, host: int, pull, pull_from):
