@@ -8,7 +8,7 @@ Ray is the engine that reaches the hosts (``pip install colab_xla[ray]``):
 * :mod:`.agent`: the agent on a host, running each cell with the single-host machinery;
 * :mod:`.local`: hosts on this machine, for workshops and tests.
 
-A cell on every host is a target (:mod:`colab_xla.notebook.targets.cluster_one_off`: one
+A cell on every host is a target (:mod:`colab_xla.notebook.targets.cluster_run`: one
 outcome with global ordinals), as is the cluster's session, warm replicas on every host
 (:mod:`colab_xla.notebook.targets.cluster_session`).
 
