@@ -50,7 +50,7 @@ from _results import (alive, bench_parser, machine_info, machine_line,  # noqa: 
 from launch_overhead import _cell  # noqa: E402
 
 from colab_xla.notebook import cluster  # noqa: E402
-from colab_xla.notebook.targets.cluster_run import run_on_cluster  # noqa: E402
+from colab_xla.notebook.targets.cluster_one_off import run_on_cluster  # noqa: E402
 from colab_xla.notebook.launch import environ  # noqa: E402
 from colab_xla.notebook.outcome import RunObserver  # noqa: E402
 from colab_xla.notebook.targets import run_cell  # noqa: E402

@@ -64,7 +64,7 @@ from cluster import HANG_S, SIGNAL_DELAY_S, Interrupter, first_output_once  # no
 from colab_xla.notebook import cluster as xla_cluster  # noqa: E402
 from colab_xla.notebook.launch import environ  # noqa: E402
 from colab_xla.notebook.targets import run_cell, start_session, stop_session  # noqa: E402
-from colab_xla.notebook.targets.cluster_run import run_on_cluster  # noqa: E402
+from colab_xla.notebook.targets.cluster_one_off import run_on_cluster  # noqa: E402
 from colab_xla.notebook.targets.session import SessionOptions  # noqa: E402
 
 NAME = "cost_curves"

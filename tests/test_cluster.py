@@ -417,7 +417,7 @@ def local():
 
 
 def on_cluster(source: str, c, **kw):
-    from colab_xla.notebook.targets.cluster_run import run_on_cluster
+    from colab_xla.notebook.targets.cluster_one_off import run_on_cluster
 
     return run_on_cluster(c, textwrap.dedent(source).lstrip("\n"), announce=None,
                           label="Cell In[3]", **kw)

@@ -87,7 +87,7 @@ def test_a_ray_node_lost_during_a_session_cell_ends_the_session_and_leaves_nothi
 DIES = """
 import json, sys
 from colab_xla.notebook import cluster
-from colab_xla.notebook.targets.cluster_run import run_on_cluster
+from colab_xla.notebook.targets.cluster_one_off import run_on_cluster
 import psutil
 c = cluster.start_local(2, 1, announce=None)
 outcome = run_on_cluster(c, "index", announce=None)

@@ -17,9 +17,9 @@ from colab_xla.notebook.defaults import Defaults
 from colab_xla.notebook.launch import Launch
 from colab_xla.notebook.outcome import RunOutcome
 from colab_xla.notebook.request import CellRequest, LaunchAsked, SessionRequest
-from colab_xla.notebook.targets import cluster_run, one_off
+from colab_xla.notebook.targets import cluster_one_off, cluster_run, one_off
 from colab_xla.notebook.targets import session as session_target
-from colab_xla.notebook.targets.cluster_run import ClusterOneOff
+from colab_xla.notebook.targets.cluster_one_off import ClusterOneOff
 from colab_xla.notebook.targets.cluster_session import ClusterSession
 from colab_xla.notebook.targets.one_off import OneOff
 from colab_xla.notebook.targets.session import (Session, SessionError, SessionOptions,
@@ -384,7 +384,7 @@ def test_a_cluster_cell_is_parsed_once_in_the_notebook_and_not_again_on_a_host(
             return RunOutcome("CPU")
 
     monkeypatch.setattr(cluster_run, "_ClusterRun", Hosts)
-    cluster_run.run_on_cluster(a_cluster(), SOURCE, user_ns={"factor": 2},
+    cluster_one_off.run_on_cluster(a_cluster(), SOURCE, user_ns={"factor": 2},
                                    label="Cell In[4]", announce=None)
     assert len(parses) == 1
     [(sent_cell, sent_names)] = started

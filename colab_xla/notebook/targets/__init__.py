@@ -25,7 +25,7 @@ from .. import cluster
 from ...errors import OptionError
 from ..defaults import Defaults
 from ..request import SessionRequest
-from .cluster_run import ClusterOneOff
+from .cluster_one_off import ClusterOneOff
 from .cluster_session import ClusterSession
 from .one_off import OneOff, run_cell
 from .session import Session, SessionError, SessionOptions, new_session

@@ -1,7 +1,8 @@
-"""A cell on every replica of every host of a cluster: the notebook's side, and the target
-:class:`ClusterOneOff` (each host's replicas started for the cell; a cluster's session,
-:class:`~colab_xla.notebook.targets.cluster_session.ClusterSession`, runs its cells through
-:func:`run_on_hosts` too).
+"""A cell on every replica of every host of a cluster, from the notebook's side:
+:func:`run_on_hosts`, which both cluster targets run their cells through (the one-off
+:class:`~colab_xla.notebook.targets.cluster_one_off.ClusterOneOff`, each host's replicas
+started for the cell, and a cluster's session,
+:class:`~colab_xla.notebook.targets.cluster_session.ClusterSession`, on its warm ones).
 
 Each host's agent runs the cell on its replicas (:mod:`colab_xla.notebook.cluster.agent`); this
 module starts it on every host, collects their events (Ray calls that wait for news,
@@ -18,8 +19,10 @@ host's replicas get: :meth:`colab_xla.runtimes.Runtime.cluster_environ`).
 
 The run is cut, on every host at once, on Interrupt, ``--timeout``, a host that is gone
 (its agent or node), or :data:`colab_xla.notebook.deadlines.FAIL_FAST_SECONDS` after a replica
-failed on any host: each agent stops its replicas as the notebook stops a local run's,
-and a host that does not answer within :data:`HOST_GRACE_SECONDS` is taken as gone.
+failed on any host (the deadlines and the reason a local run has:
+:class:`colab_xla.notebook.deadlines.Deadlines`): each agent stops its replicas as the
+notebook stops a local run's, and a host that does not answer within
+:data:`HOST_GRACE_SECONDS` is taken as gone.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import dataclasses
 import itertools
 import secrets
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple
 
 from .. import interrupts, options, preflight, state
 from ... import runtimes
@@ -37,14 +40,12 @@ from ...errors import OptionError
 from ..launch import Launch
 from ..outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome, Stall, load_results
 from ...wire.reports import ReplicaError
-from ..chosen import parse as chosen_replicas
 from ..deadlines import Deadlines
 from ..draw_pacing import TICK_SECONDS
 from ...wire import names
 from ..cluster.connection import Cluster, exception_line, host_note, import_ray
 from ..cluster.hosts import ClusterError
-from ..request import DEFAULT_STALL_SECONDS, CellRequest, LaunchAsked
-from .target import Target
+from ..request import CellRequest
 
 # How long a poll waits in the agent for news: the notebook's Interrupt is seen between polls.
 POLL_SECONDS = 0.1
@@ -58,34 +59,6 @@ HOST_OPTIONS = ("-n", "--start-method", "--launcher", "--debug-single", "--env",
                 "--simulate")
 
 
-class ClusterOneOff(Target):
-    """Every host of a connected cluster, each running the cell on replicas its agent starts
-    for it (a one-off run per host): ``index`` is the global ordinal, ``host`` the host's
-    rank, ``local_index`` the ordinal on the host. ``--runtime jax`` (and
-    ``--devices-per-process``) make them JAX processes of one job."""
-
-    own_options = HOST_OPTIONS
-
-    def __init__(self, cluster: Cluster):
-        self.cluster = cluster
-
-    def refuse(self, request: CellRequest) -> None:
-        super().refuse(request)
-        refuse_host_options(request)
-
-    def run(self, request: CellRequest,
-            observer: Optional[RunObserver] = None) -> RunOutcome:
-        self.cluster.check_up()
-        self.refuse(request)
-        return run_on_hosts(self.cluster, request, observer)
-
-    def describe(self) -> str:
-        return self.cluster.describe()
-
-    def stop(self) -> None:
-        self.cluster.stop()
-
-
 def refuse_host_options(request: CellRequest) -> None:
     """Refuse a cell on the cluster that asks for replicas of its own."""
     asked = [flag for flag in request.asked() if flag in HOST_OPTIONS]
@@ -94,37 +67,6 @@ def refuse_host_options(request: CellRequest) -> None:
                           "%xla_cluster started on each host. Give the replicas per host "
                           "to %xla_cluster (-n); or add --fresh to run this cell on this "
                           "machine instead.")
-
-
-def run_on_cluster(cluster: Cluster, source: str, *, user_ns: Optional[Mapping] = None,
-                   label: str = "cell", header: str = "# %%xla_spawn",
-                   observer: Optional[RunObserver] = None, announce=print,
-                   timeout: Optional[float] = None, pull: Sequence[str] = (),
-                   pull_from: Optional[int] = None,
-                   runtime: Union[runtimes.Runtime, str, None] = None,
-                   devices_per_process: Optional[int] = None,
-                   stall: Optional[float] = DEFAULT_STALL_SECONDS,
-                   targets: Optional[str] = None) -> RunOutcome:
-    """Run ``source`` on every replica of every host of ``cluster`` (the warm ones of its
-    session, if one is up); the outcome has every replica by global ordinal,
-    ``outcome.hosts`` their host.
-
-    ``runtime`` is a runtime or its name, ``--runtime``'s (with the JAX runtime,
-    ``devices_per_process`` devices per process on CPU hosts); None: the session's, if
-    one is up, else the default. A session's cells run in its runtime: asking another is
-    refused. ``stall``: as for :func:`colab_xla.notebook.targets.run_cell`, each host's
-    quiet replicas said. ``targets`` (``"0,3"``, ``"1:0-1"``: ``--targets``, by global
-    ordinal or HOST:R) runs it on those of the session's replicas only."""
-    request = CellRequest(Cell(source, label=label, header=header),
-                          user_ns=user_ns if user_ns is not None else {},
-                          launch=LaunchAsked(runtime=runtime,
-                                             devices_per_process=devices_per_process),
-                          timeout=timeout, pull=tuple(pull), pull_from=pull_from,
-                          announce=announce, stall=stall,
-                          targets=None if targets is None else chosen_replicas(targets))
-    warm = cluster.session
-    target = warm if warm is not None and warm.up else ClusterOneOff(cluster)
-    return target.run(request, observer)
 
 
 def run_on_hosts(cluster: Cluster, request: CellRequest, observer: Optional[RunObserver] = None,

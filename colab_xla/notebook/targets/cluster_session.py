@@ -38,7 +38,7 @@ STOP_SECONDS = 10.0
 class ClusterSession(Target):
     """Warm replicas on every host of ``cluster``. Make one with :meth:`start`. As a
     target, the replicas are the hosts' (as for :class:`ClusterOneOff
-    <colab_xla.notebook.targets.cluster_run.ClusterOneOff>`) and the runtime the
+    <colab_xla.notebook.targets.cluster_one_off.ClusterOneOff>`) and the runtime the
     session's: a cell cannot ask another."""
 
     own_options = (*HOST_OPTIONS, "--runtime", "--devices-per-process")

@@ -8,7 +8,7 @@ describes itself (``%xla_session``, ``%xla_cluster``) and stops. The targets:
 * :class:`~colab_xla.notebook.targets.one_off.OneOff`: replicas started for the cell on
   this machine, ended after it;
 * :class:`~colab_xla.notebook.targets.session.Session`: this machine's warm replicas;
-* :class:`~colab_xla.notebook.targets.cluster_run.ClusterOneOff`: every host of the
+* :class:`~colab_xla.notebook.targets.cluster_one_off.ClusterOneOff`: every host of the
   connected cluster, each on replicas started for the cell;
 * :class:`~colab_xla.notebook.targets.cluster_session.ClusterSession`: every host's warm
   replicas.
