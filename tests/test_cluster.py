@@ -270,7 +270,7 @@ def test_a_jax_process_on_a_host_is_its_global_ordinal_among_every_hosts_process
 
     from colab_xla.runtimes import jax as jax_runtime, torch_xla as torch_xla_runtime
     from colab_xla.notebook.cluster.agent import HostAgent
-    from colab_xla.notebook.targets.cluster_one_off import host_request, replicas_per_host
+    from colab_xla.notebook.targets.cluster_run import host_request, replicas_per_host
     from colab_xla.errors import OptionError
     from colab_xla.notebook.launch import Launch
 
@@ -285,7 +285,7 @@ def test_a_jax_process_on_a_host_is_its_global_ordinal_among_every_hosts_process
 
     slice_ = SimpleNamespace(described=[{"device": "TPU", "replicas": 4}] * 2)
     asked = []
-    monkeypatch.setattr("colab_xla.notebook.targets.cluster_one_off.coordinator",
+    monkeypatch.setattr("colab_xla.notebook.targets.cluster_run.coordinator",
                         lambda cluster: asked.append(cluster) or "10.0.0.2:5")
     jax = host_request(slice_, Launch(runtime="jax"))
     assert jax == {"runtime": "jax", "devices_per_process": None,

@@ -17,7 +17,7 @@ from colab_xla.notebook.defaults import Defaults
 from colab_xla.notebook.launch import Launch
 from colab_xla.notebook.outcome import RunOutcome
 from colab_xla.notebook.request import CellRequest, LaunchAsked, SessionRequest
-from colab_xla.notebook.targets import cluster_one_off, one_off
+from colab_xla.notebook.targets import cluster_one_off, cluster_run, one_off
 from colab_xla.notebook.targets import session as session_target
 from colab_xla.notebook.targets.cluster_one_off import ClusterOneOff
 from colab_xla.notebook.targets.cluster_session import ClusterSession
@@ -385,7 +385,7 @@ def test_a_cluster_cell_is_parsed_once_in_the_notebook_and_not_again_on_a_host(
             started.append((pickle.dumps(cell), sent))
             return RunOutcome("CPU")
 
-    monkeypatch.setattr(cluster_one_off, "_ClusterRun", Hosts)
+    monkeypatch.setattr(cluster_run, "_ClusterRun", Hosts)
     cluster_one_off.run_on_cluster(a_cluster(), SOURCE, user_ns={"factor": 2},
                                    label="Cell In[4]", announce=None)
     assert len(parses) == 1

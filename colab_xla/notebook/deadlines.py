@@ -8,7 +8,9 @@ read loop hears of that from :mod:`colab_xla.notebook.interrupts` and cuts for
 ``"interrupted"``). Once the run is cut,
 a replica's end is late and does not count: it is settled as stopped, with an error saying
 why (:meth:`Deadlines.stopped`). Everything here is a function of the times and states it
-is given; the :class:`colab_xla.notebook.supervisor.Supervisor` reads the clock.
+is given; the :class:`colab_xla.notebook.supervisor.Supervisor` reads the clock, as does a
+cell's run on every host of a cluster (:mod:`colab_xla.notebook.targets.cluster_run`: the
+same policy, its hosts told to stop their replicas).
 
 >>> d = Deadlines(timeout=None, now=100.0)
 >>> d.failed(2, now=101.0); d.passed(103.5), d.passed(104.0), d.first_failed

@@ -8,9 +8,10 @@ Ray is the engine that reaches the hosts (``pip install colab_xla[ray]``):
 * :mod:`.agent`: the agent on a host, running each cell with the single-host machinery;
 * :mod:`.local`: hosts on this machine, for workshops and tests.
 
-A cell on every host is a target (:mod:`colab_xla.notebook.targets.cluster_one_off`: one
-outcome with global ordinals), as is the cluster's session, warm replicas on every host
-(:mod:`colab_xla.notebook.targets.cluster_session`).
+A cell on every host is a target (:mod:`colab_xla.notebook.targets.cluster_one_off`), as is
+the cluster's session, warm replicas on every host
+(:mod:`colab_xla.notebook.targets.cluster_session`); both run a cell through
+:mod:`colab_xla.notebook.targets.cluster_run` (one outcome with global ordinals).
 
 This module keeps the notebook's one cluster connection.
 """

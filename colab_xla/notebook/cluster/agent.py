@@ -12,7 +12,7 @@ names stay packed bytes, loaded in the notebook where its classes are.
 
 A cell of another runtime (``--runtime jax``) runs the same way, as the host's replicas
 of that runtime; the notebook tells every host the runtime and what its replicas get
-(:func:`colab_xla.notebook.targets.cluster_one_off.host_request`: for JAX, the coordinator host 0's
+(:func:`colab_xla.notebook.targets.cluster_run.host_request`: for JAX, the coordinator host 0's
 agent chose, :meth:`HostAgent.coordinator`), and each process's id is its global
 ordinal.
 

@@ -11,7 +11,7 @@ replicas have, and sends a name again only when the notebook changed it, as on o
 
 With ``--runtime jax`` the hosts' replicas are JAX processes of one ``jax.distributed``
 job, which meet once, when the session starts, at host 0's coordinator
-(:func:`colab_xla.notebook.targets.cluster_one_off.coordinator`); every cell then runs in them.
+(:func:`colab_xla.notebook.targets.cluster_run.coordinator`); every cell then runs in them.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ... import runtimes
 from ..cluster.connection import exception_line, host_note, import_ray
 from ..outcome import RunObserver, RunOutcome
 from ..request import CellRequest
-from .cluster_one_off import HOST_OPTIONS, refuse_host_options, run_on_hosts
+from .cluster_run import HOST_OPTIONS, refuse_host_options, run_on_hosts
 from .known_names import KnownNames
 from .session import START_TIMEOUT_SECONDS, SessionError
 from .target import Target
@@ -66,7 +66,7 @@ class ClusterSession(Target):
         not (every host's are stopped then)."""
         began = time.monotonic()
         from ..launch import Launch
-        from .cluster_one_off import host_request
+        from .cluster_run import host_request
 
         cluster.check_up()
         launch = Launch(runtime=runtime, devices_per_process=devices_per_process)
