@@ -13,7 +13,9 @@ operation done by gloo on CPU copies of the tensors. Everything built on them fo
 What this does not reproduce: a collective is not part of the XLA graph (the inputs are
 computed and copied to the CPU, then the result copied back), so a step with collectives
 runs as several programs, and ``torch_xla.compile(full_graph=True)`` allows that execution
-during a collective instead of refusing it.
+during a collective instead of refusing it; nor does XLA's refusal of pinned and unpinned
+all-reduces in one program. Arguments are checked as torch_xla checks them, with its errors,
+and an ``output=`` takes its result's value and shape, as torch_xla's ``_out`` collectives.
 
 The group is a gloo process group of its own, never torch.distributed's default one, so a
 cell's own ``init_process_group`` (``xla``, ``gloo``) is as free as on a TPU. The store that
