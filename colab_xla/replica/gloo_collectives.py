@@ -38,7 +38,7 @@ RUNTIME_NAMES = ("_WORLD_SIZE", "_ORDINAL", "process_index", "process_count",
 XLA_MODEL_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                    "collective_permute", "xla_rendezvous")
 XLAC_NAMES = ("_get_allow_execution", "_set_allow_execution", "_xla_get_cpu_tensors",
-              "_replace_xla_tensor")
+              "_replace_xla_tensor", "_xla_get_tensor_id")
 # torch_xla's reduce types (xm.REDUCE_SUM and friends), as its C++ reads them.
 REDUCE_TYPES = ("sum", "mul", "and", "or", "min", "max")
 
@@ -453,7 +453,11 @@ def _check_reduce_type(reduce_type) -> None:
 
 
 def _check_xla(tensors) -> None:
-    """torch_xla's collectives take XLA tensors only (its C++ refuses the others)."""
+    """torch_xla's collectives take XLA tensors only: another is refused with the error of
+    this torch_xla's own C++ (which asks for a tensor's XLA id: no work, no communication)."""
+    import torch_xla
+
     for tensor in tensors:
         if tensor.device.type != "xla":
+            torch_xla._XLAC._xla_get_tensor_id(tensor)
             raise RuntimeError(f"Expected XLA tensor. Got: {tensor.type()}")
