@@ -368,3 +368,21 @@ def test_what_the_package_cites_of_itself_exists(package_names):
                 if not package_names.resolves(m.group(0)):
                     stale.append(f"{_name(path)}:{number}: {m.group(0)}")
     assert not stale, "the package cites what it does not have:\n" + "\n".join(stale)
+
+
+def test_the_simulation_page_has_a_row_for_each_collective_the_conformance_tests_call():
+    """docs/simulation.md's table of collectives names every ``xm.`` collective and every
+    ``dist.`` op that tests/test_conformance.py runs on the simulations."""
+    import test_conformance
+
+    text = (ROOT / "docs" / "simulation.md").read_text()
+    table = text[text.index("## Each collective on the simulation"):]
+    table = table[:table.index("\n\n", table.index("| Collective"))]
+    sources = " ".join([*test_conformance.BEHAVIOURS.values(),
+                        *test_conformance.DISTRIBUTED.values(),
+                        *(call for call, _ in test_conformance.ERRORS.values())])
+    called = {f"`xm.{name}" for name in re.findall(r"\bxm\.(\w+)\(", sources)}
+    called |= {f"`{name}" for name in re.findall(r"\bdist\.(\w+)\(", sources)
+               if name not in ("get_rank", "get_world_size", "get_backend", "is_initialized")}
+    missing = sorted(name + "`" for name in called if name not in table)
+    assert not missing, f"docs/simulation.md's table of collectives lacks {missing}"

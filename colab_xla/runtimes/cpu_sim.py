@@ -179,10 +179,14 @@ def install(xm) -> bool:
     # all_gather's default (pin_layout=True) is an all_reduce of a tensor padded by the
     # replica's own ordinal: another program on every replica. The native all-gather is
     # the same program everywhere.
+    # (A list keeps torch_xla's default: its pinned all-gather of a list is refused.)
+    import torch
+
     all_gather = xm.all_gather
     xm.all_gather = functools.wraps(all_gather)(
-        lambda value, *args, pin_layout=False, **kwargs: all_gather(
-            value, *args, pin_layout=pin_layout, **kwargs))
+        lambda value, *args, pin_layout=None, **kwargs: all_gather(
+            value, *args, pin_layout=(not isinstance(value, torch.Tensor) if pin_layout is None
+                                      else pin_layout), **kwargs))
     # The same step must be the same program on every replica, whatever the values: by
     # default scalars 0 and 1 are folded in as constants, and equal scalars share one
     # cached buffer (one parameter fewer), so `x * index` compiles differently on some
@@ -257,7 +261,7 @@ class _ThreadRendezvous:
         import torch_xla
 
         if not isinstance(payload, bytes):
-            raise TypeError(f"`payload` must be bytes, not {type(payload).__name__}")
+            raise TypeError(f"`payload` must be bytes, not {type(payload)}")
         if ordinals and len(ordinals) != self._replicas:
             raise ValueError("Only global rendezvous is supported")
         torch_xla.sync()  # as torch_xla's: what the replica queued runs first

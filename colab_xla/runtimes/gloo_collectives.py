@@ -13,8 +13,11 @@ operation done by gloo on CPU copies of the tensors. Everything built on them fo
 What this does not reproduce: a collective is not part of the XLA graph (the inputs are
 computed and copied to the CPU, then the result copied back), so a step with collectives
 runs as several programs, and ``torch_xla.compile(full_graph=True)`` allows that execution
-during a collective instead of refusing it. Under ``torch.compile``, what torch_xla can
-trace runs between the compiled pieces (:mod:`colab_xla.runtimes.traced_collectives`).
+during a collective instead of refusing it; nor does XLA's refusal of pinned and unpinned
+all-reduces in one program. Arguments are checked as torch_xla checks them, with its errors,
+and an ``output=`` takes its result's value and shape, as torch_xla's ``_out`` collectives.
+Under ``torch.compile``, what torch_xla can trace runs between the compiled pieces
+(:mod:`colab_xla.runtimes.traced_collectives`).
 
 The group is a gloo process group of its own, never torch.distributed's default one, so a
 cell's own ``init_process_group`` (``xla``, ``gloo``) is as free as on a TPU. The store that
@@ -38,7 +41,10 @@ RUNTIME_NAMES = ("_WORLD_SIZE", "_ORDINAL", "process_index", "process_count",
                  "global_device_count", "global_runtime_device_count")
 XLA_MODEL_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                    "collective_permute", "xla_rendezvous")
-XLAC_NAMES = ("_get_allow_execution", "_set_allow_execution", "_xla_get_cpu_tensors")
+XLAC_NAMES = ("_get_allow_execution", "_set_allow_execution", "_xla_get_cpu_tensors",
+              "_replace_xla_tensor", "_xla_get_tensor_id")
+# torch_xla's reduce types (xm.REDUCE_SUM and friends), as its C++ reads them.
+REDUCE_TYPES = ("sum", "mul", "and", "or", "min", "max")
 
 # XLA makes a buffer of memory it did not allocate only at this alignment (torch's CPU
 # allocator gives it).
@@ -347,6 +353,8 @@ class _Collectives:
 
         single = isinstance(inputs, torch.Tensor)
         tensors = [inputs] if single else list(inputs)
+        _check_reduce_type(reduce_type)
+        _check_xla(tensors)
         with self._on_cpu():
             results = self._group.all_reduce(reduce_type, self._cpu(tensors),
                                              self._group.members(groups), scale)
@@ -361,12 +369,26 @@ class _Collectives:
         import torch
 
         single = isinstance(value, torch.Tensor)
-        values = [value] if single else list(value)
+        # torch_xla's checks, in its order (a single tensor, pinned, with no output, is its
+        # all_reduce of a padded tensor, which checks nothing here)
+        if groups and not (single and pin_layout and output is None):
+            assert all(len(group) == len(groups[0]) for group in groups), \
+                "Replica groups must have the same number of replicas/shards."
+        if not single and not _tensor_list(value):
+            raise TypeError("`value` needs to be a Tensor or a list of Tensors, but "
+                            f"given {type(value)}.")
+        values = [value] if single else value
+        if not single and pin_layout:
+            raise RuntimeError("For xm.all_gather with list of tensors input, "
+                               "pin_layout=True is not yet supported.")
+        if not single and output is not None:
+            _check_outputs(output, values, len_bug=True)
+        _check_xla(values + _outputs(output, single))
         members = self._group.members(groups)
         with self._on_cpu():
             gathered = [self._back(torch.cat(self._group.all_gather(t, members), dim=dim), v)
                         for t, v in zip(self._cpu(values), values)]
-            return _into(output, gathered, single)
+            return self._into(output, gathered, single)
 
     def reduce_scatter(self, reduce_type, input, scale, scatter_dim, shard_count,
                        groups=None, output=None, pin_layout=True, channel_id=None,
@@ -374,19 +396,27 @@ class _Collectives:
         import torch
 
         single = isinstance(input, torch.Tensor)
-        inputs = [input] if single else list(input)
+        if not single and not _tensor_list(input):
+            raise TypeError("`input` needs to be a Tensor or a list of Tensors, but "
+                            f"given {type(input)}.")
+        inputs = [input] if single else input
+        if not single and output is not None:
+            _check_outputs(output, inputs)
+        _check_reduce_type(reduce_type)
+        _check_xla(inputs + _outputs(output, single))
         members = self._group.members(groups)
         position = self._group.position(members)
         with self._on_cpu():
             reduced = self._group.all_reduce(reduce_type, self._cpu(inputs), members, scale)
             shards = [self._back(r.chunk(shard_count, dim=scatter_dim)[position], i)
                       for r, i in zip(reduced, inputs)]
-            return _into(output, shards, single)
+            return self._into(output, shards, single)
 
     def all_to_all(self, value, split_dimension, concat_dimension, split_count, groups=None,
                    pin_layout=True):
         import torch
 
+        _check_xla([value])
         members = self._group.members(groups)
         position = self._group.position(members)
         with self._on_cpu():
@@ -395,6 +425,7 @@ class _Collectives:
             return self._back(torch.cat(pieces, dim=concat_dimension), value)
 
     def collective_permute(self, value, pairs):
+        _check_xla([value])
         with self._on_cpu():
             return self._back(self._group.permute(self._cpu([value])[0], pairs), value)
 
@@ -404,9 +435,19 @@ class _Collectives:
         if ordinals and len(ordinals) != self._group.world:
             raise ValueError("Only global rendezvous is supported")
         if not isinstance(payload, bytes):
-            raise TypeError(f"`payload` must be bytes, not {type(payload).__name__}")
+            raise TypeError(f"`payload` must be bytes, not {type(payload)}")
         torch_xla.sync()  # as torch_xla's: what the replica queued runs first
         return self._group.exchange(payload)
+
+    def _into(self, output, results: List, single: bool):
+        """``results``, or the caller's ``output`` (a tensor, or a list) holding them: as
+        torch_xla's ``_out`` collectives do, each output tensor (the same object) takes its
+        result's value and shape, whatever its own shape was."""
+        if output is None:
+            return results[0] if single else results
+        for out, result in zip(_outputs(output, single), results):
+            self._xlac._replace_xla_tensor(out, result)
+        return output
 
 
 @functools.lru_cache(maxsize=None)
@@ -419,11 +460,41 @@ def _dlpack_dtypes() -> frozenset:
                       torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8))
 
 
-def _into(output, results: List, single: bool):
-    """``results`` copied into ``output`` if the caller gave one, else returned."""
-    if output is None:
-        return results[0] if single else results
-    outputs = [output] if single else list(output)
-    for out, result in zip(outputs, results):
-        out.copy_(result)
-    return output
+def _tensor_list(value) -> bool:
+    """Whether ``value`` is what torch_xla takes as several tensors: a list (not a tuple)."""
+    import torch
+
+    return isinstance(value, list) and all(isinstance(v, torch.Tensor) for v in value)
+
+
+def _outputs(output, single: bool) -> List:
+    return [] if output is None else [output] if single else list(output)
+
+
+def _check_outputs(output, inputs: List, *, len_bug: bool = False) -> None:
+    """torch_xla's checks of a list ``output`` for a list of inputs, its errors included
+    (all_gather's message for a length that differs calls ``len(input)``, of the builtin
+    ``input``: torch_xla 2.9 raises that TypeError instead of its ValueError)."""
+    if not _tensor_list(output):
+        raise TypeError(f"`output` needs to be a list of Tensors, but given {type(output)}.")
+    if len(output) != len(inputs):
+        if len_bug:
+            len(input)  # noqa: F821 -- as torch_xla's, whatever ``input`` is in the replica
+        raise ValueError("`output` length doesn't match `input` length: "
+                         f"{len(output)} vs {len(inputs)}.")
+
+
+def _check_reduce_type(reduce_type) -> None:
+    if reduce_type not in REDUCE_TYPES:
+        raise RuntimeError(f"Unknown AllReduce type: {reduce_type}")
+
+
+def _check_xla(tensors) -> None:
+    """torch_xla's collectives take XLA tensors only: another is refused with the error of
+    this torch_xla's own C++ (which asks for a tensor's XLA id: no work, no communication)."""
+    import torch_xla
+
+    for tensor in tensors:
+        if tensor.device.type != "xla":
+            torch_xla._XLAC._xla_get_tensor_id(tensor)
+            raise RuntimeError(f"Expected XLA tensor. Got: {tensor.type()}")
