@@ -160,6 +160,8 @@ def install(xm) -> bool:
         if wait:  # compiled already: this only waits for the results
             sync_multi(tensors, devices, wait=True, **kwargs)
 
+    arrivals = _Arrivals(int(os.environ["CPU_NUM_DEVICES"]))
+
     def compiled_where_called(collective):
         @functools.wraps(collective)
         def call(*args, **kwargs):
@@ -167,6 +169,10 @@ def install(xm) -> bool:
             # apart. (A collective inside a whole training step hangs between CPU replica
             # threads at the second step; alone, it meets its peers every time.)
             locked_step_marker(xlac._xla_get_default_device(), [])
+            # XLA's CPU collective gives up on its peers 10 s after the first arrives (it
+            # aborts the process): the others may still be compiling, one at a time, under
+            # load. So every replica is here before any runs it.
+            arrivals.wait()
             result = collective(*args, **kwargs)
             locked_step_marker(xlac._xla_get_default_device(), [])
             return result
@@ -180,8 +186,6 @@ def install(xm) -> bool:
     # replica's own ordinal: another program on every replica. The native all-gather is
     # the same program everywhere.
     # (A list keeps torch_xla's default: its pinned all-gather of a list is refused.)
-    import torch
-
     all_gather = xm.all_gather
     xm.all_gather = functools.wraps(all_gather)(
         lambda value, *args, pin_layout=None, **kwargs: all_gather(
@@ -242,6 +246,25 @@ def _first_item_alone(torch_xla) -> None:
     import torch
 
     torch.zeros((), device=torch_xla.device()).item()
+
+
+class _Arrivals:
+    """A barrier of the replica threads, round after round, that an Interrupt reaches (a
+    replica thread gets it between two waits)."""
+
+    def __init__(self, replicas: int):
+        self._replicas, self._arrived, self._round = replicas, 0, 0
+        self._cond = threading.Condition()
+
+    def wait(self) -> None:
+        with self._cond:
+            round_ = self._round
+            self._arrived += 1
+            if self._arrived == self._replicas:
+                self._arrived, self._round = 0, round_ + 1
+                self._cond.notify_all()
+            while self._round == round_:
+                self._cond.wait(0.1)
 
 
 class _ThreadRendezvous:
