@@ -20,7 +20,7 @@ Which one a cell runs on is decided in one place: :func:`colab_xla.notebook.targ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple, Type
+from typing import List, Optional, Sequence, Tuple, Type
 
 from ...errors import OptionError, SetupError
 from ..outcome import RunObserver, RunOutcome
@@ -50,7 +50,7 @@ class Owned:
     refusal: str
     error: Type[SetupError] = OptionError
 
-    def among(self, asked: Sequence[str]) -> list:
+    def among(self, asked: Sequence[str]) -> List[str]:
         """The options of ``asked`` that are these."""
         return [flag for flag in asked if flag in self.options]
 
