@@ -1,5 +1,6 @@
 """The magic's options (colab_xla.notebook.options): the line split as a shell would, --env,
---pull, -o, --cache and the checks of a run's options; and the start methods, launchers and
+--pull, -o, --cache and the checks of a run's options; the options each action of
+%xla_session and %xla_cluster takes; and the start methods, launchers and
 environments of colab_xla.notebook.launch that they give."""
 
 import os
@@ -8,7 +9,8 @@ import pytest
 
 from colab_xla.errors import OptionError
 from colab_xla.notebook import launch
-from colab_xla.notebook.options import LineError, check_run, parse_env, split_line
+from colab_xla.notebook.options import (LineError, check_cluster_line, check_run,
+                                        check_session_line, parse_env, split_line)
 
 pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
 
@@ -133,3 +135,42 @@ def test_environ_sets_and_restores_variables(monkeypatch):
     with launch.environ({"COLAB_XLA_T1": None, "COLAB_XLA_T2": "during"}):
         assert "COLAB_XLA_T1" not in os.environ and os.environ["COLAB_XLA_T2"] == "during"
     assert os.environ["COLAB_XLA_T1"] == "before" and "COLAB_XLA_T2" not in os.environ
+
+
+@pytest.mark.parametrize("action, given, switch, auto, said", [
+    ("status", ["-n", "--env"], None, False,
+     "%xla_session status takes no -n, --env: options are given to %xla_session start."),
+    ("restart", ["--runtime"], None, True,
+     "%xla_session restart takes no --runtime: options are given to %xla_session start."),
+    ("stop", [], "off", False, "%xla_session stop off: on and off are for %xla_session auto."),
+    ("auto", [], "on", True, "%xla_session auto --auto: --auto is for %xla_session start (or "
+                             "restart); %xla_session auto turns it on."),
+])
+def test_each_session_action_takes_its_own_options(action, given, switch, auto, said):
+    with pytest.raises(OptionError) as info:
+        check_session_line(action, given, switch, auto)
+    assert str(info.value) == said
+    check_session_line("start", given, None, True)
+    check_session_line("restart", [], None, True)
+    check_session_line("auto", [], switch, False)
+
+
+@pytest.mark.parametrize("action, given, said", [
+    ("stop", dict(hosts=2, replicas=2), "%xla_cluster stop takes no --hosts, -n: those are for "
+                                        "%xla_cluster connect."),
+    ("status", dict(address="ray://head:10001"), "%xla_cluster status takes no ADDRESS: those "
+                                                 "are for %xla_cluster connect."),
+    ("local", dict(hosts=2, replicas=2, slice_name="s"),
+     "%xla_cluster local takes no --slice: those are for %xla_cluster connect (local takes "
+     "--hosts, -n and --slices)."),
+    ("local", dict(hosts=0, replicas=2), "--hosts 0: give 1 or more."),
+    ("connect", dict(replicas=0), "-n 0: give 1 or more."),
+    ("local", dict(hosts=2, replicas=2, slices=0), "--slices 0: give 1 or more."),
+])
+def test_each_cluster_action_takes_its_own_options(action, given, said):
+    with pytest.raises(OptionError) as info:
+        check_cluster_line(action, **given)
+    assert str(info.value) == said
+    check_cluster_line("connect", address="ray://head:10001", slice_name="s")
+    check_cluster_line("local", hosts=2, replicas=2, slices=2)
+    check_cluster_line("status")

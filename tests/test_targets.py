@@ -24,6 +24,7 @@ from colab_xla.notebook.targets.cluster_session import ClusterSession
 from colab_xla.notebook.targets.one_off import OneOff
 from colab_xla.notebook.targets.session import (Session, SessionError, SessionOptions,
                                                 SessionReplica)
+from colab_xla.notebook.targets.target import Owned, Target
 from colab_xla.runtimes.plan import ReplicaPlan
 from colab_xla.wire.cell import Cell, CellModule
 
@@ -148,12 +149,17 @@ def test_the_notebooks_session_is_the_clusters_while_connected(no_targets, monke
 # -- what each target refuses ---------------------------------------------------------------
 
 
+def owned(target) -> tuple:
+    """Every option ``target`` declares its own, in its declaration's order."""
+    return tuple(flag for group in target.own_options for flag in group.options)
+
+
 ALL_ASKED = dict(replicas=3, launch=LaunchAsked("spawn", "launch", False), env={"A": "1"},
                  cache_dir="/tmp/c", simulate="threads")
 
 
 def test_a_one_off_run_takes_every_option():
-    assert OneOff.own_options == ()
+    assert owned(OneOff) == ()
     OneOff().refuse(request(**ALL_ASKED))
 
 
@@ -181,7 +187,7 @@ def test_a_session_takes_its_own_values_and_refuses_a_launch_its_runtime_cannot_
         tmp_path):
     session = a_session(tmp_path)
     session.refuse(request(replicas=2, launch=LaunchAsked("fork", runtime="torch_xla")))
-    assert session.own_options == ("-n", "--start-method", "--launcher", "--debug-single",
+    assert owned(session) == ("-n", "--start-method", "--launcher", "--debug-single",
                                    "--runtime", "--devices-per-process", "--env", "--cache",
                                    "--simulate")
     jax = a_session(tmp_path, launch=Launch(runtime="jax", devices_per_process=2))
@@ -206,7 +212,7 @@ def test_a_cluster_and_its_session_refuse_replicas_of_a_cells_own_with_the_way_o
     with pytest.raises(OptionError) as info:
         target.refuse(request(launch=LaunchAsked(debug_single=True)))
     assert str(info.value) == CLUSTER_REFUSAL.format("--debug-single")
-    assert set(ClusterOneOff.own_options) == {"-n", "--start-method", "--launcher",
+    assert set(owned(ClusterOneOff)) == {"-n", "--start-method", "--launcher",
                                               "--debug-single", "--env", "--cache",
                                               "--simulate"}
 
@@ -223,7 +229,62 @@ def test_a_cluster_takes_a_runtime_and_its_session_refuses_another_than_its_own(
         "with their own options (--runtime jax), which a cell cannot change. Add --fresh to "
         "run this cell on this machine, or %xla_session stop, then %xla_session start with "
         "the options you want.")
-    assert {"--runtime", "--devices-per-process"} <= set(warm.own_options)
+    assert {"--runtime", "--devices-per-process"} <= set(owned(warm))
+
+
+class _Declared(Target):
+    """A target of two declared groups, which takes -n 2 as its own value."""
+
+    own_options = (Owned(("-n", "--env"), "{asked}: the first group's ({own})."),
+                   Owned(("--runtime",), "{asked}: the second group's.", SessionError))
+
+    def repeats(self, flag, request):
+        return flag == "-n" and request.replicas == 2
+
+    def describe_own(self):
+        return "-n 2"
+
+
+def test_the_refusal_reads_a_targets_declaration_against_what_the_request_asks():
+    target = _Declared()
+    target.refuse(request(replicas=2, cache_dir="/tmp/c", timeout=5))  # its own -n; not its
+    with pytest.raises(OptionError) as info:
+        target.refuse(request(replicas=3, env={"A": "1"}, launch=LaunchAsked(runtime="jax")))
+    assert type(info.value) is OptionError  # the first group asked, in the request's order
+    assert str(info.value) == "-n, --env: the first group's (-n 2)."
+    with pytest.raises(SessionError, match=r"^--runtime: the second group's\.$"):
+        target.refuse(request(replicas=2, launch=LaunchAsked(runtime="jax")))
+
+
+# One option each (--devices-per-process needs --runtime jax), a value no target has.
+ONE_ASKED = {
+    "-n": dict(replicas=3), "--start-method": dict(launch=LaunchAsked("spawn")),
+    "--launcher": dict(launch=LaunchAsked(launcher="launch")),
+    "--debug-single": dict(launch=LaunchAsked(debug_single=True)),
+    "--runtime": dict(launch=LaunchAsked(runtime="jax")),
+    "--runtime, --devices-per-process": dict(launch=LaunchAsked(runtime="jax",
+                                                                devices_per_process=2)),
+    "--env": dict(env={"A": "1"}), "--cache": dict(cache_dir="/tmp/c"),
+    "--simulate": dict(simulate="threads")}
+HOSTS = ("-n", "--start-method", "--launcher", "--debug-single", "--env", "--cache",
+         "--simulate")
+
+
+@pytest.mark.parametrize("asked", ONE_ASKED)
+def test_every_target_refuses_the_options_it_declares_and_takes_the_others(tmp_path, asked):
+    on_hosts = asked in HOSTS
+    for target, refused in (
+            (OneOff(), None),
+            (a_session(tmp_path), SessionError),
+            (ClusterOneOff(a_cluster()), OptionError if on_hosts else None),
+            (a_cluster("torch_xla").session, OptionError if on_hosts else SessionError)):
+        if refused is None:
+            target.refuse(request(**ONE_ASKED[asked]))
+            continue
+        with pytest.raises(refused) as info:
+            target.refuse(request(**ONE_ASKED[asked]))
+        assert type(info.value) is refused and str(info.value).startswith(f"{asked}: "), target
+        assert info.value.args[0].count("--fresh") == 1  # its way out
 
 
 # -- the request and the environment's defaults -------------------------------------------------

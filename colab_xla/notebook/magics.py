@@ -21,7 +21,8 @@ from ..wire.cell import Cell, EmptyCellError
 from .chosen import parse as parse_targets
 from .defaults import Defaults
 from .launch import LAUNCHERS, START_METHODS
-from .options import SIMULATIONS, check_output, parse_env, pull_names, split_line
+from .options import (SIMULATIONS, check_cluster_line, check_output, check_session_line,
+                      parse_env, pull_names, split_line)
 from .outcome import XlaSpawnError, interrupted_error
 from .request import DEFAULT_STALL_SECONDS, CellRequest, LaunchAsked, SessionRequest
 
@@ -262,16 +263,10 @@ class XlaMagics(Magics):
             replicas=args.replicas, start_method=args.start_method, simulate=args.simulate,
             env=tuple(args.env), cache_dir=args.cache, runtime=args.runtime,
             devices_per_process=args.devices_per_process, defaults=Defaults.read())
-        given = request.given()
-        if given and args.action != "start":
-            raise UsageError(f"%xla_session {args.action} takes no {', '.join(given)}: "
-                             "options are given to %xla_session start.")
-        if args.switch is not None and args.action != "auto":
-            raise UsageError(f"%xla_session {args.action} {args.switch}: on and off are for "
-                             "%xla_session auto.")
-        if args.auto and args.action not in ("start", "restart"):
-            raise UsageError(f"%xla_session {args.action} --auto: --auto is for %xla_session "
-                             "start (or restart); %xla_session auto turns it on.")
+        try:
+            check_session_line(args.action, request.given(), args.switch, args.auto)
+        except SetupError as exc:
+            raise UsageError(str(exc)) from None
         session = targets.current_session()
         if args.action == "auto":
             self._auto(session, args.switch != "off")
@@ -375,19 +370,11 @@ class XlaMagics(Magics):
             %xla_cluster stop
         """
         args = _parse(self.xla_cluster, line, "%xla_cluster")
-        given = [flag for flag, value in (("ADDRESS", args.address != "auto"),
-                                          ("--hosts", args.hosts is not None),
-                                          ("-n", args.replicas is not None),
-                                          ("--slice", args.slice),
-                                          ("--slices", args.slices is not None)) if value]
-        takes = {"status": (), "stop": (), "local": ("--hosts", "-n", "--slices")
-                 }.get(args.action)
-        if takes is not None and set(given) - set(takes):
-            raise UsageError(f"%xla_cluster {args.action} takes no "
-                             f"{', '.join(sorted(set(given) - set(takes)))}: those are for "
-                             "%xla_cluster connect" + (" (local takes --hosts, -n and "
-                                                       "--slices)." if args.action == "local"
-                                                       else "."))
+        try:
+            check_cluster_line(args.action, address=args.address, hosts=args.hosts,
+                               replicas=args.replicas, slice_name=args.slice, slices=args.slices)
+        except SetupError as exc:
+            raise UsageError(str(exc)) from None
         connected = targets.connected_cluster()
         if args.action == "status":
             print(connected.describe() if connected is not None else
@@ -399,10 +386,6 @@ class XlaMagics(Magics):
                   "colab_xla cluster: none was connected." if stopped is None else
                   f"colab_xla cluster: its connection had ended already ({stopped.ended}).")
             return
-        for value, flag in ((args.hosts, "--hosts"), (args.replicas, "-n"),
-                            (args.slices, "--slices")):
-            if value is not None and value < 1:
-                raise UsageError(f"{flag} {value}: give 1 or more.")
         started = time.monotonic()
         try:
             cluster = targets.connect_cluster(args.address, hosts=args.hosts,

@@ -1,6 +1,8 @@
 """The options of a run, checked before anything starts: the ``%%xla_spawn`` line split as a
-shell would, names, ``--env``, ``--pull``, ``--timeout``, ``--cache``. IPython-free; every
-refusal is an :class:`~colab_xla.errors.OptionError` whose message says what to give instead.
+shell would, names, ``--env``, ``--pull``, ``--timeout``, ``--cache``; and which options each
+action of ``%xla_session`` and ``%xla_cluster`` takes (:func:`check_session_line`,
+:func:`check_cluster_line`). IPython-free; every refusal is an
+:class:`~colab_xla.errors.OptionError` whose message says what to give instead.
 
 IPython's ``parse_argstring`` splits with ``shlex`` in non-POSIX mode (IPython 7.34 and
 later alike): quotes stay inside the values (``--env XLA_FLAGS="--a --b"`` gave
@@ -159,6 +161,46 @@ def check_pull_from(pull_from: Optional[int], replicas: Optional[int]) -> None:
         raise OptionError(f"--pull-from {pull_from}: this run has {replicas} "
                           f"replica{'s' if replicas != 1 else ''} (0-{replicas - 1}); "
                           "give one of those ordinals.")
+
+
+def check_session_line(action: str, given: Sequence[str], switch: Optional[str] = None,
+                       auto: bool = False) -> None:
+    """``%xla_session ACTION [SWITCH]``: ``given``, the options of
+    :meth:`~colab_xla.notebook.request.SessionRequest.given`, are for ``start``; on and off
+    (``switch``) for ``auto``; ``--auto`` for ``start`` and ``restart``."""
+    if given and action != "start":
+        raise OptionError(f"%xla_session {action} takes no {', '.join(given)}: options are "
+                          "given to %xla_session start.")
+    if switch is not None and action != "auto":
+        raise OptionError(f"%xla_session {action} {switch}: on and off are for %xla_session "
+                          "auto.")
+    if auto and action not in ("start", "restart"):
+        raise OptionError(f"%xla_session {action} --auto: --auto is for %xla_session start "
+                          "(or restart); %xla_session auto turns it on.")
+
+
+# The options each action of %xla_cluster takes, but connect (which takes every one).
+CLUSTER_ACTION_OPTIONS = {"status": (), "stop": (), "local": ("--hosts", "-n", "--slices")}
+
+
+def check_cluster_line(action: str, *, address: str = "auto", hosts: Optional[int] = None,
+                       replicas: Optional[int] = None, slice_name: Optional[str] = None,
+                       slices: Optional[int] = None) -> None:
+    """``%xla_cluster ACTION``: the options it takes (:data:`CLUSTER_ACTION_OPTIONS`), and
+    counts of 1 or more."""
+    given = [flag for flag, value in (("ADDRESS", address != "auto"),
+                                      ("--hosts", hosts is not None),
+                                      ("-n", replicas is not None), ("--slice", slice_name),
+                                      ("--slices", slices is not None)) if value]
+    takes = CLUSTER_ACTION_OPTIONS.get(action)
+    if takes is not None and set(given) - set(takes):
+        raise OptionError(f"%xla_cluster {action} takes no "
+                          f"{', '.join(sorted(set(given) - set(takes)))}: those are for "
+                          "%xla_cluster connect" + (" (local takes --hosts, -n and --slices)."
+                                                    if action == "local" else "."))
+    for value, flag in ((hosts, "--hosts"), (replicas, "-n"), (slices, "--slices")):
+        if value is not None and value < 1:
+            raise OptionError(f"{flag} {value}: give 1 or more.")
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -26,6 +26,7 @@ from ...errors import OptionError
 from ..defaults import Defaults
 from ..request import SessionRequest
 from .cluster_one_off import ClusterOneOff
+from .cluster_run import HOSTS_OWN
 from .cluster_session import ClusterSession
 from .one_off import OneOff, run_cell
 from .session import Session, SessionError, SessionOptions, new_session
@@ -103,8 +104,7 @@ def start_asked_session(request: SessionRequest, user_ns: Mapping, restart: bool
 
 def _start_on_cluster(connected, request: SessionRequest, restart: bool,
                       announce) -> ClusterSession:
-    given = [flag for flag in request.given()
-             if flag not in ("--runtime", "--devices-per-process")]
+    given = HOSTS_OWN.among(request.given())  # (the hosts' own; the rest their session's)
     if given:
         raise SessionError(f"{', '.join(given)}: on a cluster, each host's replicas are "
                            "the ones %xla_cluster planned (-n per CPU host; a TPU host's "

@@ -15,7 +15,7 @@ from ..chosen import parse as chosen_replicas
 from ..cluster.connection import Cluster
 from ..outcome import RunObserver, RunOutcome
 from ..request import DEFAULT_STALL_SECONDS, CellRequest, LaunchAsked
-from .cluster_run import HOST_OPTIONS, refuse_host_options, run_on_hosts
+from .cluster_run import HOSTS_OWN, run_on_hosts
 from .target import Target
 
 
@@ -25,14 +25,10 @@ class ClusterOneOff(Target):
     rank, ``local_index`` the ordinal on the host. ``--runtime jax`` (and
     ``--devices-per-process``) make them JAX processes of one job."""
 
-    own_options = HOST_OPTIONS
+    own_options = (HOSTS_OWN,)
 
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
-
-    def refuse(self, request: CellRequest) -> None:
-        super().refuse(request)
-        refuse_host_options(request)
 
     def run(self, request: CellRequest,
             observer: Optional[RunObserver] = None) -> RunOutcome:

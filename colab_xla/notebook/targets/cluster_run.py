@@ -36,7 +36,6 @@ from typing import Any, Dict, List, Optional, Tuple
 from .. import interrupts, options, preflight, state
 from ... import runtimes
 from ...wire.cell import Cell
-from ...errors import OptionError
 from ..launch import Launch
 from ..outcome import DONE, FAILED, STOPPED, RunObserver, RunOutcome, Stall, load_results
 from ...wire.reports import ReplicaError
@@ -46,6 +45,7 @@ from ...wire import names
 from ..cluster.connection import Cluster, exception_line, host_note, import_ray
 from ..cluster.hosts import ClusterError
 from ..request import CellRequest
+from .target import Owned
 
 # How long a poll waits in the agent for news: the notebook's Interrupt is seen between polls.
 POLL_SECONDS = 0.1
@@ -54,19 +54,13 @@ HOST_GRACE_SECONDS = 10.0
 
 
 # What a cell on the cluster cannot ask: each host's replicas are the ones %xla_cluster
-# started there.
+# started there (both cluster targets own them).
 HOST_OPTIONS = ("-n", "--start-method", "--launcher", "--debug-single", "--env", "--cache",
                 "--simulate")
-
-
-def refuse_host_options(request: CellRequest) -> None:
-    """Refuse a cell on the cluster that asks for replicas of its own."""
-    asked = [flag for flag in request.asked() if flag in HOST_OPTIONS]
-    if asked:
-        raise OptionError(f"{', '.join(asked)}: a cell on the cluster runs on the replicas "
-                          "%xla_cluster started on each host. Give the replicas per host "
-                          "to %xla_cluster (-n); or add --fresh to run this cell on this "
-                          "machine instead.")
+HOSTS_OWN = Owned(HOST_OPTIONS, (
+    "{asked}: a cell on the cluster runs on the replicas %xla_cluster started on each host. "
+    "Give the replicas per host to %xla_cluster (-n); or add --fresh to run this cell on "
+    "this machine instead."))
 
 
 def run_on_hosts(cluster: Cluster, request: CellRequest, observer: Optional[RunObserver] = None,

@@ -24,10 +24,10 @@ from ... import runtimes
 from ..cluster.connection import exception_line, host_note, import_ray
 from ..outcome import RunObserver, RunOutcome
 from ..request import CellRequest
-from .cluster_run import HOST_OPTIONS, refuse_host_options, run_on_hosts
+from .cluster_run import HOSTS_OWN, run_on_hosts
 from .known_names import KnownNames
 from .session import START_TIMEOUT_SECONDS, SessionError
-from .target import Target
+from .target import Owned, Target
 
 # How long the hosts may take to start their replicas (each host's own limit, and a margin
 # for the calls), and to end them before the notebook stops waiting.
@@ -41,7 +41,12 @@ class ClusterSession(Target):
     <colab_xla.notebook.targets.cluster_one_off.ClusterOneOff>`) and the runtime the
     session's: a cell cannot ask another."""
 
-    own_options = (*HOST_OPTIONS, "--runtime", "--devices-per-process")
+    own_options = (HOSTS_OWN, Owned(("--runtime", "--devices-per-process"), (
+        "{asked}: the session's replicas on the cluster were started with their own options "
+        "({own}), which a cell cannot change. Add --fresh to run this cell on this machine, "
+        "or %xla_session stop, then %xla_session start with the options you want."),
+        SessionError))
+    keeps_replicas = True
 
     def __init__(self, cluster, replicas: Dict[int, Dict[int, int]],
                  runtime: Union[runtimes.Runtime, str, None] = None,
@@ -107,19 +112,12 @@ class ClusterSession(Target):
 
     # -- a cell on every host's warm replicas (the target) ------------------------------
 
-    def refuse(self, request: CellRequest) -> None:
-        refuse_host_options(request)
-        runtime = request.launch.runtime
-        asked = [flag for flag, given in (
-            ("--runtime", runtime is not None and runtimes.get(runtime) != self.runtime),
-            ("--devices-per-process", request.launch.devices_per_process is not None))
-            if given]
-        if asked:
-            raise SessionError(f"{', '.join(asked)}: the session's replicas on the cluster "
-                               f"were started with their own options (--runtime "
-                               f"{self.runtime}), which a cell cannot change. Add --fresh "
-                               "to run this cell on this machine, or %xla_session stop, then "
-                               "%xla_session start with the options you want.")
+    def repeats(self, flag: str, request: CellRequest) -> bool:
+        """A cell may repeat the session's runtime (not its devices per process)."""
+        return flag == "--runtime" and runtimes.get(request.launch.runtime) == self.runtime
+
+    def describe_own(self) -> str:
+        return f"--runtime {self.runtime}"
 
     def run(self, request: CellRequest,
             observer: Optional[RunObserver] = None) -> RunOutcome:

@@ -64,7 +64,7 @@ from .session_commands import CommandPipes
 from .session_exit import stop_at_exit
 from .session_output import SessionChannel
 from .session_replicas import INTERRUPT_GRACE_SECONDS, KILL_SECONDS, SessionReplicas
-from .target import REPLICA_OPTIONS, Target
+from .target import REPLICA_OPTIONS, Owned, Target
 from ...runtimes.plan import ReplicaPlan
 
 # How long the replicas may take to start (import torch_xla, start the runtime).
@@ -72,6 +72,11 @@ START_TIMEOUT_SECONDS = 300.0
 # Why a session ended when its launcher saw every replica process end, unless it knows more.
 _PROCESSES_ENDED = "its replica processes ended"
 
+
+# The part of a launch that each option asks (None: --debug-single, never the session's own).
+_LAUNCH_PARTS = {"--start-method": "start_method", "--launcher": "launcher",
+                 "--debug-single": None, "--runtime": "runtime",
+                 "--devices-per-process": "devices_per_process"}
 
 _DID_NOT_START = ("%xla_doctor checks the environment; a one-off %%xla_spawn cell shows how a "
                   "replica fails to start.")
@@ -118,7 +123,11 @@ class Session(Target):
     (or :meth:`start`, planned already). As a target, every option that chooses the
     replicas is the session's: a cell may repeat it, not change it (:meth:`refuse`)."""
 
-    own_options = REPLICA_OPTIONS
+    own_options = (Owned(REPLICA_OPTIONS, (
+        "{asked}: this session's replicas were started with their own options ({own}), which "
+        "a cell cannot change. Run this cell with --fresh (a one-off run beside the session), "
+        "or %xla_session restart with the options you want (%xla_session stop, then "
+        "%xla_session start ...)."), SessionError),)
     keeps_replicas = True
 
     def __init__(self, opts: SessionOptions, plan: ReplicaPlan, directory: str):
@@ -304,38 +313,23 @@ class Session(Target):
                             "starts a new one (%xla_session restart: with the same "
                             "options); --fresh runs one cell without it." + self._printed())
 
-    def check_cell_options(self, *, replicas: Optional[int], launch: Optional[Launch],
-                           env: Mapping[str, str], cache_dir: Optional[str],
-                           simulate: Optional[str]) -> None:
-        """Refuse a cell that asks its replicas for what only a new session can give:
-        another count, start method, launcher, environment, cache or simulation (None,
-        empty: not asked)."""
-        own = self.options.launch
-        asked = [flag for flag, given in (
-            ("-n", replicas is not None and replicas != len(self.replicas)),
-            ("--start-method", launch is not None and launch.start_method != own.start_method),
-            ("--launcher", launch is not None and launch.launcher != own.launcher),
-            ("--debug-single", launch is not None and launch.debug_single),
-            ("--runtime", launch is not None and launch.runtime != own.runtime),
-            ("--devices-per-process", launch is not None
-             and launch.devices_per_process not in (None, own.devices_per_process)),
-            ("--env", env), ("--cache", cache_dir), ("--simulate", simulate)) if given]
-        if asked:
-            raise SessionError(
-                f"{', '.join(asked)}: this session's replicas were started with their own "
-                f"options ({self.describe_options()}), which a cell cannot change. Run this "
-                "cell with --fresh (a one-off run beside the session), or %xla_session "
-                "restart with the options you want (%xla_session stop, then %xla_session "
-                "start ...).")
-
     # -- a cell on the session (the target) --------------------------------------------------
 
-    def refuse(self, request: CellRequest) -> None:
-        """Refuse a cell that asks another value of the session's own options."""
-        self.check_cell_options(replicas=request.replicas,
-                                launch=request.launch.within(self.options.launch),
-                                env=request.env, cache_dir=request.cache_dir,
-                                simulate=request.simulate)
+    def repeats(self, flag: str, request: CellRequest) -> bool:
+        """A cell may repeat the session's count, start method, launcher, runtime and devices
+        per process; its environment, cache, simulation and --debug-single only a new
+        session can give."""
+        own = self.options.launch
+        if flag == "-n":
+            return request.replicas == len(self.replicas)
+        if flag not in _LAUNCH_PARTS:
+            return False
+        launch = request.launch.within(own)  # (refuses a launch its runtime cannot make)
+        part = _LAUNCH_PARTS[flag]
+        return part is not None and getattr(launch, part) == getattr(own, part)
+
+    def describe_own(self) -> str:
+        return self.describe_options()
 
     def run(self, request: CellRequest,
             observer: Optional[RunObserver] = None) -> RunOutcome:
