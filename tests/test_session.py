@@ -441,7 +441,7 @@ def test_a_replica_whose_death_comes_between_the_check_and_the_cell_does_not_han
     victim = session.replicas[1].pid
     psutil.Process(victim).kill()
     deadline = time.monotonic() + 30
-    while 1 not in session._died:  # the launcher has seen it end...
+    while 1 not in session.deaths:  # the launcher has seen it end...
         assert time.monotonic() < deadline, "the launcher never saw the replica end"
         time.sleep(0.05)
     monkeypatch.setattr(type(session), "check_up", lambda self: None)  # ...after the check

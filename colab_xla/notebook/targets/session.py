@@ -47,12 +47,11 @@ import psutil
 from .. import debugger, options, preflight, processes, state
 from ... import runtimes
 from ..defaults import Defaults
-from ..endings import describe_exit, killed_while
 from ...errors import SetupError
 from ...wire.host_rank import HostRank
 from ..launch import Launch, environ, inherit, replica_environ, serve_replica, start
 from ...wire.cell import CellModule
-from ...wire.job import ReplicaJob, failure_path, job_command
+from ...wire.job import ReplicaJob, job_command
 from ..outcome import RunObserver, RunOutcome, counted
 from ..request import CellRequest, SessionRequest
 from ..supervisor import RunRequest, Supervisor
@@ -61,6 +60,7 @@ from ..pipes import RunPipes
 from .known_names import KnownNames
 from .one_off import said_once, planned, say_notes
 from .session_commands import CommandPipes
+from .session_deaths import PROCESSES_ENDED, ReplicaDeaths, how_processes_ended
 from .session_exit import stop_at_exit
 from .session_output import SessionChannel
 from .session_replicas import INTERRUPT_GRACE_SECONDS, KILL_SECONDS, SessionReplicas
@@ -69,10 +69,6 @@ from ...runtimes.plan import ReplicaPlan
 
 # How long the replicas may take to start (import torch_xla, start the runtime).
 START_TIMEOUT_SECONDS = 300.0
-# Why a session ended when its launcher saw every replica process end, unless it knows more.
-_PROCESSES_ENDED = "its replica processes ended"
-
-
 _DID_NOT_START = ("%xla_doctor checks the environment; a one-off %%xla_spawn cell shows how a "
                   "replica fails to start.")
 
@@ -138,9 +134,7 @@ class Session(Target):
         # On a cluster's host (started by its agent): where its replicas count globally.
         self._host_rank = HostRank.from_environ(opts.env)
         self._cell: Optional[_CellRun] = None  # the cell running now
-        self._died: Dict[int, int] = {}  # replica -> exit code of its process
-        self._death_notes: Dict[int, str] = {}  # replica -> how its process ended
-        self._failures: Dict[int, List[str]] = {}  # replica -> its failure outside a cell
+        self.deaths = ReplicaDeaths(directory, self.global_ordinal)  # its replicas that died
         self._launcher: Optional[threading.Thread] = None
         self._launch_error: Optional[BaseException] = None
         self._stopping = False  # processes that end from now on were ended on purpose
@@ -206,18 +200,10 @@ class Session(Target):
         finally:
             with self._lock:
                 if self.ended is None:
-                    self.ended = self.death_reason or (
-                        _PROCESSES_ENDED if self._stopping else self._how_processes_ended())
+                    self.ended = self.deaths.reason or (
+                        PROCESSES_ENDED if self._stopping
+                        else how_processes_ended(self.processes))
             self._end_cell()
-
-    def _how_processes_ended(self) -> str:
-        """Why the session ended when its launcher (xmp.spawn's pool) saw its processes
-        end without telling which replica's: how they ended, as their exit codes say."""
-        codes = self.processes.exit_codes()
-        if not codes:
-            return _PROCESSES_ENDED
-        memory = self.processes.memory_note(None)
-        return f"{_PROCESSES_ENDED} ({', '.join(killed_while(c, memory) for c in codes)})"
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
@@ -226,7 +212,7 @@ class Session(Target):
             if self.ended is not None or not self._launcher.is_alive():
                 error = self._launch_error
                 why = (f"{type(error).__name__}: {error}" if error
-                       else self.ended or _PROCESSES_ENDED)
+                       else self.ended or PROCESSES_ENDED)
                 raise SessionError(f"The session's replicas did not start ({why}). "
                                    f"{_DID_NOT_START}" + self._printed())
             if time.monotonic() > deadline:
@@ -246,9 +232,7 @@ class Session(Target):
     def _printed(self) -> str:
         """What the replicas printed outside a cell (start-up), as the end of a message."""
         printed = self._outside.printed() if self._outside is not None else []
-        said = "".join(f"\nWhat replica {self.global_ordinal(index)} wrote as it failed:\n"
-                       + "\n".join("  " + line for line in lines)
-                       for index, lines in sorted(self._failures.items()) if lines)
+        said = self.deaths.failures_said()
         if printed:
             said += ("\nWhat its replicas printed outside a cell (the last lines):\n"
                      + "\n".join("  " + line for line in printed))
@@ -267,8 +251,8 @@ class Session(Target):
         is what ``%xla_session`` and the cell say about it."""
         self._stopping = True
         with self._lock:
-            if self.ended in (None, _PROCESSES_ENDED):
-                self.ended = self.death_reason or reason
+            if self.ended in (None, PROCESSES_ENDED):
+                self.ended = self.deaths.reason or reason
         if self._launcher is not None:
             self.processes.kill_until_ended(self._launcher, KILL_SECONDS)
         else:
@@ -294,8 +278,8 @@ class Session(Target):
     def check_up(self) -> None:
         """Refuse a cell on a session that has ended, or whose replica died since the
         last cell (the session is ended then), saying why."""
-        if self._died and self.ended is None:
-            self.end(self.death_reason)
+        if self.deaths and self.ended is None:
+            self.end(self.deaths.reason)
         if self.ended is not None:
             raise self._ended_error()
 
@@ -466,48 +450,16 @@ class Session(Target):
         replica = self.replicas.get(index)
         memory = self.processes.memory_note(replica.pid if replica else None)
         with self._lock:
-            if index not in self._died:
-                self._died[index] = code
-                self._death_notes[index] = killed_while(code, memory)
+            self.deaths.record(index, code, memory)
             cell = self._cell
         if cell is not None and index not in cell.finished:
             cell.ended(index, code)
-
-    @property
-    def death_reason(self) -> Optional[str]:
-        """How the first replica that died went (None while none did)."""
-        if not self._died:
-            return None
-        index, code = sorted(self._died.items())[0]
-        how = self._death_notes.get(index) or describe_exit(code)
-        reason = f"replica {self.global_ordinal(index)} died ({how})"
-        failure = self._failure(index)
-        if failure:
-            reason += f"; it failed outside its cell: {failure[-1].strip()[:300]}"
-        return reason
-
-    def _failure(self, index: int) -> List[str]:
-        """What replica ``index`` wrote as it failed outside its cell (its traceback), read
-        once (the session's directory goes with it)."""
-        if index not in self._failures:
-            try:
-                with open(failure_path(self.directory, index)) as f:
-                    self._failures[index] = [line for line in f.read().splitlines()
-                                             if line.strip()]
-            except OSError:
-                return []
-        return self._failures[index]
 
     def global_ordinal(self, index: int) -> int:
         """Replica ``index``'s ordinal as the notebook counts it: on a cluster's host
         (started by its agent), counting every host's replicas."""
         rank = self._host_rank
         return index if rank is None else rank.index(index)
-
-    def exit_codes(self) -> List[int]:
-        """The non-zero exit codes of the session's processes that ended."""
-        return sorted({code for code in self._died.values() if code}
-                      | set(self.processes.exit_codes()))
 
     # -- cells ------------------------------------------------------------------------------
 
@@ -527,7 +479,7 @@ class Session(Target):
             # A replica whose death the launcher saw after check_up let the cell through,
             # but before the cell was here to be told: told now, as a death in the cell
             # (it would be waited for forever: it never ends the cell).
-            dead = dict(self._died)
+            dead = self.deaths.codes()
         try:
             for index, code in dead.items():
                 ended(index, code)
@@ -563,7 +515,7 @@ class Session(Target):
         codes = self.processes.exit_codes() or [-signal.SIGKILL]  # (killed here)
         for index in cell.chosen:
             if index not in cell.finished:
-                cell.ended(index, self._died.get(index, codes[0]))
+                cell.ended(index, self.deaths.code(index, codes[0]))
         cell.over()
 
     def still_running(self) -> List[int]:
