@@ -57,14 +57,14 @@ from ..request import CellRequest, SessionRequest
 from ..supervisor import RunRequest, Supervisor
 from ...wire import completions, names, shared_tensors
 from ..pipes import RunPipes
-from .known_names import KnownNames
 from .one_off import said_once, planned, say_notes
 from .session_commands import CommandPipes
 from .session_deaths import PROCESSES_ENDED, ReplicaDeaths, how_processes_ended
 from .session_exit import stop_at_exit
 from .session_output import SessionChannel
 from .session_replicas import INTERRUPT_GRACE_SECONDS, KILL_SECONDS, SessionReplicas
-from .target import REPLICA_OPTIONS, Target
+from .session_target import SessionTarget
+from .target import REPLICA_OPTIONS
 from ...runtimes.plan import ReplicaPlan
 
 # How long the replicas may take to start (import torch_xla, start the runtime).
@@ -109,7 +109,7 @@ class SessionReplica:
     rank: int
 
 
-class Session(Target):
+class Session(SessionTarget):
     """Replicas started once, running cell after cell. Make one with :func:`new_session`
     (or :meth:`start`, planned already). As a target, every option that chooses the
     replicas is the session's: a cell may repeat it, not change it (:meth:`refuse`)."""
@@ -118,19 +118,14 @@ class Session(Target):
     keeps_replicas = True
 
     def __init__(self, opts: SessionOptions, plan: ReplicaPlan, directory: str):
+        super().__init__()  # (its start_seconds: new_session's)
         self.options, self.plan, self.directory = opts, plan, directory
         self.id = "session-" + secrets.token_hex(6)
         self.processes = processes.RunProcesses(self.id)
         self.replicas: Dict[int, SessionReplica] = {}
-        self.started_at = time.time()
-        self.cells_run = 0
-        self.last_failed: List[int] = []  # the replicas that failed in the last cell
         self._last_cell: Optional[CellModule] = None  # (its file is named as its label)
-        self.start_seconds: Optional[float] = None  # how long its start took (new_session)
-        self.ended: Optional[str] = None  # why the session ended, once it has
         self._lock = threading.RLock()
         self._commands = CommandPipes(directory)
-        self.known = KnownNames()  # the notebook names the replicas have
         # On a cluster's host (started by its agent): where its replicas count globally.
         self._host_rank = HostRank.from_environ(opts.env)
         self._cell: Optional[_CellRun] = None  # the cell running now
@@ -270,10 +265,6 @@ class Session(Target):
         # group is not closed as a replica process ends), once they are gone.
         shared_tensors.prune()
         self._launch_error = None  # (its traceback holds the launcher's frames)
-
-    @property
-    def up(self) -> bool:
-        return self.ended is None
 
     def check_up(self) -> None:
         """Refuse a cell on a session that has ended, or whose replica died since the
