@@ -838,7 +838,7 @@ def test_a_sessions_cells_read_pipes_and_rings_made_once_that_go_with_the_sessio
                  "ring = ReplicaProcess._current.writer._ring\n"
                  "(os.readlink('/proc/self/fd/1'), ring.path, id(ring))")
         first = cell(where, session)
-        directory = session._pipes.directory
+        directory = session.pipes.directory
 
         def pipes_and_rings():  # (and the cells' files, one more each cell, beside them)
             return sorted(n for n in os.listdir(directory) if not n.startswith("xla_cell_"))
@@ -890,12 +890,12 @@ def test_what_a_replica_prints_between_cells_is_the_sessions_and_not_the_next_ce
 
         def seen():
             return {line.split("] ", 1)[-1] if line.startswith("[replica") else line
-                    for line in session._outside.printed()}
+                    for line in session.pipes.printed()}
 
         deadline = time.monotonic() + 30
         while not wanted <= seen() and time.monotonic() < deadline:
             pass  # (printed() waits up to 0.5 s for what the pipes hold)
-        assert wanted <= seen(), session._outside.printed()
+        assert wanted <= seen(), session.pipes.printed()
         after = cell("print('the next cell', index)", session)
         assert after.ok, after
         for i in range(2):

@@ -56,12 +56,11 @@ from ..outcome import RunObserver, RunOutcome, counted
 from ..request import CellRequest, SessionRequest
 from ..supervisor import RunRequest, Supervisor
 from ...wire import completions, names, shared_tensors
-from ..pipes import RunPipes
 from .one_off import said_once, planned, say_notes
 from .session_commands import CommandPipes
 from .session_deaths import PROCESSES_ENDED, ReplicaDeaths, how_processes_ended
 from .session_exit import stop_at_exit
-from .session_output import SessionChannel
+from .session_output import SessionPipes
 from .session_replicas import INTERRUPT_GRACE_SECONDS, KILL_SECONDS, SessionReplicas
 from .session_target import SessionTarget
 from .target import REPLICA_OPTIONS
@@ -134,15 +133,10 @@ class Session(SessionTarget):
         self._launch_error: Optional[BaseException] = None
         self._stopping = False  # processes that end from now on were ended on purpose
         # The pipes and rings its replicas write to, from their start to their end (made
-        # by start), and their reader between cells (a cell's reads them: cell_pipes).
-        self._pipes: Optional[RunPipes] = None
-        self._outside: Optional[SessionChannel] = None
+        # by start), and their reader between cells (a cell's SessionReplicas borrows them).
+        self.pipes = SessionPipes(directory, plan.processes, self._lock,
+                                  lambda: self.ended is not None)
         self._modules_dir = directory  # where its cells' files go (see run)
-        # A cell holds the pipes (cell_pipes to cell_pipes_back). Not the channel's own
-        # "lent" (SessionChannel._lent, its reader let go of them): a cell also holds the
-        # pipes of a session that ended, which have no channel (see cell_pipes), and stop
-        # must then leave their closing to the cell.
-        self._cell_pipes_lent = False
         self._asked = 0  # questions for Tab completion (each its own pipe)
 
     # -- start and stop ---------------------------------------------------------------------
@@ -164,10 +158,9 @@ class Session(SessionTarget):
         return session
 
     def _start(self, parent_pid: int, cache_dir: Optional[str], user_ns: Dict[str, Any]) -> None:
-        self._pipes = RunPipes(self._pipes_dir(), self.plan.processes)
-        self._modules_dir = self._pipes.directory
-        self._outside = SessionChannel(self._pipes)
-        channel, startup = self._pipes.channel_path, self._pipes.startup_path
+        pipes = self.pipes.open()
+        self._modules_dir = pipes.directory
+        channel, startup = pipes.channel_path, pipes.startup_path
         # (C-level output goes to the start-up pipe until a cell gives each process its
         # own: the processes' ranks are theirs to say)
         job = ReplicaJob(run_id=self.id, run_dir=self.directory, channel_path=channel,
@@ -214,7 +207,7 @@ class Session(SessionTarget):
                 raise SessionError(f"The session's replicas did not start within "
                                    f"{START_TIMEOUT_SECONDS:.0f} s. {_DID_NOT_START}"
                                    + self._printed())
-            for note in self._outside.notes(0.2):
+            for note in self.pipes.notes(0.2):
                 if "ready" in note:
                     index = note["ordinal"]
                     self.replicas[index] = SessionReplica(index, note["ready"], note["rank"])
@@ -226,7 +219,7 @@ class Session(SessionTarget):
 
     def _printed(self) -> str:
         """What the replicas printed outside a cell (start-up), as the end of a message."""
-        printed = self._outside.printed() if self._outside is not None else []
+        printed = self.pipes.printed()
         said = self.deaths.failures_said()
         if printed:
             said += ("\nWhat its replicas printed outside a cell (the last lines):\n"
@@ -254,12 +247,7 @@ class Session(SessionTarget):
             self.processes.kill()
         self._end_cell()
         self._commands.close()
-        if self._outside is not None:
-            self._outside.close()
-        with self._lock:  # (a cell reading them closes them as it ends: cell_pipes_back)
-            lent = self._cell_pipes_lent
-        if not lent:
-            self._close_pipes()
+        self.pipes.close()  # (a cell reading them closes them as it ends: give_back)
         shutil.rmtree(self.directory, ignore_errors=True)
         # What its processes left in shared memory (a collectives group's directory: the
         # group is not closed as a replica process ends), once they are gone.
@@ -378,52 +366,6 @@ class Session(SessionTarget):
         in a disk's /tmp is slow). Its name is no module's: the
         session's directory is on the replicas' ``sys.path``."""
         return os.path.join(self.directory, "cell-files")
-
-    def cell_pipes(self) -> RunPipes:
-        """The pipes and output rings the session's replicas write to, lent to one cell at a
-        time, until :meth:`cell_pipes_back` (between cells, the session reads them:
-        :class:`~colab_xla.notebook.targets.session_output.SessionChannel`). Made once, as
-        the session starts (in shared memory where there is some): the replica processes
-        open them and make their rings once, and each cell costs no named pipes, no ring
-        and no directory for them (made and removed for every cell, they would be much of
-        a warm cell's time)."""
-        with self._lock:
-            self._cell_pipes_lent = True
-            if self._pipes is None:  # ended, and closed: the cell is refused as it starts
-                self._pipes = RunPipes(self._pipes_dir(), self.plan.processes)
-                return self._pipes
-        return self._outside.lend()
-
-    def cell_pipes_back(self) -> None:
-        """The cell that :meth:`cell_pipes` lent them to has read them for the last time;
-        closed if the session has ended meanwhile."""
-        with self._lock:
-            self._cell_pipes_lent = False
-            if self._pipes is None:
-                return
-            if self.ended is None:
-                self._outside.give_back()
-                return
-        self._close_pipes()
-
-    def _pipes_dir(self) -> str:
-        """A directory for the session's pipes and its cells' files: in shared memory where
-        there is some."""
-        try:
-            return shared_tensors.make_private_dir("session")
-        except OSError:  # no /dev/shm: the session's directory
-            os.makedirs(self.directory, exist_ok=True)
-            return self.directory
-
-    def _close_pipes(self) -> None:
-        if self._outside is not None:  # (its reader first: it must not read closed fds)
-            self._outside.close()
-        with self._lock:
-            pipes, self._pipes = self._pipes, None
-        if pipes is not None:
-            pipes.close()
-            if pipes.directory != self.directory:
-                shutil.rmtree(pipes.directory, ignore_errors=True)
 
     def chosen(self, request: CellRequest) -> Optional[Tuple[int, ...]]:
         """The replicas ``--targets`` chooses (None: every one), by index; refused

@@ -44,10 +44,10 @@ class SessionReplicas(Replicas):
         self._returned = threading.Event()
 
     def pipes(self, directory: str, processes: int) -> RunPipes:
-        return self.session.cell_pipes()  # (kept from cell to cell)
+        return self.session.pipes.lend()  # (kept from cell to cell)
 
     def done_with(self, pipes: RunPipes) -> None:
-        self.session.cell_pipes_back()
+        self.session.pipes.give_back()
 
     threaded = False  # (it sends the cell to replicas that wait for it)
 
