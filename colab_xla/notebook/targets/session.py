@@ -111,7 +111,16 @@ class SessionReplica:
 class Session(SessionTarget):
     """Replicas started once, running cell after cell. Make one with :func:`new_session`
     (or :meth:`start`, planned already). As a target, every option that chooses the
-    replicas is the session's: a cell may repeat it, not change it (:meth:`refuse`)."""
+    replicas is the session's: a cell may repeat it, not change it (:meth:`refuse`).
+
+    What it owns apart is in objects of its own: its replicas' command pipes
+    (:class:`~colab_xla.notebook.targets.session_commands.CommandPipes`), their output pipes
+    (:class:`~colab_xla.notebook.targets.session_output.SessionPipes`), their deaths
+    (:class:`~colab_xla.notebook.targets.session_deaths.ReplicaDeaths`), the names they have
+    (:class:`~colab_xla.notebook.targets.known_names.KnownNames`). Why the rest is one class
+    of more methods than most: start, end, the cell in flight and the verbs between cells
+    share one lock and that one cell (the launcher's thread, a cell's and the notebook's meet
+    there); split, each part would reach back into the others for them."""
 
     own_options = REPLICA_OPTIONS
     keeps_replicas = True
