@@ -441,7 +441,7 @@ def test_a_replica_whose_death_comes_between_the_check_and_the_cell_does_not_han
     victim = session.replicas[1].pid
     psutil.Process(victim).kill()
     deadline = time.monotonic() + 30
-    while 1 not in session._died:  # the launcher has seen it end...
+    while 1 not in session.deaths:  # the launcher has seen it end...
         assert time.monotonic() < deadline, "the launcher never saw the replica end"
         time.sleep(0.05)
     monkeypatch.setattr(type(session), "check_up", lambda self: None)  # ...after the check
@@ -838,7 +838,7 @@ def test_a_sessions_cells_read_pipes_and_rings_made_once_that_go_with_the_sessio
                  "ring = ReplicaProcess._current.writer._ring\n"
                  "(os.readlink('/proc/self/fd/1'), ring.path, id(ring))")
         first = cell(where, session)
-        directory = session._pipes.directory
+        directory = session.pipes.directory
 
         def pipes_and_rings():  # (and the cells' files, one more each cell, beside them)
             return sorted(n for n in os.listdir(directory) if not n.startswith("xla_cell_"))
@@ -890,12 +890,12 @@ def test_what_a_replica_prints_between_cells_is_the_sessions_and_not_the_next_ce
 
         def seen():
             return {line.split("] ", 1)[-1] if line.startswith("[replica") else line
-                    for line in session._outside.printed()}
+                    for line in session.pipes.printed()}
 
         deadline = time.monotonic() + 30
         while not wanted <= seen() and time.monotonic() < deadline:
             pass  # (printed() waits up to 0.5 s for what the pipes hold)
-        assert wanted <= seen(), session._outside.printed()
+        assert wanted <= seen(), session.pipes.printed()
         after = cell("print('the next cell', index)", session)
         assert after.ok, after
         for i in range(2):

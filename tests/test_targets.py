@@ -6,7 +6,9 @@ the replicas (no XLA runtime), and the magic through a real shell."""
 from __future__ import annotations
 
 import ast
+import inspect
 import pickle
+import textwrap
 from types import SimpleNamespace
 
 import pytest
@@ -385,6 +387,28 @@ def test_stopping_the_notebooks_session_forgets_it(no_targets, monkeypatch, tmp_
     assert targets.stop_session() is here and targets.current_session() is None
     assert targets.stop_session() is None
 
+
+
+def test_both_sessions_give_every_verb_the_magics_use_and_keep_the_shared_fields_once():
+    """%xla_session and %xla_debug reach a session through current_session(): each session
+    implements every verb of SessionTarget (none left to the base's NotImplementedError), and
+    the fields every session keeps are the base's, set once there."""
+    from colab_xla.notebook.targets.session_target import SessionTarget
+
+    for cls in (Session, ClusterSession):
+        assert issubclass(cls, SessionTarget)
+        for verb in ("run", "describe", "stop", "debug", "describe_start"):
+            assert getattr(cls, verb) is not getattr(SessionTarget, verb), (cls, verb)
+    shared = {"known", "started_at", "cells_run", "start_seconds", "ended", "last_failed"}
+    for cls in (Session, ClusterSession):
+        source = textwrap.dedent(inspect.getsource(cls.__init__))
+        assigned = {node.attr for node in ast.walk(ast.parse(source))
+                    if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)}
+        assert not assigned & shared, (cls, assigned & shared)
+    ended = SessionTarget()
+    assert ended.up and ended.cells_run == 0 and ended.last_failed == []
+    ended.ended = "stopped"
+    assert not ended.up
 
 # -- a cell is parsed once ------------------------------------------------------------------
 

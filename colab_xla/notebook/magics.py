@@ -8,6 +8,7 @@ import argparse
 import inspect
 import os
 import time
+from typing import Optional
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -297,7 +298,7 @@ class XlaMagics(Magics):
         if args.auto:
             self._auto(started, True)
 
-    def _auto(self, session, on: bool) -> None:
+    def _auto(self, session: Optional[targets.SessionTarget], on: bool) -> None:
         """``%xla_session auto [on|off]``."""
         if on and (session is None or not session.up):
             raise UsageError("%xla_session auto: no session is up"

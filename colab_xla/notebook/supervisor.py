@@ -119,7 +119,13 @@ class Supervisor:
     """One run, from the notebook's side: start the replicas (in a driver thread; a
     session's are sent the cell), read what they send until they end (or the run is cut),
     settle every replica in the outcome, and leave nothing running. Call :meth:`run`
-    once."""
+    once.
+
+    Why one class of more methods than most: they are one run's event switch
+    (:meth:`_handle`) and its handlers, over what every handler shares (the outcome, the
+    decoders, the held lines, the logs); the run's parts that stand alone are objects of
+    their own already (its deadlines, its replicas, its pipes, the held lines, the draw
+    pacing)."""
 
     def __init__(self, options: RunRequest, plan: ReplicaPlan, run_dir: str,
                  user_ns: Dict[str, Any], observer: RunObserver, timeout: Optional[float],

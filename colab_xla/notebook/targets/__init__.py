@@ -30,11 +30,12 @@ from .cluster_run import HOSTS_OWN
 from .cluster_session import ClusterSession
 from .one_off import OneOff, run_cell
 from .session import Session, SessionError, SessionOptions, new_session
+from .session_target import SessionTarget
 from .target import Target
 
-__all__ = ["Target", "current", "run_cell", "current_session", "local_session", "start_session",
-           "start_asked_session", "stop_session", "connected_cluster", "connect_cluster",
-           "stop_cluster"]
+__all__ = ["Target", "SessionTarget", "current", "run_cell", "current_session", "local_session",
+           "start_session", "start_asked_session", "stop_session", "connected_cluster",
+           "connect_cluster", "stop_cluster"]
 
 _session: Optional[Session] = None  # this machine's session, up or ended (None: none started)
 
@@ -57,10 +58,10 @@ def current(fresh: bool = False) -> Target:
 # -- this notebook's session (%xla_session) --------------------------------------------------
 
 
-def current_session() -> Optional[Target]:
+def current_session() -> Optional[SessionTarget]:
     """The notebook's session, up or ended: while a cluster is connected its hosts' (a
     :class:`ClusterSession`), else this machine's (a :class:`Session`); None if none was
-    started."""
+    started. Either is a :class:`SessionTarget`: the magics use only its verbs."""
     connected = cluster.current()
     return connected.session if connected is not None else _session
 
@@ -83,7 +84,7 @@ def start_session(opts: SessionOptions, user_ns: Mapping, announce=print,
 
 
 def start_asked_session(request: SessionRequest, user_ns: Mapping, restart: bool = False,
-                        announce=print) -> Target:
+                        announce=print) -> SessionTarget:
     """``%xla_session start`` (``restart``: restart) as ``request`` asks: on every host
     while a cluster is connected (which takes only ``--runtime`` and
     ``--devices-per-process``), else on this machine. ``restart`` starts the notebook's
@@ -125,7 +126,7 @@ def _start_on_cluster(connected, request: SessionRequest, restart: bool,
     return connected.session
 
 
-def stop_session() -> Optional[Target]:
+def stop_session() -> Optional[SessionTarget]:
     """Stop the notebook's session (every process it started), if one is up; return it
     (None if none was started)."""
     global _session

@@ -25,9 +25,9 @@ from ..cluster.connection import exception_line, host_note, import_ray
 from ..outcome import RunObserver, RunOutcome
 from ..request import CellRequest
 from .cluster_run import HOSTS_OWN, run_on_hosts
-from .known_names import KnownNames
 from .session import START_TIMEOUT_SECONDS, SessionError
-from .target import Owned, Target
+from .session_target import SessionTarget
+from .target import Owned
 
 # How long the hosts may take to start their replicas (each host's own limit, and a margin
 # for the calls), and to end them before the notebook stops waiting.
@@ -35,7 +35,7 @@ START_SECONDS = START_TIMEOUT_SECONDS + 30
 STOP_SECONDS = 10.0
 
 
-class ClusterSession(Target):
+class ClusterSession(SessionTarget):
     """Warm replicas on every host of ``cluster``. Make one with :meth:`start`. As a
     target, the replicas are the hosts' (as for :class:`ClusterOneOff
     <colab_xla.notebook.targets.cluster_one_off.ClusterOneOff>`) and the runtime the
@@ -51,15 +51,10 @@ class ClusterSession(Target):
     def __init__(self, cluster, replicas: Dict[int, Dict[int, int]],
                  runtime: Union[runtimes.Runtime, str, None] = None,
                  devices_per_process: Optional[int] = None):
+        super().__init__()  # (its last_failed: global ordinals)
         self.cluster = cluster
         self.runtime, self.devices_per_process = runtimes.get(runtime), devices_per_process
         self.replicas = replicas  # host -> {local ordinal: pid}
-        self.known = KnownNames()
-        self.started_at = time.time()
-        self.cells_run = 0
-        self.start_seconds: Optional[float] = None  # how long its start took
-        self.ended: Optional[str] = None  # why it ended, once it has
-        self.last_failed: List[int] = []  # global ordinals that failed in the last cell
 
     @classmethod
     def start(cls, cluster, announce=print, runtime: Union[runtimes.Runtime, str, None] = None,
@@ -178,7 +173,7 @@ class ClusterSession(Target):
 
     @property
     def up(self) -> bool:
-        return self.ended is None and self.cluster.up
+        return super().up and self.cluster.up
 
     def stop(self, reason: str = "stopped (%xla_session stop)") -> None:
         """End every host's session (each kills every process its session started)."""

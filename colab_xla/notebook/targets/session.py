@@ -47,32 +47,27 @@ import psutil
 from .. import debugger, options, preflight, processes, state
 from ... import runtimes
 from ..defaults import Defaults
-from ..endings import describe_exit, killed_while
 from ...errors import SetupError
 from ...wire.host_rank import HostRank
 from ..launch import Launch, environ, inherit, replica_environ, serve_replica, start
 from ...wire.cell import CellModule
-from ...wire.job import ReplicaJob, failure_path, job_command
+from ...wire.job import ReplicaJob, job_command
 from ..outcome import RunObserver, RunOutcome, counted
 from ..request import CellRequest, SessionRequest
 from ..supervisor import RunRequest, Supervisor
 from ...wire import completions, names, shared_tensors
-from ..pipes import RunPipes
-from .known_names import KnownNames
 from .one_off import said_once, planned, say_notes
 from .session_commands import CommandPipes
+from .session_deaths import PROCESSES_ENDED, ReplicaDeaths, how_processes_ended
 from .session_exit import stop_at_exit
-from .session_output import SessionChannel
+from .session_output import SessionPipes
 from .session_replicas import INTERRUPT_GRACE_SECONDS, KILL_SECONDS, SessionReplicas
-from .target import REPLICA_OPTIONS, Owned, Target
+from .session_target import SessionTarget
+from .target import REPLICA_OPTIONS, Owned
 from ...runtimes.plan import ReplicaPlan
 
 # How long the replicas may take to start (import torch_xla, start the runtime).
 START_TIMEOUT_SECONDS = 300.0
-# Why a session ended when its launcher saw every replica process end, unless it knows more.
-_PROCESSES_ENDED = "its replica processes ended"
-
-
 # The part of a launch that each option asks (None: --debug-single, never the session's own).
 _LAUNCH_PARTS = {"--start-method": "start_method", "--launcher": "launcher",
                  "--debug-single": None, "--runtime": "runtime",
@@ -118,10 +113,19 @@ class SessionReplica:
     rank: int
 
 
-class Session(Target):
+class Session(SessionTarget):
     """Replicas started once, running cell after cell. Make one with :func:`new_session`
     (or :meth:`start`, planned already). As a target, every option that chooses the
-    replicas is the session's: a cell may repeat it, not change it (:meth:`refuse`)."""
+    replicas is the session's: a cell may repeat it, not change it (:meth:`refuse`).
+
+    What it owns apart is in objects of its own: its replicas' command pipes
+    (:class:`~colab_xla.notebook.targets.session_commands.CommandPipes`), their output pipes
+    (:class:`~colab_xla.notebook.targets.session_output.SessionPipes`), their deaths
+    (:class:`~colab_xla.notebook.targets.session_deaths.ReplicaDeaths`), the names they have
+    (:class:`~colab_xla.notebook.targets.known_names.KnownNames`). Why the rest is one class
+    of more methods than most: start, end, the cell in flight and the verbs between cells
+    share one lock and that one cell (the launcher's thread, a cell's and the notebook's meet
+    there); split, each part would reach back into the others for them."""
 
     own_options = (Owned(REPLICA_OPTIONS, (
         "{asked}: this session's replicas were started with their own options ({own}), which "
@@ -131,38 +135,26 @@ class Session(Target):
     keeps_replicas = True
 
     def __init__(self, opts: SessionOptions, plan: ReplicaPlan, directory: str):
+        super().__init__()  # (its start_seconds: new_session's)
         self.options, self.plan, self.directory = opts, plan, directory
         self.id = "session-" + secrets.token_hex(6)
         self.processes = processes.RunProcesses(self.id)
         self.replicas: Dict[int, SessionReplica] = {}
-        self.started_at = time.time()
-        self.cells_run = 0
-        self.last_failed: List[int] = []  # the replicas that failed in the last cell
         self._last_cell: Optional[CellModule] = None  # (its file is named as its label)
-        self.start_seconds: Optional[float] = None  # how long its start took (new_session)
-        self.ended: Optional[str] = None  # why the session ended, once it has
         self._lock = threading.RLock()
         self._commands = CommandPipes(directory)
-        self.known = KnownNames()  # the notebook names the replicas have
         # On a cluster's host (started by its agent): where its replicas count globally.
         self._host_rank = HostRank.from_environ(opts.env)
         self._cell: Optional[_CellRun] = None  # the cell running now
-        self._died: Dict[int, int] = {}  # replica -> exit code of its process
-        self._death_notes: Dict[int, str] = {}  # replica -> how its process ended
-        self._failures: Dict[int, List[str]] = {}  # replica -> its failure outside a cell
+        self.deaths = ReplicaDeaths(directory, self.global_ordinal)  # its replicas that died
         self._launcher: Optional[threading.Thread] = None
         self._launch_error: Optional[BaseException] = None
         self._stopping = False  # processes that end from now on were ended on purpose
         # The pipes and rings its replicas write to, from their start to their end (made
-        # by start), and their reader between cells (a cell's reads them: cell_pipes).
-        self._pipes: Optional[RunPipes] = None
-        self._outside: Optional[SessionChannel] = None
+        # by start), and their reader between cells (a cell's SessionReplicas borrows them).
+        self.pipes = SessionPipes(directory, plan.processes, self._lock,
+                                  lambda: self.ended is not None)
         self._modules_dir = directory  # where its cells' files go (see run)
-        # A cell holds the pipes (cell_pipes to cell_pipes_back). Not the channel's own
-        # "lent" (SessionChannel._lent, its reader let go of them): a cell also holds the
-        # pipes of a session that ended, which have no channel (see cell_pipes), and stop
-        # must then leave their closing to the cell.
-        self._cell_pipes_lent = False
         self._asked = 0  # questions for Tab completion (each its own pipe)
 
     # -- start and stop ---------------------------------------------------------------------
@@ -184,10 +176,9 @@ class Session(Target):
         return session
 
     def _start(self, parent_pid: int, cache_dir: Optional[str], user_ns: Dict[str, Any]) -> None:
-        self._pipes = RunPipes(self._pipes_dir(), self.plan.processes)
-        self._modules_dir = self._pipes.directory
-        self._outside = SessionChannel(self._pipes)
-        channel, startup = self._pipes.channel_path, self._pipes.startup_path
+        pipes = self.pipes.open()
+        self._modules_dir = pipes.directory
+        channel, startup = pipes.channel_path, pipes.startup_path
         # (C-level output goes to the start-up pipe until a cell gives each process its
         # own: the processes' ranks are theirs to say)
         job = ReplicaJob(run_id=self.id, run_dir=self.directory, channel_path=channel,
@@ -215,18 +206,10 @@ class Session(Target):
         finally:
             with self._lock:
                 if self.ended is None:
-                    self.ended = self.death_reason or (
-                        _PROCESSES_ENDED if self._stopping else self._how_processes_ended())
+                    self.ended = self.deaths.reason or (
+                        PROCESSES_ENDED if self._stopping
+                        else how_processes_ended(self.processes))
             self._end_cell()
-
-    def _how_processes_ended(self) -> str:
-        """Why the session ended when its launcher (xmp.spawn's pool) saw its processes
-        end without telling which replica's: how they ended, as their exit codes say."""
-        codes = self.processes.exit_codes()
-        if not codes:
-            return _PROCESSES_ENDED
-        memory = self.processes.memory_note(None)
-        return f"{_PROCESSES_ENDED} ({', '.join(killed_while(c, memory) for c in codes)})"
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
@@ -235,14 +218,14 @@ class Session(Target):
             if self.ended is not None or not self._launcher.is_alive():
                 error = self._launch_error
                 why = (f"{type(error).__name__}: {error}" if error
-                       else self.ended or _PROCESSES_ENDED)
+                       else self.ended or PROCESSES_ENDED)
                 raise SessionError(f"The session's replicas did not start ({why}). "
                                    f"{_DID_NOT_START}" + self._printed())
             if time.monotonic() > deadline:
                 raise SessionError(f"The session's replicas did not start within "
                                    f"{START_TIMEOUT_SECONDS:.0f} s. {_DID_NOT_START}"
                                    + self._printed())
-            for note in self._outside.notes(0.2):
+            for note in self.pipes.notes(0.2):
                 if "ready" in note:
                     index = note["ordinal"]
                     self.replicas[index] = SessionReplica(index, note["ready"], note["rank"])
@@ -254,10 +237,8 @@ class Session(Target):
 
     def _printed(self) -> str:
         """What the replicas printed outside a cell (start-up), as the end of a message."""
-        printed = self._outside.printed() if self._outside is not None else []
-        said = "".join(f"\nWhat replica {self.global_ordinal(index)} wrote as it failed:\n"
-                       + "\n".join("  " + line for line in lines)
-                       for index, lines in sorted(self._failures.items()) if lines)
+        printed = self.pipes.printed()
+        said = self.deaths.failures_said()
         if printed:
             said += ("\nWhat its replicas printed outside a cell (the last lines):\n"
                      + "\n".join("  " + line for line in printed))
@@ -276,35 +257,26 @@ class Session(Target):
         is what ``%xla_session`` and the cell say about it."""
         self._stopping = True
         with self._lock:
-            if self.ended in (None, _PROCESSES_ENDED):
-                self.ended = self.death_reason or reason
+            if self.ended in (None, PROCESSES_ENDED):
+                self.ended = self.deaths.reason or reason
         if self._launcher is not None:
             self.processes.kill_until_ended(self._launcher, KILL_SECONDS)
         else:
             self.processes.kill()
         self._end_cell()
         self._commands.close()
-        if self._outside is not None:
-            self._outside.close()
-        with self._lock:  # (a cell reading them closes them as it ends: cell_pipes_back)
-            lent = self._cell_pipes_lent
-        if not lent:
-            self._close_pipes()
+        self.pipes.close()  # (a cell reading them closes them as it ends: give_back)
         shutil.rmtree(self.directory, ignore_errors=True)
         # What its processes left in shared memory (a collectives group's directory: the
         # group is not closed as a replica process ends), once they are gone.
         shared_tensors.prune()
         self._launch_error = None  # (its traceback holds the launcher's frames)
 
-    @property
-    def up(self) -> bool:
-        return self.ended is None
-
     def check_up(self) -> None:
         """Refuse a cell on a session that has ended, or whose replica died since the
         last cell (the session is ended then), saying why."""
-        if self._died and self.ended is None:
-            self.end(self.death_reason)
+        if self.deaths and self.ended is None:
+            self.end(self.deaths.reason)
         if self.ended is not None:
             raise self._ended_error()
 
@@ -398,52 +370,6 @@ class Session(Target):
         session's directory is on the replicas' ``sys.path``."""
         return os.path.join(self.directory, "cell-files")
 
-    def cell_pipes(self) -> RunPipes:
-        """The pipes and output rings the session's replicas write to, lent to one cell at a
-        time, until :meth:`cell_pipes_back` (between cells, the session reads them:
-        :class:`~colab_xla.notebook.targets.session_output.SessionChannel`). Made once, as
-        the session starts (in shared memory where there is some): the replica processes
-        open them and make their rings once, and each cell costs no named pipes, no ring
-        and no directory for them (made and removed for every cell, they would be much of
-        a warm cell's time)."""
-        with self._lock:
-            self._cell_pipes_lent = True
-            if self._pipes is None:  # ended, and closed: the cell is refused as it starts
-                self._pipes = RunPipes(self._pipes_dir(), self.plan.processes)
-                return self._pipes
-        return self._outside.lend()
-
-    def cell_pipes_back(self) -> None:
-        """The cell that :meth:`cell_pipes` lent them to has read them for the last time;
-        closed if the session has ended meanwhile."""
-        with self._lock:
-            self._cell_pipes_lent = False
-            if self._pipes is None:
-                return
-            if self.ended is None:
-                self._outside.give_back()
-                return
-        self._close_pipes()
-
-    def _pipes_dir(self) -> str:
-        """A directory for the session's pipes and its cells' files: in shared memory where
-        there is some."""
-        try:
-            return shared_tensors.make_private_dir("session")
-        except OSError:  # no /dev/shm: the session's directory
-            os.makedirs(self.directory, exist_ok=True)
-            return self.directory
-
-    def _close_pipes(self) -> None:
-        if self._outside is not None:  # (its reader first: it must not read closed fds)
-            self._outside.close()
-        with self._lock:
-            pipes, self._pipes = self._pipes, None
-        if pipes is not None:
-            pipes.close()
-            if pipes.directory != self.directory:
-                shutil.rmtree(pipes.directory, ignore_errors=True)
-
     def chosen(self, request: CellRequest) -> Optional[Tuple[int, ...]]:
         """The replicas ``--targets`` chooses (None: every one), by index; refused
         (:class:`~colab_xla.errors.OptionError`) if one is not the session's."""
@@ -460,48 +386,16 @@ class Session(Target):
         replica = self.replicas.get(index)
         memory = self.processes.memory_note(replica.pid if replica else None)
         with self._lock:
-            if index not in self._died:
-                self._died[index] = code
-                self._death_notes[index] = killed_while(code, memory)
+            self.deaths.record(index, code, memory)
             cell = self._cell
         if cell is not None and index not in cell.finished:
             cell.ended(index, code)
-
-    @property
-    def death_reason(self) -> Optional[str]:
-        """How the first replica that died went (None while none did)."""
-        if not self._died:
-            return None
-        index, code = sorted(self._died.items())[0]
-        how = self._death_notes.get(index) or describe_exit(code)
-        reason = f"replica {self.global_ordinal(index)} died ({how})"
-        failure = self._failure(index)
-        if failure:
-            reason += f"; it failed outside its cell: {failure[-1].strip()[:300]}"
-        return reason
-
-    def _failure(self, index: int) -> List[str]:
-        """What replica ``index`` wrote as it failed outside its cell (its traceback), read
-        once (the session's directory goes with it)."""
-        if index not in self._failures:
-            try:
-                with open(failure_path(self.directory, index)) as f:
-                    self._failures[index] = [line for line in f.read().splitlines()
-                                             if line.strip()]
-            except OSError:
-                return []
-        return self._failures[index]
 
     def global_ordinal(self, index: int) -> int:
         """Replica ``index``'s ordinal as the notebook counts it: on a cluster's host
         (started by its agent), counting every host's replicas."""
         rank = self._host_rank
         return index if rank is None else rank.index(index)
-
-    def exit_codes(self) -> List[int]:
-        """The non-zero exit codes of the session's processes that ended."""
-        return sorted({code for code in self._died.values() if code}
-                      | set(self.processes.exit_codes()))
 
     # -- cells ------------------------------------------------------------------------------
 
@@ -521,7 +415,7 @@ class Session(Target):
             # A replica whose death the launcher saw after check_up let the cell through,
             # but before the cell was here to be told: told now, as a death in the cell
             # (it would be waited for forever: it never ends the cell).
-            dead = dict(self._died)
+            dead = self.deaths.codes()
         try:
             for index, code in dead.items():
                 ended(index, code)
@@ -557,7 +451,7 @@ class Session(Target):
         codes = self.processes.exit_codes() or [-signal.SIGKILL]  # (killed here)
         for index in cell.chosen:
             if index not in cell.finished:
-                cell.ended(index, self._died.get(index, codes[0]))
+                cell.ended(index, self.deaths.code(index, codes[0]))
         cell.over()
 
     def still_running(self) -> List[int]:

@@ -1,5 +1,6 @@
 """What a session's replicas send outside any cell, read all the time:
-:class:`SessionChannel`.
+:class:`SessionChannel`; and the pipes it reads, which a session keeps from its start to its
+end and lends to one cell at a time: :class:`SessionPipes`.
 
 A session's replica processes write to one set of pipes and output rings for as long as
 the session lives (a :class:`~colab_xla.notebook.pipes.RunPipes`, made as it starts): as
@@ -22,11 +23,12 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import threading
 import time
-from typing import Deque, Dict, List
+from typing import Callable, Deque, Dict, List, Optional
 
-from ...wire import frames
+from ...wire import frames, shared_tensors
 from ..pipes import STARTUP, RunPipes
 
 # The lines kept of what the replicas printed outside any cell.
@@ -205,3 +207,96 @@ def _label(origin) -> str:
     if origin is None:
         return ""
     return f"[replica {origin}] " if isinstance(origin, int) else f"[{origin}] "
+
+
+class SessionPipes:
+    """The pipes and output rings a session's replicas write to, from their start to their
+    end (:meth:`open`), with their reader between cells (a :class:`SessionChannel`), lent to
+    one cell at a time (:meth:`lend` to :meth:`give_back`) and closed as the session ends
+    (:meth:`close`). ``directory``: the session's (where they go without shared memory);
+    ``lock``: the session's, held where a cell's thread and the session's end meet;
+    ``ended()``: whether the session has ended."""
+
+    def __init__(self, directory: str, processes: int, lock, ended: Callable[[], bool]):
+        self._directory, self._processes = directory, processes
+        self._lock, self._ended = lock, ended
+        self._pipes: Optional[RunPipes] = None
+        self._channel: Optional[SessionChannel] = None
+        # A cell holds the pipes (lend to give_back). Not the channel's own "lent"
+        # (SessionChannel._lent, its reader let go of them): a cell also holds the pipes of
+        # a session that ended, which have no channel (see lend), and close must then leave
+        # their closing to the cell.
+        self._lent = False
+
+    @property
+    def directory(self) -> Optional[str]:
+        """Where the pipes are (None once closed)."""
+        return None if self._pipes is None else self._pipes.directory
+
+    def open(self) -> RunPipes:
+        """Make the pipes (in shared memory where there is some) and start their reader."""
+        self._pipes = RunPipes(self._pipes_dir(), self._processes)
+        self._channel = SessionChannel(self._pipes)
+        return self._pipes
+
+    def notes(self, wait: float) -> List[dict]:
+        """The replicas' notes outside a cell (:meth:`SessionChannel.notes`)."""
+        return self._channel.notes(wait)
+
+    def printed(self) -> List[str]:
+        """The last lines the replicas printed outside a cell (none before :meth:`open`)."""
+        return self._channel.printed() if self._channel is not None else []
+
+    def lend(self) -> RunPipes:
+        """The pipes, lent to one cell until :meth:`give_back` (between cells, the channel
+        reads them). Made once, as the session starts (in shared memory where there is
+        some): the replica processes open them and make their rings once, and each cell
+        costs no named pipes, no ring and no directory for them (made and removed for every
+        cell, they would be much of a warm cell's time)."""
+        with self._lock:
+            self._lent = True
+            if self._pipes is None:  # ended, and closed: the cell is refused as it starts
+                self._pipes = RunPipes(self._pipes_dir(), self._processes)
+                return self._pipes
+        return self._channel.lend()
+
+    def give_back(self) -> None:
+        """The cell that :meth:`lend` lent them to has read them for the last time; closed
+        if the session has ended meanwhile."""
+        with self._lock:
+            self._lent = False
+            if self._pipes is None:
+                return
+            if not self._ended():
+                self._channel.give_back()
+                return
+        self._close_pipes()
+
+    def close(self) -> None:
+        """The session has ended: stop the reader, and close the pipes unless a cell holds
+        them (then :meth:`give_back` closes them)."""
+        if self._channel is not None:
+            self._channel.close()
+        with self._lock:
+            lent = self._lent
+        if not lent:
+            self._close_pipes()
+
+    def _pipes_dir(self) -> str:
+        """A directory for the session's pipes and its cells' files: in shared memory where
+        there is some."""
+        try:
+            return shared_tensors.make_private_dir("session")
+        except OSError:  # no /dev/shm: the session's directory
+            os.makedirs(self._directory, exist_ok=True)
+            return self._directory
+
+    def _close_pipes(self) -> None:
+        if self._channel is not None:  # (its reader first: it must not read closed fds)
+            self._channel.close()
+        with self._lock:
+            pipes, self._pipes = self._pipes, None
+        if pipes is not None:
+            pipes.close()
+            if pipes.directory != self._directory:
+                shutil.rmtree(pipes.directory, ignore_errors=True)

@@ -44,10 +44,10 @@ class SessionReplicas(Replicas):
         self._returned = threading.Event()
 
     def pipes(self, directory: str, processes: int) -> RunPipes:
-        return self.session.cell_pipes()  # (kept from cell to cell)
+        return self.session.pipes.lend()  # (kept from cell to cell)
 
     def done_with(self, pipes: RunPipes) -> None:
-        self.session.cell_pipes_back()
+        self.session.pipes.give_back()
 
     threaded = False  # (it sends the cell to replicas that wait for it)
 
@@ -74,20 +74,20 @@ class SessionReplicas(Replicas):
         self.session.processes.track_descendants()
 
     def exit_codes(self) -> List[int]:
-        return self.session.exit_codes()
+        return self.session.deaths.exit_codes(self.session.processes)
 
     def memory_note(self, pid: Optional[int]) -> Optional[str]:
         return self.session.processes.memory_note(pid)
 
     def stop(self, driver: threading.Thread, read_until, why: str) -> None:
-        if self.session.ended is None and self.session.death_reason is None:
+        if self.session.ended is None and self.session.deaths.reason is None:
             self.session.interrupt(self.run_id)
             read_until(time.monotonic() + self.grace)
         self._end_if_running(driver, untaken=why == "unstarted")
 
     def release(self, driver: threading.Thread) -> None:
         if (not self._returned.is_set() and self.session.ended is None
-                and self.session.death_reason is None):
+                and self.session.deaths.reason is None):
             self.session.interrupt(self.run_id)  # (a view failed while the cell ran)
             self._returned.wait(self.grace)
         self._end_if_running(driver)
@@ -100,11 +100,11 @@ class SessionReplicas(Replicas):
             running = self.session.still_running()
             which = (f"replica{'s' if len(running) > 1 else ''} {format_ordinals(running)}"
                      if running else "a replica")
-            self.session.end(self.session.death_reason or (
+            self.session.end(self.session.deaths.reason or (
                 f"{which} did not take the cell within {self.start_seconds:g} s (stuck "
                 "between cells)" if untaken else
                 f"{which} did not stop within {self.grace:g} s of the interrupt (native "
                 "code, or a collective waiting for a peer)"))
-        elif self.session.death_reason is not None and self.session.ended is None:
-            self.session.end(self.session.death_reason)
+        elif self.session.deaths.reason is not None and self.session.ended is None:
+            self.session.end(self.session.deaths.reason)
         driver.join(KILL_SECONDS)
