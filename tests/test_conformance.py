@@ -27,7 +27,8 @@ import textwrap
 from importlib.metadata import version
 
 import pytest
-from IPython.testing import globalipapp
+
+from _shell import ip_fixture
 
 pytestmark = [pytest.mark.xla, pytest.mark.timeout(600), pytest.mark.stacks("colab", "kaggle")]
 
@@ -604,17 +605,7 @@ def cell(mode: str, behaviours) -> str:
     return f"MODE = {mode!r}\n{HARNESS}\n{calls}_results\n"
 
 
-def get_ipython():
-    globalipapp.start_ipython()
-    return globalipapp.get_ipython()
-
-
-@pytest.fixture(scope="module")
-def ip():
-    shell = get_ipython()
-    shell.run_line_magic("load_ext", "colab_xla")
-    yield shell
-    shell.run_line_magic("unload_ext", "colab_xla")
+ip = ip_fixture(scope="module", after=lambda shell: shell.run_line_magic("unload_ext", "colab_xla"))
 
 
 def spawn(ip, line: str, body: str):
