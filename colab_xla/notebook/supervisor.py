@@ -291,7 +291,7 @@ class Supervisor:
             readable, _, _ = select.select(fds, [], [], max(0.0, wake - now))
             for fd in readable:
                 if fd not in (done_r, self._interrupts.wake_fd):
-                    pipes.read(fd)
+                    pipes.read_one(fd)
             if held.pieces:
                 for piece in held.release(time.monotonic()):
                     self._emit(piece.origin, piece.kind, piece.text)
@@ -315,7 +315,7 @@ class Supervisor:
         before the deadline, see :meth:`Deadlines.in_time`); a report read after it is late
         and ignored, so the replica is settled as stopped for ``reason``, even if the kill
         comes too late to stop it (a --timeout shorter than the start-up)."""
-        self._pipes.read_written()
+        self._pipes.read_held()
         self._deadlines.stop = reason
         # Where they were, before they are stopped: taken by a thread of each replica's
         # process (colab_xla.wire.stacks), in a moment unless its native code holds Python;
@@ -361,7 +361,7 @@ class Supervisor:
 
     def _drain(self) -> None:
         # Every replica process has exited: what they wrote is in the pipes already.
-        self._pipes.drain()
+        self._pipes.read_all_after_exit()
         for piece in self._held.release():
             self._emit(piece.origin, piece.kind, piece.text)
         for (origin, kind), dec in self._decoders.items():

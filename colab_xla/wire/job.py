@@ -123,7 +123,7 @@ INLINE_JOB_BYTES = (select.PIPE_BUF - len("jobm \n")) // 4 * 3
 _MARSHAL_VERSION = 4
 
 
-def job_command(job: ReplicaJob, directory: str) -> str:
+def job_to_command(job: ReplicaJob, directory: str) -> str:
     """The command that sends ``job`` to a session's replicas: the job in the line, or in a
     file of ``directory`` (removed with the cell's files)."""
     fields = dict(job.__dict__)
@@ -144,11 +144,11 @@ def job_command(job: ReplicaJob, directory: str) -> str:
     return f"run {path}"
 
 
-JOB_VERBS = ("jobm", "job", "run")  # the commands that carry a job (job_command)
+JOB_VERBS = ("jobm", "job", "run")  # the commands that carry a job (job_to_command)
 
 
-def command_job(verb: str, arg: str) -> ReplicaJob:
-    """The job a ``jobm``, ``job`` or ``run`` command (:func:`job_command`) sends."""
+def job_from_command(verb: str, arg: str) -> ReplicaJob:
+    """The job a ``jobm``, ``job`` or ``run`` command (:func:`job_to_command`) sends."""
     if verb == "jobm":
         fields = marshal.loads(base64.b64decode(arg))
         if fields["cell"] is not None:

@@ -61,7 +61,7 @@ HOST_OPTIONS = ("-n", "--start-method", "--launcher", "--debug-single", "--env",
 
 def refuse_host_options(request: CellRequest) -> None:
     """Refuse a cell on the cluster that asks for replicas of its own."""
-    asked = [flag for flag in request.asked() if flag in HOST_OPTIONS]
+    asked = [flag for flag in request.replica_flags_asked() if flag in HOST_OPTIONS]
     if asked:
         raise OptionError(f"{', '.join(asked)}: a cell on the cluster runs on the replicas "
                           "%xla_cluster started on each host. Give the replicas per host "
