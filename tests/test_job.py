@@ -13,13 +13,12 @@ from colab_xla.wire.job import ReplicaJob
 pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
 
 
-def test_a_sessions_job_goes_marshalled_pickled_or_through_a_file_and_arrives_the_same(
+def test_a_sessions_job_goes_pickled_in_the_line_or_through_a_file_and_arrives_the_same(
         tmp_path, monkeypatch):
-    """job_to_command: plain data (the common cell) as ``jobm`` (marshal: a replica reads it
-    in less than half unpickling's time), what marshal cannot write (a Manager lock's
-    proxy, here an object that only pickles) as ``job``, a job too large for a line as
-    ``run`` and a file. job_from_command gives back the same job each way, and a replica that
-    runs another Python compiles a marshalled cell again from its file."""
+    """job_to_command: a job (with a Manager lock's proxy too, here an object that only
+    pickles) pickled in the line as ``job``, a job too large for a line as ``run`` and a
+    file. job_from_command gives back the same job each way, and a replica that runs another
+    Python compiles the cell's marshalled code again from its file."""
     import types
 
     from colab_xla.wire import job as wire_job
@@ -47,7 +46,7 @@ def test_a_sessions_job_goes_marshalled_pickled_or_through_a_file_and_arrives_th
         assert eval(got.cell.last_expr, ns) == 42
 
     verb, got = through(job_to_command(job, str(tmp_path)))
-    assert verb == "jobm" and arrived == [got]  # (set up as a pickled job's is: arrived)
+    assert verb == "job" and arrived == [got]  # (set up where it is unpickled: arrived)
     same(got, job)
     locked = dataclasses.replace(job, lock=types.SimpleNamespace(held=False))
     verb, got = through(job_to_command(locked, str(tmp_path)))

@@ -13,8 +13,8 @@ them (:mod:`colab_xla.notebook.targets.session_output`).
 
 The notebook speaks to each replica through two named pipes of the session's directory,
 one line per command. The replica's own thread reads the command pipe as it waits for the
-next cell: ``jobm BASE64``, ``job BASE64`` or ``run PATH`` (a cell's
-:class:`~colab_xla.wire.job.ReplicaJob`, marshalled or pickled in the line, or pickled in a
+next cell: ``job BASE64`` or ``run PATH`` (a cell's
+:class:`~colab_xla.wire.job.ReplicaJob`, pickled in the line, or pickled in a
 file: :func:`colab_xla.wire.job.job_to_command`), ``debug IN OUT`` (a post-mortem debugger on the
 last cell's exception, its prompt and answers through the named pipes OUT and IN:
 :func:`debug`, for ``%xla_debug``) and ``stop``. A thread of the replica reads the urgent
