@@ -23,6 +23,7 @@ import dataclasses
 import json
 import os
 import itertools
+import secrets
 import select
 import threading
 import time
@@ -39,7 +40,7 @@ from .partial_lines import PartialLines
 from .pipes import STARTUP, STARTUP_LABEL, RunPipes
 from .replicas import FreshReplicas, Replicas
 from ..wire.job import ReplicaJob
-from ..wire import displays, frames, ids, shared_tensors, stacks, values
+from ..wire import displays, frames, shared_tensors, stacks, values
 from ..runtimes.plan import ReplicaPlan
 
 _runs = itertools.count(1)
@@ -128,7 +129,7 @@ class Supervisor:
         self.plan, self.run_dir, self.observer = plan, run_dir, observer
         self.timeout = timeout
         self.user_ns = user_ns
-        self.run_id = f"{ids.token()}{next(_runs):08x}"  # (see colab_xla.wire.ids)
+        self.run_id = f"{secrets.token_hex(4)}{next(_runs):08x}"
         self.outcome = RunOutcome(device_type=plan.device_type, log_dir=state.next_log_dir())
         if options.began is not None:
             self.outcome.began = options.began

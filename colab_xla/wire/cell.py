@@ -37,10 +37,10 @@ import marshal
 import os
 from dataclasses import dataclass
 from types import CodeType
+from secrets import token_hex
 from typing import FrozenSet, List, Optional
 
 from ..errors import SetupError
-from . import ids
 
 _counter = itertools.count(1)
 
@@ -124,7 +124,7 @@ class CellModule:
         anything runs.
         """
         cell.check()
-        name = f"xla_cell_{next(_counter)}_{ids.token()}"
+        name = f"xla_cell_{next(_counter)}_{token_hex(4)}"
         path = os.path.join(directory, name + ".py")
         # O_EXCL: never write through a file someone else put there. (Written with one
         # write(2): a text file object costs four more system calls, at every warm cell.)
