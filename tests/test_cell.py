@@ -21,6 +21,26 @@ def test_cell_is_written_as_a_private_module_with_a_unique_name(tmp_path):
     assert open(a.path).read() == "# %%xla_spawn\nx = 1\n"
 
 
+def test_a_cells_name_differs_from_a_forked_processs_next_one(tmp_path):
+    """A process forked from this one counts its cells from the same number: its names
+    still differ from this process's (their random part)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next cell's name, to the parent
+        try:
+            os.write(w, CellModule.create(Cell("x = 1\n"), str(tmp_path)).name.encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        child = os.read(r, 256).decode()
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    ours = CellModule.create(Cell("x = 1\n"), str(tmp_path)).name
+    assert child.startswith("xla_cell_") and child != ours
+
+
 def test_cell_line_numbers_are_the_notebook_lines(tmp_path):
     # Line 1 of the notebook cell is the magic line, so the body starts at line 2.
     cell = CellModule.create(Cell("a = 1\nb = 2\nc = 1 / 0\n"), str(tmp_path))
@@ -98,7 +118,7 @@ def test_a_file_planted_at_the_module_path_is_never_written_through(tmp_path, mo
     import itertools
 
     monkeypatch.setattr("colab_xla.wire.cell._counter", itertools.count(1))
-    monkeypatch.setattr("colab_xla.wire.ids._token", "feed")
+    monkeypatch.setattr("colab_xla.wire.cell.token_hex", lambda n: "feed")
     target = tmp_path / "victim"
     target.write_text("untouched")
     (tmp_path / "xla_cell_1_feed.py").symlink_to(target)

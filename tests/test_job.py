@@ -13,17 +13,16 @@ from colab_xla.wire.job import ReplicaJob
 pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
 
 
-def test_a_sessions_job_goes_marshalled_pickled_or_through_a_file_and_arrives_the_same(
+def test_a_sessions_job_goes_pickled_in_the_line_or_through_a_file_and_arrives_the_same(
         tmp_path, monkeypatch):
-    """job_command: plain data (the common cell) as ``jobm`` (marshal: a replica reads it
-    in less than half unpickling's time), what marshal cannot write (a Manager lock's
-    proxy, here an object that only pickles) as ``job``, a job too large for a line as
-    ``run`` and a file. command_job gives back the same job each way, and a replica that
-    runs another Python compiles a marshalled cell again from its file."""
+    """job_to_command: a job (with a Manager lock's proxy too, here an object that only
+    pickles) pickled in the line as ``job``, a job too large for a line as ``run`` and a
+    file. job_from_command gives back the same job each way, and a replica that runs another
+    Python compiles the cell's marshalled code again from its file."""
     import types
 
     from colab_xla.wire import job as wire_job
-    from colab_xla.wire.job import JOB_VERBS, ReplicaJob, command_job, job_command
+    from colab_xla.wire.job import JOB_VERBS, ReplicaJob, job_from_command, job_to_command
 
     arrived = []
     monkeypatch.setattr(wire_job, "arrived", lambda j: arrived.append(j) or j)
@@ -35,7 +34,7 @@ def test_a_sessions_job_goes_marshalled_pickled_or_through_a_file_and_arrives_th
     def through(command: str):
         verb, _, arg = command.partition(" ")
         assert verb in JOB_VERBS
-        return verb, command_job(verb, arg)
+        return verb, job_from_command(verb, arg)
 
     def same(got, sent) -> None:
         assert {k: v for k, v in got.__dict__.items() if k != "cell"} == {
@@ -46,18 +45,18 @@ def test_a_sessions_job_goes_marshalled_pickled_or_through_a_file_and_arrives_th
         exec(got.cell.body, ns)
         assert eval(got.cell.last_expr, ns) == 42
 
-    verb, got = through(job_command(job, str(tmp_path)))
-    assert verb == "jobm" and arrived == [got]  # (set up as a pickled job's is: arrived)
+    verb, got = through(job_to_command(job, str(tmp_path)))
+    assert verb == "job" and arrived == [got]  # (set up where it is unpickled: arrived)
     same(got, job)
     locked = dataclasses.replace(job, lock=types.SimpleNamespace(held=False))
-    verb, got = through(job_command(locked, str(tmp_path)))
+    verb, got = through(job_to_command(locked, str(tmp_path)))
     assert verb == "job" and got.lock == locked.lock
     same(got, locked)
     large = dataclasses.replace(job, names=b"n" * 4096)
-    verb, got = through(job_command(large, str(tmp_path)))
+    verb, got = through(job_to_command(large, str(tmp_path)))
     assert verb == "run" and os.path.exists(os.path.join(str(tmp_path), "job.pickle"))
     same(got, large)
-    command = job_command(job, str(tmp_path))
+    command = job_to_command(job, str(tmp_path))
     with open(cell.path, "w") as f:  # read by another Python: the file's code, compiled
         f.write("# %%xla_spawn\nx = 5\nx * 7\n")
     monkeypatch.setattr("importlib.util.MAGIC_NUMBER", b"\x00\x00\r\n")

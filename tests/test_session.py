@@ -935,7 +935,7 @@ def test_a_sessions_cells_run_in_one_directory_emptied_after_each(live):
 @pytest.mark.timeout(300)
 def test_a_cells_job_comes_in_its_command_line_unless_it_brings_large_names(live):
     """A cell's job goes to each replica in the line of its command (no file to write, open
-    and read: colab_xla.wire.job.job_command); one bringing large notebook names, through a
+    and read: colab_xla.wire.job.job_to_command); one bringing large notebook names, through a
     file of the cell's directory. Both run alike."""
     where = ("import os\nfrom colab_xla.replica.process import ReplicaProcess\n"
              "(os.path.exists(os.path.join(ReplicaProcess._current.run_dir, 'job.pickle')), "
@@ -981,7 +981,7 @@ def test_a_replica_reads_its_cells_in_its_own_thread_and_interrupts_in_another(t
 
     from colab_xla.notebook.targets.session_commands import CommandPipes
     from colab_xla.replica.serve import DebugRequest, _Commands
-    from colab_xla.wire.job import ReplicaJob, command_path, job_command, urgent_path
+    from colab_xla.wire.job import ReplicaJob, command_path, job_to_command, urgent_path
 
     class Interrupts:  # what _Commands uses of the replica's Interruptible
         busy = False
@@ -999,7 +999,7 @@ def test_a_replica_reads_its_cells_in_its_own_thread_and_interrupts_in_another(t
         commands = _Commands(command_path(directory, 0), urgent_path(directory, 0), interrupts)
         job = ReplicaJob(run_id="cell-1", run_dir=directory, channel_path="channel",
                          parent_pid=os.getpid())
-        pipes.send(job_command(job, directory), [0])
+        pipes.send(job_to_command(job, directory), [0])
         pipes.send("interrupt cell-1", [0])  # read at once, though the job is not taken
         assert interrupts.got.get(timeout=10) == (
             "cell-1 in colab_xla-session-commands")

@@ -120,7 +120,7 @@ def test_a_lent_pipe_is_the_cells_alone_and_given_back_is_read_again(pipes):
         got, c_got = [], []
         pipes.begin(got.append, lambda fd, rank, kind, data: c_got.append((rank, data)))
         _write(pipes, "in the cell\n", "C in\n")
-        pipes.read_written()
+        pipes.read_held()
         assert [f.payload for f in got] == [b"in the cell\n"]
         assert c_got == [(0, b"C in\n")]
         pipes.end()
@@ -243,7 +243,7 @@ def test_a_cell_takes_the_pipes_without_waiting_for_the_reader_thread_to_wake(pi
         got = []
         pipes.begin(got.append, lambda *args: None)
         _write(pipes, "in the cell\n", "")
-        pipes.read_ready(pipes.read_fd, 10)
+        pipes.read_until_empty(pipes.read_fd, 10)
         assert [f.payload for f in got] == [b"in the cell\n"]
         pipes.end()
         assert channel.printed(0) == ["[replica 0] before the cell", "[process 0] C before"]

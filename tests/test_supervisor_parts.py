@@ -223,7 +223,7 @@ def test_c_level_output_comes_after_the_frames_sent_before_it(run_pipes):
     _c_write(made, 1, frames.STDOUT, b"from C\n")
     c_fd = next(fd for fd, source in made.fd_sources.items() if source == (1, frames.STDOUT))
     assert select.select([c_fd], [], [], 10)[0] == [c_fd]
-    assert made.read(c_fd)  # woken by the C-level line: the frames are handled first
+    assert made.read_one(c_fd)  # woken by the C-level line: the frames are handled first
     assert reads.seen == [("frame", frames.START, 1, b'{"rank": 1}'),
                           ("frame", frames.STDOUT, 1, b"from Python\n"),
                           ("c", 1, frames.STDOUT, b"from C\n")]
@@ -235,7 +235,7 @@ def test_a_ring_named_on_the_pipe_is_read_and_its_lines_merged(run_pipes, tmp_pa
     writer.use_ring(str(tmp_path / "ring-0"), size=1 << 16)
     writer.send(frames.STDOUT, 0, b"one\n")
     writer.send(frames.STDOUT, 0, b"two\n")
-    made.read_written()  # the pipe names the ring; the ring holds the lines
+    made.read_held()  # the pipe names the ring; the ring holds the lines
     assert list(made.rings) == [str(tmp_path / "ring-0")]
     assert reads.seen == [("frame", frames.STDOUT, 0, b"one\ntwo\n")]
     writer.drop_ring()
@@ -247,7 +247,7 @@ def test_a_ring_outside_the_run_s_directories_is_not_opened(run_pipes, tmp_path)
     elsewhere.mkdir()
     writer = frames.ChannelWriter(made.write_fd)
     writer.use_ring(str(elsewhere / "ring-0"), size=1 << 16)
-    made.read_written()
+    made.read_held()
     assert made.rings == {} and reads.seen == []
     writer.drop_ring()
 
@@ -259,7 +259,7 @@ def test_looking_at_the_rings_says_when_to_look_again(run_pipes, tmp_path, monke
     assert made.look(100.0, 101.0) == 101.0  # no ring: the caller's wake-up stands
     writer = frames.ChannelWriter(made.write_fd)
     writer.use_ring(str(tmp_path / "ring-0"), size=1 << 16)
-    made.read_written()
+    made.read_held()
     reader, _ = made.rings[str(tmp_path / "ring-0")]
     writer.send(frames.STDOUT, 0, b"flowing\n")
     assert made.look(100.0, 101.0) == 100.002  # output came: soon, no wake-up asked
@@ -281,7 +281,7 @@ def test_draining_reads_everything_the_pipes_hold(run_pipes, monkeypatch):
     fd = os.open(made.startup_path, os.O_WRONLY)
     os.write(fd, b"before the rank is known\n")
     os.close(fd)
-    made.drain()
+    made.read_all_after_exit()
     assert [s[2] for s in reads.seen if s[0] == "frame"] == [0, 1, 2]
     assert b"".join(s[3] for s in reads.seen if s[:3] == ("c", 0, frames.STDERR)) == (
         b"a C-level line longer than one read\n")

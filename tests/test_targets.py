@@ -329,7 +329,7 @@ def test_run_cell_takes_the_environments_simulation_but_forks_unless_told(monkey
 
 
 def test_a_launch_asked_keeps_what_was_not_asked_for_the_target():
-    assert not LaunchAsked().asked and LaunchAsked.of(None) == LaunchAsked()
+    assert not LaunchAsked().any_asked and LaunchAsked.of(None) == LaunchAsked()
     assert LaunchAsked(default_start_method="spawn").one_off() == Launch("spawn")
     given = Launch("spawn", launcher="launch", debug_single=True)
     assert LaunchAsked.of(given).one_off() == given
@@ -343,9 +343,9 @@ def test_a_launch_asked_keeps_what_was_not_asked_for_the_target():
 
 
 def test_what_a_request_asks_is_named_as_the_line_names_it():
-    assert request().asked() == []
-    assert request(**ALL_ASKED).asked() == ["-n", "--start-method", "--launcher", "--env",
-                                            "--cache", "--simulate"]
+    assert request().replica_flags_asked() == []
+    assert request(**ALL_ASKED).replica_flags_asked() == [
+        "-n", "--start-method", "--launcher", "--env", "--cache", "--simulate"]
     assert SessionRequest(replicas=2, env=("A=1",), runtime="jax").given() == [
         "-n", "--env", "--runtime"]
     opts = SessionOptions.asked(SessionRequest(

@@ -13,6 +13,10 @@ prefilter for one line. Everything else goes through ``shell.transform_cell`` it
 with any such place (in a string or a comment too), a shell whose transformers are not
 IPython's own (an extension's, this package's auto mode while not suspended), and a shell
 class with a ``transform_cell`` of its own.
+
+Why a second way beside ``transform_cell``: tokenizing a body of many lines is a large part
+of a warm session cell's time in the magic (tests/test_magic.py checks both give
+the same text).
 """
 
 from __future__ import annotations

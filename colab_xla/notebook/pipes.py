@@ -103,8 +103,8 @@ class RunPipes:
                 os.close(fd)
         self.done_r = self.done_w = None
 
-    def read(self, fd: int) -> bool:
-        """Read what ``fd`` has; False at end of file."""
+    def read_one(self, fd: int) -> bool:
+        """One read of ``fd``, its frames or C-level output handed on; False at end of file."""
         data = os.read(fd, READ_SIZE)
         if fd == self.read_fd:
             for frame in self._decoder.feed(data, merge=True):
@@ -121,39 +121,40 @@ class RunPipes:
             self.read_rings()
         elif data:
             rank, kind = self.fd_sources[fd]
-            self.catch_up()
+            self.read_pending_frames()
             self._c_output(fd, rank, kind, data)
         return bool(data)
 
-    def catch_up(self) -> None:
+    def read_pending_frames(self) -> None:
         """Handle the frames sent before C-level output was read: the process's start,
         which says whose output it is, and the Python lines printed before it. (While
         output flows, a ring's frames come without a wake-up, so a C-level line can wake
         the loop before them.)"""
-        self.read_ready(self.read_fd, PIPE_READS)
+        self.read_until_empty(self.read_fd, PIPE_READS)
         self.read_rings()
 
-    def read_ready(self, fd: int, reads: Optional[int] = None) -> None:
+    def read_until_empty(self, fd: int, reads: Optional[int] = None) -> None:
         """Read what ``fd`` holds, without waiting for more: at most ``reads`` reads (what
         the pipe held when asked, while writers may go on), else until it is empty."""
         for _ in range(reads) if reads is not None else itertools.count():
-            if not (select.select([fd], [], [], 0)[0] and self.read(fd)):
+            if not (select.select([fd], [], [], 0)[0] and self.read_one(fd)):
                 return
 
-    def read_written(self) -> None:
-        """Read what was written before now (the run is being cut: what came later is
-        late), without waiting for writers that go on. (One look at every pipe first:
-        most hold nothing.)"""
+    def read_held(self) -> None:
+        """Read what every pipe and ring holds now (what was written before now: when a run
+        is cut, what came later is late), without waiting for writers that go on. (One
+        look at every pipe first: most hold nothing.)"""
         for fd in select.select([self.read_fd, *self.fd_sources], [], [], 0)[0]:
-            self.read_ready(fd, PIPE_READS)
+            self.read_until_empty(fd, PIPE_READS)
         self.read_rings()
 
-    def drain(self) -> None:
-        """Read everything. Every replica process has exited: what they wrote is in the
-        pipes already (and in the rings, those of processes that were killed too). (One
-        look at every pipe first: most hold nothing, and one select finds those that do.)"""
+    def read_all_after_exit(self) -> None:
+        """Read everything, until every pipe is empty, once every replica process has exited:
+        what they wrote is in the pipes already (and in the rings, those of processes that
+        were killed too). (One look at every pipe first: most hold nothing, and one select
+        finds those that do.)"""
         for fd in select.select([self.read_fd, *self.fd_sources], [], [], 0)[0]:
-            self.read_ready(fd)
+            self.read_until_empty(fd)
         self.read_rings()
 
     def _open_ring(self, path: str) -> None:

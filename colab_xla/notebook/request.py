@@ -12,7 +12,7 @@ Example::
 
     >>> from colab_xla.wire.cell import Cell
     >>> request = CellRequest(Cell("index * 10"), replicas=2, env={"XLA_IR_DEBUG": "1"})
-    >>> request.asked()
+    >>> request.replica_flags_asked()
     ['-n', '--env']
     >>> request.launch.one_off().describe()
     'fork'
@@ -58,7 +58,8 @@ class LaunchAsked:
                    launch.devices_per_process)
 
     @property
-    def asked(self) -> bool:
+    def any_asked(self) -> bool:
+        """Whether any part of the launch is asked."""
         return bool(self.start_method or self.launcher != "xmp" or self.debug_single
                     or self.runtime or self.devices_per_process is not None)
 
@@ -71,7 +72,7 @@ class LaunchAsked:
 
     def within(self, own: Launch) -> Optional[Launch]:
         """The launch asked, ``own`` giving what is not asked; None if nothing is."""
-        if not self.asked:
+        if not self.any_asked:
             return None
         return Launch(self.start_method or own.start_method, launcher=self.launcher,
                       debug_single=self.debug_single, runtime=self.runtime or own.runtime,
@@ -116,7 +117,7 @@ class CellRequest:
             raise OptionError(f"--stall {self.stall:g}: the seconds without output must be 0 "
                               "(never) or more.")
 
-    def asked(self) -> List[str]:
+    def replica_flags_asked(self) -> List[str]:
         """The options that choose the replicas which this request asks, as a line names
         them (a target that has its own refuses them by these names)."""
         launch = self.launch

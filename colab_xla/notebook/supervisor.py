@@ -23,6 +23,7 @@ import dataclasses
 import json
 import os
 import itertools
+import secrets
 import select
 import threading
 import time
@@ -39,7 +40,7 @@ from .partial_lines import PartialLines
 from .pipes import STARTUP, STARTUP_LABEL, RunPipes
 from .replicas import FreshReplicas, Replicas
 from ..wire.job import ReplicaJob
-from ..wire import displays, frames, ids, shared_tensors, stacks, values
+from ..wire import displays, frames, shared_tensors, stacks, values
 from ..runtimes.plan import ReplicaPlan
 
 _runs = itertools.count(1)
@@ -134,7 +135,7 @@ class Supervisor:
         self.plan, self.run_dir, self.observer = plan, run_dir, observer
         self.timeout = timeout
         self.user_ns = user_ns
-        self.run_id = f"{ids.token()}{next(_runs):08x}"  # (see colab_xla.wire.ids)
+        self.run_id = f"{secrets.token_hex(4)}{next(_runs):08x}"
         self.outcome = RunOutcome(device_type=plan.device_type, log_dir=state.next_log_dir())
         if options.began is not None:
             self.outcome.began = options.began
@@ -297,7 +298,7 @@ class Supervisor:
             readable, _, _ = select.select(fds, [], [], max(0.0, wake - now))
             for fd in readable:
                 if fd not in (done_r, self._interrupts.wake_fd):
-                    pipes.read(fd)
+                    pipes.read_one(fd)
             if held.pieces:
                 for piece in held.release(time.monotonic()):
                     self._emit(piece.origin, piece.kind, piece.text)
@@ -321,7 +322,7 @@ class Supervisor:
         before the deadline, see :meth:`Deadlines.in_time`); a report read after it is late
         and ignored, so the replica is settled as stopped for ``reason``, even if the kill
         comes too late to stop it (a --timeout shorter than the start-up)."""
-        self._pipes.read_written()
+        self._pipes.read_held()
         self._deadlines.stop = reason
         # Where they were, before they are stopped: taken by a thread of each replica's
         # process (colab_xla.wire.stacks), in a moment unless its native code holds Python;
@@ -367,7 +368,7 @@ class Supervisor:
 
     def _drain(self) -> None:
         # Every replica process has exited: what they wrote is in the pipes already.
-        self._pipes.drain()
+        self._pipes.read_all_after_exit()
         for piece in self._held.release():
             self._emit(piece.origin, piece.kind, piece.text)
         for (origin, kind), dec in self._decoders.items():

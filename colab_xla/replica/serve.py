@@ -13,9 +13,9 @@ them (:mod:`colab_xla.notebook.targets.session_output`).
 
 The notebook speaks to each replica through two named pipes of the session's directory,
 one line per command. The replica's own thread reads the command pipe as it waits for the
-next cell: ``jobm BASE64``, ``job BASE64`` or ``run PATH`` (a cell's
-:class:`~colab_xla.wire.job.ReplicaJob`, marshalled or pickled in the line, or pickled in a
-file: :func:`colab_xla.wire.job.job_command`), ``debug IN OUT`` (a post-mortem debugger on the
+next cell: ``job BASE64`` or ``run PATH`` (a cell's
+:class:`~colab_xla.wire.job.ReplicaJob`, pickled in the line, or pickled in a
+file: :func:`colab_xla.wire.job.job_to_command`), ``debug IN OUT`` (a post-mortem debugger on the
 last cell's exception, its prompt and answers through the named pipes OUT and IN:
 :func:`debug`, for ``%xla_debug``) and ``stop``. A thread of the replica reads the urgent
 pipe all the time: ``interrupt RUN_ID`` and ``complete PATH EXPR`` (Tab completion). An
@@ -46,7 +46,7 @@ from ..wire import completions, pdb_pipes, shared_tensors, stacks
 from ..wire.frames import NOTE
 from ..wire.names import REPLICA_NAMES
 from .execution import ReplicaGlobals, cell_globals, serve_run
-from ..wire.job import (JOB_VERBS, ReplicaJob, command_job, command_path, failure_path,
+from ..wire.job import (JOB_VERBS, ReplicaJob, job_from_command, command_path, failure_path,
                         urgent_path)
 from .process import ReplicaProcess
 
@@ -351,7 +351,7 @@ class _Commands:
                 return None
             verb, _, arg = line.decode().partition(" ")
             if verb in JOB_VERBS:
-                return command_job(verb, arg)
+                return job_from_command(verb, arg)
             if verb == "debug":
                 return DebugRequest(*arg.split(" ", 1))
             if verb == "stop":

@@ -37,10 +37,10 @@ import marshal
 import os
 from dataclasses import dataclass
 from types import CodeType
+from secrets import token_hex
 from typing import FrozenSet, List, Optional
 
 from ..errors import SetupError
-from . import ids
 
 _counter = itertools.count(1)
 
@@ -124,7 +124,7 @@ class CellModule:
         anything runs.
         """
         cell.check()
-        name = f"xla_cell_{next(_counter)}_{ids.token()}"
+        name = f"xla_cell_{next(_counter)}_{token_hex(4)}"
         path = os.path.join(directory, name + ".py")
         # O_EXCL: never write through a file someone else put there. (Written with one
         # write(2): a text file object costs four more system calls, at every warm cell.)
@@ -158,8 +158,8 @@ class CellModule:
         return [""] * self.header_lines + self.source.splitlines()
 
     def parts(self) -> tuple:
-        """The module as plain data (strings and bytes: pickle and marshal take it alike),
-        for :func:`from_parts`. Code objects do not pickle, but they marshal: a replica that
+        """The module as plain data (strings and bytes), as it pickles (:meth:`__reduce__`).
+        Code objects do not pickle, but they marshal: a replica that
         did not fork (a session's, for every cell; spawn, a forkserver) gets the compiled
         cell, in marshal's format of this Python, and compiles the file again only if it
         runs another (so N replicas do not read, parse and compile it N times a cell)."""
@@ -168,11 +168,6 @@ class CellModule:
 
     def __reduce__(self):
         return _unmarshalled, self.parts()
-
-
-def from_parts(parts: tuple) -> CellModule:
-    """The module :meth:`CellModule.parts` gave."""
-    return _unmarshalled(*parts)
 
 
 def _unmarshalled(path: str, label: str, source: str, magic: bytes,

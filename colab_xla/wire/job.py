@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import ctypes
-import marshal
 import os
 import pickle
 import select
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 from . import stacks
-from .cell import CellModule, from_parts
+from .cell import CellModule
 
 # The notebook's pid, in the forkserver's environment only (colab_xla.replica.forkserver_init).
 NOTEBOOK_PID = "COLAB_XLA_NOTEBOOK_PID"
@@ -110,31 +109,17 @@ def capture_startup(path: str) -> None:
 
 
 # A session's cell goes to each replica on its command pipe (see command_path) as one
-# line when its job, in base64, fits in one atomic write of a pipe (PIPE_BUF, 4096 bytes on
-# Linux: never mixed with another thread's command, and never waiting on a replica that
-# reads late): ``jobm BASE64``, its fields in marshal's format, where they are all plain
-# data (the cell as CellModule.parts: a replica unmarshals it faster than it unpickles
-# one), else ``job BASE64``, pickled (a Manager lock's proxy). A larger one (the notebook
-# names the cell brings) goes as ``run PATH``, the path of a file holding it pickled. (In
-# the line, the notebook writes no file and no replica opens one.)
-INLINE_JOB_BYTES = (select.PIPE_BUF - len("jobm \n")) // 4 * 3
-# marshal's format of plain data, which every Python since 3.4 reads alike (a replica may
-# run another Python than the notebook: CellModule.parts says how its code travels).
-_MARSHAL_VERSION = 4
+# line, ``job BASE64``, its job pickled, when that fits in one atomic write of a pipe
+# (PIPE_BUF, 4096 bytes on Linux: never mixed with another thread's command, and never
+# waiting on a replica that reads late). A larger one (the notebook names the cell brings)
+# goes as ``run PATH``, the path of a file holding it pickled. (In the line, the notebook
+# writes no file and no replica opens one.)
+INLINE_JOB_BYTES = (select.PIPE_BUF - len("job \n")) // 4 * 3
 
 
-def job_command(job: ReplicaJob, directory: str) -> str:
+def job_to_command(job: ReplicaJob, directory: str) -> str:
     """The command that sends ``job`` to a session's replicas: the job in the line, or in a
     file of ``directory`` (removed with the cell's files)."""
-    fields = dict(job.__dict__)
-    if job.cell is not None:
-        fields["cell"] = job.cell.parts()
-    try:
-        data = marshal.dumps(fields, _MARSHAL_VERSION)
-    except ValueError:  # (not plain data)
-        data = b""
-    if data and len(data) <= INLINE_JOB_BYTES:
-        return "jobm " + base64.b64encode(data).decode("ascii")
     data = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
     if len(data) <= INLINE_JOB_BYTES:
         return "job " + base64.b64encode(data).decode("ascii")
@@ -144,16 +129,11 @@ def job_command(job: ReplicaJob, directory: str) -> str:
     return f"run {path}"
 
 
-JOB_VERBS = ("jobm", "job", "run")  # the commands that carry a job (job_command)
+JOB_VERBS = ("job", "run")  # the commands that carry a job (job_to_command)
 
 
-def command_job(verb: str, arg: str) -> ReplicaJob:
-    """The job a ``jobm``, ``job`` or ``run`` command (:func:`job_command`) sends."""
-    if verb == "jobm":
-        fields = marshal.loads(base64.b64decode(arg))
-        if fields["cell"] is not None:
-            fields["cell"] = from_parts(fields["cell"])
-        return _arrive(fields)
+def job_from_command(verb: str, arg: str) -> ReplicaJob:
+    """The job a ``job`` or ``run`` command (:func:`job_to_command`) sends."""
     if verb == "job":
         return pickle.loads(base64.b64decode(arg))
     with open(arg, "rb") as f:  # (closed before the cell starts: it sees none open)

@@ -51,7 +51,7 @@ from ...errors import SetupError
 from ...wire.host_rank import HostRank
 from ..launch import Launch, environ, inherit, replica_environ, serve_replica, start
 from ...wire.cell import CellModule
-from ...wire.job import ReplicaJob, job_command
+from ...wire.job import ReplicaJob, job_to_command
 from ..outcome import RunObserver, RunOutcome, counted
 from ..request import CellRequest, SessionRequest
 from ..supervisor import RunRequest, Supervisor
@@ -404,7 +404,7 @@ class Session(SessionTarget):
         """Send ``job`` to every replica (the chosen ones: ``--targets``), and return.
         ``over()`` is called once every one has sent its end (by the run's thread, in
         :meth:`finished`), or once the session has ended (by the thread that ended it)."""
-        command = job_command(job, job.run_dir)
+        command = job_to_command(job, job.run_dir)
         chosen = sorted(self.replicas) if job.chosen is None else list(job.chosen)
         cell = _CellRun(job.run_id, ended, chosen, over)
         with self._lock:

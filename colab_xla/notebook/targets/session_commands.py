@@ -1,9 +1,9 @@
 """A session's command pipes: two named pipes per replica in the session's directory,
 through which the notebook tells the replica what to do, a line per command. Between
 cells, the replica's own thread reads its command pipe
-(:func:`colab_xla.wire.job.command_path`): ``jobm BASE64``, ``job BASE64`` or ``run PATH``
-(a cell's job, marshalled or pickled in the line, or pickled in a file:
-:func:`colab_xla.wire.job.job_command`), ``debug ANSWERS OUTPUT`` (``%xla_debug``),
+(:func:`colab_xla.wire.job.command_path`): ``job BASE64`` or ``run PATH``
+(a cell's job, pickled in the line, or in a file:
+:func:`colab_xla.wire.job.job_to_command`), ``debug ANSWERS OUTPUT`` (``%xla_debug``),
 ``stop``; a thread of the replica reads its urgent pipe
 (:func:`colab_xla.wire.job.urgent_path`) all the time: ``interrupt RUN_ID``, ``complete
 PATH EXPR`` (:mod:`colab_xla.replica.serve`).

@@ -107,7 +107,7 @@ class SessionChannel:
         the cell's): a cell reads them until :meth:`give_back`."""
         with self._reading:
             if not self._lent and not self._closed and self._thread.is_alive():
-                self.pipes.read_written()
+                self.pipes.read_held()
                 self.pipes.end()
                 if self._watching:  # (the reader: no more select on them)
                     os.write(self._control_w, _LEND)
@@ -162,7 +162,7 @@ class SessionChannel:
                     try:
                         with self._reading:
                             if not self._lent:
-                                pipes.read_written()
+                                pipes.read_held()
                     except OSError:  # closed under it: the session is ending
                         return
                     finally:
@@ -177,7 +177,7 @@ class SessionChannel:
                     continue
                 for fd in readable:
                     try:
-                        pipes.read(fd)
+                        pipes.read_one(fd)
                     except OSError:  # closed under it: the session is ending
                         return
 

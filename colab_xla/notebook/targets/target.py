@@ -75,7 +75,7 @@ class Target:
                 "the cell, so every one runs it. --targets chooses among a session's "
                 "replicas, which keep their state: %xla_session start first, or drop "
                 "--targets.")
-        asked = request.asked()
+        asked = request.replica_flags_asked()
         for owned in self.own_options:
             changed = [flag for flag in owned.among(asked) if not self.repeats(flag, request)]
             if changed:
