@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 from IPython.core.error import UsageError
 
-from colab_xla.notebook import auto_cells, ipython_syntax
 from colab_xla.notebook.outcome import XlaSpawnError
 
 from _shell import get_ipython, ip_fixture  # tests/ is on sys.path
@@ -429,95 +428,7 @@ def test_the_headlines_time_is_the_wait_start_up_included_each_replicas_its_own(
     assert max(replicas) < took, out
 
 
-# -- the body's IPython syntax (colab_xla.notebook.ipython_syntax) ------------------------
-
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-OWN = (auto_cells.transform,)  # what the magic passes: auto mode's transformer, suspended
-
-# Bodies where IPython's transform acts, or nearly does: each must come out exactly as
-# shell.transform_cell gives it (the fast path only where that is the body itself).
-TRICKY = [
-    "x = 1\n", "x = 1", "ls\n", "pwd", "x = 1\ny = 2", "x = 1\ny = 2\n",
-    "\nx = 1\ny = 2\n", "   \nx = 1\ny = 2\n", "  x = 1\n  y = 2\n", "\tx = 1\n\ty = 2\n",
-    "x = 1\n%time y = 2\n", "%%time\nx = 1\n", "x = %time 1\ny = 2\n", "x = !echo hi\ny = 2\n",
-    "files = !ls\nprint(files)\n", "!echo hi\nx = 1\n", "x = 1\n  !echo hi\n",
-    "x = 1\nprint?\n", "x = 1\n?print\n", "x = 1\nprint??\n", "x = 1 # why?\ny = 2\n",
-    "s = 'a?b'\nt = 1\n", "x = 1\n/print 1\n", "x = 1\n,print a b\n", "x = 1\n;print a b\n",
-    ">>> x = 1\n>>> y = 2\n", "x = (1,\n... )\ny = 2\n", "x = 1\n... \n",
-    "def f():\n    ...\nf()\n", "def f():\n    >>> 1\n", "In [1]: x = 1\n   ...: y = 2\n",
-    "d = {\n...: 1}\nd\n", "x = 10 % 3\ny = x != 1\n", "x = 5\ny = x%2\n",
-    "s = 'n=%d' % 3\nt = s\n", "v = 3\nprint(f'{v=!r}')\n", "if True:\n    y = 1\n",
-    "x = 1\r\ny = 2\r\n", "x = 1\x0cy = 2\n", "x = [1,\n     2]\nprint(x)\n",
-    "x = 1\n\n\n", "import os\nos.getpid()\n", "x = 1;\ny = 2\n", "x = 1\n# %magic\n",
-    # one line: IPython's prefilter (automagic, autocall, an IPyAutocall such as exit)
-    "exit", "quit\n", "cd /tmp", "env", "x = 1 # c", "print(1); x = 2", "time.sleep", "",
-    "len 'abc'", "who_ls", "x=1", "   ", "\n",
-]
-
-
-def _tutorial_bodies():
-    import json
-
-    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
-        for c in json.loads(path.read_text())["cells"]:
-            source = "".join(c["source"])
-            if c["cell_type"] == "code" and source.startswith("%%xla_spawn"):
-                yield source.split("\n", 1)[1] if "\n" in source else ""
-
-
-def test_a_bodys_ipython_syntax_is_transformed_exactly_as_ipython_does(ip):
-    bodies = TRICKY + list(_tutorial_bodies())
-    assert len(bodies) > len(TRICKY) + 10  # (the tutorials' cells were found)
-    fast = 0
-    with auto_cells.suspended():  # as the magic calls it
-        for body in bodies:
-            expected = ip.transform_cell(body)
-            assert ipython_syntax.transform(ip, body, OWN) == \
-                expected, body
-            fast += ipython_syntax._static_unchanged(ip, body, OWN)
-    assert fast >= 20  # (the static transforms are skipped: most tutorial cells, one lines)
-
-
-def test_a_body_without_ipython_syntax_is_not_tokenized_and_one_with_it_is(ip, monkeypatch):
-    asked = []
-    real = ip.transform_cell
-    monkeypatch.setattr(ip, "transform_cell", lambda body: asked.append(body) or real(body))
-    plain = "import torch\nt = torch.ones(2) * index\nt.sum()"
-    assert ipython_syntax.transform(ip, plain, OWN) == plain + "\n" and asked == []
-    assert ipython_syntax.transform(ip, "pwd", OWN) == real("pwd") and asked == []  # prefilter
-    assert ipython_syntax.transform(ip, plain) == plain + "\n" and asked == [plain]
-    for body in ("x = 1\n!echo hi\n", "%pwd", "x = 1\ny?\n"):
-        assert ipython_syntax.transform(ip, body, OWN) == real(body) and asked[-1] == body
-
-
-def test_a_shell_class_with_its_own_transform_cell_gets_every_body(ip, monkeypatch):
-    """A shell subclass's transform_cell (a kernel's own syntax) is never bypassed."""
-    class Shell(type(ip)):
-        def transform_cell(self, raw_cell):
-            return super().transform_cell(raw_cell.replace("old_name", "new_name"))
-
-    monkeypatch.setattr(ip, "__class__", Shell)
-    body = "old_name = 1\nprint(old_name)\n"
-    assert ipython_syntax.transform(ip, body, OWN) == \
-        "new_name = 1\nprint(new_name)\n"
-
-
-def test_another_transformer_of_the_shell_is_applied_to_every_body(ip):
-    """An extension's transformer (here one renaming a name) sees every body: no fast path
-    while the shell has one that is not IPython's."""
-    def rename(lines):
-        return [line.replace("old_name", "new_name") for line in lines]
-
-    body = "old_name = 1\nprint(old_name)\n"
-    for transformers in (ip.input_transformers_post, ip.input_transformers_cleanup):
-        transformers.append(rename)
-        try:
-            assert ipython_syntax.transform(ip, body, OWN) == \
-                "new_name = 1\nprint(new_name)\n"
-        finally:
-            transformers.remove(rename)
-    assert ipython_syntax.transform(ip, body, OWN) == body
-
+# -- the body's IPython syntax ---------------------------------------------------------------
 
 def test_ipython_syntax_in_a_multi_line_body_runs_on_the_replicas(ip):
     """A magic's line among Python lines (a real run of 1 replica)."""

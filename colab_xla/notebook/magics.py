@@ -14,7 +14,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, kwds, magic_arguments
 
-from . import auto_cells, doctor, ipython_syntax, processes, targets, views
+from . import auto_cells, doctor, processes, targets, views
 from .. import runtimes
 from ..errors import RuntimeInitializedError, SetupError
 from ..runtimes import RUNTIMES
@@ -177,7 +177,7 @@ class XlaMagics(Magics):
         except SetupError as exc:
             raise UsageError(str(exc)) from None
         with auto_cells.suspended():  # (its body is the replicas': never transformed again)
-            body = ipython_syntax.transform(self.shell, cell, own=(auto_cells.transform,))
+            body = self.shell.transform_cell(cell)
         request = CellRequest(
             Cell(body, label=f"Cell In[{self._cell_number()}]",
                  header=None if auto else f"# %%xla_spawn {line}".rstrip()),
