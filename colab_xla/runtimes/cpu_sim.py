@@ -91,11 +91,9 @@ def share_cores(processes: int) -> None:
     """Give this replica process its share of the machine's cores for torch's CPU work
     (``cores // processes``, at least 1), as torchrun does (OMP_NUM_THREADS=1 for more than
     one process), unless the user set OMP_NUM_THREADS. Otherwise each of N processes runs
-    a pool of as many threads as cores, and on 2 cores 8 replicas' copies and reductions
-    (a collective's, a DataLoader's) waited on each other's spinning threads: an all_reduce
-    of 16 MiB took ~1.1 s, ~60 ms with a thread each. (Whether the pool was there at all
-    depended on the notebook: torch's threads are off in a process forked after the
-    notebook used them.) XLA's own CPU threads are not torch's and are left alone."""
+    a pool of as many threads as cores, and the replicas' copies and reductions (a
+    collective's, a DataLoader's) wait on each other's spinning threads. XLA's own CPU
+    threads are not torch's and are left alone."""
     if "OMP_NUM_THREADS" in os.environ:
         return
     import torch

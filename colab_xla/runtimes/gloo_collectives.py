@@ -309,8 +309,8 @@ class _Collectives:
 
         An XLA tensor comes as a view of its buffer (the XLA CPU device's memory is the
         process's) through DLPack, without a copy: torch_xla's copy to the host
-        (``_xla_get_cpu_tensors``) ran at ~0.4 GB/s, 45 ms for 16 MiB, slower than the
-        collective itself. The buffer must exist first (torch_xla aborts the process on a
+        (``_xla_get_cpu_tensors``) is slower than the collective itself. The buffer must
+        exist first (torch_xla aborts the process on a
         tensor whose buffer is still being computed): the inputs are synced, and waited
         for."""
         import torch_xla
