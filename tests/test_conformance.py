@@ -24,7 +24,7 @@ docs/simulation.md's table lists each collective's result here.
 
 import re
 import textwrap
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 
 import pytest
 
@@ -39,6 +39,12 @@ SIMULATIONS = ("processes", "threads")
 MODES = ("eager", "torch.compile", "torch_xla.compile")
 # torch.compile is refused on threads, with the reason (tests/test_traced_collectives.py).
 NO_MODE = {("threads", "torch.compile"): "torch.compile is refused with --simulate threads"}
+# The xla backend's ops in one compiled step with other ops: on Python 3.13 Dynamo's fake
+# tensors refuse dist.all_gather into a list, and openxla's bridge loses a compiled piece
+# between two of them ("Failed to get computation by hash", as it does around any op torch_xla
+# runs on the CPU). Each traced op in a step of its own: tests/test_traced_collectives.py.
+NOT_COMPILED = ("the xla backend's ops are compiled one to a step in "
+                "tests/test_traced_collectives.py (docs/simulation.md)")
 WORLD = 4
 
 # The cell's harness: MODE, then every behaviour's source through _behaviour().
@@ -547,7 +553,10 @@ SINCE = {name: (2, 9) for name in (
     "dist: all_to_all_single and all_to_all", "dist: reduce to one replica",
     "dist: gather to one replica, scatter from one",
     "dist: send and recv (a collective_permute of two replicas)")}
-TORCH_XLA = tuple(int(part) for part in version("torch_xla").split(".")[:2])
+try:
+    TORCH_XLA = tuple(int(part) for part in version("torch_xla").split(".")[:2])
+except PackageNotFoundError:  # (a stack without torch_xla collects this module, runs none)
+    TORCH_XLA = (0, 0)
 
 # Bad arguments: name -> (source of step(), whether torch_xla alone on one device checks it
 # as it does on four: xm.all_reduce on one device returns a copy, checking nothing).
@@ -635,7 +644,8 @@ def runs(ip):
                 _runs[simulation, mode] = spawn(ip, "-n 1", cell(mode, errors))
             else:
                 runnable = {name: source for name, source in ALL.items()
-                            if simulation not in CANNOT.get(name, {})}
+                            if simulation not in CANNOT.get(name, {})
+                            and not (mode == "torch.compile" and name in DISTRIBUTED)}
                 _runs[simulation, mode] = spawn(ip, f"-n {WORLD} --simulate {simulation}",
                                                 cell(mode, runnable))
         if _runs[simulation, mode] is None:
@@ -650,6 +660,8 @@ def runs(ip):
 def test_a_collective_gives_what_torch_xla_gives(runs, simulation, mode, name):
     if (simulation, mode) in NO_MODE:
         pytest.skip(NO_MODE[simulation, mode])
+    if mode == "torch.compile" and name in DISTRIBUTED:
+        pytest.skip(NOT_COMPILED)
     if simulation in CANNOT.get(name, {}):
         pytest.skip(CANNOT[name][simulation])
     results = runs(simulation, mode)

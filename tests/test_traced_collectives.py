@@ -14,7 +14,7 @@ import pytest
 
 from _runs import run
 
-pytestmark = [pytest.mark.xla, pytest.mark.timeout(600), pytest.mark.stacks("kaggle")]
+pytestmark = [pytest.mark.xla, pytest.mark.timeout(600), pytest.mark.stacks("colab", "kaggle")]
 
 # Each form: one call on v, a float tensor of 4 on the replica's device. A step doubles its
 # input first and adds 1 after, so that the collective sits inside the graph.
