@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 from typing import Any, Callable, Dict, Iterator, Mapping
@@ -37,7 +38,7 @@ def rebind(replacements: Mapping[Callable, Callable], names: Dict[str, Any]) -> 
     names, as the replica has them) and in the globals of the functions and classes among
     ``names``."""
     by_id = {id(original): (original, new) for original, new in replacements.items()}
-    for namespace in _namespaces(names):
+    for namespace in _namespaces(names, replacements):
         # (a C loop first: of a process's thousand modules, a few bind an original)
         if by_id.keys().isdisjoint(map(id, namespace.values())):
             continue
@@ -47,10 +48,19 @@ def rebind(replacements: Mapping[Callable, Callable], names: Dict[str, Any]) -> 
                 namespace[name] = found[1]
 
 
-def _namespaces(names: Dict[str, Any]) -> Iterator[dict]:
-    """The namespaces a cell reaches, each once."""
+def _namespaces(names: Dict[str, Any], originals) -> Iterator[dict]:
+    """The namespaces a cell reaches, each once: every module but those installed with
+    Python or in its site-packages (a library's own; reading them all cost a forked replica
+    a copy of their pages), the originals' own modules and the packages above them, the
+    notebook's names and their functions' globals."""
     seen: Dict[int, dict] = {}
-    for module in list(sys.modules.values()):
+    libraries = _library_paths()
+    modules = [module for module in list(sys.modules.values())
+               if not _installed(module, libraries)]
+    for original in originals:  # its module and the packages above it (torch.distributed)
+        parts = (getattr(original, "__module__", None) or "").split(".")
+        modules += [sys.modules.get(".".join(parts[:n])) for n in range(1, len(parts) + 1)]
+    for module in modules:
         try:
             namespace = vars(module)
         except Exception:  # noqa: BLE001 - None (a blocked import), or an odd stand-in
@@ -62,6 +72,20 @@ def _namespaces(names: Dict[str, Any]) -> Iterator[dict]:
         for function in _functions(value):
             seen.setdefault(id(function.__globals__), function.__globals__)
     return iter(list(seen.values()))
+
+
+def _library_paths() -> tuple:
+    """Where Python's own modules and installed packages are."""
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return tuple(os.path.join(paths[key], "") for key in ("stdlib", "platstdlib", "purelib",
+                                                           "platlib") if paths.get(key))
+
+
+def _installed(module, libraries: tuple) -> bool:
+    file = getattr(module, "__file__", None)
+    return isinstance(file, str) and file.startswith(libraries)
 
 
 def _functions(value: Any) -> Iterator[types.FunctionType]:
