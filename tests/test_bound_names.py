@@ -6,12 +6,14 @@ import types
 import cloudpickle
 import pytest
 
-from colab_xla.runtimes.bound_names import rebind
+from colab_xla.runtimes.bound_names import Bindings, rebind
 
 pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
 
 
-def test_every_name_bound_to_a_replaced_function_gets_the_replacement(monkeypatch):
+@pytest.mark.parametrize("found_before", [False, True], ids=["read", "found before"])
+def test_every_name_bound_to_a_replaced_function_gets_the_replacement(monkeypatch,
+                                                                      found_before):
     def original():
         return "original"
 
@@ -28,7 +30,43 @@ def test_every_name_bound_to_a_replaced_function_gets_the_replacement(monkeypatc
     # Functions that came serialized have globals of their own, not ``ns``.
     names = {"call": original, **{name: cloudpickle.loads(cloudpickle.dumps(ns[name]))
                                   for name in ("caller", "Holder")}}
-    rebind({original: replacement}, names)
+    # (found before: as the notebook finds them before it forks, for a forked replica)
+    found = Bindings.find(["a_library"], names) if found_before else None
+    rebind({original: replacement}, names, found)
     assert library.call is replacement and names["call"] is replacement
     assert names["caller"]() == names["Holder"].use() == "replacement"
     assert ns["caller"]() == "original"  # (``ns`` is no namespace of the replica's)
+
+
+def test_a_function_not_found_before_is_rebound_by_reading_every_namespace(monkeypatch):
+    # Found before the fork: the functions of the modules imported then. Another (of a
+    # module the replica imported after) is looked for the way a spawned replica does.
+    def original():
+        return "original"
+
+    library = types.ModuleType("a_library_imported_later")
+    library.call = original
+    found = Bindings.find(["a_library_imported_later"], {})  # (not imported yet)
+    monkeypatch.setitem(sys.modules, "a_library_imported_later", library)
+    names = {"call": original}
+    assert not found.covers(original)
+    rebind({original: len}, names, found)
+    assert library.call is len and names["call"] is len
+
+
+def test_a_name_bound_again_after_the_search_keeps_its_new_value():
+    def original():
+        return "original"
+
+    def own():
+        return "the cell's own"
+
+    library = types.ModuleType("a_library_found")
+    library.call = original
+    names = {"call": original}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, "a_library_found", library)
+        found = Bindings.find(["a_library_found"], names)
+    names["call"] = own  # (rebound between the search and the replacement)
+    rebind({original: len}, names, found)
+    assert names["call"] is own and library.call is len

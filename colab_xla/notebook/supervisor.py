@@ -203,7 +203,8 @@ class Supervisor:
         # From here on an Interrupt is a flag the read loop checks (see
         # colab_xla.notebook.interrupts): a second one during the clean-up cannot break it
         # either.
-        inherited = (inherit(self.run_id, self.user_ns, self.cell) if forked
+        replaced = opts.launch.runtime.replaces
+        inherited = (inherit(self.run_id, self.user_ns, self.cell, replaced) if forked
                      else contextlib.nullcontext())
         with inherited, interrupts.held(opts.hosted) as self._interrupts:
             try:

@@ -26,6 +26,7 @@ import cloudpickle
 
 from .. import runtimes
 from ..runtimes import runtime_clients, thread
+from ..runtimes.bound_names import Bindings
 from ..wire.host_rank import HostRank
 from ..wire.cell import CellModule
 from ..wire.reports import ReplicaError
@@ -50,13 +51,17 @@ class ForkedState:
 
     user_ns: Dict[str, Any]
     cell: CellModule
+    bindings: Bindings  # the names bound to functions the runtime replaces, found here
 
 
 @contextlib.contextmanager
-def inherit(run_id: str, user_ns: Dict[str, Any], cell: CellModule) -> Iterator[None]:
+def inherit(run_id: str, user_ns: Dict[str, Any], cell: CellModule,
+            replaced: Tuple[str, ...] = ()) -> Iterator[None]:
     """In the notebook, around the start of forked replicas: what they inherit (the
-    notebook's names and the cell) instead of receiving it pickled."""
-    _FORKED[run_id] = ForkedState(user_ns, cell)
+    notebook's names and the cell) instead of receiving it pickled, and where names are
+    bound to the functions of the modules the runtime replaces (``replaced``: its
+    :attr:`~colab_xla.runtimes.Runtime.replaces`)."""
+    _FORKED[run_id] = ForkedState(user_ns, cell, Bindings.find(replaced, user_ns))
     try:
         yield
     finally:
@@ -105,6 +110,9 @@ class ReplicaProcess:
         # in a session, what each cell receives adds to them.
         self.user_ns: Dict[str, Any] = {}
         self.received: Dict[str, Any] = {}  # what the run being served received
+        # Where names were bound before the fork (None: not forked): for the runtime's
+        # replacements (colab_xla.runtimes.bound_names).
+        self.bindings: Optional[Bindings] = None
         self.open_run(job)
         thread.claim_started_threads()  # (output of a thread a cell starts: its replica's)
         self._capture_streams()
@@ -123,6 +131,7 @@ class ReplicaProcess:
         forked = _FORKED.get(job.run_id)
         if job.cell is None and forked is not None:  # forked: names and cell inherited
             self.user_ns, self.received, self.cell = forked.user_ns, {}, forked.cell
+            self.bindings = forked.bindings
         else:
             self.received = self._load_names(job)
             self.user_ns = {**self.user_ns, **self.received}

@@ -52,6 +52,10 @@ class Runtime(abc.ABC):
     # names (colab_xla.notebook.torch_xla_import.preload: the environment left alone).
     # Importing them never starts the runtime. By default, torch_xla's launcher.
     preloads: Tuple[str, ...] = ("torch_xla.distributed.xla_multiprocessing",)
+    # The modules whose functions its replica half replaces (under every name bound to
+    # them: colab_xla.runtimes.bound_names); the notebook's process finds those names
+    # before it forks, so that each forked replica need not read every module.
+    replaces: Tuple[str, ...] = ()
     # -- the notebook's half ----------------------------------------------------------
 
     @abc.abstractmethod

@@ -14,6 +14,11 @@ and classes among them (those that came serialized have globals of their own). N
 rebound, not objects: a function kept in a closure, a default argument or a container is
 not reached.
 
+A forked replica reading every module would copy their pages (each read writes a reference
+count): the notebook's process finds the names before it forks (:meth:`Bindings.find`,
+:func:`colab_xla.replica.process.inherit`), and a forked replica's :func:`rebind` reads
+what was found instead.
+
 Example::
 
     >>> def original(): return "torch's"
@@ -29,23 +34,72 @@ from __future__ import annotations
 import os
 import sys
 import types
-from typing import Any, Callable, Dict, Iterator, Mapping
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 
-def rebind(replacements: Mapping[Callable, Callable], names: Dict[str, Any]) -> None:
+class Bindings:
+    """Where names are bound to some functions (every function of some modules), found
+    once: in the notebook's process before it forks, for the replicas it forks."""
+
+    def __init__(self, functions: Iterable[Callable], names: Dict[str, Any]):
+        self._functions = {id(function): function for function in functions}
+        self._places: Dict[int, List[Tuple[dict, str]]] = {}
+        if not self._functions:
+            return
+        for namespace in _namespaces(names, self._functions.values()):
+            for name, value in _bound(namespace, self._functions):
+                self._places.setdefault(id(value), []).append((namespace, name))
+
+    @classmethod
+    def find(cls, modules: Iterable[str], names: Dict[str, Any]) -> "Bindings":
+        """The bindings of every function of ``modules`` (those imported: a module
+        imported after the fork binds the replacement) in the namespaces a cell reaches,
+        ``names`` (the notebook's) among them."""
+        functions = [value for module in modules if module in sys.modules
+                     for value in list(vars(sys.modules[module]).values())
+                     if isinstance(value, types.FunctionType)]
+        return cls(functions, names)
+
+    def covers(self, original: Callable) -> bool:
+        return self._functions.get(id(original)) is original
+
+    def rebind(self, original: Callable, new: Callable) -> None:
+        for namespace, name in self._places.get(id(original), ()):
+            if namespace.get(name) is original:
+                namespace[name] = new
+
+
+def rebind(replacements: Mapping[Callable, Callable], names: Dict[str, Any],
+           found: Optional[Bindings] = None) -> None:
     """Every name bound to a key of ``replacements`` (an original function) bound to its
     value (the replacement) instead, in every module's globals, in ``names`` (the notebook's
     names, as the replica has them) and in the globals of the functions and classes among
-    ``names``."""
-    by_id = {id(original): (original, new) for original, new in replacements.items()}
-    for namespace in _namespaces(names, replacements):
-        # (a C loop first: of a process's thousand modules, a few bind an original)
-        if by_id.keys().isdisjoint(map(id, namespace.values())):
-            continue
-        for name, value in list(namespace.items()):
-            found = by_id.get(id(value))
-            if found is not None and found[0] is value:
-                namespace[name] = found[1]
+    ``names``: where ``found`` (the names found before the fork) says, for the originals
+    it covers; by reading every namespace for the rest."""
+    rest = {}
+    for original, new in replacements.items():
+        if found is not None and found.covers(original):
+            found.rebind(original, new)
+        else:
+            rest[original] = new
+    if not rest:
+        return
+    originals = {id(original): original for original in rest}
+    for namespace in _namespaces(names, rest):
+        for name, value in _bound(namespace, originals):
+            namespace[name] = rest[value]
+
+
+_NONE = object()  # (no function: not even None)
+
+
+def _bound(namespace: dict, functions: Mapping[int, Callable]) -> List[Tuple[str, Any]]:
+    """The names of ``namespace`` bound to one of ``functions`` (by id), with it."""
+    # (a C loop first: of a process's thousand modules, a few bind an original)
+    if functions.keys().isdisjoint(map(id, namespace.values())):
+        return []
+    return [(name, value) for name, value in list(namespace.items())
+            if functions.get(id(value), _NONE) is value]
 
 
 def _namespaces(names: Dict[str, Any], originals) -> Iterator[dict]:

@@ -356,13 +356,15 @@ _store: List[Any] = []  # the process group's store, kept as long as the group
 
 
 def join(environ: Mapping[str, str] = os.environ, run: str = "colab_xla",
-         directory: Optional[str] = None, names: Optional[Dict[str, Any]] = None) -> None:
+         directory: Optional[str] = None, names: Optional[Dict[str, Any]] = None,
+         bindings=None) -> None:
     """In a new replica process: keep torchrun's variables, as the launcher's rank gives
     them (a session's later cells bring an environment without them: each cell gets them
     again, :func:`initialize`), and make the process group's calls fit for a cell written
     as a torchrun script (:func:`_fit_script_calls`), ``names`` being the notebook's names
-    as the process has them. ``directory``: the run's (or session's) private directory,
-    where the processes of one host meet; on one host gloo's and NCCL's sockets are put on
+    as the process has them (``bindings``: where names were bound before the fork).
+    ``directory``: the run's (or session's) private directory, where the processes of one
+    host meet; on one host gloo's and NCCL's sockets are put on
     the loopback interface, unless the environment names one."""
     global _run_name, _secret, _store_path
     _membership.update(torchrun_environ(environ))
@@ -377,7 +379,7 @@ def join(environ: Mapping[str, str] = os.environ, run: str = "colab_xla",
     if loopback:
         _membership.update({name: loopback for name in SOCKET_INTERFACES
                             if not environ.get(name)})
-    _fit_script_calls({} if names is None else names)
+    _fit_script_calls({} if names is None else names, bindings)
 
 
 def backend() -> str:
@@ -491,7 +493,7 @@ _real: Dict[str, Callable] = {}
 _ALIASES = {"tpu": "tpu_dist"}
 
 
-def _fit_script_calls(names: Dict[str, Any]) -> None:
+def _fit_script_calls(names: Dict[str, Any], bindings=None) -> None:
     """``dist.init_process_group`` returns if the default group exists with that backend
     (another backend is refused, naming both), and ``dist.destroy_process_group()`` of the
     default group waits for the process's end (:func:`leave`): under every name bound to
@@ -528,7 +530,8 @@ def _fit_script_calls(names: Dict[str, Any]) -> None:
     # Every name for them rebound (torch.distributed's, distributed_c10d's where a serialized
     # reference is looked up, the notebook's), not torch's functions patched to defer:
     # those stay torch's own code, which makes and ends colab_xla's group (initialize, leave).
-    rebind({_real["init"]: init_process_group, _real["destroy"]: destroy_process_group}, names)
+    rebind({_real["init"]: init_process_group, _real["destroy"]: destroy_process_group}, names,
+           bindings)
 
 
 def to_host(value: Any) -> Any:
@@ -552,6 +555,7 @@ class Torch(Runtime):
     started_code = DEVICE_OPENED
     starting_calls = STARTING_CALLS
     preloads = ("torch.distributed",)  # (not torch_xla)
+    replaces = ("torch.distributed",)
 
     # -- the notebook's half ----------------------------------------------------------
 
@@ -606,7 +610,8 @@ class Torch(Runtime):
     # -- the replica's half -----------------------------------------------------------
 
     def start_process(self, process, job) -> None:
-        join(run=job.run_id, directory=job.run_dir, names=process.user_ns)
+        join(run=job.run_id, directory=job.run_dir, names=process.user_ns,
+             bindings=process.bindings)
 
     def device(self) -> Any:
         return device()

@@ -205,6 +205,7 @@ class TorchXla(Runtime):
     name = "torch_xla"
     started_code = INITIALIZED
     starting_calls = STARTING_CALLS
+    replaces = torch_xla_process.REPLACED_IN
 
     # -- the notebook's half ----------------------------------------------------------
 

@@ -49,6 +49,11 @@ def initialize_cache(cache_dir: str, rank: int) -> None:
     xr.initialize_cache(path, readonly=False)
 
 
+# The modules whose functions instrument() replaces (TorchXla.replaces).
+REPLACED_IN = ("torch_xla", "torch_xla.core.xla_model",
+               "torch_xla.distributed.xla_multiprocessing", "torch_xla.runtime")
+
+
 def instrument(process, run_dir: str) -> None:
     """Instrument torch_xla in this replica process (see above): each replica's last
     ``xm.rendezvous`` tag recorded (told when a run is cut), a nested ``xmp.spawn``
@@ -56,12 +61,11 @@ def instrument(process, run_dir: str) -> None:
     processes of ``run_dir``'s run, or every host's). Each function replaced is replaced
     under the names bound to it before too (``from torch_xla.core.xla_model import
     all_reduce`` in the notebook: :func:`colab_xla.runtimes.bound_names.rebind`)."""
-    import torch_xla
     import torch_xla.core.xla_model as xm
     import torch_xla.distributed.xla_multiprocessing as xmp
-    import torch_xla.runtime as xr
+    import torch_xla.runtime  # noqa: F401 - one of REPLACED_IN
 
-    replaced_in = (torch_xla, xm, xmp, xr)
+    replaced_in = [sys.modules[name] for name in REPLACED_IN]
     before = {(module, name): value for module in replaced_in
               for name, value in list(vars(module).items())
               if isinstance(value, types.FunctionType)}
@@ -70,7 +74,7 @@ def instrument(process, run_dir: str) -> None:
     # all_reduce would reduce a world of one in a replica process, and stop a replica
     # thread's process in XLA's rendezvous)
     rebind({old: getattr(module, name) for (module, name), old in before.items()
-            if getattr(module, name, old) is not old}, process.user_ns)
+            if getattr(module, name, old) is not old}, process.user_ns, process.bindings)
 
 
 def _instrument(process, run_dir: str, xm, xmp) -> None:

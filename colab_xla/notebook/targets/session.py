@@ -192,7 +192,8 @@ class Session(SessionTarget):
                                           name="colab_xla-session")
         # The launch's variables (xmp.spawn reads PJRT_DEVICE here) while the replicas
         # start, not for the session's life: the notebook's own environment is the host's.
-        with inherit(self.id, user_ns, None), environ(self.plan.env):
+        replaced = self.options.launch.runtime.replaces
+        with inherit(self.id, user_ns, None, replaced), environ(self.plan.env):
             self._launcher.start()
             self._wait_ready()
 
