@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
 
 
 @pytest.mark.parametrize("found_before", [False, True], ids=["read", "found before"])
-def test_every_name_bound_to_a_replaced_function_gets_the_replacement(monkeypatch,
+def test_every_name_bound_to_a_replaced_function_gets_the_replacement(monkeypatch, tmp_path,
                                                                       found_before):
     def original():
         return "original"
@@ -24,6 +24,9 @@ def test_every_name_bound_to_a_replaced_function_gets_the_replacement(monkeypatc
     original.__module__, original.__qualname__ = "a_library", "call"
     library.call = original
     monkeypatch.setitem(sys.modules, "a_library", library)
+    helpers = types.ModuleType("helpers")  # the user's own module: ``from a_library import call``
+    helpers.__file__, helpers.call = str(tmp_path / "helpers.py"), original
+    monkeypatch.setitem(sys.modules, "helpers", helpers)
     ns = {"call": original}  # (a name the notebook bound: ``from a_library import call``)
     exec("def caller():\n    return call()\n"
          "class Holder:\n    @staticmethod\n    def use():\n        return call()\n", ns)
@@ -34,6 +37,7 @@ def test_every_name_bound_to_a_replaced_function_gets_the_replacement(monkeypatc
     found = Bindings.find(["a_library"], names) if found_before else None
     rebind({original: replacement}, names, found)
     assert library.call is replacement and names["call"] is replacement
+    assert helpers.call is replacement
     assert names["caller"]() == names["Holder"].use() == "replacement"
     assert ns["caller"]() == "original"  # (``ns`` is no namespace of the replica's)
 
@@ -45,7 +49,7 @@ def test_a_function_not_found_before_is_rebound_by_reading_every_namespace(monke
         return "original"
 
     library = types.ModuleType("a_library_imported_later")
-    library.call = original
+    original.__module__, library.call = "a_library_imported_later", original
     found = Bindings.find(["a_library_imported_later"], {})  # (not imported yet)
     monkeypatch.setitem(sys.modules, "a_library_imported_later", library)
     names = {"call": original}
@@ -62,7 +66,7 @@ def test_a_name_bound_again_after_the_search_keeps_its_new_value():
         return "the cell's own"
 
     library = types.ModuleType("a_library_found")
-    library.call = original
+    original.__module__, library.call = "a_library_found", original
     names = {"call": original}
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(sys.modules, "a_library_found", library)

@@ -31,6 +31,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import types
@@ -103,14 +104,12 @@ def _bound(namespace: dict, functions: Mapping[int, Callable]) -> List[Tuple[str
 
 
 def _namespaces(names: Dict[str, Any], originals) -> Iterator[dict]:
-    """The namespaces a cell reaches, each once: every module but those installed with
-    Python or in its site-packages (a library's own; reading them all cost a forked replica
-    a copy of their pages), the originals' own modules and the packages above them, the
-    notebook's names and their functions' globals."""
+    """The namespaces a cell reaches, each once: the modules of the user's own files (not
+    those installed with Python or in its site-packages, nor colab_xla's), the originals'
+    own modules and the packages above them, the notebook's names and their functions'
+    globals."""
     seen: Dict[int, dict] = {}
-    libraries = _library_paths()
-    modules = [module for module in list(sys.modules.values())
-               if not _installed(module, libraries)]
+    modules = _own_modules()
     for original in originals:  # its module and the packages above it (torch.distributed)
         parts = (getattr(original, "__module__", None) or "").split(".")
         modules += [sys.modules.get(".".join(parts[:n])) for n in range(1, len(parts) + 1)]
@@ -128,18 +127,37 @@ def _namespaces(names: Dict[str, Any], originals) -> Iterator[dict]:
     return iter(list(seen.values()))
 
 
+# Module name -> (the module, whether it is the user's own), read once per module.
+_OWN: Dict[str, Tuple[Any, bool]] = {}
+
+
+def _own_modules() -> list:
+    """The modules of the process that are the user's own: ``__main__``, and those of a
+    file outside Python's own, the installed packages' and colab_xla's (which binds no
+    original: its modules are as installed, whether or not pip copied them)."""
+    libraries = _library_paths()
+    own = []
+    for name, module in list(sys.modules.items()):
+        known = _OWN.get(name)
+        if known is None or known[0] is not module:
+            file = getattr(module, "__file__", None)
+            known = _OWN[name] = (module, name == "__main__" or (
+                isinstance(file, str) and not file.startswith(libraries)))
+        if known[1]:
+            own.append(module)
+    return own
+
+
+@functools.lru_cache(maxsize=None)
 def _library_paths() -> tuple:
-    """Where Python's own modules and installed packages are."""
+    """Where Python's own modules, the installed packages and colab_xla are."""
     import sysconfig
 
     paths = sysconfig.get_paths()
-    return tuple(os.path.join(paths[key], "") for key in ("stdlib", "platstdlib", "purelib",
-                                                           "platlib") if paths.get(key))
-
-
-def _installed(module, libraries: tuple) -> bool:
-    file = getattr(module, "__file__", None)
-    return isinstance(file, str) and file.startswith(libraries)
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return tuple(os.path.join(path, "") for path in
+                 [paths.get(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")]
+                 + [package] if path)
 
 
 def _functions(value: Any) -> Iterator[types.FunctionType]:
