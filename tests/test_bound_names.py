@@ -74,3 +74,20 @@ def test_a_name_bound_again_after_the_search_keeps_its_new_value():
     names["call"] = own  # (rebound between the search and the replacement)
     rebind({original: len}, names, found)
     assert names["call"] is own and library.call is len
+
+
+def test_a_module_imported_since_the_last_search_is_read(monkeypatch, tmp_path):
+    # The user's modules are found once and kept while sys.modules stays as it was.
+    def original():
+        return "original"
+
+    original.__module__ = "a_library_kept"
+    library = types.ModuleType("a_library_kept")
+    library.call = original
+    monkeypatch.setitem(sys.modules, "a_library_kept", library)
+    Bindings.find(["a_library_kept"], {})  # (the user's modules, as they are now)
+    helpers = types.ModuleType("helpers_imported_since")  # ``from a_library import call``
+    helpers.__file__, helpers.call = str(tmp_path / "helpers_imported_since.py"), original
+    monkeypatch.setitem(sys.modules, "helpers_imported_since", helpers)
+    rebind({original: len}, {}, Bindings.find(["a_library_kept"], {}))
+    assert helpers.call is len

@@ -8,16 +8,17 @@ attribute alone would reach an alias of the module (``import torch.distributed a
 but not a name bound to the function itself before, as a notebook cell's ``from
 torch.distributed import init_process_group`` binds it. :func:`rebind` gives the
 replacement to every name bound to the original in the namespaces a cell reaches: the
-globals of every module (the library's own, the notebook's ``__main__``, the modules it
-imported), the notebook's names as the replica has them, and the globals of the functions
-and classes among them (those that came serialized have globals of their own). Names are
-rebound, not objects: a function kept in a closure, a default argument or a container is
-not reached.
+globals of the user's own modules (the notebook's ``__main__``, those of the user's files;
+not those installed with Python, in site-packages or colab_xla's), of the original's own
+module and the packages above it, the notebook's names as the replica has them, and the
+globals of the functions and classes among them (those that came serialized have globals
+of their own). Names are rebound, not objects: a function kept in a closure, a default
+argument, a container or an installed package's module is not reached.
 
-A forked replica reading every module would copy their pages (each read writes a reference
-count): the notebook's process finds the names before it forks (:meth:`Bindings.find`,
-:func:`colab_xla.replica.process.inherit`), and a forked replica's :func:`rebind` reads
-what was found instead.
+A forked replica reading those namespaces would copy their pages (each read writes a
+reference count): the notebook's process finds the names before it forks
+(:meth:`Bindings.find`, carried by :func:`colab_xla.replica.process.inherit`), and a
+forked replica's :func:`rebind` reads what was found instead.
 
 Example::
 
@@ -73,10 +74,10 @@ class Bindings:
 def rebind(replacements: Mapping[Callable, Callable], names: Dict[str, Any],
            found: Optional[Bindings] = None) -> None:
     """Every name bound to a key of ``replacements`` (an original function) bound to its
-    value (the replacement) instead, in every module's globals, in ``names`` (the notebook's
-    names, as the replica has them) and in the globals of the functions and classes among
-    ``names``: where ``found`` (the names found before the fork) says, for the originals
-    it covers; by reading every namespace for the rest."""
+    value (the replacement) instead, in the namespaces a cell reaches (above), ``names``
+    (the notebook's names, as the replica has them) among them: where ``found`` (the
+    names found before the fork) says, for the originals it covers; by reading those
+    namespaces for the rest."""
     rest = {}
     for original, new in replacements.items():
         if found is not None and found.covers(original):
@@ -110,8 +111,9 @@ def _namespaces(names: Dict[str, Any], originals) -> Iterator[dict]:
     globals."""
     seen: Dict[int, dict] = {}
     modules = _own_modules()
-    for original in originals:  # its module and the packages above it (torch.distributed)
-        parts = (getattr(original, "__module__", None) or "").split(".")
+    # the originals' own modules and the packages above them (torch.distributed)
+    for home in {getattr(original, "__module__", None) or "" for original in originals}:
+        parts = home.split(".")
         modules += [sys.modules.get(".".join(parts[:n])) for n in range(1, len(parts) + 1)]
     for module in modules:
         try:
@@ -127,25 +129,30 @@ def _namespaces(names: Dict[str, Any], originals) -> Iterator[dict]:
     return iter(list(seen.values()))
 
 
-# Module name -> (the module, whether it is the user's own), read once per module.
-_OWN: Dict[str, Tuple[Any, bool]] = {}
+# The user's own modules as last found, with what sys.modules was then (its size and its
+# newest module): read again only when a module was imported or removed since, for reading
+# every module writes to the pages of all of them, which a fork made copy-on-write.
+_own: Tuple[tuple, list] = ((), [])
 
 
 def _own_modules() -> list:
     """The modules of the process that are the user's own: ``__main__``, and those of a
     file outside Python's own, the installed packages' and colab_xla's (which binds no
     original: its modules are as installed, whether or not pip copied them)."""
-    libraries = _library_paths()
-    own = []
-    for name, module in list(sys.modules.items()):
-        known = _OWN.get(name)
-        if known is None or known[0] is not module:
-            file = getattr(module, "__file__", None)
-            known = _OWN[name] = (module, name == "__main__" or (
-                isinstance(file, str) and not file.startswith(libraries)))
-        if known[1]:
-            own.append(module)
-    return own
+    global _own
+    modules = sys.modules
+    newest = next(reversed(modules), None)
+    now = (len(modules), newest, id(modules.get(newest)))
+    if _own[0] != now:
+        libraries = _library_paths()
+        _own = (now, [module for name, module in list(modules.items())
+                      if name == "__main__" or _outside(module, libraries)])
+    return list(_own[1])
+
+
+def _outside(module, libraries: tuple) -> bool:
+    file = getattr(module, "__file__", None)
+    return isinstance(file, str) and not file.startswith(libraries)
 
 
 @functools.lru_cache(maxsize=None)
