@@ -61,7 +61,8 @@ LAUNCHERS = ("xmp", "launch")
 # makes it die with the notebook's process.
 FORKSERVER_PRELOAD = ("colab_xla.replica.forkserver_init", "colab_xla.replica.entry",
                       "torch", "torch_xla", "torch_xla.runtime", "torch_xla.core.xla_model",
-                      "torch_xla.distributed.xla_multiprocessing")
+                      "torch_xla.distributed.xla_multiprocessing",
+                      "colab_xla.runtimes.collective_op")
 
 
 @dataclass(frozen=True)

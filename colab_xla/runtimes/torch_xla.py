@@ -206,6 +206,8 @@ class TorchXla(Runtime):
     started_code = INITIALIZED
     starting_calls = STARTING_CALLS
     replaces = torch_xla_process.REPLACED_IN
+    # (and the simulation's operator, defined once here rather than in every replica)
+    preloads = Runtime.preloads + ("colab_xla.runtimes.collective_op",)
 
     # -- the notebook's half ----------------------------------------------------------
 

@@ -6,12 +6,13 @@ pinned layout) becomes one, ``xm.all_gather``'s default form is built on it, and
 turns the ``xla`` backend's ``dist.all_reduce`` and friends into them. torch_xla lowers them
 into the XLA graph, where a simulated replica's device is a world of one. :func:`install`
 gives them, on XLA tensors, a kernel that calls :data:`OP`, an operator with a kernel for
-CPU tensors only: torch_xla's CPU fallback runs it, and openxla's Dynamo bridge, which
-compiles a graph in pieces around a fallback op, runs it between them at every call, as
-the simulation's eager collective on CPU copies. (While compiling, the bridge runs the
-graph twice more; every replica compiles the same graphs at the same calls, so their
-collectives still meet.) Any other collective calls torch_xla's C extension, which Dynamo
-cannot trace, here as on a TPU: a graph break, or ``Unsupported`` with ``fullgraph=True``.
+CPU tensors only (:mod:`colab_xla.runtimes.collective_op`): torch_xla's CPU fallback runs
+it, and openxla's Dynamo bridge, which compiles a graph in pieces around a fallback op,
+runs it between them at every call, as the simulation's eager collective on CPU copies.
+(While compiling, the bridge runs the graph twice more; every replica compiles the same
+graphs at the same calls, so their collectives still meet.) Any other collective calls
+torch_xla's C extension, which Dynamo cannot trace, here as on a TPU: a graph break, or
+``Unsupported`` with ``fullgraph=True``.
 """
 
 from __future__ import annotations
@@ -46,20 +47,7 @@ def install(group) -> None:
 def _define() -> None:
     import torch
 
-    @torch.library.custom_op(OP, mutates_args=(), device_types="cpu", schema=(
-        "(Tensor tensor, str kind, str reduce_op, int src, str group_name) -> Tensor"))
-    def collective(tensor, kind, reduce_op, src, group_name):
-        return run(kind, tensor, reduce_op, src, _members(group_name))
-
-    @collective.register_fake
-    def _(tensor, kind, reduce_op, src, group_name):
-        size = len(_members(group_name) or range(_group.world))
-        shape = list(tensor.shape)
-        if kind == "all_gather_into_tensor":
-            shape[0] *= size
-        elif kind == "reduce_scatter_tensor":
-            shape[0] //= size
-        return tensor.new_empty(shape)
+    from .collective_op import collective  # (defined as the module is imported: torch's)
 
     library = torch.library.Library("_c10d_functional", "IMPL")
     kernels = {
@@ -107,7 +95,12 @@ def run(kind: str, tensor, reduce_op: str, src: int, members: Optional[List[int]
     raise ValueError(f"no functional collective {kind!r}")
 
 
-def _members(group_name: str) -> Optional[List[int]]:
+def size(group_name: str) -> int:
+    """How many replicas torch.distributed's group ``group_name`` has."""
+    return len(members(group_name) or range(_group.world))
+
+
+def members(group_name: str) -> Optional[List[int]]:
     """The ranks of torch.distributed's group ``group_name`` (None: everyone)."""
     if not group_name:
         return None
