@@ -80,6 +80,21 @@ def test_each_replica_has_its_own_default_process_group():
 
 
 @pytest.mark.parametrize("simulate", ["processes", "threads"])
+def test_each_run_meets_at_a_port_of_its_own(simulate):
+    # torch.distributed's xla:// and env:// meet at MASTER_ADDR:MASTER_PORT; unset, at
+    # torch_xla's default port (12355), where two runs on one machine (another user's among
+    # them) would meet each other. A port the replicas' environment names is kept.
+    cell = "import os\n(os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'])"
+    places = [set(_ok(run(cell, 2, simulate=simulate)).values()) for _ in range(2)]
+    assert all(len(place) == 1 for place in places)  # (every replica of a run: one place)
+    (first_address, first_port), (second_address, second_port) = (p.pop() for p in places)
+    assert first_address == second_address == "127.0.0.1"
+    assert first_port != second_port and "12355" not in (first_port, second_port)
+    named = _ok(run(cell, 2, simulate=simulate, env={"MASTER_PORT": "23456"}))
+    assert {port for _, port in named.values()} == {"23456"}
+
+
+@pytest.mark.parametrize("simulate", ["processes", "threads"])
 def test_names_the_notebook_bound_before_the_run_are_the_simulations(simulate):
     # A notebook's earlier cell bound torch_xla's own functions: the simulation replaces
     # them in each replica (processes: each a world of one; threads: XLA's rendezvous).

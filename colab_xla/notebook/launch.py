@@ -32,6 +32,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib.machinery
 import multiprocessing
@@ -46,6 +47,7 @@ from . import state
 from .. import runtimes
 from ..errors import OptionError, SetupError
 from ..replica import entry as replica_entry
+from ..wire.host_rank import HostRank
 
 # What replicas run (the launcher's entry, the notebook's one way into the replica side):
 # a one-off run's cell, a session's cells; and what forked replicas inherit.
@@ -113,6 +115,9 @@ def _start(launch: Launch, entry: Callable, job, processes: int, ended) -> None:
     if processes:
         _start_processes(launch, entry, job, processes, ended)
         return
+    if (job.environ is not None and job.environ.get("PJRT_DEVICE") == "CPU"
+            and HostRank.from_environ(job.environ) is None):  # (a TPU finds its own)
+        job = dataclasses.replace(job, environ={**job.environ, **_meeting_place(job.environ)})
     if launch.debug_single:
         process = multiprocessing.get_context(launch.start_method).Process(
             target=replica_entry.single_replica, args=(entry, job), name="colab_xla-debug-single")
@@ -153,12 +158,8 @@ def _start_processes(launch: Launch, entry: Callable, job, count: int,
                      ended: Optional[Callable[[int, int], None]]) -> None:
     context = multiprocessing.get_context(launch.start_method)
     rank_env = {"PJRT_LOCAL_PROCESS_COUNT": str(count)}
-    # torch.distributed's `xla://` and `env://` meet at MASTER_ADDR:MASTER_PORT; a port
-    # of this run's own lets two notebooks (or two runs) train side by side.
     if job.environ is not None:
-        for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):
-            if key not in job.environ:
-                rank_env[key] = value
+        rank_env.update(_meeting_place(job.environ))
         # What the replicas' runtime adds per run (JAX: where its processes meet), as
         # the replicas will know it: from their environment.
         rank_env.update(runtimes.current(job.environ).run_environ(
@@ -181,6 +182,15 @@ def _start_processes(launch: Launch, entry: Callable, job, count: int,
             process.join()
             if ended is not None:
                 ended(index, process.exitcode)
+
+
+def _meeting_place(environ: Mapping[str, str]) -> Dict[str, str]:
+    """Where torch.distributed's ``xla://`` and ``env://`` meet, MASTER_ADDR:MASTER_PORT,
+    as far as ``environ`` (the replicas') names neither: this machine, and a port of the
+    run's own, so that two notebooks (or two runs) train side by side rather than meet at
+    torch_xla's default port."""
+    place = {"MASTER_ADDR": lambda: "127.0.0.1", "MASTER_PORT": lambda: str(free_port())}
+    return {key: value() for key, value in place.items() if key not in environ}
 
 
 def run_socket(run_dir: str, name: str) -> Optional[str]:
