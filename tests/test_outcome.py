@@ -70,3 +70,11 @@ def test_a_launch_that_starts_no_replica_is_reported_with_its_cause():
     assert "Traceback" in error
     assert text_view.headline(outcome) == ("0 replicas on NEURON: not started "
                                            "(ModuleNotFoundError) in 0.10 s")
+
+
+def test_the_states_count_each_replicas_state_as_both_views_say_them():
+    outcome = RunOutcome("CPU", elapsed=0.5)
+    for ordinal, state in enumerate(["done", "failed", "done", "stopped"]):
+        outcome.replica(ordinal).state = state
+    assert text_view.states(outcome) == "2 done, 1 failed, 1 stopped"
+    assert text_view.headline(outcome) == "4 replicas on CPU: 2 done, 1 failed, 1 stopped in 0.50 s"

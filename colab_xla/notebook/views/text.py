@@ -48,20 +48,24 @@ def render(outcome: RunOutcome, tail: Optional[int] = SUMMARY_TAIL) -> str:
 
 
 def headline(outcome: RunOutcome, values: bool = True) -> str:
-    """``4 replicas on CPU: 4 done in 3.41 s · results in `outs```: the replicas' states,
-    the wait (start-up included) and, with ``values``, :func:`values_note`."""
+    """``4 replicas on CPU: 4 done in 3.41 s · results in `outs```: the replicas'
+    :func:`states`, the wait (start-up included) and, with ``values``, :func:`values_note`."""
     n = len(outcome.replicas)
-    counts: Dict[str, int] = {}
-    for rep in outcome.replicas.values():
-        counts[rep.state] = counts.get(rep.state, 0) + 1
-    states = ", ".join(f"{c} {s}" for s, c in sorted(counts.items()))
     took = f" in {outcome.elapsed:.2f} s" if outcome.elapsed is not None else ""
     noun = "replica" if n == 1 else "replicas"
     stopped = " (interrupted)" if outcome.interrupted else ""
-    if outcome.launch_error is not None and not outcome.replicas:
-        states = f"not started ({outcome.launch_error.ename})"
     note = values_note(outcome) if values else ""
-    return f"{n} {noun} on {outcome.device_type}: {states}{took}{stopped}{note}"
+    return f"{n} {noun} on {outcome.device_type}: {states(outcome)}{took}{stopped}{note}"
+
+
+def states(outcome: RunOutcome) -> str:
+    """How many replicas are in each state (``3 done, 1 failed``), or why none started."""
+    if outcome.launch_error is not None and not outcome.replicas:
+        return f"not started ({outcome.launch_error.ename})"
+    counts: Dict[str, int] = {}
+    for rep in outcome.replicas.values():
+        counts[rep.state] = counts.get(rep.state, 0) + 1
+    return ", ".join(f"{c} {s}" for s, c in sorted(counts.items()))
 
 
 def values_note(outcome: RunOutcome, code=lambda name: f"`{name}`") -> str:

@@ -304,7 +304,7 @@ class WidgetView(RunObserver):
             f"{format_ordinals(ordinals)}</span>"
             for what, ordinals in (("failed", outcome.failed), ("stopped", outcome.stopped))
             if ordinals)
-        counts = text_view.headline(outcome).split(": ", 1)[-1].split(" in ")[0]
+        counts = text_view.states(outcome)
         logs = (f"<br><span style='font-size:smaller'>full logs: <code>"
                 f"{html.escape(outcome.log_dir)}</code></span>" if outcome.cut else "")
         replicas = counted(len(outcome.replicas), "replica")
