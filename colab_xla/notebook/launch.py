@@ -60,11 +60,10 @@ _EXIT_POLL_SECONDS = 0.5
 LAUNCHERS = ("xmp", "launch")
 
 # What the forkserver imports once, so that the replicas it forks start warm; first, what
-# makes it die with the notebook's process.
+# makes it die with the notebook's process; then torch_xla, and what its runtime preloads.
 FORKSERVER_PRELOAD = ("colab_xla.replica.forkserver_init", "colab_xla.replica.entry",
                       "torch", "torch_xla", "torch_xla.runtime", "torch_xla.core.xla_model",
-                      "torch_xla.distributed.xla_multiprocessing",
-                      "colab_xla.runtimes.collective_op")
+                      *runtimes.get("torch_xla").preloads)
 
 
 @dataclass(frozen=True)
