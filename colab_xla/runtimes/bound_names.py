@@ -63,9 +63,11 @@ class Bindings:
         return cls(functions, names)
 
     def covers(self, original: Callable) -> bool:
+        """Whether ``original`` was looked for (its bindings are these)."""
         return self._functions.get(id(original)) is original
 
     def rebind(self, original: Callable, new: Callable) -> None:
+        """``new`` under every name found bound to ``original`` and still bound to it."""
         for namespace, name in self._places.get(id(original), ()):
             if namespace.get(name) is original:
                 namespace[name] = new
@@ -97,7 +99,7 @@ _NONE = object()  # (no function: not even None)
 
 def _bound(namespace: dict, functions: Mapping[int, Callable]) -> List[Tuple[str, Any]]:
     """The names of ``namespace`` bound to one of ``functions`` (by id), with it."""
-    # (a C loop first: of a process's thousand modules, a few bind an original)
+    # (a C loop first: most namespaces bind none)
     if functions.keys().isdisjoint(map(id, namespace.values())):
         return []
     return [(name, value) for name, value in list(namespace.items())
