@@ -603,3 +603,39 @@ def test_run_cell_refuses_a_timeout_that_is_not_a_positive_number(timeout):
     with pytest.raises(ValueError, match=r"--timeout \S+: the timeout must be more than 0 "
                                          "seconds and finite"):
         run_cell("index", replicas=2, timeout=timeout)
+
+
+# -- what a run imports before it forks ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("host", ["tpu", "cpu"])
+def test_a_run_preloads_the_simulations_modules_only_for_a_simulation(monkeypatch, host):
+    # One of them failing to import is skipped (the replicas say it); the launcher's is not.
+    from colab_xla.errors import SetupError
+    from colab_xla.notebook import hardware, preflight
+    from colab_xla.runtimes import get
+
+    runtime = get("torch_xla")
+    detected = (hardware.Hardware(pjrt_device=None, tpu_chips=4, tpu_cores_per_chip=1)
+                if host == "tpu" else hardware.Hardware(pjrt_device="CPU"))
+    monkeypatch.setattr(hardware, "detect", lambda environ=None: detected)
+    monkeypatch.setattr(preflight, "check", lambda *args: {"fatal": [], "notes": []})
+    imported, failing = [], {runtime.simulation_preloads[0]}
+
+    def stand_in(name):
+        if name in failing:
+            raise ImportError(f"no module named {name}")
+        imported.append(name)
+
+    monkeypatch.setattr(torch_xla_import, "_import", stand_in)
+
+    def plan():
+        return one_off.planned(None, replicas=4, launch=Launch(runtime=runtime), env={},
+                               simulate=None, pull_from=None, defaults=Defaults.read({}))
+
+    assert (plan()[0].simulation is None) == (host == "tpu")
+    simulated = list(runtime.simulation_preloads[1:]) if host == "cpu" else []
+    assert imported == list(runtime.preloads) + simulated
+    failing.add(runtime.preloads[0])
+    with pytest.raises(SetupError, match=f"{runtime.preloads[0]} is installed but cannot"):
+        plan()

@@ -18,13 +18,17 @@ from ..runtimes.torch_xla import TORCH_XLA_MISSING, TorchXlaMissing
 XMP = "torch_xla.distributed.xla_multiprocessing"  # torch_xla's launcher
 
 
-def preload(modules) -> None:
+def preload(modules, *, required: bool = True) -> None:
     """Import ``modules`` (a runtime's :attr:`~colab_xla.runtimes.Runtime.preloads`) in
-    the notebook's process, as :func:`import_torch_xla` imports torch_xla's launcher."""
+    the notebook's process, as :func:`import_torch_xla` imports torch_xla's launcher;
+    one that fails to import is a :class:`~colab_xla.errors.SetupError`, or skipped
+    unless ``required``."""
     for name in modules:
         try:
             _import(name)
         except ImportError as exc:
+            if not required:
+                continue
             raise SetupError(f"{name} is installed but cannot be imported here: "
                              f"{type(exc).__name__}: {exc}") from exc
 

@@ -52,6 +52,10 @@ class Runtime(abc.ABC):
     # names (colab_xla.notebook.torch_xla_import.preload: the environment left alone).
     # Importing them never starts the runtime. By default, torch_xla's launcher.
     preloads: Tuple[str, ...] = ("torch_xla.distributed.xla_multiprocessing",)
+    # What each replica of a CPU simulation imports besides, preloaded too when the plan
+    # is one. Only a speed-up: one that fails to import is skipped, and its replicas say
+    # why when they import it.
+    simulation_preloads: Tuple[str, ...] = ()
     # The modules whose functions its replica half replaces (under every name bound to
     # them: colab_xla.runtimes.bound_names); the notebook's process finds those names
     # before it forks, so that each forked replica need not read every module.

@@ -4,9 +4,9 @@ tensor over the replica's group (:func:`use`), to which
 tensors.
 
 Defined when imported, as a torch library defines its operators. The notebook's process
-imports it before it forks (:attr:`colab_xla.runtimes.torch_xla.TorchXla.preloads`), so
-that a forked replica finds it defined rather than each defining it; outside a replica
-nothing calls it.
+imports it before it forks a simulation's replicas
+(:attr:`colab_xla.runtimes.torch_xla.TorchXla.simulation_preloads`), so that a forked
+replica finds it defined rather than each defining it; outside a replica nothing calls it.
 """
 
 from __future__ import annotations

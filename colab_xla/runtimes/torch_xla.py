@@ -206,11 +206,11 @@ class TorchXla(Runtime):
     started_code = INITIALIZED
     starting_calls = STARTING_CALLS
     replaces = torch_xla_process.REPLACED_IN
-    # (and what every simulated replica process would import: the simulation's operator,
-    # its collectives between processes, Dynamo's openxla backend that threads refuse)
-    preloads = Runtime.preloads + ("colab_xla.runtimes.collective_op",
-                                   "colab_xla.runtimes.shm_collectives",
-                                   "torch._dynamo.backends.torchxla")
+    # (the simulation's operator, its collectives between processes, Dynamo's openxla
+    # backend, which threads refuse)
+    simulation_preloads = ("colab_xla.runtimes.collective_op",
+                           "colab_xla.runtimes.shm_collectives",
+                           "torch._dynamo.backends.torchxla")
 
     # -- the notebook's half ----------------------------------------------------------
 

@@ -157,6 +157,8 @@ def planned(cell: Optional[Cell], *, replicas, launch: Launch, env, simulate,
         plan = dataclasses.replace(plan, replicas=1, processes=1)
     options.check_pull_from(pull_from, plan.replicas)
     torch_xla_import.preload(runtime.preloads)
+    if plan.simulation:
+        torch_xla_import.preload(runtime.simulation_preloads, required=False)
     problems = preflight.check(cell, replica_env, launch, plan.device_type,
                                defaults.refuses_tpu_holders(env))
     for problem in problems["fatal"]:
