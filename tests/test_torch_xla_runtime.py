@@ -198,3 +198,17 @@ def test_check_installed_gives_the_install_hint_where_torch_xla_is_missing(monke
     monkeypatch.setitem(sys.modules, "torch_xla", None)  # as if not installed
     with pytest.raises(torch_xla_runtime.TorchXlaMissing, match="pip install torch torch_xla"):
         torch_xla_runtime.RUNTIME.check_installed()
+
+
+def test_a_cpu_run_meets_at_a_port_of_its_own_and_a_tpu_or_a_cluster_host_finds_its_own():
+    from colab_xla.wire.host_rank import HostRank
+
+    runtime = torch_xla_runtime.TorchXla()
+    ports = iter([4101, 4102])
+    assert runtime.run_environ({"PJRT_DEVICE": "CPU"}, lambda: next(ports)) == {
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "4101"}
+    assert runtime.run_environ({"PJRT_DEVICE": "CPU", "MASTER_PORT": "7000"},
+                               lambda: next(ports)) == {"MASTER_ADDR": "127.0.0.1"}
+    host = HostRank(host=1, hosts=2, replicas=4, address="10.0.0.3").environ()
+    for environ in ({"PJRT_DEVICE": "TPU"}, {}, {"PJRT_DEVICE": "CPU", **host}):
+        assert runtime.run_environ(environ, lambda: next(ports)) == {}

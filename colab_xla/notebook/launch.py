@@ -47,7 +47,7 @@ from . import state
 from .. import runtimes
 from ..errors import OptionError, SetupError
 from ..replica import entry as replica_entry
-from ..wire.host_rank import HostRank
+from ..runtimes.base import meeting_place
 
 # What replicas run (the launcher's entry, the notebook's one way into the replica side):
 # a one-off run's cell, a session's cells; and what forked replicas inherit.
@@ -116,9 +116,9 @@ def _start(launch: Launch, entry: Callable, job, processes: int, ended) -> None:
     if processes:
         _start_processes(launch, entry, job, processes, ended)
         return
-    if (job.environ is not None and job.environ.get("PJRT_DEVICE") == "CPU"
-            and HostRank.from_environ(job.environ) is None):  # (a TPU finds its own)
-        job = dataclasses.replace(job, environ={**job.environ, **_meeting_place(job.environ)})
+    if job.environ is not None:  # (the launcher's processes take their environment here)
+        job = dataclasses.replace(job, environ={**job.environ,
+                                                **_run_environ(job.environ, job.run_dir)})
     if launch.debug_single:
         process = multiprocessing.get_context(launch.start_method).Process(
             target=replica_entry.single_replica, args=(entry, job), name="colab_xla-debug-single")
@@ -160,11 +160,8 @@ def _start_processes(launch: Launch, entry: Callable, job, count: int,
     context = multiprocessing.get_context(launch.start_method)
     rank_env = {"PJRT_LOCAL_PROCESS_COUNT": str(count)}
     if job.environ is not None:
-        rank_env.update(_meeting_place(job.environ))
-        # What the replicas' runtime adds per run (JAX: where its processes meet), as
-        # the replicas will know it: from their environment.
-        rank_env.update(runtimes.current(job.environ).run_environ(
-            {**job.environ, **rank_env}, free_port, functools.partial(run_socket, job.run_dir)))
+        rank_env.update(meeting_place(job.environ, free_port))
+        rank_env.update(_run_environ({**job.environ, **rank_env}, job.run_dir))
     replicas = [context.Process(target=replica_entry.replica_process,
                                 name=f"colab_xla-replica-{index}",
                                 args=(entry, index, job, rank_env, launch.start_method == "fork"))
@@ -185,13 +182,11 @@ def _start_processes(launch: Launch, entry: Callable, job, count: int,
                 ended(index, process.exitcode)
 
 
-def _meeting_place(environ: Mapping[str, str]) -> Dict[str, str]:
-    """Where torch.distributed's ``xla://`` and ``env://`` meet, MASTER_ADDR:MASTER_PORT,
-    as far as ``environ`` (the replicas') names neither: this machine, and a port of the
-    run's own, so that two notebooks (or two runs) train side by side rather than meet at
-    torch_xla's default port."""
-    place = {"MASTER_ADDR": lambda: "127.0.0.1", "MASTER_PORT": lambda: str(free_port())}
-    return {key: value() for key, value in place.items() if key not in environ}
+def _run_environ(environ: Mapping[str, str], run_dir: str) -> Dict[str, str]:
+    """What the replicas' runtime adds for one run (where its processes meet), as the
+    replicas will know it: from their environment, ``environ``."""
+    return runtimes.current(environ).run_environ(environ, free_port,
+                                                 functools.partial(run_socket, run_dir))
 
 
 def run_socket(run_dir: str, name: str) -> Optional[str]:

@@ -95,9 +95,10 @@ class Runtime(abc.ABC):
     def run_environ(self, environ: Mapping[str, str], free_port: Callable[[], int],
                     unix_socket: Optional[Callable[[str], Optional[str]]] = None
                     ) -> Dict[str, str]:
-        """The variables the launcher adds for one run of processes it starts itself, the
-        replicas' environment being ``environ`` (with what the launcher gives every
-        process: ``PJRT_LOCAL_PROCESS_COUNT``, ``MASTER_ADDR``, ``MASTER_PORT``;
+        """The variables the launcher adds for one run, of processes it starts itself or
+        of the runtime's own launcher, the replicas' environment being ``environ`` (with
+        what the launcher gives every process it starts: ``PJRT_LOCAL_PROCESS_COUNT`` and
+        :func:`meeting_place`'s;
         ``free_port()``: a port of this machine's free now; ``unix_socket(name)``: a path
         for a Unix socket of the run in its private directory, None where it would be too
         long for one)."""
@@ -164,3 +165,12 @@ class Runtime(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<runtime {self.name}>"
+
+
+def meeting_place(environ: Mapping[str, str], free_port: Callable[[], int]) -> Dict[str, str]:
+    """Where torch.distributed's ``xla://`` and ``env://`` meet, MASTER_ADDR:MASTER_PORT,
+    as far as ``environ`` (the replicas') names neither: this machine, and a port of the
+    run's own (``free_port()``), so that two notebooks (or two runs) train side by side
+    rather than meet at torch_xla's default port."""
+    place = {"MASTER_ADDR": lambda: "127.0.0.1", "MASTER_PORT": lambda: str(free_port())}
+    return {key: value() for key, value in place.items() if key not in environ}

@@ -27,7 +27,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ..errors import OptionError, Problem, SetupError
 from . import runtime_clients, torch_xla_process
-from .base import Runtime
+from ..wire.host_rank import HostRank
+from .base import Runtime, meeting_place
 from .plan import DEVICE_FILES, DeviceMissing, Hardware, ReplicaCountError, ReplicaPlan
 from .simulation import DEFAULT_SIMULATION, environment as simulated_environment
 
@@ -241,7 +242,12 @@ class TorchXla(Runtime):
     def run_environ(self, environ: Mapping[str, str], free_port: Callable[[], int],
                     unix_socket: Optional[Callable[[str], Optional[str]]] = None
                     ) -> Dict[str, str]:
-        return {}  # (each process's rank is the launcher's, as xmp.spawn tells its own)
+        # (each process's rank is the launcher's, as xmp.spawn tells its own.) On a CPU,
+        # where the replicas' own init_process_group meets; a TPU, or a cluster's host
+        # (HostRank), finds its own.
+        if environ.get("PJRT_DEVICE") != "CPU" or HostRank.from_environ(environ):
+            return {}
+        return meeting_place(environ, free_port)
 
     def cluster_replicas(self, host: Mapping[str, Any]) -> Optional[int]:
         return host["replicas"]
