@@ -639,3 +639,20 @@ def test_a_run_preloads_the_simulations_modules_only_for_a_simulation(monkeypatc
     failing.add(runtime.preloads[0])
     with pytest.raises(SetupError, match=f"{runtime.preloads[0]} is installed but cannot"):
         plan()
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+def test_a_session_finds_what_its_replicas_inherit_only_when_they_fork(tmp_path, monkeypatch,
+                                                                       start_method):
+    session = a_session(tmp_path, launch=Launch(start_method=start_method))
+    inherited = []
+    real = session_target.inherit
+    monkeypatch.setattr(session_target, "inherit",
+                        lambda *args: inherited.append(args[0]) or real(*args))
+    monkeypatch.setattr(Session, "_launch", lambda self, job: None)  # (no replica starts)
+    monkeypatch.setattr(Session, "_wait_ready", lambda self: None)
+    try:
+        session._start(0, None, {})
+    finally:
+        session.pipes.close()
+    assert inherited == ([session.id] if start_method == "fork" else [])

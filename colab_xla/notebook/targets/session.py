@@ -192,8 +192,10 @@ class Session(SessionTarget):
                                           name="colab_xla-session")
         # The launch's variables (xmp.spawn reads PJRT_DEVICE here) while the replicas
         # start, not for the session's life: the notebook's own environment is the host's.
-        replaced = self.options.launch.runtime.replaces
-        with inherit(self.id, user_ns, None, replaced), environ(self.plan.env):
+        launch = self.options.launch
+        inherited = (inherit(self.id, user_ns, None, launch.runtime.replaces)
+                     if launch.start_method == "fork" else contextlib.nullcontext())
+        with inherited, environ(self.plan.env):
             self._launcher.start()
             self._wait_ready()
 
