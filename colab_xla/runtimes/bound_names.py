@@ -133,7 +133,8 @@ def _namespaces(names: Dict[str, Any], originals) -> Iterator[dict]:
 
 # The user's own modules as last found, with what sys.modules was then (its size and its
 # newest module): read again only when a module was imported or removed since, for reading
-# every module writes to the pages of all of them, which a fork made copy-on-write.
+# every module writes to the pages of all of them, which a fork made copy-on-write. (Not
+# seen: a module put in place of another under an older name, which no import does.)
 _own: Tuple[tuple, list] = ((), [])
 
 
