@@ -6,6 +6,7 @@ import types
 import cloudpickle
 import pytest
 
+from colab_xla.runtimes import bound_names
 from colab_xla.runtimes.bound_names import Bindings, rebind
 
 pytestmark = [pytest.mark.quick, pytest.mark.stacks("colab", "kaggle")]
@@ -91,3 +92,29 @@ def test_a_module_imported_since_the_last_search_is_read(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "helpers_imported_since", helpers)
     rebind({original: len}, {}, Bindings.find(["a_library_kept"], {}))
     assert helpers.call is len
+
+
+def test_only_the_modules_imported_since_the_last_search_are_read_unless_one_was_removed(
+        monkeypatch, tmp_path):
+    # Reading a module writes to its pages; a forked replica reads only what it imported.
+    read = []
+    real = bound_names._outside
+    monkeypatch.setattr(bound_names, "_outside",
+                        lambda module, libraries: read.append(module)
+                        or real(module, libraries))
+    bound_names.own_modules()
+    read.clear()
+    mine = types.ModuleType("mine_imported_since")
+    mine.__file__ = str(tmp_path / "mine_imported_since.py")
+    monkeypatch.setitem(sys.modules, "mine_imported_since", mine)
+    assert mine in bound_names.own_modules() and read == [mine]
+    read.clear()
+    assert mine in bound_names.own_modules() and read == []  # (nothing imported since)
+    monkeypatch.delitem(sys.modules, "mine_imported_since")
+    other = types.ModuleType("other_imported_since")
+    other.__file__ = str(tmp_path / "other_imported_since.py")
+    monkeypatch.setitem(sys.modules, "other_imported_since", other)
+    found = bound_names.own_modules()
+    assert other in found and mine not in found
+    everything = [module for name, module in sys.modules.items() if name != "__main__"]
+    assert list(map(id, read)) == list(map(id, everything))  # (__main__ is the user's, unread)

@@ -61,11 +61,13 @@ LAUNCHERS = ("xmp", "launch")
 
 # What the forkserver imports once, so that the replicas it forks start warm; first, what
 # makes it die with the notebook's process; then torch_xla, and what its runtime preloads
-# (the forkserver skips a module that fails to import).
+# (the forkserver skips a module that fails to import); last, what the replicas would each
+# find out after.
 FORKSERVER_PRELOAD = ("colab_xla.replica.forkserver_init", "colab_xla.replica.entry",
                       "torch", "torch_xla", "torch_xla.runtime", "torch_xla.core.xla_model",
                       *runtimes.get("torch_xla").preloads,
-                      *runtimes.get("torch_xla").simulation_preloads)
+                      *runtimes.get("torch_xla").simulation_preloads,
+                      "colab_xla.replica.forkserver_ready")
 
 
 @dataclass(frozen=True)

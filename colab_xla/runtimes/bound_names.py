@@ -112,7 +112,7 @@ def _namespaces(names: Dict[str, Any], originals) -> Iterator[dict]:
     own modules and the packages above them, the notebook's names and their functions'
     globals."""
     seen: Dict[int, dict] = {}
-    modules = _own_modules()
+    modules = own_modules()
     # the originals' own modules and the packages above them (torch.distributed)
     for home in {getattr(original, "__module__", None) or "" for original in originals}:
         parts = home.split(".")
@@ -132,25 +132,53 @@ def _namespaces(names: Dict[str, Any], originals) -> Iterator[dict]:
 
 
 # The user's own modules as last found, with what sys.modules was then (its size and its
-# newest module): read again only when a module was imported or removed since, for reading
-# every module writes to the pages of all of them, which a fork made copy-on-write. (Not
-# seen: a module put in place of another under an older name, which no import does.)
-_own: Tuple[tuple, list] = ((), [])
+# newest module): for reading every module writes to the pages of all of them, which a
+# fork made copy-on-write, only the modules imported since are read, and all of them again
+# only when one was removed. (Not seen: a module put in place of another under an older
+# name, which no import does.)
+_own: Optional[Tuple[tuple, list]] = None
 
 
-def _own_modules() -> list:
+def own_modules() -> list:
     """The modules of the process that are the user's own: ``__main__``, and those of a
     file outside Python's own, the installed packages' and colab_xla's (which binds no
     original: its modules are as installed, whether or not pip copied them)."""
     global _own
     modules = sys.modules
+    (size, newest, ident), own = _own or ((0, None, None), [])
+    now = _state(modules)
+    if (size, newest, ident) == now:
+        return list(own)
+    added = _imported_since(modules, newest, ident)
+    if added is None or len(modules) != size + len(added):  # one was removed: read all
+        added, own = list(modules), []
+    libraries = _library_paths()
+    own = own + [modules[name] for name in added
+                 if name == "__main__" or _outside(modules[name], libraries)]
+    _own = (now, own)
+    return list(own)
+
+
+def _state(modules: dict) -> tuple:
     newest = next(reversed(modules), None)
-    now = (len(modules), newest, id(modules.get(newest)))
-    if _own[0] != now:
-        libraries = _library_paths()
-        _own = (now, [module for name, module in list(modules.items())
-                      if name == "__main__" or _outside(module, libraries)])
-    return list(_own[1])
+    return len(modules), newest, id(modules.get(newest))
+
+
+def _imported_since(modules: dict, newest: Optional[str], ident: Optional[int]
+                    ) -> Optional[List[str]]:
+    """The names of the modules imported after ``newest`` (whose module's id was
+    ``ident``), oldest first; None if it is no longer there."""
+    if newest is None or id(modules.get(newest)) != ident:
+        return None
+    added = []
+    try:
+        for name in reversed(modules):
+            if name == newest:
+                return added[::-1]
+            added.append(name)
+    except RuntimeError:  # (another thread imported meanwhile)
+        pass
+    return None
 
 
 def _outside(module, libraries: tuple) -> bool:
