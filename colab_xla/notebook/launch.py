@@ -118,7 +118,7 @@ def _start(launch: Launch, entry: Callable, job, processes: int, ended) -> None:
     if processes:
         _start_processes(launch, entry, job, processes, ended)
         return
-    if job.environ is not None:  # (the launcher's processes take their environment here)
+    if job.environ is not None:  # (xmp.spawn's processes take the job's environment)
         job = dataclasses.replace(job, environ={**job.environ,
                                                 **_run_environ(job.environ, job.run_dir)})
     if launch.debug_single:
